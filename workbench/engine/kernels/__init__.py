@@ -1,0 +1,165 @@
+"""Matrix kernels for GGUF weights kept in their block layout (numerics follow ggml's CPU backend).
+
+Calling convention (identical for every type): a weight matrix ``w`` is a C-contiguous uint8
+array [rows, row_bytes] (GGUF block bytes; F32/F16/BF16 weights passed as byte views).
+
+    xp = prepare(t, x)                      # x float32 [k] or [n, k]; once per product
+    matvec(t, w, xp, out, r0, r1)           # out[i] = w_i . x            for i in [r0, r1)
+    matmat(t, w, xp, out, r0, r1)           # out[j, i] = w_i . X[j]      for all j, i in [r0, r1)
+
+``prepare`` quantizes activations to the weight type's ggml ``vec_dot_type`` (Q8_0, Q8_1, Q8_K,
+f16, bf16, f32).  Kernels release the GIL and take a row range so callers can split a product
+across threads that share one ``xp``.
+
+Kernel paths: "avx512-vnni", "avx2" (explicit SIMD through LLVM intrinsics) and "portable"
+(plain Numba loops).  The best supported path is chosen at import; override with the
+``NUMAWB_KERNEL_PATH`` environment variable or ``set_kernel_path``.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from . import activations as _act
+from . import cpu as _cpu
+from . import float_types as _ft
+from . import k_quants as _kq
+from . import legacy_quants as _lq
+
+__all__ = [
+    "SUPPORTED_TYPES", "is_supported", "prepare", "matvec", "matmat", "dequantize_rows",
+    "row_bytes", "kernel_path", "set_kernel_path", "available_paths",
+]
+
+F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30
+
+SUPPORTED_TYPES: dict[int, str] = {
+    F32: "F32", F16: "F16", BF16: "BF16", Q8_0: "Q8_0", Q4_0: "Q4_0", Q4_1: "Q4_1",
+    Q5_0: "Q5_0", Q5_1: "Q5_1", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K",
+}
+
+#: ggml type id -> (elements per block, bytes per block)
+BLOCK_SIZES: dict[int, tuple[int, int]] = {
+    F32: (1, 4), F16: (1, 2), BF16: (1, 2), Q8_0: (32, 34), Q4_0: (32, 18), Q4_1: (32, 20),
+    Q5_0: (32, 22), Q5_1: (32, 24), Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210),
+}
+
+
+def _prep_f32(x):
+    return (x,)
+
+
+def _prep_f16(x):
+    return (_act.round_to_f16(x),)
+
+
+def _prep_bf16(x):
+    return (_act.round_to_bf16(x),)
+
+
+# activation preparation (2-D in, tuple of 2-D arrays out)
+_PREPARE = {
+    F32: _prep_f32, F16: _prep_f16, BF16: _prep_bf16,
+    Q8_0: _act.quantize_q8_0, Q4_0: _act.quantize_q8_0, Q5_0: _act.quantize_q8_0,
+    Q4_1: _act.quantize_q8_1, Q5_1: _act.quantize_q8_1,
+    Q4_K: _act.quantize_q8_K, Q5_K: _act.quantize_q8_K, Q6_K: _act.quantize_q8_K,
+}
+
+_DEQUANT = {
+    F32: _ft.dequant_f32, F16: _ft.dequant_f16, BF16: _ft.dequant_bf16,
+    Q8_0: _lq.dequant_q8_0, Q4_0: _lq.dequant_q4_0, Q4_1: _lq.dequant_q4_1,
+    Q5_0: _lq.dequant_q5_0, Q5_1: _lq.dequant_q5_1,
+    Q4_K: _kq.dequant_q4_K, Q5_K: _kq.dequant_q5_K, Q6_K: _kq.dequant_q6_K,
+}
+
+_PORTABLE_MATVEC = {
+    F32: _ft.f32_matvec, F16: _ft.f16_matvec, BF16: _ft.bf16_matvec,
+    Q8_0: _lq.q8_0_matvec, Q4_0: _lq.q4_0_matvec, Q4_1: _lq.q4_1_matvec,
+    Q5_0: _lq.q5_0_matvec, Q5_1: _lq.q5_1_matvec,
+    Q4_K: _kq.q4_K_matvec, Q5_K: _kq.q5_K_matvec, Q6_K: _kq.q6_K_matvec,
+}
+_PORTABLE_MATMAT = {
+    F32: _ft.f32_matmat, F16: _ft.f16_matmat, BF16: _ft.bf16_matmat,
+    Q8_0: _lq.q8_0_matmat, Q4_0: _lq.q4_0_matmat, Q4_1: _lq.q4_1_matmat,
+    Q5_0: _lq.q5_0_matmat, Q5_1: _lq.q5_1_matmat,
+    Q4_K: _kq.q4_K_matmat, Q5_K: _kq.q5_K_matmat, Q6_K: _kq.q6_K_matmat,
+}
+
+
+def _tables(path: str) -> tuple[dict, dict]:
+    """(matvec, matmat) dispatch tables of a kernel path."""
+    if path == "portable":
+        return _PORTABLE_MATVEC, _PORTABLE_MATMAT
+    from . import simd_kernels  # compiled lazily: importing does not JIT anything
+    return simd_kernels.tables(path)
+
+
+_MATVEC: dict = {}
+_MATMAT: dict = {}
+_path = "portable"
+
+
+def available_paths() -> list[str]:
+    """Kernel paths this CPU can run, best first."""
+    return _cpu.supported_paths()
+
+
+def set_kernel_path(name: str | None = None) -> str:
+    """Select the kernel path ("avx512-vnni", "avx2", "portable"; None/"auto" = best supported).
+
+    Raises ValueError for an unknown name or one this CPU cannot run.  Returns the active path.
+    """
+    global _path
+    if name in (None, "", "auto"):
+        name = _cpu.best_path()
+    if name not in _cpu.PATH_REQUIREMENTS:
+        raise ValueError(f"unknown kernel path {name!r}; known: {list(_cpu.PATH_REQUIREMENTS)}")
+    if name not in _cpu.supported_paths():
+        raise ValueError(f"kernel path {name!r} needs CPU flags this machine lacks")
+    mv, mm = _tables(name)
+    _MATVEC.clear(); _MATVEC.update(mv)
+    _MATMAT.clear(); _MATMAT.update(mm)
+    _path = name
+    return name
+
+
+def kernel_path() -> str:
+    """The kernel path whose code actually runs."""
+    return _path
+
+
+def is_supported(ggml_type: int) -> bool:
+    return ggml_type in SUPPORTED_TYPES
+
+
+def row_bytes(ggml_type: int, ne0: int) -> int:
+    bs, ts = BLOCK_SIZES[ggml_type]
+    if ne0 % bs:
+        raise ValueError(f"row length {ne0} is not a multiple of the {SUPPORTED_TYPES[ggml_type]} block size {bs}")
+    return ne0 // bs * ts
+
+
+def prepare(ggml_type: int, x: np.ndarray) -> tuple:
+    """Activations in the weight type's vec_dot format: float32 [k] or [n, k] (C-contiguous)."""
+    if x.ndim == 1:
+        return tuple([a[0] for a in _PREPARE[ggml_type](x.reshape(1, -1))])
+    return _PREPARE[ggml_type](x)
+
+
+def matvec(ggml_type: int, w: np.ndarray, xp: tuple, out: np.ndarray, r0: int, r1: int) -> None:
+    """out[i] = dot(row i of w, x) for i in [r0, r1); xp from prepare() of a 1-D x."""
+    _MATVEC[ggml_type](w, xp, out, r0, r1)
+
+
+def matmat(ggml_type: int, w: np.ndarray, xp: tuple, out: np.ndarray, r0: int, r1: int) -> None:
+    """out[j, i] = dot(row i of w, X[j]) for all j and i in [r0, r1); xp from prepare() of a 2-D X."""
+    _MATMAT[ggml_type](w, xp, out, r0, r1)
+
+
+def dequantize_rows(ggml_type: int, w: np.ndarray, r0: int, r1: int) -> np.ndarray:
+    """float32 [r1 - r0, ne0]: rows r0..r1-1 of w (e.g. embedding lookup)."""
+    return _DEQUANT[ggml_type](w, r0, r1)
+
+
+set_kernel_path(os.environ.get("NUMAWB_KERNEL_PATH") or None)

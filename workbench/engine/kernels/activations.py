@@ -1,0 +1,148 @@
+"""Quantize activations to the weight type's ggml ``vec_dot_type`` (done once per product).
+
+Bit-exact with ggml's x86 CPU backend:
+
+* Q8_0 / Q8_1 follow ``quantize_row_q8_0/q8_1`` of ggml-cpu/arch/x86 (the AVX2 code that runs on
+  x86 builds, which differs from the ``_ref`` C code): ``d = amax/127`` stored as f16,
+  ``q = round_half_even(x * (127/amax))``; Q8_1 also stores ``s = f16(d * sum(q))`` with the
+  unrounded f32 ``d``.
+* Q8_K follows ``quantize_row_q8_K_ref`` (x86 has no SIMD version): the element of largest
+  magnitude (first one on ties) defines ``iscale = -127/max``, ``q = min(127, nearest_int(iscale*x))``
+  (round half even), ``d = 1/iscale`` in f32, and ``bsums`` are sums of 16 quants.
+* F16 / BF16 weights: x rounded to f16 (RNE, as F16C) or bf16 (RNE, as ggml_compute_fp32_to_bf16),
+  kept as float32 values (the conversion back is exact).
+
+Extra per-lane data for the SIMD kernels: ``n4`` = minus the sum of each group of 4 quants (int32),
+which lets unsigned-weight kernels (Q4_0/Q5_0) remove their offset inside the integer accumulator.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from .simd import round_f16
+
+_NB = dict(nogil=True, cache=True)
+f32 = np.float32
+
+
+@numba.njit(**_NB)
+def quantize_q8_0(x):
+    """x: float32 [n, k] -> (qs int8 [n, k], d float32 [n, k/32], n4 int32 [n, k/4])."""
+    n, k = x.shape
+    nb = k // 32
+    qs = np.empty((n, k), np.int8)
+    d = np.empty((n, nb), np.float32)
+    n4 = np.empty((n, k // 4), np.int32)
+    for r in range(n):
+        for b in range(nb):
+            base = b * 32
+            amax = f32(0.0)
+            for j in range(32):
+                a = abs(x[r, base + j])
+                amax = a if a > amax else amax
+            dd = amax / f32(127.0)
+            d[r, b] = round_f16(dd)
+            idv = f32(127.0) / amax if amax != f32(0.0) else f32(0.0)
+            for g in range(8):
+                s = 0
+                for j in range(4):
+                    q = np.int32(np.rint(x[r, base + 4 * g + j] * idv))
+                    qs[r, base + 4 * g + j] = q
+                    s += q
+                n4[r, b * 8 + g] = -s
+    return qs, d, n4
+
+
+@numba.njit(**_NB)
+def quantize_q8_1(x):
+    """x: float32 [n, k] -> (qs int8 [n, k], d float32 [n, k/32], s float32 [n, k/32])."""
+    n, k = x.shape
+    nb = k // 32
+    qs = np.empty((n, k), np.int8)
+    d = np.empty((n, nb), np.float32)
+    s = np.empty((n, nb), np.float32)
+    for r in range(n):
+        for b in range(nb):
+            base = b * 32
+            amax = f32(0.0)
+            for j in range(32):
+                a = abs(x[r, base + j])
+                amax = a if a > amax else amax
+            dd = amax / f32(127.0)
+            d[r, b] = round_f16(dd)
+            idv = f32(127.0) / amax if amax != f32(0.0) else f32(0.0)
+            tot = 0
+            for j in range(32):
+                q = np.int32(np.rint(x[r, base + j] * idv))
+                qs[r, base + j] = q
+                tot += q
+            s[r, b] = round_f16(dd * f32(tot))
+    return qs, d, s
+
+
+@numba.njit(**_NB)
+def quantize_q8_K(x):
+    """x: float32 [n, k] -> (qs int8 [n, k], d float32 [n, k/256], bsums int32 [n, k/16])."""
+    n, k = x.shape
+    nb = k // 256
+    qs = np.empty((n, k), np.int8)
+    d = np.empty((n, nb), np.float32)
+    bs = np.empty((n, k // 16), np.int32)
+    for r in range(n):
+        for b in range(nb):
+            base = b * 256
+            amax = f32(0.0)
+            mx = f32(0.0)
+            for j in range(256):
+                v = x[r, base + j]
+                a = abs(v)
+                if a > amax:
+                    amax = a
+                    mx = v
+            if amax == f32(0.0):
+                d[r, b] = f32(0.0)
+                for j in range(256):
+                    qs[r, base + j] = 0
+                for j in range(16):
+                    bs[r, b * 16 + j] = 0
+                continue
+            iscale = f32(-127.0) / mx
+            for g in range(16):
+                s = 0
+                for j in range(16):
+                    q = np.int32(np.rint(iscale * x[r, base + 16 * g + j]))
+                    q = min(q, 127)
+                    qs[r, base + 16 * g + j] = q
+                    s += q
+                bs[r, b * 16 + g] = s
+            d[r, b] = f32(1.0) / iscale
+    return qs, d, bs
+
+
+@numba.njit(**_NB)
+def round_to_f16(x):
+    """float32 [n, k] -> float32 values rounded to f16 (RNE)."""
+    out = np.empty_like(x)
+    n, k = x.shape
+    for r in range(n):
+        for j in range(k):
+            out[r, j] = round_f16(x[r, j])
+    return out
+
+
+@numba.njit(**_NB)
+def round_to_bf16(x):
+    """float32 [n, k] -> float32 values rounded to bf16 like ggml_compute_fp32_to_bf16."""
+    n, k = x.shape
+    out = np.empty_like(x)
+    xi = x.view(np.uint32)
+    oi = out.view(np.uint32)
+    for r in range(n):
+        for j in range(k):
+            u = xi[r, j]
+            if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
+                oi[r, j] = (u & np.uint32(0xFFFF0000)) | np.uint32(0x00400000)  # quiet NaN
+            else:
+                oi[r, j] = ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)) << np.uint32(16)
+    return out

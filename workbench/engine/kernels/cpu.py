@@ -1,0 +1,34 @@
+"""CPU feature detection (Linux /proc/cpuinfo flags) and kernel-path selection."""
+from __future__ import annotations
+
+import functools
+
+#: Kernel paths from most to least capable, with the CPU flags each one needs.
+PATH_REQUIREMENTS: dict[str, frozenset[str]] = {
+    "avx512-vnni": frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"}),
+    "avx2": frozenset({"avx2", "fma", "f16c"}),
+    "portable": frozenset(),
+}
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """Flags of the first processor listed in /proc/cpuinfo (empty set if unreadable)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def supported_paths(flags: frozenset[str] | None = None) -> list[str]:
+    """Kernel paths this CPU can run, best first."""
+    flags = cpu_flags() if flags is None else flags
+    return [p for p, req in PATH_REQUIREMENTS.items() if req <= flags]
+
+
+def best_path(flags: frozenset[str] | None = None) -> str:
+    return supported_paths(flags)[0]

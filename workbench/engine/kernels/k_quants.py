@@ -1,0 +1,244 @@
+"""Q4_K, Q5_K, Q6_K weights (super-blocks of 256) against Q8_K activations.
+
+Layouts (bytes): Q4_K = d f16 | dmin f16 | scales[12] | qs[128]  (144);
+Q5_K = d | dmin | scales[12] | qh[32] | qs[128]  (176);
+Q6_K = ql[128] | qh[64] | scales int8[16] | d f16  (210).
+Q4_K/Q5_K: 8 sub-blocks of 32 with 6-bit scale/min packed in 12 bytes (see ``_scale_min``);
+value = d*sc*q - dmin*m.  Q6_K: 16 sub-blocks of 16 with int8 scales; value = d*sc*(q-32).
+Per super-block ggml takes the exact integer sums ``sum_j sc_j*dot_j`` and ``sum_j m_j*bsum_j``
+and accumulates ``d_w*d_x*sumi - dmin_w*d_x*summ`` in f32, as done here.
+
+This module holds the portable (plain Numba loop) kernels; the SIMD ones are in ``simd_kernels``.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from .simd import f16_to_f32
+
+_NB = dict(nogil=True, cache=True)
+f32 = np.float32
+
+BLOCK_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
+
+
+@numba.njit(inline="always")
+def _scale_min(row, o, j):
+    """6-bit (scale, min) of sub-block j from the 12 scale bytes at row[o:o+12]."""
+    if j < 4:
+        sc = np.int32(row[o + j]) & 63
+        m = np.int32(row[o + j + 4]) & 63
+    else:
+        sc = (np.int32(row[o + j + 4]) & 15) | ((np.int32(row[o + j - 4]) >> 6) << 4)
+        m = (np.int32(row[o + j + 4]) >> 4) | ((np.int32(row[o + j]) >> 6) << 4)
+    return sc, m
+
+
+# ----------------------------------------------------------------------------- row dots
+@numba.njit(inline="always")
+def _dot_q4_K(row, xq, xd, xb):
+    acc = f32(0.0)
+    for b in range(xd.shape[0]):
+        o = b * 144
+        sumi = np.int32(0)
+        summ = np.int32(0)
+        for jp in range(4):
+            sc0, m0 = _scale_min(row, o + 4, 2 * jp)
+            sc1, m1 = _scale_min(row, o + 4, 2 * jp + 1)
+            s0 = np.int32(0)
+            s1 = np.int32(0)
+            for l in range(32):
+                v = np.int32(row[o + 16 + 32 * jp + l])
+                s0 += (v & 15) * np.int32(xq[b * 256 + 64 * jp + l])
+                s1 += (v >> 4) * np.int32(xq[b * 256 + 64 * jp + 32 + l])
+            sumi += sc0 * s0 + sc1 * s1
+            summ += m0 * (xb[b * 16 + 4 * jp] + xb[b * 16 + 4 * jp + 1])
+            summ += m1 * (xb[b * 16 + 4 * jp + 2] + xb[b * 16 + 4 * jp + 3])
+        acc += (f16_to_f32(row, o) * xd[b]) * f32(sumi) - (f16_to_f32(row, o + 2) * xd[b]) * f32(summ)
+    return acc
+
+
+@numba.njit(inline="always")
+def _dot_q5_K(row, xq, xd, xb):
+    acc = f32(0.0)
+    for b in range(xd.shape[0]):
+        o = b * 176
+        sumi = np.int32(0)
+        summ = np.int32(0)
+        for jp in range(4):
+            sc0, m0 = _scale_min(row, o + 4, 2 * jp)
+            sc1, m1 = _scale_min(row, o + 4, 2 * jp + 1)
+            s0 = np.int32(0)
+            s1 = np.int32(0)
+            for l in range(32):
+                v = np.int32(row[o + 48 + 32 * jp + l])
+                h = np.int32(row[o + 16 + l])
+                q0 = (v & 15) | (((h >> (2 * jp)) & 1) << 4)
+                q1 = (v >> 4) | (((h >> (2 * jp + 1)) & 1) << 4)
+                s0 += q0 * np.int32(xq[b * 256 + 64 * jp + l])
+                s1 += q1 * np.int32(xq[b * 256 + 64 * jp + 32 + l])
+            sumi += sc0 * s0 + sc1 * s1
+            summ += m0 * (xb[b * 16 + 4 * jp] + xb[b * 16 + 4 * jp + 1])
+            summ += m1 * (xb[b * 16 + 4 * jp + 2] + xb[b * 16 + 4 * jp + 3])
+        acc += (f16_to_f32(row, o) * xd[b]) * f32(sumi) - (f16_to_f32(row, o + 2) * xd[b]) * f32(summ)
+    return acc
+
+
+@numba.njit(inline="always")
+def _dot_q6_K(row, xq, xd, xb):
+    acc = f32(0.0)
+    rs = row.view(np.int8)
+    for b in range(xd.shape[0]):
+        o = b * 210
+        sumi = np.int32(0)
+        for h in range(2):  # two halves of 128 elements
+            ql = o + 64 * h
+            qh = o + 128 + 32 * h
+            xo = b * 256 + 128 * h
+            p0 = np.int32(0); p1 = np.int32(0); p2 = np.int32(0); p3 = np.int32(0)
+            p4 = np.int32(0); p5 = np.int32(0); p6 = np.int32(0); p7 = np.int32(0)
+            for l in range(32):
+                a = np.int32(row[ql + l])
+                c = np.int32(row[ql + 32 + l])
+                hh = np.int32(row[qh + l])
+                q1 = ((a & 15) | ((hh & 3) << 4)) - 32
+                q2 = ((c & 15) | (((hh >> 2) & 3) << 4)) - 32
+                q3 = ((a >> 4) | (((hh >> 4) & 3) << 4)) - 32
+                q4 = ((c >> 4) | (((hh >> 6) & 3) << 4)) - 32
+                t1 = q1 * np.int32(xq[xo + l])
+                t2 = q2 * np.int32(xq[xo + 32 + l])
+                t3 = q3 * np.int32(xq[xo + 64 + l])
+                t4 = q4 * np.int32(xq[xo + 96 + l])
+                if l < 16:
+                    p0 += t1; p2 += t2; p4 += t3; p6 += t4
+                else:
+                    p1 += t1; p3 += t2; p5 += t3; p7 += t4
+            sc = o + 192 + 8 * h
+            sumi += (np.int32(rs[sc]) * p0 + np.int32(rs[sc + 1]) * p1 + np.int32(rs[sc + 2]) * p2
+                     + np.int32(rs[sc + 3]) * p3 + np.int32(rs[sc + 4]) * p4 + np.int32(rs[sc + 5]) * p5
+                     + np.int32(rs[sc + 6]) * p6 + np.int32(rs[sc + 7]) * p7)
+        acc += (f16_to_f32(row, o + 208) * xd[b]) * f32(sumi)
+    return acc
+
+
+# ----------------------------------------------------------------------------- products
+# xp = (qs int8 [.., k], d f32 [.., k/256], bsums int32 [.., k/16])
+@numba.njit(**_NB)
+def q4_K_matvec(w, xp, out, r0, r1):
+    xq, xd, xb = xp
+    for i in range(r0, r1):
+        out[i] = _dot_q4_K(w[i], xq, xd, xb)
+
+
+@numba.njit(**_NB)
+def q4_K_matmat(w, xp, out, r0, r1):
+    xq, xd, xb = xp
+    for i in range(r0, r1):
+        for c in range(xq.shape[0]):
+            out[c, i] = _dot_q4_K(w[i], xq[c], xd[c], xb[c])
+
+
+@numba.njit(**_NB)
+def q5_K_matvec(w, xp, out, r0, r1):
+    xq, xd, xb = xp
+    for i in range(r0, r1):
+        out[i] = _dot_q5_K(w[i], xq, xd, xb)
+
+
+@numba.njit(**_NB)
+def q5_K_matmat(w, xp, out, r0, r1):
+    xq, xd, xb = xp
+    for i in range(r0, r1):
+        for c in range(xq.shape[0]):
+            out[c, i] = _dot_q5_K(w[i], xq[c], xd[c], xb[c])
+
+
+@numba.njit(**_NB)
+def q6_K_matvec(w, xp, out, r0, r1):
+    xq, xd, xb = xp
+    for i in range(r0, r1):
+        out[i] = _dot_q6_K(w[i], xq, xd, xb)
+
+
+@numba.njit(**_NB)
+def q6_K_matmat(w, xp, out, r0, r1):
+    xq, xd, xb = xp
+    for i in range(r0, r1):
+        for c in range(xq.shape[0]):
+            out[c, i] = _dot_q6_K(w[i], xq[c], xd[c], xb[c])
+
+
+# ----------------------------------------------------------------------------- dequantize
+@numba.njit(**_NB)
+def dequant_q4_K(w, r0, r1):
+    nb = w.shape[1] // 144
+    out = np.empty((r1 - r0, nb * 256), np.float32)
+    for i in range(r0, r1):
+        row = w[i]
+        for b in range(nb):
+            o = b * 144
+            d = f16_to_f32(row, o)
+            dmin = f16_to_f32(row, o + 2)
+            for jp in range(4):
+                sc0, m0 = _scale_min(row, o + 4, 2 * jp)
+                sc1, m1 = _scale_min(row, o + 4, 2 * jp + 1)
+                d0 = d * f32(sc0); mm0 = dmin * f32(m0)
+                d1 = d * f32(sc1); mm1 = dmin * f32(m1)
+                for l in range(32):
+                    v = np.int32(row[o + 16 + 32 * jp + l])
+                    out[i - r0, b * 256 + 64 * jp + l] = d0 * f32(v & 15) - mm0
+                    out[i - r0, b * 256 + 64 * jp + 32 + l] = d1 * f32(v >> 4) - mm1
+    return out
+
+
+@numba.njit(**_NB)
+def dequant_q5_K(w, r0, r1):
+    nb = w.shape[1] // 176
+    out = np.empty((r1 - r0, nb * 256), np.float32)
+    for i in range(r0, r1):
+        row = w[i]
+        for b in range(nb):
+            o = b * 176
+            d = f16_to_f32(row, o)
+            dmin = f16_to_f32(row, o + 2)
+            for jp in range(4):
+                sc0, m0 = _scale_min(row, o + 4, 2 * jp)
+                sc1, m1 = _scale_min(row, o + 4, 2 * jp + 1)
+                d0 = d * f32(sc0); mm0 = dmin * f32(m0)
+                d1 = d * f32(sc1); mm1 = dmin * f32(m1)
+                for l in range(32):
+                    v = np.int32(row[o + 48 + 32 * jp + l])
+                    h = np.int32(row[o + 16 + l])
+                    q0 = (v & 15) | (((h >> (2 * jp)) & 1) << 4)
+                    q1 = (v >> 4) | (((h >> (2 * jp + 1)) & 1) << 4)
+                    out[i - r0, b * 256 + 64 * jp + l] = d0 * f32(q0) - mm0
+                    out[i - r0, b * 256 + 64 * jp + 32 + l] = d1 * f32(q1) - mm1
+    return out
+
+
+@numba.njit(**_NB)
+def dequant_q6_K(w, r0, r1):
+    nb = w.shape[1] // 210
+    out = np.empty((r1 - r0, nb * 256), np.float32)
+    ws = w.view(np.int8)
+    for i in range(r0, r1):
+        row = w[i]
+        for b in range(nb):
+            o = b * 210
+            d = f16_to_f32(row, o + 208)
+            for h in range(2):
+                ql = o + 64 * h
+                qh = o + 128 + 32 * h
+                sc = o + 192 + 8 * h
+                e = b * 256 + 128 * h
+                for l in range(32):
+                    a = np.int32(row[ql + l])
+                    c = np.int32(row[ql + 32 + l])
+                    hh = np.int32(row[qh + l])
+                    isc = l // 16
+                    out[i - r0, e + l] = (d * f32(ws[i, sc + isc])) * f32(((a & 15) | ((hh & 3) << 4)) - 32)
+                    out[i - r0, e + 32 + l] = (d * f32(ws[i, sc + isc + 2])) * f32(((c & 15) | (((hh >> 2) & 3) << 4)) - 32)
+                    out[i - r0, e + 64 + l] = (d * f32(ws[i, sc + isc + 4])) * f32(((a >> 4) | (((hh >> 4) & 3) << 4)) - 32)
+                    out[i - r0, e + 96 + l] = (d * f32(ws[i, sc + isc + 6])) * f32(((c >> 4) | (((hh >> 6) & 3) << 4)) - 32)
+    return out

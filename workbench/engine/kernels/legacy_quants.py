@@ -1,0 +1,263 @@
+"""Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 weights (blocks of 32) against Q8_0 / Q8_1 activations.
+
+Per block ggml computes an exact integer dot ``sumi`` and accumulates ``sumi * (d_w * d_x)`` in
+f32 (plus ``m_w * s_x`` for the ``_1`` types); these kernels do the same.  Block layouts
+(bytes): Q4_0 = d f16 | qs[16];  Q4_1 = d | m | qs[16];  Q5_0 = d | qh u32 | qs[16];
+Q5_1 = d | m | qh | qs[16];  Q8_0 = d | qs int8[32].  In the 4/5-bit types element ``j < 16``
+is the low nibble of ``qs[j]`` and element ``j + 16`` the high nibble; bit ``j`` of ``qh`` is the
+5th bit of element ``j``.
+
+This module holds the portable (plain Numba loop) kernels; the SIMD ones are in ``simd_kernels``.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from .simd import f16_to_f32
+
+_NB = dict(nogil=True, cache=True)
+f32 = np.float32
+
+BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34}
+
+
+# ----------------------------------------------------------------------------- row dots
+@numba.njit(inline="always")
+def _dot_q4_0(row, xq, xd):
+    acc = f32(0.0)
+    for b in range(xd.shape[0]):
+        o = b * 18
+        s = np.int32(0)
+        for j in range(16):
+            v = np.int32(row[o + 2 + j])
+            s += ((v & 15) - 8) * np.int32(xq[b * 32 + j]) + ((v >> 4) - 8) * np.int32(xq[b * 32 + 16 + j])
+        acc += f32(s) * (f16_to_f32(row, o) * xd[b])
+    return acc
+
+
+@numba.njit(inline="always")
+def _dot_q4_1(row, xq, xd, xs):
+    acc = f32(0.0)
+    accm = f32(0.0)
+    for b in range(xd.shape[0]):
+        o = b * 20
+        s = np.int32(0)
+        for j in range(16):
+            v = np.int32(row[o + 4 + j])
+            s += (v & 15) * np.int32(xq[b * 32 + j]) + (v >> 4) * np.int32(xq[b * 32 + 16 + j])
+        acc += f32(s) * (f16_to_f32(row, o) * xd[b])
+        accm += f16_to_f32(row, o + 2) * xs[b]
+    return acc + accm
+
+
+@numba.njit(inline="always")
+def _dot_q5_0(row, xq, xd):
+    acc = f32(0.0)
+    for b in range(xd.shape[0]):
+        o = b * 22
+        qh = (np.uint32(row[o + 2]) | (np.uint32(row[o + 3]) << 8) | (np.uint32(row[o + 4]) << 16)
+              | (np.uint32(row[o + 5]) << 24))
+        s = np.int32(0)
+        for j in range(16):
+            v = np.int32(row[o + 6 + j])
+            h0 = np.int32((qh >> j) & 1) << 4
+            h1 = np.int32((qh >> (j + 16)) & 1) << 4
+            s += (((v & 15) | h0) - 16) * np.int32(xq[b * 32 + j]) + (((v >> 4) | h1) - 16) * np.int32(xq[b * 32 + 16 + j])
+        acc += f32(s) * (f16_to_f32(row, o) * xd[b])
+    return acc
+
+
+@numba.njit(inline="always")
+def _dot_q5_1(row, xq, xd, xs):
+    acc = f32(0.0)
+    accm = f32(0.0)
+    for b in range(xd.shape[0]):
+        o = b * 24
+        qh = (np.uint32(row[o + 4]) | (np.uint32(row[o + 5]) << 8) | (np.uint32(row[o + 6]) << 16)
+              | (np.uint32(row[o + 7]) << 24))
+        s = np.int32(0)
+        for j in range(16):
+            v = np.int32(row[o + 8 + j])
+            h0 = np.int32((qh >> j) & 1) << 4
+            h1 = np.int32((qh >> (j + 16)) & 1) << 4
+            s += ((v & 15) | h0) * np.int32(xq[b * 32 + j]) + ((v >> 4) | h1) * np.int32(xq[b * 32 + 16 + j])
+        acc += f32(s) * (f16_to_f32(row, o) * xd[b])
+        accm += f16_to_f32(row, o + 2) * xs[b]
+    return acc + accm
+
+
+@numba.njit(inline="always")
+def _dot_q8_0(row, xq, xd):
+    acc = f32(0.0)
+    rs = row.view(np.int8)
+    for b in range(xd.shape[0]):
+        o = b * 34
+        s = np.int32(0)
+        for j in range(32):
+            s += np.int32(rs[o + 2 + j]) * np.int32(xq[b * 32 + j])
+        acc += f32(s) * (f16_to_f32(row, o) * xd[b])
+    return acc
+
+
+# ----------------------------------------------------------------------------- products
+# xp tuples: Q8_0 -> (qs, d, n4); Q8_1 -> (qs, d, s)
+@numba.njit(**_NB)
+def q4_0_matvec(w, xp, out, r0, r1):
+    xq, xd, _ = xp
+    for i in range(r0, r1):
+        out[i] = _dot_q4_0(w[i], xq, xd)
+
+
+@numba.njit(**_NB)
+def q4_0_matmat(w, xp, out, r0, r1):
+    xq, xd, _ = xp
+    for i in range(r0, r1):
+        for c in range(xq.shape[0]):
+            out[c, i] = _dot_q4_0(w[i], xq[c], xd[c])
+
+
+@numba.njit(**_NB)
+def q4_1_matvec(w, xp, out, r0, r1):
+    xq, xd, xs = xp
+    for i in range(r0, r1):
+        out[i] = _dot_q4_1(w[i], xq, xd, xs)
+
+
+@numba.njit(**_NB)
+def q4_1_matmat(w, xp, out, r0, r1):
+    xq, xd, xs = xp
+    for i in range(r0, r1):
+        for c in range(xq.shape[0]):
+            out[c, i] = _dot_q4_1(w[i], xq[c], xd[c], xs[c])
+
+
+@numba.njit(**_NB)
+def q5_0_matvec(w, xp, out, r0, r1):
+    xq, xd, _ = xp
+    for i in range(r0, r1):
+        out[i] = _dot_q5_0(w[i], xq, xd)
+
+
+@numba.njit(**_NB)
+def q5_0_matmat(w, xp, out, r0, r1):
+    xq, xd, _ = xp
+    for i in range(r0, r1):
+        for c in range(xq.shape[0]):
+            out[c, i] = _dot_q5_0(w[i], xq[c], xd[c])
+
+
+@numba.njit(**_NB)
+def q5_1_matvec(w, xp, out, r0, r1):
+    xq, xd, xs = xp
+    for i in range(r0, r1):
+        out[i] = _dot_q5_1(w[i], xq, xd, xs)
+
+
+@numba.njit(**_NB)
+def q5_1_matmat(w, xp, out, r0, r1):
+    xq, xd, xs = xp
+    for i in range(r0, r1):
+        for c in range(xq.shape[0]):
+            out[c, i] = _dot_q5_1(w[i], xq[c], xd[c], xs[c])
+
+
+@numba.njit(**_NB)
+def q8_0_matvec(w, xp, out, r0, r1):
+    xq, xd, _ = xp
+    for i in range(r0, r1):
+        out[i] = _dot_q8_0(w[i], xq, xd)
+
+
+@numba.njit(**_NB)
+def q8_0_matmat(w, xp, out, r0, r1):
+    xq, xd, _ = xp
+    for i in range(r0, r1):
+        for c in range(xq.shape[0]):
+            out[c, i] = _dot_q8_0(w[i], xq[c], xd[c])
+
+
+# ----------------------------------------------------------------------------- dequantize
+# Same f32 operation order as ggml's dequantize_row_* (and gguf.quants), so results are exact.
+@numba.njit(**_NB)
+def dequant_q4_0(w, r0, r1):
+    nb = w.shape[1] // 18
+    out = np.empty((r1 - r0, nb * 32), np.float32)
+    for i in range(r0, r1):
+        for b in range(nb):
+            o = b * 18
+            d = f16_to_f32(w[i], o)
+            for j in range(16):
+                v = np.int32(w[i, o + 2 + j])
+                out[i - r0, b * 32 + j] = d * f32((v & 15) - 8)
+                out[i - r0, b * 32 + 16 + j] = d * f32((v >> 4) - 8)
+    return out
+
+
+@numba.njit(**_NB)
+def dequant_q4_1(w, r0, r1):
+    nb = w.shape[1] // 20
+    out = np.empty((r1 - r0, nb * 32), np.float32)
+    for i in range(r0, r1):
+        for b in range(nb):
+            o = b * 20
+            d = f16_to_f32(w[i], o)
+            m = f16_to_f32(w[i], o + 2)
+            for j in range(16):
+                v = np.int32(w[i, o + 4 + j])
+                out[i - r0, b * 32 + j] = d * f32(v & 15) + m
+                out[i - r0, b * 32 + 16 + j] = d * f32(v >> 4) + m
+    return out
+
+
+@numba.njit(**_NB)
+def dequant_q5_0(w, r0, r1):
+    nb = w.shape[1] // 22
+    out = np.empty((r1 - r0, nb * 32), np.float32)
+    for i in range(r0, r1):
+        for b in range(nb):
+            o = b * 22
+            d = f16_to_f32(w[i], o)
+            qh = (np.uint32(w[i, o + 2]) | (np.uint32(w[i, o + 3]) << 8) | (np.uint32(w[i, o + 4]) << 16)
+                  | (np.uint32(w[i, o + 5]) << 24))
+            for j in range(16):
+                v = np.int32(w[i, o + 6 + j])
+                h0 = np.int32((qh >> j) & 1) << 4
+                h1 = np.int32((qh >> (j + 16)) & 1) << 4
+                out[i - r0, b * 32 + j] = d * f32(((v & 15) | h0) - 16)
+                out[i - r0, b * 32 + 16 + j] = d * f32(((v >> 4) | h1) - 16)
+    return out
+
+
+@numba.njit(**_NB)
+def dequant_q5_1(w, r0, r1):
+    nb = w.shape[1] // 24
+    out = np.empty((r1 - r0, nb * 32), np.float32)
+    for i in range(r0, r1):
+        for b in range(nb):
+            o = b * 24
+            d = f16_to_f32(w[i], o)
+            m = f16_to_f32(w[i], o + 2)
+            qh = (np.uint32(w[i, o + 4]) | (np.uint32(w[i, o + 5]) << 8) | (np.uint32(w[i, o + 6]) << 16)
+                  | (np.uint32(w[i, o + 7]) << 24))
+            for j in range(16):
+                v = np.int32(w[i, o + 8 + j])
+                h0 = np.int32((qh >> j) & 1) << 4
+                h1 = np.int32((qh >> (j + 16)) & 1) << 4
+                out[i - r0, b * 32 + j] = d * f32((v & 15) | h0) + m
+                out[i - r0, b * 32 + 16 + j] = d * f32((v >> 4) | h1) + m
+    return out
+
+
+@numba.njit(**_NB)
+def dequant_q8_0(w, r0, r1):
+    nb = w.shape[1] // 34
+    out = np.empty((r1 - r0, nb * 32), np.float32)
+    ws = w.view(np.int8)
+    for i in range(r0, r1):
+        for b in range(nb):
+            o = b * 34
+            d = f16_to_f32(w[i], o)
+            for j in range(32):
+                out[i - r0, b * 32 + j] = d * f32(ws[i, o + 2 + j])
+    return out

@@ -1,0 +1,470 @@
+"""LLVM-level primitives for the kernels, exposed to Numba as intrinsics.
+
+Scalar helpers (f16/bf16 conversion) are plain LLVM IR and used by every path.
+The vector primitives work on 256-bit registers and take a compile-time ``mode``
+(an int literal, captured as a closure constant by the kernel factories) selecting
+the instruction set: PORTABLE (generic LLVM vector IR), AVX2 (pmaddubsw/pmaddwd/psign)
+or VNNI (AVX512-VNNI vpdpbusd/vpdpwssd on ymm registers). LLVM folds the unused
+branches away, so a kernel compiled for one mode never contains the others' opcodes.
+"""
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.core.errors import TypingError
+from numba.extending import intrinsic, models, register_model
+
+PORTABLE = 0
+AVX2 = 1
+VNNI = 2
+
+_i1 = ir.IntType(1)
+_i8 = ir.IntType(8)
+_i16 = ir.IntType(16)
+_i32 = ir.IntType(32)
+_i64 = ir.IntType(64)
+_f32 = ir.FloatType()
+_f16 = ir.HalfType()
+_V32B = ir.VectorType(_i8, 32)
+_V16B = ir.VectorType(_i8, 16)
+_V16S = ir.VectorType(_i16, 16)
+_V8I = ir.VectorType(_i32, 8)
+_V8F = ir.VectorType(_f32, 8)
+_V8H = ir.VectorType(_f16, 8)
+_V8S = ir.VectorType(_i16, 8)
+
+
+# ----------------------------------------------------------------------------- numba types
+class VecType(types.Type):
+    """An LLVM vector value held in a Numba variable (never boxed to Python)."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        super().__init__(name=f"simd.{kind}")
+
+
+v32b = VecType("i8x32")
+v8i = VecType("i32x8")
+v8f = VecType("f32x8")
+_LL = {"i8x32": _V32B, "i32x8": _V8I, "f32x8": _V8F}
+
+
+@register_model(VecType)
+class _VecModel(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _LL[fe_type.kind])
+
+
+# ----------------------------------------------------------------------------- helpers
+def _fn(builder, name, ret, args):
+    m = builder.module
+    f = m.globals.get(name)
+    if f is None:
+        f = ir.Function(m, ir.FunctionType(ret, args), name=name)
+    return f
+
+
+def _ptr(context, builder, aty, arr, off, vty):
+    """Pointer to element ``off`` of a C-contiguous array, cast to ``vty*``."""
+    ary = context.make_array(aty)(context, builder, arr)
+    p = builder.gep(ary.data, [off])
+    return builder.bitcast(p, vty.as_pointer())
+
+
+def _mode(t) -> int:
+    if not isinstance(t, types.IntegerLiteral):
+        raise TypingError("simd mode must be a compile-time int constant")
+    return t.literal_value
+
+
+def _splat(builder, val, vty):
+    undef = ir.Constant(vty, None)
+    v = builder.insert_element(undef, val, ir.Constant(_i32, 0))
+    return builder.shuffle_vector(v, undef, ir.Constant(ir.VectorType(_i32, vty.count), [0] * vty.count))
+
+
+def _check_array(a, dtypes):
+    if not isinstance(a, types.Array) or a.dtype not in dtypes:
+        raise TypingError(f"expected array of {dtypes}, got {a}")
+
+
+_BYTES = (types.uint8, types.int8)
+
+
+# ----------------------------------------------------------------------------- scalar f16/bf16
+@intrinsic
+def f16_to_f32(typingctx, a, off):
+    """Little-endian IEEE half at byte offset ``off`` of a uint8 array -> float32 (exact)."""
+    _check_array(a, _BYTES)
+    sig = types.float32(a, off)
+
+    def cg(context, builder, sig, args):
+        p = _ptr(context, builder, sig.args[0], args[0], args[1], _f16)
+        return builder.fpext(builder.load(p, align=1), _f32)
+
+    return sig, cg
+
+
+@intrinsic
+def bits_to_f32(typingctx, h):
+    """uint16 half bits -> float32 (exact)."""
+    sig = types.float32(h)
+
+    def cg(context, builder, sig, args):
+        v = builder.trunc(args[0], _i16) if args[0].type.width > 16 else args[0]
+        return builder.fpext(builder.bitcast(v, _f16), _f32)
+
+    return sig, cg
+
+
+@intrinsic
+def round_f16(typingctx, x):
+    """Round float32 to the nearest half (ties to even, like F16C) and back to float32."""
+    sig = types.float32(types.float32)
+
+    def cg(context, builder, sig, args):
+        return builder.fpext(builder.fptrunc(args[0], _f16), _f32)
+
+    return sig, cg
+
+
+@intrinsic
+def bf16_to_f32(typingctx, a, off):
+    """bfloat16 at byte offset ``off`` of a uint8 array -> float32 (exact)."""
+    _check_array(a, _BYTES)
+    sig = types.float32(a, off)
+
+    def cg(context, builder, sig, args):
+        p = _ptr(context, builder, sig.args[0], args[0], args[1], _i16)
+        v = builder.zext(builder.load(p, align=1), _i32)
+        return builder.bitcast(builder.shl(v, ir.Constant(_i32, 16)), _f32)
+
+    return sig, cg
+
+
+# ----------------------------------------------------------------------------- vector primitives
+def _vintrinsic(ret, nargs_check=None):
+    """Decorator: codegen(builder, module, lltypes..., *args) -> value, typed ``ret(*args)``."""
+    def deco(gen):
+        def typer(typingctx, *args):
+            sig = ret(*args)
+
+            def cg(context, builder, sig, llargs):
+                return gen(context, builder, sig, llargs)
+
+            return sig, cg
+        typer.__name__ = gen.__name__
+        return intrinsic(typer)
+    return deco
+
+
+def _arr_load(context, builder, sig, llargs, idx, vty):
+    return builder.load(_ptr(context, builder, sig.args[idx], llargs[idx], llargs[idx + 1], vty), align=1)
+
+
+@intrinsic
+def load_b32(typingctx, a, off):
+    """32 bytes at element offset ``off`` of a uint8/int8 array (unaligned)."""
+    _check_array(a, _BYTES)
+    sig = v32b(a, off)
+    return sig, lambda context, builder, sig, args: _arr_load(context, builder, sig, args, 0, _V32B)
+
+
+@intrinsic
+def load_nib(typingctx, a, off):
+    """16 bytes at ``off`` -> 32 bytes: low nibbles (elements 0-15) then high nibbles (16-31)."""
+    _check_array(a, _BYTES)
+    sig = v32b(a, off)
+
+    def cg(context, builder, sig, args):
+        v = _arr_load(context, builder, sig, args, 0, _V16B)
+        lo = builder.and_(v, ir.Constant(_V16B, [15] * 16))
+        hi = builder.lshr(v, ir.Constant(_V16B, [4] * 16))
+        return builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_i32, 32), list(range(32))))
+
+    return sig, cg
+
+
+@intrinsic
+def load_bits16(typingctx, a, off):
+    """u32 at ``off`` -> 32 bytes, byte j = 16 if bit j is set else 0 (the 5th bit of Q5_x quants)."""
+    _check_array(a, _BYTES)
+    sig = v32b(a, off)
+
+    def cg(context, builder, sig, args):
+        v = _arr_load(context, builder, sig, args, 0, ir.VectorType(_i8, 4))
+        rep = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_i32, 32), [j // 8 for j in range(32)]))
+        bit = builder.and_(rep, ir.Constant(_V32B, [1 << (j % 8) for j in range(32)]))
+        nz = builder.icmp_unsigned("!=", bit, ir.Constant(_V32B, [0] * 32))
+        return builder.select(nz, ir.Constant(_V32B, [16] * 32), ir.Constant(_V32B, [0] * 32))
+
+    return sig, cg
+
+
+def _bytes_binop(opname):
+    @intrinsic
+    def op(typingctx, a, b):
+        if a != v32b:
+            raise TypingError("expected an i8x32 vector")
+        sig = v32b(a, b)
+
+        def cg(context, builder, sig, args):
+            rhs = args[1]
+            if sig.args[1] != v32b:  # scalar: splat (runtime values allowed)
+                rhs = _splat(builder, builder.trunc(rhs, _i8) if rhs.type.width > 8 else rhs, _V32B)
+            return getattr(builder, opname)(args[0], rhs)
+
+        return sig, cg
+    return op
+
+
+b_and = _bytes_binop("and_")
+b_or = _bytes_binop("or_")
+b_shr = _bytes_binop("lshr")   # logical shift of unsigned bytes
+b_shl = _bytes_binop("shl")
+
+
+@intrinsic
+def i_zero(typingctx):
+    sig = v8i()
+    return sig, lambda context, builder, sig, args: ir.Constant(_V8I, [0] * 8)
+
+
+@intrinsic
+def f_zero(typingctx):
+    sig = v8f()
+    return sig, lambda context, builder, sig, args: ir.Constant(_V8F, [0.0] * 8)
+
+
+@intrinsic
+def load_i8(typingctx, a, off):
+    """8 int32 at element offset ``off`` of an int32 array."""
+    _check_array(a, (types.int32,))
+    sig = v8i(a, off)
+    return sig, lambda context, builder, sig, args: _arr_load(context, builder, sig, args, 0, _V8I)
+
+
+@intrinsic
+def i_shl(typingctx, v, n):
+    sig = v8i(v, n)
+
+    def cg(context, builder, sig, args):
+        return builder.shl(args[0], _splat(builder, builder.trunc(args[1], _i32) if args[1].type.width > 32 else args[1], _V8I))
+
+    return sig, cg
+
+
+@intrinsic
+def i_add0(typingctx, v, s):
+    """Add integer scalar ``s`` to lane 0."""
+    sig = v8i(v, s)
+
+    def cg(context, builder, sig, args):
+        s32 = builder.trunc(args[1], _i32) if args[1].type.width > 32 else builder.sext(args[1], _i32) if args[1].type.width < 32 else args[1]
+        e = builder.extract_element(args[0], ir.Constant(_i32, 0))
+        return builder.insert_element(args[0], builder.add(e, s32), ir.Constant(_i32, 0))
+
+    return sig, cg
+
+
+def _dpbusd(builder, mode, acc, a, b):
+    """acc + sum of 4 adjacent u8(a)*s8(b) products per i32 lane."""
+    if mode == VNNI:
+        f = _fn(builder, "llvm.x86.avx512.vpdpbusd.256", _V8I, [_V8I, _V32B, _V32B])
+        return builder.call(f, [acc, a, b])
+    if mode == AVX2:
+        mub = _fn(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16S, [_V32B, _V32B])
+        mwd = _fn(builder, "llvm.x86.avx2.pmadd.wd", _V8I, [_V16S, _V16S])
+        p16 = builder.call(mub, [a, b])
+        return builder.add(acc, builder.call(mwd, [p16, ir.Constant(_V16S, [1] * 16)]))
+    raise ValueError(f"mode {mode}")
+
+
+@intrinsic
+def dot_us(typingctx, mode, acc, a, b):
+    """acc (i32x8) + lane-wise dot of unsigned bytes a with signed bytes b (4 products per lane)."""
+    m = _mode(mode)
+    sig = v8i(mode, acc, a, b)
+    return sig, lambda context, builder, sig, args: _dpbusd(builder, m, args[1], args[2], args[3])
+
+
+@intrinsic
+def dot_ss(typingctx, mode, acc, a, b):
+    """Like dot_us for signed a (sign trick: |a| . (b * sign(a)); a = -128 is fine)."""
+    m = _mode(mode)
+    sig = v8i(mode, acc, a, b)
+
+    def cg(context, builder, sig, args):
+        a, b = args[2], args[3]
+        zero = ir.Constant(_V32B, [0] * 32)
+        neg = builder.icmp_signed("<", a, zero)
+        absa = builder.select(neg, builder.sub(zero, a), a)
+        sb = builder.select(neg, builder.sub(zero, b), b)
+        return _dpbusd(builder, m, args[1], absa, sb)
+
+    return sig, cg
+
+
+@intrinsic
+def madd_sc(typingctx, mode, acc, a, b, s0, s1):
+    """acc + scaled dot: elements 0-15 of u8(a).s8(b) weighted by int s0, elements 16-31 by s1.
+
+    pmaddubsw (u8*s8 pairs -> i16, exact while |pair| < 32768: weights <= 63 here) followed by
+    pmaddwd / vpdpwssd with the scales.
+    """
+    m = _mode(mode)
+    sig = v8i(mode, acc, a, b, s0, s1)
+
+    def cg(context, builder, sig, args):
+        acc, a, b, s0, s1 = args[1:]
+        s0 = builder.trunc(s0, _i16)
+        s1 = builder.trunc(s1, _i16)
+        sc = _splat(builder, s0, _V16S)
+        for j in range(8, 16):
+            sc = builder.insert_element(sc, s1, ir.Constant(_i32, j))
+        mub = _fn(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16S, [_V32B, _V32B])
+        p16 = builder.call(mub, [a, b])
+        if m == VNNI:
+            f = _fn(builder, "llvm.x86.avx512.vpdpwssd.256", _V8I, [_V8I, _V16S, _V16S])
+            return builder.call(f, [acc, p16, sc])
+        mwd = _fn(builder, "llvm.x86.avx2.pmadd.wd", _V8I, [_V16S, _V16S])
+        return builder.add(acc, builder.call(mwd, [p16, sc]))
+
+    return sig, cg
+
+
+@intrinsic
+def fmadd_i(typingctx, acc, v, s):
+    """acc + float(v) * s  (f32x8, fused like ggml's _mm256_fmadd_ps)."""
+    sig = v8f(acc, v, types.float32)
+
+    def cg(context, builder, sig, args):
+        f = _fn(builder, "llvm.fma.v8f32", _V8F, [_V8F, _V8F, _V8F])
+        return builder.call(f, [builder.sitofp(args[1], _V8F), _splat(builder, args[2], _V8F), args[0]])
+
+    return sig, cg
+
+
+@intrinsic
+def fma_f(typingctx, acc, a, b):
+    """acc + a * b (f32x8, fused)."""
+    sig = v8f(acc, a, b)
+
+    def cg(context, builder, sig, args):
+        f = _fn(builder, "llvm.fma.v8f32", _V8F, [_V8F, _V8F, _V8F])
+        return builder.call(f, [args[1], args[2], args[0]])
+
+    return sig, cg
+
+
+@intrinsic
+def load_f32x8(typingctx, a, off):
+    """8 float32 at element ``off`` of a float32 array, or at byte ``off`` of a uint8 array."""
+    sig = v8f(a, off)
+    byte = a.dtype in _BYTES
+
+    def cg(context, builder, sig, args):
+        if byte:
+            return _arr_load(context, builder, sig, args, 0, _V8F)
+        return _arr_load(context, builder, sig, args, 0, _V8F)
+
+    return sig, cg
+
+
+@intrinsic
+def load_f16x8(typingctx, a, off):
+    """8 halves at byte ``off`` of a uint8 array -> f32x8 (vcvtph2ps)."""
+    _check_array(a, _BYTES)
+    sig = v8f(a, off)
+    return sig, lambda context, builder, sig, args: builder.fpext(_arr_load(context, builder, sig, args, 0, _V8H), _V8F)
+
+
+@intrinsic
+def load_bf16x8(typingctx, a, off):
+    """8 bfloat16 at byte ``off`` of a uint8 array -> f32x8 (exact: shift into the high half)."""
+    _check_array(a, _BYTES)
+    sig = v8f(a, off)
+
+    def cg(context, builder, sig, args):
+        v = builder.zext(_arr_load(context, builder, sig, args, 0, _V8S), _V8I)
+        return builder.bitcast(builder.shl(v, ir.Constant(_V8I, [16] * 8)), _V8F)
+
+    return sig, cg
+
+
+@intrinsic
+def hsum_f(typingctx, v):
+    sig = types.float32(v)
+
+    def cg(context, builder, sig, args):
+        # pairwise tree (like ggml's hsum_float_8), no reassociation flags needed
+        x = args[0]
+        lo = builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(_i32, 4), [0, 1, 2, 3]))
+        hi = builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(_i32, 4), [4, 5, 6, 7]))
+        s4 = builder.fadd(lo, hi)
+        a = builder.shuffle_vector(s4, s4, ir.Constant(ir.VectorType(_i32, 2), [0, 1]))
+        b = builder.shuffle_vector(s4, s4, ir.Constant(ir.VectorType(_i32, 2), [2, 3]))
+        s2 = builder.fadd(a, b)
+        return builder.fadd(builder.extract_element(s2, ir.Constant(_i32, 0)),
+                            builder.extract_element(s2, ir.Constant(_i32, 1)))
+
+    return sig, cg
+
+
+@intrinsic
+def f_add(typingctx, a, b):
+    sig = v8f(a, b)
+    return sig, lambda context, builder, sig, args: builder.fadd(args[0], args[1])
+
+
+@intrinsic
+def i_add(typingctx, a, b):
+    sig = v8i(a, b)
+    return sig, lambda context, builder, sig, args: builder.add(args[0], args[1])
+
+
+@intrinsic
+def ld_u32(typingctx, a, off):
+    """Unaligned little-endian uint32 at byte ``off`` of a uint8 array (no index checks)."""
+    _check_array(a, _BYTES)
+    sig = types.uint32(a, off)
+    return sig, lambda context, builder, sig, args: _arr_load(context, builder, sig, args, 0, _i32)
+
+
+@intrinsic
+def mins_dot(typingctx, m_lo, m_hi, xb, off):
+    """sum_j m_j * (xb[off+2j] + xb[off+2j+1]) for the 8 mins packed as bytes of two uint32."""
+    _check_array(xb, (types.int32,))
+    sig = types.int32(m_lo, m_hi, xb, off)
+
+    def cg(context, builder, sig, args):
+        V4B = ir.VectorType(_i8, 4)
+        lo = builder.bitcast(builder.trunc(args[0], _i32) if args[0].type.width > 32 else args[0], V4B)
+        hi = builder.bitcast(builder.trunc(args[1], _i32) if args[1].type.width > 32 else args[1], V4B)
+        m8 = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_i32, 8), list(range(8))))
+        m16 = builder.shuffle_vector(m8, m8, ir.Constant(ir.VectorType(_i32, 16), [j // 2 for j in range(16)]))
+        V16I = ir.VectorType(_i32, 16)
+        m = builder.zext(m16, V16I)
+        p = builder.load(_ptr(context, builder, sig.args[2], args[2], args[3], V16I), align=4)
+        red = _fn(builder, "llvm.vector.reduce.add.v16i32", _i32, [V16I])
+        return builder.call(red, [builder.mul(m, p)])
+
+    return sig, cg
+
+
+@intrinsic
+def sdot16(typingctx, a, off, xb, xoff):
+    """sum_j int8(a[off+j]) * xb[xoff+j] for j < 16 (int32 result)."""
+    _check_array(a, _BYTES)
+    _check_array(xb, (types.int32,))
+    sig = types.int32(a, off, xb, xoff)
+
+    def cg(context, builder, sig, args):
+        V16I = ir.VectorType(_i32, 16)
+        s = builder.sext(_arr_load(context, builder, sig, args, 0, _V16B), V16I)
+        p = builder.load(_ptr(context, builder, sig.args[2], args[2], args[3], V16I), align=4)
+        red = _fn(builder, "llvm.vector.reduce.add.v16i32", _i32, [V16I])
+        return builder.call(red, [builder.mul(s, p)])
+
+    return sig, cg

@@ -1,0 +1,510 @@
+"""Explicit-SIMD kernels (256-bit) for the "avx2" and "avx512-vnni" paths.
+
+Each kernel factory closes over ``mode`` (simd.AVX2 or simd.VNNI); Numba treats the closure
+value as a compile-time constant and the primitives emit only that instruction set, so one source
+gives two separately compiled (and separately cached) implementations.
+
+Integer work per block is exact and follows ggml: Q8_0 uses the sign trick (|w| . sign(w)*x);
+Q4_0/Q5_0 multiply unsigned quants and remove the offset inside the i32 lanes with the
+precomputed group-of-4 activation sums (``n4``); K-quants use pmaddubsw then pmaddwd/vpdpwssd
+with the sub-block scales.  Lanes are converted to f32 and fused-multiply-added with the block
+scale product, like ggml's AVX2 code.
+
+matmat processes one weight row against 4 activation columns at a time, so every unpacked weight
+block is reused 4 times from registers.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from . import k_quants as _kq
+from .simd import (AVX2, VNNI, b_and, bf16_to_f32, b_or, b_shl, b_shr, dot_ss, dot_us, f16_to_f32, f_zero,
+                   f_add, fma_f, fmadd_i, hsum_f, i_add, i_add0, i_shl, i_zero, load_b32, load_bf16x8,
+                   load_bits16, load_f16x8, load_f32x8, load_i8, load_nib, madd_sc, ld_u32, mins_dot, sdot16)
+
+_NB = dict(nogil=True, cache=True)
+f32 = np.float32
+_MODES = {"avx2": AVX2, "avx512-vnni": VNNI}
+
+
+# ============================================================================= legacy quants
+def _legacy(mode):
+    @numba.njit(inline="always")
+    def q8_0_lanes(w, o, xq, xo):
+        return dot_ss(mode, i_zero(), load_b32(w, o + 2), load_b32(xq, xo))
+
+    @numba.njit(inline="always")
+    def q4_0_lanes(w, o, xq, xo, n4, no):
+        return dot_us(mode, i_shl(load_i8(n4, no), 3), load_nib(w, o + 2), load_b32(xq, xo))
+
+    @numba.njit(inline="always")
+    def q5_0_lanes(w, o, xq, xo, n4, no):
+        q = b_or(load_nib(w, o + 6), load_bits16(w, o + 2))
+        return dot_us(mode, i_shl(load_i8(n4, no), 4), q, load_b32(xq, xo))
+
+    @numba.njit(inline="always")
+    def q4_1_lanes(w, o, xq, xo):
+        return dot_us(mode, i_zero(), load_nib(w, o + 4), load_b32(xq, xo))
+
+    @numba.njit(inline="always")
+    def q5_1_lanes(w, o, xq, xo):
+        q = b_or(load_nib(w, o + 8), load_bits16(w, o + 4))
+        return dot_us(mode, i_zero(), q, load_b32(xq, xo))
+
+    # ---- matvec: per-block (lanes, scale, extra) functions and one 4-accumulator driver
+    @numba.njit(inline="always")
+    def q8_0_blk(w, base, b, xq, xd, xa):
+        o = base + b * 34
+        return q8_0_lanes(w, o, xq, b * 32), f16_to_f32(w, o) * xd[b], f32(0.0)
+
+    @numba.njit(inline="always")
+    def q4_0_blk(w, base, b, xq, xd, xa):
+        o = base + b * 18
+        return q4_0_lanes(w, o, xq, b * 32, xa, b * 8), f16_to_f32(w, o) * xd[b], f32(0.0)
+
+    @numba.njit(inline="always")
+    def q5_0_blk(w, base, b, xq, xd, xa):
+        o = base + b * 22
+        return q5_0_lanes(w, o, xq, b * 32, xa, b * 8), f16_to_f32(w, o) * xd[b], f32(0.0)
+
+    @numba.njit(inline="always")
+    def q4_1_blk(w, base, b, xq, xd, xa):
+        o = base + b * 20
+        return q4_1_lanes(w, o, xq, b * 32), f16_to_f32(w, o) * xd[b], f16_to_f32(w, o + 2) * xa[b]
+
+    @numba.njit(inline="always")
+    def q5_1_blk(w, base, b, xq, xd, xa):
+        o = base + b * 24
+        return q5_1_lanes(w, o, xq, b * 32), f16_to_f32(w, o) * xd[b], f16_to_f32(w, o + 2) * xa[b]
+
+    def make_matvec(blk):
+        # 4 independent f32 accumulators hide the FMA latency (one chain would cap at ~1 block/4 cycles)
+        @numba.njit(**_NB)
+        def matvec(w, xp, out, r0, r1):
+            xq, xd, xa = xp
+            nb = xd.shape[0]
+            rb = w.shape[1]
+            for i in range(r0, r1):
+                base = i * rb
+                a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
+                e0 = f32(0.0); e1 = f32(0.0)
+                b = 0
+                while b + 4 <= nb:
+                    l, s, e = blk(w, base, b, xq, xd, xa)
+                    a0 = fmadd_i(a0, l, s); e0 += e
+                    l, s, e = blk(w, base, b + 1, xq, xd, xa)
+                    a1 = fmadd_i(a1, l, s); e1 += e
+                    l, s, e = blk(w, base, b + 2, xq, xd, xa)
+                    a2 = fmadd_i(a2, l, s); e0 += e
+                    l, s, e = blk(w, base, b + 3, xq, xd, xa)
+                    a3 = fmadd_i(a3, l, s); e1 += e
+                    b += 4
+                while b < nb:
+                    l, s, e = blk(w, base, b, xq, xd, xa)
+                    a0 = fmadd_i(a0, l, s); e0 += e
+                    b += 1
+                out[i] = hsum_f(f_add(f_add(a0, a1), f_add(a2, a3))) + (e0 + e1)
+        return matvec
+
+    q8_0_matvec = make_matvec(q8_0_blk)
+    q4_0_matvec = make_matvec(q4_0_blk)
+    q5_0_matvec = make_matvec(q5_0_blk)
+    q4_1_matvec = make_matvec(q4_1_blk)
+    q5_1_matvec = make_matvec(q5_1_blk)
+
+    # ---- matmat (1 row x 4 columns register tile, then single columns)
+    @numba.njit(**_NB)
+    def q8_0_matmat(w, xp, out, r0, r1):
+        xq, xd, _ = xp
+        n = xq.shape[0]
+        nb = xd.shape[1]
+        rb = w.shape[1]
+        k = xq.shape[1]
+        xf = xq.reshape(-1)
+        for i in range(r0, r1):
+            base = i * rb
+            c = 0
+            while c + 4 <= n:
+                a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
+                for b in range(nb):
+                    o = base + b * 34
+                    wv = load_b32(w, o + 2)
+                    dw = f16_to_f32(w, o)
+                    xo = c * k + b * 32
+                    a0 = fmadd_i(a0, dot_ss(mode, i_zero(), wv, load_b32(xf, xo)), dw * xd[c, b])
+                    a1 = fmadd_i(a1, dot_ss(mode, i_zero(), wv, load_b32(xf, xo + k)), dw * xd[c + 1, b])
+                    a2 = fmadd_i(a2, dot_ss(mode, i_zero(), wv, load_b32(xf, xo + 2 * k)), dw * xd[c + 2, b])
+                    a3 = fmadd_i(a3, dot_ss(mode, i_zero(), wv, load_b32(xf, xo + 3 * k)), dw * xd[c + 3, b])
+                out[c, i] = hsum_f(a0); out[c + 1, i] = hsum_f(a1)
+                out[c + 2, i] = hsum_f(a2); out[c + 3, i] = hsum_f(a3)
+                c += 4
+            while c < n:
+                acc = f_zero()
+                for b in range(nb):
+                    o = base + b * 34
+                    acc = fmadd_i(acc, q8_0_lanes(w, o, xf, c * k + b * 32), f16_to_f32(w, o) * xd[c, b])
+                out[c, i] = hsum_f(acc)
+                c += 1
+
+    @numba.njit(**_NB)
+    def q4_0_matmat(w, xp, out, r0, r1):
+        xq, xd, n4 = xp
+        n = xq.shape[0]
+        nb = xd.shape[1]
+        rb = w.shape[1]
+        k = xq.shape[1]
+        xf = xq.reshape(-1)
+        nf = n4.reshape(-1)
+        k4 = k // 4
+        for i in range(r0, r1):
+            base = i * rb
+            c = 0
+            while c + 4 <= n:
+                a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
+                for b in range(nb):
+                    o = base + b * 18
+                    wv = load_nib(w, o + 2)
+                    dw = f16_to_f32(w, o)
+                    xo = c * k + b * 32
+                    no = c * k4 + b * 8
+                    a0 = fmadd_i(a0, dot_us(mode, i_shl(load_i8(nf, no), 3), wv, load_b32(xf, xo)), dw * xd[c, b])
+                    a1 = fmadd_i(a1, dot_us(mode, i_shl(load_i8(nf, no + k4), 3), wv, load_b32(xf, xo + k)), dw * xd[c + 1, b])
+                    a2 = fmadd_i(a2, dot_us(mode, i_shl(load_i8(nf, no + 2 * k4), 3), wv, load_b32(xf, xo + 2 * k)), dw * xd[c + 2, b])
+                    a3 = fmadd_i(a3, dot_us(mode, i_shl(load_i8(nf, no + 3 * k4), 3), wv, load_b32(xf, xo + 3 * k)), dw * xd[c + 3, b])
+                out[c, i] = hsum_f(a0); out[c + 1, i] = hsum_f(a1)
+                out[c + 2, i] = hsum_f(a2); out[c + 3, i] = hsum_f(a3)
+                c += 4
+            while c < n:
+                acc = f_zero()
+                for b in range(nb):
+                    o = base + b * 18
+                    acc = fmadd_i(acc, q4_0_lanes(w, o, xf, c * k + b * 32, nf, c * k4 + b * 8), f16_to_f32(w, o) * xd[c, b])
+                out[c, i] = hsum_f(acc)
+                c += 1
+
+    @numba.njit(**_NB)
+    def q5_0_matmat(w, xp, out, r0, r1):
+        xq, xd, n4 = xp
+        n = xq.shape[0]
+        nb = xd.shape[1]
+        rb = w.shape[1]
+        k = xq.shape[1]
+        xf = xq.reshape(-1)
+        nf = n4.reshape(-1)
+        k4 = k // 4
+        for i in range(r0, r1):
+            base = i * rb
+            c = 0
+            while c + 4 <= n:
+                a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
+                for b in range(nb):
+                    o = base + b * 22
+                    wv = b_or(load_nib(w, o + 6), load_bits16(w, o + 2))
+                    dw = f16_to_f32(w, o)
+                    xo = c * k + b * 32
+                    no = c * k4 + b * 8
+                    a0 = fmadd_i(a0, dot_us(mode, i_shl(load_i8(nf, no), 4), wv, load_b32(xf, xo)), dw * xd[c, b])
+                    a1 = fmadd_i(a1, dot_us(mode, i_shl(load_i8(nf, no + k4), 4), wv, load_b32(xf, xo + k)), dw * xd[c + 1, b])
+                    a2 = fmadd_i(a2, dot_us(mode, i_shl(load_i8(nf, no + 2 * k4), 4), wv, load_b32(xf, xo + 2 * k)), dw * xd[c + 2, b])
+                    a3 = fmadd_i(a3, dot_us(mode, i_shl(load_i8(nf, no + 3 * k4), 4), wv, load_b32(xf, xo + 3 * k)), dw * xd[c + 3, b])
+                out[c, i] = hsum_f(a0); out[c + 1, i] = hsum_f(a1)
+                out[c + 2, i] = hsum_f(a2); out[c + 3, i] = hsum_f(a3)
+                c += 4
+            while c < n:
+                acc = f_zero()
+                for b in range(nb):
+                    o = base + b * 22
+                    acc = fmadd_i(acc, q5_0_lanes(w, o, xf, c * k + b * 32, nf, c * k4 + b * 8), f16_to_f32(w, o) * xd[c, b])
+                out[c, i] = hsum_f(acc)
+                c += 1
+
+    @numba.njit(**_NB)
+    def q4_1_matmat(w, xp, out, r0, r1):
+        xq, xd, xs = xp
+        n = xq.shape[0]
+        nb = xd.shape[1]
+        rb = w.shape[1]
+        k = xq.shape[1]
+        xf = xq.reshape(-1)
+        for i in range(r0, r1):
+            base = i * rb
+            for c in range(n):
+                acc = f_zero()
+                accm = f32(0.0)
+                for b in range(nb):
+                    o = base + b * 20
+                    acc = fmadd_i(acc, q4_1_lanes(w, o, xf, c * k + b * 32), f16_to_f32(w, o) * xd[c, b])
+                    accm += f16_to_f32(w, o + 2) * xs[c, b]
+                out[c, i] = hsum_f(acc) + accm
+
+    @numba.njit(**_NB)
+    def q5_1_matmat(w, xp, out, r0, r1):
+        xq, xd, xs = xp
+        n = xq.shape[0]
+        nb = xd.shape[1]
+        rb = w.shape[1]
+        k = xq.shape[1]
+        xf = xq.reshape(-1)
+        for i in range(r0, r1):
+            base = i * rb
+            for c in range(n):
+                acc = f_zero()
+                accm = f32(0.0)
+                for b in range(nb):
+                    o = base + b * 24
+                    acc = fmadd_i(acc, q5_1_lanes(w, o, xf, c * k + b * 32), f16_to_f32(w, o) * xd[c, b])
+                    accm += f16_to_f32(w, o + 2) * xs[c, b]
+                out[c, i] = hsum_f(acc) + accm
+
+    return dict(Q8_0=(q8_0_matvec, q8_0_matmat), Q4_0=(q4_0_matvec, q4_0_matmat),
+                Q5_0=(q5_0_matvec, q5_0_matmat), Q4_1=(q4_1_matvec, q4_1_matmat),
+                Q5_1=(q5_1_matvec, q5_1_matmat))
+
+
+# ============================================================================= K quants
+@numba.njit(inline="always")
+def _k4_scales(wf, o):
+    """The 12 packed Q4_K/Q5_K scale bytes at wf[o:] -> (scales 0-3, scales 4-7, mins 0-3, mins 4-7),
+    one 6-bit value per byte of four uint32 (ggml's kmask word trick)."""
+    u0 = ld_u32(wf, o)
+    u1 = ld_u32(wf, o + 4)
+    u2 = ld_u32(wf, o + 8)
+    m6 = np.uint32(0x3F3F3F3F)
+    m4 = np.uint32(0x0F0F0F0F)
+    m2 = np.uint32(0x03030303)
+    sl = u0 & m6
+    sh = (u2 & m4) | (((u0 >> np.uint32(6)) & m2) << np.uint32(4))
+    ml = u1 & m6
+    mh = ((u2 >> np.uint32(4)) & m4) | (((u1 >> np.uint32(6)) & m2) << np.uint32(4))
+    return sl, sh, ml, mh
+
+
+def _kquants(mode):
+    @numba.njit(inline="always")
+    def q4_K_dot(wf, o, xq, xo, xd, xb, bo):
+        """(integer lanes of sum_j sc_j*dot_j, sum_j m_j*bsum_j) of one super-block."""
+        sl, sh, ml, mh = _k4_scales(wf, o + 4)
+        acc = i_zero()
+        acc1 = i_zero()
+        for jp in range(4):
+            sc0 = np.int32(((sl if jp < 2 else sh) >> np.uint32(16 * (jp & 1))) & np.uint32(0xFF))
+            sc1 = np.int32(((sl if jp < 2 else sh) >> np.uint32(16 * (jp & 1) + 8)) & np.uint32(0xFF))
+            raw = load_b32(wf, o + 16 + 32 * jp)
+            acc = madd_sc(mode, acc, b_and(raw, 15), load_b32(xq, xo + 64 * jp), sc0, sc0)
+            acc1 = madd_sc(mode, acc1, b_shr(raw, 4), load_b32(xq, xo + 64 * jp + 32), sc1, sc1)
+        return i_add(acc, acc1), mins_dot(ml, mh, xb, bo)
+
+    @numba.njit(inline="always")
+    def q5_K_dot(wf, o, xq, xo, xd, xb, bo):
+        sl, sh, ml, mh = _k4_scales(wf, o + 4)
+        acc = i_zero()
+        acc1 = i_zero()
+        qh = load_b32(wf, o + 16)
+        for jp in range(4):
+            sc0 = np.int32(((sl if jp < 2 else sh) >> np.uint32(16 * (jp & 1))) & np.uint32(0xFF))
+            sc1 = np.int32(((sl if jp < 2 else sh) >> np.uint32(16 * (jp & 1) + 8)) & np.uint32(0xFF))
+            raw = load_b32(wf, o + 48 + 32 * jp)
+            h = b_shr(qh, 2 * jp)
+            q0 = b_or(b_and(raw, 15), b_shl(b_and(h, 1), 4))
+            q1 = b_or(b_shr(raw, 4), b_shl(b_and(h, 2), 3))
+            acc = madd_sc(mode, acc, q0, load_b32(xq, xo + 64 * jp), sc0, sc0)
+            acc1 = madd_sc(mode, acc1, q1, load_b32(xq, xo + 64 * jp + 32), sc1, sc1)
+        return i_add(acc, acc1), mins_dot(ml, mh, xb, bo)
+
+    @numba.njit(inline="always")
+    def q6_K_dot(wf, ws, o, xq, xo, xb, bo):
+        """Integer lanes of sum_j sc_j * sum (q-32)*x (offset removed via bsums)."""
+        acc = i_zero()
+        acc1 = i_zero()
+        for h in range(2):
+            ql0 = load_b32(wf, o + 64 * h)
+            ql1 = load_b32(wf, o + 64 * h + 32)
+            qh = load_b32(wf, o + 128 + 32 * h)
+            sc = o + 192 + 8 * h
+            s0 = np.int32(ws[sc]); s1 = np.int32(ws[sc + 1]); s2 = np.int32(ws[sc + 2]); s3 = np.int32(ws[sc + 3])
+            s4 = np.int32(ws[sc + 4]); s5 = np.int32(ws[sc + 5]); s6 = np.int32(ws[sc + 6]); s7 = np.int32(ws[sc + 7])
+            x0 = xo + 128 * h
+            q1 = b_or(b_and(ql0, 15), b_shl(b_and(qh, 3), 4))
+            q2 = b_or(b_and(ql1, 15), b_shl(b_and(qh, 12), 2))
+            q3 = b_or(b_shr(ql0, 4), b_and(qh, 48))
+            q4 = b_or(b_shr(ql1, 4), b_shr(b_and(qh, 192), 2))
+            acc = madd_sc(mode, acc, q1, load_b32(xq, x0), s0, s1)
+            acc1 = madd_sc(mode, acc1, q2, load_b32(xq, x0 + 32), s2, s3)
+            acc = madd_sc(mode, acc, q3, load_b32(xq, x0 + 64), s4, s5)
+            acc1 = madd_sc(mode, acc1, q4, load_b32(xq, x0 + 96), s6, s7)
+        return i_add0(i_add(acc, acc1), -32 * sdot16(wf, o + 192, xb, bo))
+
+    @numba.njit(**_NB)
+    def q4_K_matvec(w, xp, out, r0, r1):
+        xq, xd, xb = xp
+        nb = xd.shape[0]
+        rb = w.shape[1]
+        wf = w.reshape(-1)
+        for i in range(r0, r1):
+            acc = f_zero()
+            accm = f32(0.0)
+            for b in range(nb):
+                o = i * rb + b * 144
+                lanes, summ = q4_K_dot(wf, o, xq, b * 256, xd, xb, b * 16)
+                acc = fmadd_i(acc, lanes, f16_to_f32(w, o) * xd[b])
+                accm += (f16_to_f32(w, o + 2) * xd[b]) * f32(summ)
+            out[i] = hsum_f(acc) - accm
+
+    @numba.njit(**_NB)
+    def q5_K_matvec(w, xp, out, r0, r1):
+        xq, xd, xb = xp
+        nb = xd.shape[0]
+        rb = w.shape[1]
+        wf = w.reshape(-1)
+        for i in range(r0, r1):
+            acc = f_zero()
+            accm = f32(0.0)
+            for b in range(nb):
+                o = i * rb + b * 176
+                lanes, summ = q5_K_dot(wf, o, xq, b * 256, xd, xb, b * 16)
+                acc = fmadd_i(acc, lanes, f16_to_f32(w, o) * xd[b])
+                accm += (f16_to_f32(w, o + 2) * xd[b]) * f32(summ)
+            out[i] = hsum_f(acc) - accm
+
+    @numba.njit(**_NB)
+    def q6_K_matvec(w, xp, out, r0, r1):
+        xq, xd, xb = xp
+        nb = xd.shape[0]
+        rb = w.shape[1]
+        wf = w.reshape(-1)
+        ws = w.view(np.int8).reshape(-1)
+        for i in range(r0, r1):
+            acc = f_zero()
+            for b in range(nb):
+                o = i * rb + b * 210
+                acc = fmadd_i(acc, q6_K_dot(wf, ws, o, xq, b * 256, xb, b * 16), f16_to_f32(w, o + 208) * xd[b])
+            out[i] = hsum_f(acc)
+
+    @numba.njit(**_NB)
+    def q4_K_matmat(w, xp, out, r0, r1):
+        xq, xd, xb = xp
+        nb = xd.shape[1]
+        rb = w.shape[1]
+        wf = w.reshape(-1)
+        for i in range(r0, r1):
+            for c in range(xq.shape[0]):
+                acc = f_zero()
+                accm = f32(0.0)
+                xqc = xq[c]; xbc = xb[c]
+                for b in range(nb):
+                    o = i * rb + b * 144
+                    lanes, summ = q4_K_dot(wf, o, xqc, b * 256, xd, xbc, b * 16)
+                    acc = fmadd_i(acc, lanes, f16_to_f32(w, o) * xd[c, b])
+                    accm += (f16_to_f32(w, o + 2) * xd[c, b]) * f32(summ)
+                out[c, i] = hsum_f(acc) - accm
+
+    @numba.njit(**_NB)
+    def q5_K_matmat(w, xp, out, r0, r1):
+        xq, xd, xb = xp
+        nb = xd.shape[1]
+        rb = w.shape[1]
+        wf = w.reshape(-1)
+        for i in range(r0, r1):
+            for c in range(xq.shape[0]):
+                acc = f_zero()
+                accm = f32(0.0)
+                xqc = xq[c]; xbc = xb[c]
+                for b in range(nb):
+                    o = i * rb + b * 176
+                    lanes, summ = q5_K_dot(wf, o, xqc, b * 256, xd, xbc, b * 16)
+                    acc = fmadd_i(acc, lanes, f16_to_f32(w, o) * xd[c, b])
+                    accm += (f16_to_f32(w, o + 2) * xd[c, b]) * f32(summ)
+                out[c, i] = hsum_f(acc) - accm
+
+    @numba.njit(**_NB)
+    def q6_K_matmat(w, xp, out, r0, r1):
+        xq, xd, xb = xp
+        nb = xd.shape[1]
+        rb = w.shape[1]
+        wf = w.reshape(-1)
+        ws = w.view(np.int8).reshape(-1)
+        for i in range(r0, r1):
+            for c in range(xq.shape[0]):
+                acc = f_zero()
+                xqc = xq[c]; xbc = xb[c]
+                for b in range(nb):
+                    o = i * rb + b * 210
+                    acc = fmadd_i(acc, q6_K_dot(wf, ws, o, xqc, b * 256, xbc, b * 16), f16_to_f32(w, o + 208) * xd[c, b])
+                out[c, i] = hsum_f(acc)
+
+    return dict(Q4_K=(q4_K_matvec, q4_K_matmat), Q5_K=(q5_K_matvec, q5_K_matmat),
+                Q6_K=(q6_K_matvec, q6_K_matmat))
+
+
+# ============================================================================= float types
+def _floats(mode):
+    def build(load, es, tail):
+        @numba.njit(inline="always")
+        def dot(w, o, x, xo, k):
+            a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
+            j = 0
+            while j + 32 <= k:
+                a0 = fma_f(a0, load(w, o + j * es), load_f32x8(x, xo + j))
+                a1 = fma_f(a1, load(w, o + (j + 8) * es), load_f32x8(x, xo + j + 8))
+                a2 = fma_f(a2, load(w, o + (j + 16) * es), load_f32x8(x, xo + j + 16))
+                a3 = fma_f(a3, load(w, o + (j + 24) * es), load_f32x8(x, xo + j + 24))
+                j += 32
+            while j + 8 <= k:
+                a0 = fma_f(a0, load(w, o + j * es), load_f32x8(x, xo + j))
+                j += 8
+            s = (hsum_f(a0) + hsum_f(a1)) + (hsum_f(a2) + hsum_f(a3))
+            while j < k:
+                s += tail(w, o + j * es) * x[xo + j]
+                j += 1
+            return s
+
+        @numba.njit(**_NB)
+        def matvec(w, xp, out, r0, r1):
+            x = xp[0]
+            k = x.shape[0]
+            rb = w.shape[1]
+            for i in range(r0, r1):
+                out[i] = dot(w, i * rb, x, 0, k)
+
+        @numba.njit(**_NB)
+        def matmat(w, xp, out, r0, r1):
+            x = xp[0]
+            k = x.shape[1]
+            xf = x.reshape(-1)
+            rb = w.shape[1]
+            for i in range(r0, r1):
+                for c in range(x.shape[0]):
+                    out[c, i] = dot(w, i * rb, xf, c * k, k)
+
+        return matvec, matmat
+
+    return dict(F32=build(load_f32x8, 4, _f32_at), F16=build(load_f16x8, 2, f16_to_f32),
+                BF16=build(load_bf16x8, 2, _bf16_at))
+
+
+@numba.njit(inline="always")
+def _f32_at(w, off):
+    return w.reshape(-1)[off:off + 4].view(np.float32)[0]
+
+
+@numba.njit(inline="always")
+def _bf16_at(w, off):
+    return bf16_to_f32(w, off)
+
+
+# ============================================================================= tables
+_TYPE_IDS = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8,
+             "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "BF16": 30}
+_cache: dict[str, tuple[dict, dict]] = {}
+
+
+def tables(path: str) -> tuple[dict, dict]:
+    """(matvec, matmat) dicts keyed by ggml type id for a SIMD path (functions compile on first call)."""
+    if path not in _cache:
+        mode = _MODES[path]
+        fns = {**_legacy(mode), **_kquants(mode), **_floats(mode)}
+        mv = {_TYPE_IDS[n]: f[0] for n, f in fns.items()}
+        mm = {_TYPE_IDS[n]: f[1] for n, f in fns.items()}
+        _cache[path] = (mv, mm)
+    return _cache[path]

@@ -1,0 +1,141 @@
+"""The decoder-only transformer shared by every supported architecture.
+
+An architecture module subclasses `Decoder` and sets the few switches where
+the families differ (normalisation placement, QK-norm, activation, embedding
+scale). The forward pass only talks to the `Runtime` (products by tensor
+name, work over heads) and to `ops`; kernels and threads stay out of sight.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import ops
+from ..config import ModelConfig
+from ..gguf_file import ModelLoadError
+from ..kv_cache import KVCache
+from ..runtime import Runtime
+
+_EMPTY = np.zeros(0, dtype=np.float32)
+
+
+class Decoder:
+    arch = ""
+    activation = "silu"          # or "gelu" (tanh approximation)
+    qk_norm = False              # RMS norm of each query/key head before RoPE
+    post_norms = False           # extra norms after attention and FFN outputs (Gemma)
+    embed_scale = False          # multiply embeddings by sqrt(n_embd) (Gemma)
+    prescale_query = False       # scale queries before attention instead of the scores
+
+    def __init__(self, cfg: ModelConfig, rt: Runtime):
+        self.cfg = cfg
+        self.rt = rt
+        self.output_name = "output.weight" if rt.has("output.weight") else "token_embd.weight"
+        self._check_tensors()
+        self.freq_factors = rt.f32("rope_freqs.weight") if rt.has("rope_freqs.weight") else _EMPTY
+
+    # -- structure -------------------------------------------------------------
+    def layer_tensors(self, il: int) -> list[str]:
+        names = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
+                 "ffn_gate", "ffn_up", "ffn_down"]
+        if self.qk_norm:
+            names += ["attn_q_norm", "attn_k_norm"]
+        if self.post_norms:
+            names += ["post_attention_norm", "post_ffw_norm"]
+        return [f"blk.{il}.{n}.weight" for n in names]
+
+    def _check_tensors(self) -> None:
+        need = ["token_embd.weight", "output_norm.weight"]
+        for il in range(self.cfg.n_layer):
+            need += self.layer_tensors(il)
+        missing = [n for n in need if not self.rt.has(n)]
+        if missing:
+            more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+            raise ModelLoadError(f"{self.arch} model is missing tensor(s) {', '.join(missing[:3])}{more}")
+        c = self.cfg
+        expect = {
+            "token_embd.weight": (c.n_embd, c.n_vocab),
+            "blk.0.attn_q.weight": (c.n_embd, c.n_head * c.head_dim),
+            "blk.0.attn_k.weight": (c.n_embd, c.n_head_kv * c.head_dim),
+            "blk.0.attn_v.weight": (c.n_embd, c.n_head_kv * c.head_dim_v),
+            "blk.0.ffn_up.weight": (c.n_embd, c.n_ff),
+        }
+        for name, shape in expect.items():
+            got = tuple(self.rt.shape(name))
+            if got != shape:
+                what = "vocabulary size does not match the embedding" if name == "token_embd.weight" else "shape mismatch"
+                raise ModelLoadError(f"{name} has shape {list(got)}, expected {list(shape)} ({what})")
+
+    # -- forward -----------------------------------------------------------------
+    def norm(self, x: np.ndarray, name: str) -> np.ndarray:
+        out = np.empty_like(x)
+        ops.rms_norm(x, self.rt.f32(name), self.cfg.norm_eps, out)
+        return out
+
+    def _bias(self, y: np.ndarray, name: str) -> np.ndarray:
+        if self.rt.has(name):
+            y += self.rt.f32(name)
+        return y
+
+    def forward(self, ids: np.ndarray, kv: KVCache, logit_rows: slice | None = None) -> np.ndarray:
+        """Run tokens `ids` at positions kv.n.. and return logits for `logit_rows` (default: last)."""
+        c, rt = self.cfg, self.rt
+        n = len(ids)
+        pos0 = kv.n
+        if pos0 + n > kv.n_ctx:
+            raise ValueError(f"context full: {pos0 + n} tokens > {kv.n_ctx}")
+        x = rt.rows("token_embd.weight", ids)
+        if self.embed_scale:
+            x *= np.float32(math.sqrt(c.n_embd))
+        positions = np.arange(pos0, pos0 + n, dtype=np.int64)
+        ropes: dict[float, np.ndarray] = {}
+        scores = np.empty(pos0 + n, dtype=np.float32)
+        for il in range(c.n_layer):
+            p = f"blk.{il}."
+            h = self.norm(x, p + "attn_norm.weight")
+            q, k, v = rt.linear(h, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"])
+            q = self._bias(q, p + "attn_q.bias").reshape(n, c.n_head, c.head_dim)
+            k = self._bias(k, p + "attn_k.bias").reshape(n, c.n_head_kv, c.head_dim)
+            v = self._bias(v, p + "attn_v.bias").reshape(n, c.n_head_kv, c.head_dim_v)
+            if self.qk_norm:
+                ops.rms_norm_heads(q, rt.f32(p + "attn_q_norm.weight"), c.norm_eps)
+                ops.rms_norm_heads(k, rt.f32(p + "attn_k_norm.weight"), c.norm_eps)
+            base = c.layer_rope_base(il)
+            cs = ropes.get(base)
+            if cs is None:
+                cs = ops.rope_cache(positions, c.rope_dims, base, c.rope_freq_scale, self.freq_factors,
+                                    c.rope_ext_factor, c.rope_attn_factor, c.rope_corr[0], c.rope_corr[1])
+                ropes[base] = cs
+            ops.apply_rope(q, cs, c.rope_neox)
+            ops.apply_rope(k, cs, c.rope_neox)
+            scale = c.attn_scale
+            if self.prescale_query:
+                q *= np.float32(scale)
+                scale = 1.0
+            kc, vc = kv.k[il], kv.v[il]
+            ops.store_kv(k, v, kc, vc, pos0)
+            att = np.empty((n, c.n_head, c.head_dim_v), dtype=np.float32)
+            window = c.layer_window(il)
+            rt.over_heads(c.n_head, lambda h0, h1, q=q, kc=kc, vc=vc, att=att, window=window, scale=scale:
+                          ops.attention(q, kc, vc, pos0, window, scale, h0, h1, att,
+                                        scores if h0 == 0 else np.empty_like(scores)))
+            (o,) = rt.linear(att.reshape(n, -1), [p + "attn_output.weight"])
+            self._bias(o, p + "attn_output.bias")
+            if self.post_norms:
+                o = self.norm(o, p + "post_attention_norm.weight")
+            ops.add_inplace(x, o)
+            h = self.norm(x, p + "ffn_norm.weight")
+            g, u = rt.linear(h, [p + "ffn_gate.weight", p + "ffn_up.weight"])
+            a = np.empty_like(g)
+            (ops.gelu_mul if self.activation == "gelu" else ops.silu_mul)(g, u, a)
+            (d,) = rt.linear(a, [p + "ffn_down.weight"])
+            if self.post_norms:
+                d = self.norm(d, p + "post_ffw_norm.weight")
+            ops.add_inplace(x, d)
+        kv.n = pos0 + n
+        rows = x[logit_rows] if logit_rows is not None else x[-1:]
+        h = self.norm(np.ascontiguousarray(rows), "output_norm.weight")
+        (logits,) = rt.linear(h, [self.output_name])
+        return logits

@@ -1,0 +1,199 @@
+"""Float32 element-wise and attention operations, following ggml's CPU numerics.
+
+Matrix products live in `kernels/` (grouped by tensor type); these are the
+remaining operations of a transformer layer. Where ggml rounds through f16
+(GELU's lookup table, the f16 KV cache, f16 query/probabilities in the
+attention dot products) we round the same way, so greedy outputs match
+llama.cpp token for token.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba as nb
+import numpy as np
+
+from .kernels.simd import bits_to_f32, round_f16
+
+_JIT = dict(nogil=True, cache=True)
+
+
+@nb.njit(**_JIT)
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:
+    """out[i] = x[i] / rms(x[i]) * weight for each row i (weight may be empty: no scale)."""
+    n, d = x.shape
+    has_w = weight.shape[0] == d
+    for i in range(n):
+        s = 0.0  # float64 sum, as ggml_float
+        for j in range(d):
+            v = np.float64(x[i, j])
+            s += v * v
+        scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(s / d) + np.float32(eps)))
+        if has_w:
+            for j in range(d):
+                out[i, j] = (x[i, j] * scale) * weight[j]
+        else:
+            for j in range(d):
+                out[i, j] = x[i, j] * scale
+
+
+@nb.njit(**_JIT)
+def rms_norm_heads(x: np.ndarray, weight: np.ndarray, eps: float) -> None:
+    """In-place RMS norm over the last axis of [n, heads, head_dim] (QK-norm)."""
+    n, h, d = x.shape
+    for i in range(n):
+        for k in range(h):
+            s = 0.0
+            for j in range(d):
+                v = np.float64(x[i, k, j])
+                s += v * v
+            scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(s / d) + np.float32(eps)))
+            for j in range(d):
+                x[i, k, j] = (x[i, k, j] * scale) * weight[j]
+
+
+@nb.njit(**_JIT)
+def rope_cache(positions: np.ndarray, n_dims: int, base: float, freq_scale: float,
+               freq_factors: np.ndarray, ext_factor: float, attn_factor: float,
+               corr_lo: float, corr_hi: float) -> np.ndarray:
+    """cos/sin table [n, n_dims/2, 2] computed like ggml (theta accumulated in float32)."""
+    half = n_dims // 2
+    out = np.empty((positions.shape[0], half, 2), dtype=np.float32)
+    theta_scale = np.float32(np.float32(base) ** np.float32(-2.0 / n_dims))
+    fs = np.float32(freq_scale)
+    has_ff = freq_factors.shape[0] == half
+    for p in range(positions.shape[0]):
+        theta = np.float32(positions[p])
+        for i in range(half):
+            ff = freq_factors[i] if has_ff else np.float32(1.0)
+            extrap = np.float32(theta / ff)
+            interp = np.float32(fs * extrap)
+            th = interp
+            mscale = np.float32(attn_factor)
+            if ext_factor != 0.0:
+                y = (np.float32(i) - np.float32(corr_lo)) / max(np.float32(0.001), np.float32(corr_hi - corr_lo))
+                ramp = np.float32(1.0) - min(np.float32(1.0), max(np.float32(0.0), np.float32(y)))
+                mix = np.float32(ramp * np.float32(ext_factor))
+                th = np.float32(interp * (np.float32(1.0) - mix) + extrap * mix)
+                mscale = np.float32(mscale * (np.float32(1.0) + np.float32(0.1) * np.float32(math.log(1.0 / fs))))
+            out[p, i, 0] = np.float32(math.cos(th)) * mscale
+            out[p, i, 1] = np.float32(math.sin(th)) * mscale
+            theta = np.float32(theta * theta_scale)
+    return out
+
+
+@nb.njit(**_JIT)
+def apply_rope(x: np.ndarray, cs: np.ndarray, neox: bool) -> None:
+    """In-place rotary embedding on [n, heads, head_dim]; NEOX pairs (i, i+d/2), else (2i, 2i+1)."""
+    n, h, d = x.shape
+    half = cs.shape[1]
+    for t in range(n):
+        for k in range(h):
+            for i in range(half):
+                c = cs[t, i, 0]
+                s = cs[t, i, 1]
+                if neox:
+                    a = x[t, k, i]
+                    b = x[t, k, i + half]
+                    x[t, k, i] = a * c - b * s
+                    x[t, k, i + half] = a * s + b * c
+                else:
+                    a = x[t, k, 2 * i]
+                    b = x[t, k, 2 * i + 1]
+                    x[t, k, 2 * i] = a * c - b * s
+                    x[t, k, 2 * i + 1] = a * s + b * c
+
+
+@nb.njit(**_JIT)
+def gelu_mul(g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
+    """out = gelu_tanh(g) * u, with ggml's f16 GELU table semantics."""
+    n, d = g.shape
+    c = np.float32(0.7978845608028654)
+    a = np.float32(0.044715)
+    for i in range(n):
+        for j in range(d):
+            x = g[i, j]
+            if x <= -10.0:
+                y = np.float32(0.0)
+            elif x >= 10.0:
+                y = x
+            else:
+                xh = round_f16(x)
+                y = round_f16(np.float32(0.5) * xh * (np.float32(1.0) + np.float32(math.tanh(c * xh * (np.float32(1.0) + a * xh * xh)))))
+            out[i, j] = y * u[i, j]
+
+
+@nb.njit(**_JIT)
+def silu_mul(g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
+    """out = silu(g) * u (SwiGLU)."""
+    n, d = g.shape
+    for i in range(n):
+        for j in range(d):
+            x = g[i, j]
+            out[i, j] = (x / (np.float32(1.0) + np.float32(math.exp(-x)))) * u[i, j]
+
+
+def store_kv(k: np.ndarray, v: np.ndarray, kc: np.ndarray, vc: np.ndarray, pos0: int) -> None:
+    """Write [n, kv_heads, head_dim] K/V rows into the f16 cache (uint16 bits) at positions pos0.."""
+    n = k.shape[0]
+    kc[pos0:pos0 + n] = k.astype(np.float16).view(np.uint16)
+    vc[pos0:pos0 + n] = v.astype(np.float16).view(np.uint16)
+
+
+@nb.njit(**_JIT)
+def attention(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, pos0: int, window: int,
+              scale: float, h0: int, h1: int, out: np.ndarray, scores: np.ndarray) -> None:
+    """Causal (optionally sliding-window) attention for query heads [h0, h1).
+
+    q: [n, n_head, hd] f32; kc/vc: [n_ctx, n_kv, hd] f16 caches (uint16 bits) holding positions
+    0 .. pos0+n-1; out: [n, n_head, hd_v]; scores: f32 scratch of >= pos0+n.
+    A key at position j is visible from query position p when j <= p and
+    (window == 0 or p - j < window), as llama.cpp's standard SWA mask.
+    """
+    n, n_head, hd = q.shape
+    n_kv = kc.shape[1]
+    group = n_head // n_kv
+    hdv = vc.shape[2]
+    qh = np.empty(hd, dtype=np.float32)
+    acc = np.empty(hdv, dtype=np.float32)
+    for t in range(n):
+        p = pos0 + t
+        lo = 0
+        if window > 0 and p - window + 1 > 0:
+            lo = p - window + 1
+        for h in range(h0, h1):
+            kvh = h // group
+            for j in range(hd):
+                qh[j] = round_f16(q[t, h, j])
+            m = np.float32(-np.inf)
+            for s in range(lo, p + 1):
+                d = np.float32(0.0)
+                for j in range(hd):
+                    d += qh[j] * bits_to_f32(kc[s, kvh, j])
+                d = d * np.float32(scale)
+                scores[s] = d
+                if d > m:
+                    m = d
+            tot = 0.0
+            for s in range(lo, p + 1):
+                e = np.float32(math.exp(scores[s] - m))
+                scores[s] = e
+                tot += e
+            inv = np.float32(1.0 / tot)
+            for j in range(hdv):
+                acc[j] = 0.0
+            for s in range(lo, p + 1):
+                w = round_f16(scores[s] * inv)
+                for j in range(hdv):
+                    acc[j] += w * bits_to_f32(vc[s, kvh, j])
+            for j in range(hdv):
+                out[t, h, j] = acc[j]
+
+
+@nb.njit(**_JIT)
+def add_inplace(x: np.ndarray, y: np.ndarray) -> None:
+    n, d = x.shape
+    for i in range(n):
+        for j in range(d):
+            x[i, j] += y[i, j]

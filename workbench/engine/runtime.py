@@ -1,0 +1,225 @@
+"""The runtime: weights in placed buffers, products split over worker threads.
+
+Model code asks for products by tensor name (`linear`) and for per-head work
+(`over_heads`); it never sees kernels, threads or NUMA placement. A product
+is split into consecutive row ranges, one per worker, by the NUMA layer's
+`row_split`, so `slice` placement and the compute split always agree. Each
+worker reads the copy of a weight that its node holds (`layout.array_for`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence
+
+import numpy as np
+
+from . import kernels
+from .gguf_file import GGUFFile, ModelLoadError, TensorInfo
+
+F32, F16, BF16 = 0, 1, 30
+
+ProgressFn = Callable[[str, int, int], None]  # (phase, done_bytes, total_bytes)
+
+
+class Layout(Protocol):
+    mode: str
+
+    def array_for(self, name: str, worker: int) -> tuple[np.ndarray, int]: ...
+
+    def full_array(self, name: str) -> np.ndarray | None: ...
+
+
+class Pool(Protocol):
+    workers: Sequence
+
+    def run(self, fn: Callable[[int], None]) -> None: ...
+
+
+class SingleCopyLayout:
+    """One copy of every tensor in ordinary process memory (no NUMA placement)."""
+
+    mode = "none"
+
+    def __init__(self, arrays: dict[str, np.ndarray]):
+        self._arrays = arrays
+
+    def array_for(self, name: str, worker: int) -> tuple[np.ndarray, int]:
+        return self._arrays[name], 0
+
+    def full_array(self, name: str) -> np.ndarray | None:
+        return self._arrays[name]
+
+
+def even_split(rows: int, n: int) -> list[tuple[int, int]]:
+    step = -(-rows // n)
+    step = -(-step // 4) * 4
+    return [(min(i * step, rows), min((i + 1) * step, rows)) for i in range(n)]
+
+
+def read_tensor_data(path: str, infos: Sequence[TensorInfo], dest: Callable[[TensorInfo], np.ndarray],
+                     progress: ProgressFn | None = None) -> float:
+    """Read tensors with large sequential reads straight into their buffers; returns seconds."""
+    total = sum(t.nbytes for t in infos)
+    done = 0
+    t0 = time.perf_counter()
+    chunk = 16 << 20
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for info in sorted(infos, key=lambda t: t.offset):
+            buf = memoryview(dest(info).reshape(-1).view(np.uint8))
+            off = 0
+            while off < info.nbytes:
+                n = os.preadv(fd, [buf[off:off + chunk]], info.offset + off)
+                if n <= 0:
+                    raise ModelLoadError(f"{path}: unexpected end of file in tensor {info.name!r}")
+                off += n
+                done += n
+                if progress is not None:
+                    progress("load", done, total)
+    finally:
+        os.close(fd)
+    return time.perf_counter() - t0
+
+
+@dataclass
+class Weight:
+    info: TensorInfo
+
+    @property
+    def ggml_type(self) -> int:
+        return self.info.ggml_type
+
+    @property
+    def rows(self) -> int:
+        return self.info.rows
+
+    @property
+    def ne0(self) -> int:
+        return self.info.shape[0]
+
+
+class Runtime:
+    """Owns the weights, the worker pool and the split of every product."""
+
+    def __init__(self, gguf: GGUFFile, layout: Layout, pool: Pool | None = None,
+                 row_split: Callable[[int, int], list[tuple[int, int]]] | None = None):
+        self.gguf = gguf
+        self.layout = layout
+        self.pool = pool
+        self.n_workers = len(pool.workers) if pool is not None else 1
+        self._row_split = row_split or even_split
+        self._small: dict[str, np.ndarray] = {}
+        self._plans: dict[str, list[tuple[np.ndarray, int, int, int]]] = {}
+        self.weights = {name: Weight(info) for name, info in gguf.tensors.items()}
+
+    # -- weights -----------------------------------------------------------------
+    def has(self, name: str) -> bool:
+        return name in self.weights
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.weights[name].info.shape
+
+    def f32(self, name: str) -> np.ndarray:
+        """A small float tensor (norm weights, biases) as float32, cached."""
+        arr = self._small.get(name)
+        if arr is None:
+            w = self.weights[name]
+            raw = self._any_full(name)
+            arr = kernels.dequantize_rows(w.ggml_type, raw.reshape(w.rows, -1), 0, w.rows).reshape(-1)
+            arr = np.ascontiguousarray(arr, dtype=np.float32)
+            self._small[name] = arr
+        return arr
+
+    def _any_full(self, name: str) -> np.ndarray:
+        full = self.layout.full_array(name)
+        if full is not None:
+            return full
+        raise ModelLoadError(f"tensor {name!r} has no complete copy in this placement")
+
+    def rows(self, name: str, ids: np.ndarray) -> np.ndarray:
+        """Dequantized rows of a matrix (embedding lookup)."""
+        w = self.weights[name]
+        out = np.empty((len(ids), w.ne0), dtype=np.float32)
+        for k, i in enumerate(ids):
+            arr, first = self._part_holding(name, int(i))
+            out[k] = kernels.dequantize_rows(w.ggml_type, arr, int(i) - first, int(i) - first + 1)[0]
+        return out
+
+    def _part_holding(self, name: str, row: int) -> tuple[np.ndarray, int]:
+        full = self.layout.full_array(name)
+        if full is not None:
+            return full, 0
+        for wk in range(self.n_workers):
+            arr, first = self.layout.array_for(name, wk)
+            if first <= row < first + arr.shape[0]:
+                return arr, first
+        raise IndexError(f"row {row} of {name!r} is held by no worker")
+
+    def set_layout(self, layout: Layout, pool: Pool | None = None) -> None:
+        self.layout = layout
+        if pool is not None:
+            self.pool = pool
+            self.n_workers = len(pool.workers)
+        self._plans.clear()
+        self._small.clear()
+
+    # -- products ----------------------------------------------------------------
+    def _plan(self, name: str) -> list[tuple[np.ndarray, int, int, int]]:
+        """Per worker: (array it reads, first row that array holds, lo, hi)."""
+        plan = self._plans.get(name)
+        if plan is None:
+            w = self.weights[name]
+            plan = []
+            for wk, (lo, hi) in enumerate(self._row_split(w.rows, self.n_workers)):
+                arr, first = self.layout.array_for(name, wk)
+                arr = arr.reshape(arr.shape[0], -1) if arr.ndim != 2 else arr
+                plan.append((arr, first, lo, hi))
+            self._plans[name] = plan
+        return plan
+
+    def linear(self, x: np.ndarray, names: Sequence[str]) -> list[np.ndarray]:
+        """x [n, k] times each named weight; all products run in one dispatch over the workers."""
+        n = x.shape[0]
+        jobs = []
+        for name in names:
+            w = self.weights[name]
+            if w.ne0 != x.shape[1]:
+                raise ValueError(f"{name}: input width {x.shape[1]} != row length {w.ne0}")
+            xp = kernels.prepare(w.ggml_type, x[0] if n == 1 else x)
+            out = np.empty((n, w.rows), dtype=np.float32)
+            jobs.append((w.ggml_type, self._plan(name), xp, out))
+        self._dispatch(jobs, n == 1)
+        return [j[3] for j in jobs]
+
+    def _dispatch(self, jobs, single: bool) -> None:
+        def work(wk: int) -> None:
+            for qtype, plan, xp, out in jobs:
+                arr, first, lo, hi = plan[wk]
+                if hi <= lo:
+                    continue
+                if single:
+                    kernels.matvec(qtype, arr, xp, out[0, first:first + arr.shape[0]], lo - first, hi - first)
+                else:
+                    kernels.matmat(qtype, arr, xp, out[:, first:first + arr.shape[0]], lo - first, hi - first)
+
+        if self.pool is None or self.n_workers == 1:
+            work(0)
+        else:
+            self.pool.run(work)
+
+    def over_heads(self, n_heads: int, fn: Callable[[int, int], None]) -> None:
+        """Run fn(h0, h1) for a split of heads over the workers."""
+        if self.pool is None or self.n_workers == 1 or n_heads < 2:
+            fn(0, n_heads)
+            return
+        parts = [(round(i * n_heads / self.n_workers), round((i + 1) * n_heads / self.n_workers))
+                 for i in range(self.n_workers)]
+
+        def work(wk: int) -> None:
+            h0, h1 = parts[wk]
+            if h1 > h0:
+                fn(h0, h1)
+        self.pool.run(work)
