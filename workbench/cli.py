@@ -146,7 +146,7 @@ def cmd_topo(args: argparse.Namespace) -> int:
         except (KeyError, FileNotFoundError, ValueError):
             raise UserError(f"{args.root}: neither a directory nor a known fixture "
                             f"({', '.join(topo_mod.fixture_names())})") from None
-    t = topo_mod.read_topology(root) if root else topo_mod.read_topology()
+    t = topo_mod.load_topology(root)
     from .engine.kernels import kernel_path
     if args.json:
         d = topo_json(t)
@@ -154,7 +154,6 @@ def cmd_topo(args: argparse.Namespace) -> int:
         print(json.dumps(d, indent=2))
     else:
         print(format_topo(t))
-        print(f"kernel path: {kernel_path()}")
     return 0
 
 

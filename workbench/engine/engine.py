@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -13,10 +14,14 @@ from . import kernels
 from .chat import ChatFormatter, Message
 from .config import ModelConfig, config_from_metadata
 from .gguf_file import GGUFFile, ModelLoadError, read_gguf
-from .kv_cache import KVAllocator, KVCache
+from ..numa.layout import KVLayout, ProgressEvent, TensorSpec, place_kv, place_weights, row_split, switch_weights
+from ..numa.workers import WorkerPool
+from .kv_cache import KVCache, kv_bytes_per_layer_per_worker
 from .models import ARCHITECTURES
 from .models.common import Decoder
-from .runtime import Layout, Pool, ProgressFn, Runtime, SingleCopyLayout, read_tensor_data
+from .runtime import Runtime
+
+ProgressFn = Callable[[ProgressEvent], None]
 from .sampling import Sampler, SamplingParams
 from .tokenizer import StreamDecoder, Tokenizer
 
@@ -68,6 +73,26 @@ class ContextFullError(ValueError):
     pass
 
 
+@dataclass
+class Placement:
+    """Where weights, KV cache and worker threads go (see workbench.numa.layout)."""
+
+    weights: str = "none"        # mirror | interleave | slice | none | auto
+    kv: str = "first-touch"      # first-touch | interleave | node:N
+    threads: int | None = None   # default: every CPU the policy allows
+    policy: str = "distribute"   # distribute | isolate
+    cpus: list[int] | None = None
+    smt: bool = False
+    budget: int | None = None    # bytes per node for weights + KV (default: free memory)
+
+
+@dataclass
+class SwitchReport:
+    what: str
+    seconds: float
+    method: str = ""
+
+
 def check_supported(g: GGUFFile) -> None:
     if g.architecture not in ARCHITECTURES:
         raise ModelLoadError(
@@ -88,6 +113,8 @@ class Engine:
         self.gguf, self.cfg, self.tokenizer, self.model, self.rt = gguf, cfg, tokenizer, model, rt
         self.load_seconds = load_seconds
         self.lock = threading.RLock()  # one generation / switch at a time
+        self.placement = Placement()
+        self._sessions: weakref.WeakSet[Session] = weakref.WeakSet()
         md = gguf.metadata
         vocab = set(tokenizer.tokens) if hasattr(tokenizer, "tokens") else set()
         self.chat_format = ChatFormatter(md.get("tokenizer.chat_template"), cfg.arch, vocab,
@@ -113,14 +140,17 @@ class Engine:
         return total
 
     @classmethod
-    def load(cls, path: str | None = None, *, progress: ProgressFn | None = None,
-             layout_factory: Callable[[GGUFFile], Layout] | None = None, pool: Pool | None = None,
-             row_split: Callable | None = None) -> "Engine":
-        """Read, validate and place a GGUF model. Raises ModelLoadError with a one-line message."""
+    def load(cls, path: str | None = None, *, placement: Placement | None = None,
+             progress: ProgressFn | None = None, pool: WorkerPool | None = None) -> "Engine":
+        """Read, validate and place a GGUF model. Raises ModelLoadError with a one-line message.
+
+        Sizes and memory needs are checked before anything big is allocated.
+        """
         t0 = time.perf_counter()
+        placement = placement or Placement()
         path = path or default_model_path()
         if progress:
-            progress("header", 0, 0)
+            progress(ProgressEvent("header", message=f"reading {path}"))
         g = read_gguf(path)
         check_supported(g)
         try:
@@ -130,27 +160,110 @@ class Engine:
         cfg = config_from_metadata(g.metadata, tokenizer.n_vocab)
         arch = ARCHITECTURES[cfg.arch]
         arch.configure(cfg, g.metadata)
-        if layout_factory is None:
-            arrays = {name: np.empty((t.rows, t.row_bytes), dtype=np.uint8) for name, t in g.tensors.items()}
-            read_tensor_data(path, list(g.tensors.values()), lambda t: arrays[t.name], progress)
-            layout: Layout = SingleCopyLayout(arrays)
-        else:
-            layout = layout_factory(g)
-        rt = Runtime(g, layout, pool, row_split)
-        model = arch(cfg, rt)
-        return cls(g, cfg, tokenizer, model, rt, time.perf_counter() - t0)
+        own_pool = pool is None
+        if pool is None:
+            pool = WorkerPool(placement.threads, placement.policy, placement.cpus, placement.smt)
+        try:
+            specs = [TensorSpec(name, t.rows, t.row_bytes) for name, t in g.tensors.items()]
+            layout = place_weights(specs, placement.weights, pool, budget=placement.budget, progress=progress)
+            layout.load(path, {name: t.offset for name, t in g.tensors.items()}, progress)
+            rt = Runtime(g, layout, pool, row_split)
+            model = arch(cfg, rt)
+        except BaseException:
+            if own_pool:
+                pool.close()
+            raise
+        eng = cls(g, cfg, tokenizer, model, rt, time.perf_counter() - t0)
+        eng.placement = placement
+        return eng
 
-    def new_session(self, n_ctx: int = 4096, kv_alloc: KVAllocator | None = None) -> "Session":
-        return Session(self, min(n_ctx, self.cfg.n_ctx_train), kv_alloc)
+    @property
+    def pool(self) -> WorkerPool:
+        return self.rt.pool
+
+    @property
+    def layout(self):
+        return self.rt.layout
+
+    def new_session(self, n_ctx: int = 4096) -> "Session":
+        session = Session(self, min(n_ctx, self.cfg.n_ctx_train))
+        self._sessions.add(session)
+        return session
+
+    def make_kv(self, n_ctx: int, mode: str | None = None) -> tuple[KVCache, KVLayout]:
+        mode = mode or self.placement.kv
+        nw = self.rt.n_workers
+        per = kv_bytes_per_layer_per_worker(self.cfg, n_ctx, nw)
+        kvl = place_kv(self.cfg.n_layer, per, mode, self.pool, budget=self.placement.budget)
+        return KVCache(self.cfg, n_ctx, nw, lambda il, w, nbytes: kvl.array_for(il, w)[:nbytes]), kvl
+
+    def switch(self, weights: str | None = None, kv: str | None = None, threads: int | None = None,
+               policy: str | None = None, progress: ProgressFn | None = None) -> list[SwitchReport]:
+        """Change placement live, without reading the model again; conversations are kept.
+
+        On a refusal (e.g. the new mode does not fit in memory) the previous placement stays.
+        """
+        reports: list[SwitchReport] = []
+        with self.lock:
+            p = self.placement
+            new_pool = None
+            if (threads is not None and threads != self.rt.n_workers) or (policy and policy != p.policy):
+                new_pool = WorkerPool(threads or p.threads, policy or p.policy, p.cpus, p.smt)
+            pool = new_pool or self.pool
+            mode = weights or p.weights
+            try:
+                if new_pool is not None or mode != p.weights:
+                    t0 = time.perf_counter()
+                    layout = switch_weights(self.layout, mode, pool, progress, budget=p.budget)
+                    reports.append(SwitchReport(f"weights {p.weights} -> {mode}", time.perf_counter() - t0,
+                                                getattr(layout, "switch_method", "")))
+                    old_pool = self.rt.pool
+                    self.rt.set_layout(layout, pool)
+                    if new_pool is not None:
+                        old_pool.close()
+                        new_pool = None
+                    p.weights = mode
+                    if threads is not None:
+                        p.threads = threads
+                    if policy:
+                        p.policy = policy
+            finally:
+                if new_pool is not None:
+                    new_pool.close()
+            kv_mode = kv or p.kv
+            if kv_mode != p.kv or any(s.kv.n_workers != self.rt.n_workers for s in self._sessions):
+                t0 = time.perf_counter()
+                for s in list(self._sessions):
+                    s.relayout(kv_mode)
+                reports.append(SwitchReport(f"kv {p.kv} -> {kv_mode}", time.perf_counter() - t0, "copy"))
+                p.kv = kv_mode
+        return reports
+
+    def close(self) -> None:
+        for s in list(self._sessions):
+            s.close()
+        self.layout.close()
+        self.pool.close()
 
 
 class Session:
     """A KV cache and the tokens in it; generation streams events."""
 
-    def __init__(self, engine: Engine, n_ctx: int, kv_alloc: KVAllocator | None = None):
+    def __init__(self, engine: Engine, n_ctx: int):
         self.engine = engine
-        self.kv = KVCache(engine.cfg, n_ctx, kv_alloc)
+        self.kv, self.kv_layout = engine.make_kv(n_ctx)
         self.tokens: list[int] = []  # tokens whose K/V are in the cache
+
+    def relayout(self, mode: str) -> None:
+        """Move the cache to a new KV placement (or worker count), keeping its contents."""
+        kv, layout = self.engine.make_kv(self.kv.n_ctx, mode)
+        kv.copy_from(self.kv)
+        old = self.kv_layout
+        self.kv, self.kv_layout = kv, layout
+        old.close()
+
+    def close(self) -> None:
+        self.kv_layout.close()
 
     @property
     def n_ctx(self) -> int:

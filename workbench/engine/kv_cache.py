@@ -1,4 +1,9 @@
-"""The KV cache: f16 keys and values per layer (as uint16 bits, which Numba handles), as llama.cpp keeps them."""
+"""The KV cache: f16 keys and values (as uint16 bits, which Numba handles), per layer and worker.
+
+Positions are dealt to workers in blocks of `attention.BLOCK`, round robin:
+worker w owns blocks w, w+W, w+2W, ... and keeps them contiguously in its own
+region (which the NUMA layer can place on the worker's node by first touch).
+"""
 
 from __future__ import annotations
 
@@ -6,33 +11,79 @@ from typing import Callable
 
 import numpy as np
 
+from .attention import BLOCK
 from .config import ModelConfig
 
-# (label, nbytes) -> uint8 buffer; the NUMA layer supplies placed buffers here.
-KVAllocator = Callable[[str, int], np.ndarray]
+# (layer, worker, nbytes) -> uint8 buffer for that worker's part of that layer
+KVRegionFn = Callable[[int, int, int], np.ndarray]
 
 
-def kv_bytes(cfg: ModelConfig, n_ctx: int) -> int:
-    return cfg.n_layer * n_ctx * cfg.n_head_kv * (cfg.head_dim + cfg.head_dim_v) * 2
+def slots_per_worker(n_ctx: int, n_workers: int) -> int:
+    blocks = -(-n_ctx // BLOCK)
+    return -(-blocks // n_workers) * BLOCK
+
+
+def kv_bytes_per_layer_per_worker(cfg: ModelConfig, n_ctx: int, n_workers: int) -> int:
+    return slots_per_worker(n_ctx, n_workers) * cfg.n_head_kv * (cfg.head_dim + cfg.head_dim_v) * 2
+
+
+def kv_bytes(cfg: ModelConfig, n_ctx: int, n_workers: int = 1) -> int:
+    return cfg.n_layer * n_workers * kv_bytes_per_layer_per_worker(cfg, n_ctx, n_workers)
+
+
+def owner_slots(positions: np.ndarray, n_workers: int) -> tuple[np.ndarray, np.ndarray]:
+    block = positions // BLOCK
+    return block % n_workers, (block // n_workers) * BLOCK + positions % BLOCK
+
+
+def filled_slots(n_positions: int, w: int, n_workers: int) -> int:
+    """How many of worker w's slots hold positions < n_positions."""
+    full, rem = divmod(n_positions, BLOCK)
+    count = (full - w + n_workers - 1) // n_workers * BLOCK if full > w else 0
+    if rem and full % n_workers == w:
+        count += rem
+    return count
 
 
 class KVCache:
-    def __init__(self, cfg: ModelConfig, n_ctx: int, alloc: KVAllocator | None = None):
+    def __init__(self, cfg: ModelConfig, n_ctx: int, n_workers: int = 1, region: KVRegionFn | None = None):
+        self.cfg = cfg
         self.n_ctx = n_ctx
+        self.n_workers = n_workers
         self.n = 0  # positions filled
-        self.k: list[np.ndarray] = []
-        self.v: list[np.ndarray] = []
-        self.buffers: list[np.ndarray] = []
+        cap = slots_per_worker(n_ctx, n_workers)
+        kb = cap * cfg.n_head_kv * cfg.head_dim * 2
+        vb = cap * cfg.n_head_kv * cfg.head_dim_v * 2
+        self.k: list[list[np.ndarray]] = []
+        self.v: list[list[np.ndarray]] = []
         for il in range(cfg.n_layer):
-            for store, hd, tag in ((self.k, cfg.head_dim, "k"), (self.v, cfg.head_dim_v, "v")):
-                nbytes = n_ctx * cfg.n_head_kv * hd * 2
-                raw = alloc(f"kv.{il}.{tag}", nbytes) if alloc else np.zeros(nbytes, dtype=np.uint8)
-                self.buffers.append(raw)
-                store.append(raw[:nbytes].view(np.uint16).reshape(n_ctx, cfg.n_head_kv, hd))
+            ks, vs = [], []
+            for w in range(n_workers):
+                raw = region(il, w, kb + vb) if region else np.zeros(kb + vb, dtype=np.uint8)
+                ks.append(raw[:kb].view(np.uint16).reshape(cap, cfg.n_head_kv, cfg.head_dim))
+                vs.append(raw[kb:kb + vb].view(np.uint16).reshape(cap, cfg.n_head_kv, cfg.head_dim_v))
+            self.k.append(ks)
+            self.v.append(vs)
 
     @property
     def nbytes(self) -> int:
-        return sum(b.nbytes for b in self.buffers)
+        return sum(a.nbytes for layer in self.k + self.v for a in layer)
+
+    def store(self, il: int, k: np.ndarray, v: np.ndarray, pos0: int) -> None:
+        """Write [n, kv_heads, head_dim] float32 K/V at positions pos0.. (rounded to f16)."""
+        n = k.shape[0]
+        k16 = k.astype(np.float16).view(np.uint16)
+        v16 = v.astype(np.float16).view(np.uint16)
+        if self.n_workers == 1:
+            self.k[il][0][pos0:pos0 + n] = k16
+            self.v[il][0][pos0:pos0 + n] = v16
+            return
+        owners, slots = owner_slots(np.arange(pos0, pos0 + n), self.n_workers)
+        for w in range(self.n_workers):
+            sel = owners == w
+            if sel.any():
+                self.k[il][w][slots[sel]] = k16[sel]
+                self.v[il][w][slots[sel]] = v16[sel]
 
     def clear(self) -> None:
         self.n = 0
@@ -40,3 +91,20 @@ class KVCache:
     def truncate(self, n: int) -> None:
         """Forget positions >= n (later turns are recomputed from there)."""
         self.n = min(self.n, max(n, 0))
+
+    def copy_from(self, other: "KVCache") -> None:
+        """Take over another cache's contents (after a change of KV placement or workers)."""
+        n = min(other.n, self.n_ctx)
+        pos = np.arange(n)
+        so, ss = owner_slots(pos, other.n_workers)
+        do, ds = owner_slots(pos, self.n_workers)
+        for il in range(self.cfg.n_layer):
+            for src, dst in ((other.k[il], self.k[il]), (other.v[il], self.v[il])):
+                full = np.empty((n,) + src[0].shape[1:], dtype=np.uint16)
+                for w in range(other.n_workers):
+                    sel = so == w
+                    full[sel] = src[w][ss[sel]]
+                for w in range(self.n_workers):
+                    sel = do == w
+                    dst[w][ds[sel]] = full[sel]
+        self.n = n

@@ -25,10 +25,9 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> 
     n, d = x.shape
     has_w = weight.shape[0] == d
     for i in range(n):
-        s = 0.0  # float64 sum, as ggml_float
+        s = 0.0  # float32 squares summed in float64, as ggml: sum += (ggml_float)(x*x)
         for j in range(d):
-            v = np.float64(x[i, j])
-            s += v * v
+            s += np.float64(x[i, j] * x[i, j])
         scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(s / d) + np.float32(eps)))
         if has_w:
             for j in range(d):
@@ -46,8 +45,7 @@ def rms_norm_heads(x: np.ndarray, weight: np.ndarray, eps: float) -> None:
         for k in range(h):
             s = 0.0
             for j in range(d):
-                v = np.float64(x[i, k, j])
-                s += v * v
+                s += np.float64(x[i, k, j] * x[i, k, j])
             scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(s / d) + np.float32(eps)))
             for j in range(d):
                 x[i, k, j] = (x[i, k, j] * scale) * weight[j]

@@ -28,7 +28,7 @@ class PerplexityResult:
 def perplexity(engine: Engine, text: str, n_ctx: int = 512,
                progress: Callable[[int, int, float], None] | None = None) -> PerplexityResult:
     tok = engine.tokenizer
-    ids = tok.encode(text, add_bos=True)
+    ids = tok.encode(text, add_bos=None)
     n_chunks = len(ids) // n_ctx
     if n_chunks < 1:
         raise ValueError(f"text has {len(ids)} tokens; perplexity needs at least n_ctx = {n_ctx}")

@@ -9,20 +9,17 @@ worker reads the copy of a weight that its node holds (`layout.array_for`).
 
 from __future__ import annotations
 
-import os
-import time
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
 from . import kernels
+from .attention import merge_stats, round_f16_array, scores_pass, values_pass
 from .gguf_file import GGUFFile, ModelLoadError, TensorInfo
+from .kv_cache import KVCache, filled_slots
 
 F32, F16, BF16 = 0, 1, 30
-
-ProgressFn = Callable[[str, int, int], None]  # (phase, done_bytes, total_bytes)
-
 
 class Layout(Protocol):
     mode: str
@@ -36,52 +33,6 @@ class Pool(Protocol):
     workers: Sequence
 
     def run(self, fn: Callable[[int], None]) -> None: ...
-
-
-class SingleCopyLayout:
-    """One copy of every tensor in ordinary process memory (no NUMA placement)."""
-
-    mode = "none"
-
-    def __init__(self, arrays: dict[str, np.ndarray]):
-        self._arrays = arrays
-
-    def array_for(self, name: str, worker: int) -> tuple[np.ndarray, int]:
-        return self._arrays[name], 0
-
-    def full_array(self, name: str) -> np.ndarray | None:
-        return self._arrays[name]
-
-
-def even_split(rows: int, n: int) -> list[tuple[int, int]]:
-    step = -(-rows // n)
-    step = -(-step // 4) * 4
-    return [(min(i * step, rows), min((i + 1) * step, rows)) for i in range(n)]
-
-
-def read_tensor_data(path: str, infos: Sequence[TensorInfo], dest: Callable[[TensorInfo], np.ndarray],
-                     progress: ProgressFn | None = None) -> float:
-    """Read tensors with large sequential reads straight into their buffers; returns seconds."""
-    total = sum(t.nbytes for t in infos)
-    done = 0
-    t0 = time.perf_counter()
-    chunk = 16 << 20
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        for info in sorted(infos, key=lambda t: t.offset):
-            buf = memoryview(dest(info).reshape(-1).view(np.uint8))
-            off = 0
-            while off < info.nbytes:
-                n = os.preadv(fd, [buf[off:off + chunk]], info.offset + off)
-                if n <= 0:
-                    raise ModelLoadError(f"{path}: unexpected end of file in tensor {info.name!r}")
-                off += n
-                done += n
-                if progress is not None:
-                    progress("load", done, total)
-    finally:
-        os.close(fd)
-    return time.perf_counter() - t0
 
 
 @dataclass
@@ -104,13 +55,13 @@ class Weight:
 class Runtime:
     """Owns the weights, the worker pool and the split of every product."""
 
-    def __init__(self, gguf: GGUFFile, layout: Layout, pool: Pool | None = None,
-                 row_split: Callable[[int, int], list[tuple[int, int]]] | None = None):
+    def __init__(self, gguf: GGUFFile, layout: Layout, pool: Pool,
+                 row_split: Callable[[int, int], list[tuple[int, int]]]):
         self.gguf = gguf
         self.layout = layout
         self.pool = pool
-        self.n_workers = len(pool.workers) if pool is not None else 1
-        self._row_split = row_split or even_split
+        self.n_workers = len(pool.workers)
+        self._row_split = row_split
         self._small: dict[str, np.ndarray] = {}
         self._plans: dict[str, list[tuple[np.ndarray, int, int, int]]] = {}
         self.weights = {name: Weight(info) for name, info in gguf.tensors.items()}
@@ -158,11 +109,10 @@ class Runtime:
                 return arr, first
         raise IndexError(f"row {row} of {name!r} is held by no worker")
 
-    def set_layout(self, layout: Layout, pool: Pool | None = None) -> None:
+    def set_layout(self, layout: Layout, pool: Pool) -> None:
         self.layout = layout
-        if pool is not None:
-            self.pool = pool
-            self.n_workers = len(pool.workers)
+        self.pool = pool
+        self.n_workers = len(pool.workers)
         self._plans.clear()
         self._small.clear()
 
@@ -205,14 +155,45 @@ class Runtime:
                 else:
                     kernels.matmat(qtype, arr, xp, out[:, first:first + arr.shape[0]], lo - first, hi - first)
 
-        if self.pool is None or self.n_workers == 1:
-            work(0)
+        self.each_worker(work)
+
+    def each_worker(self, fn: Callable[[int], None]) -> None:
+        """fn(w) on every worker; a single worker runs inline (no hand-off cost)."""
+        if self.n_workers == 1:
+            fn(0)
         else:
-            self.pool.run(work)
+            self.pool.run(fn)
+
+    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, kv: KVCache, il: int, pos0: int,
+                  window: int, scale: float) -> np.ndarray:
+        """Store K/V at pos0.. and attend; each worker reads only its own part of the cache."""
+        kv.store(il, k, v, pos0)
+        n, n_head, _ = q.shape
+        nw = kv.n_workers
+        q16 = round_f16_array(q)
+        total = pos0 + n
+        n_slots = [filled_slots(total, w, nw) for w in range(nw)]
+        scores = [np.empty((n, n_head, max(ns, 1)), dtype=np.float32) for ns in n_slots]
+        mxs = np.empty((nw, n, n_head), dtype=np.float32)
+        sms = np.empty((nw, n, n_head), dtype=np.float64)
+        kl, vl = kv.k[il], kv.v[il]
+
+        def p1(w: int) -> None:
+            scores_pass(q16, kl[w], w, nw, n_slots[w], pos0, window, scale, scores[w], mxs[w], sms[w])
+        self.each_worker(p1)
+        big_m = np.empty((n, n_head), dtype=np.float32)
+        inv_l = np.empty((n, n_head), dtype=np.float32)
+        merge_stats(mxs, sms, big_m, inv_l)
+        outs = np.empty((nw, n, n_head, vl[0].shape[2]), dtype=np.float32)
+
+        def p2(w: int) -> None:
+            values_pass(scores[w], vl[w], n_slots[w], big_m, inv_l, outs[w])
+        self.each_worker(p2)
+        return outs[0] if nw == 1 else outs.sum(axis=0)
 
     def over_heads(self, n_heads: int, fn: Callable[[int, int], None]) -> None:
         """Run fn(h0, h1) for a split of heads over the workers."""
-        if self.pool is None or self.n_workers == 1 or n_heads < 2:
+        if self.n_workers == 1 or n_heads < 2:
             fn(0, n_heads)
             return
         parts = [(round(i * n_heads / self.n_workers), round((i + 1) * n_heads / self.n_workers))

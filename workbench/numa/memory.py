@@ -8,6 +8,7 @@ no stale file on a hugetlbfs mount can ever be reused by a later run.
 """
 from __future__ import annotations
 
+import errno
 import math
 import mmap
 import time
@@ -153,10 +154,10 @@ def alloc(nbytes: int, policy: Policy = DEFAULT, *, label: str = "buffer", kind:
         pad = THP_SIZE if thp and nbytes >= THP_SIZE else 0
         map_len = max(PAGE, math.ceil((nbytes + pad) / PAGE) * PAGE)
         mm = mmap.mmap(-1, map_len, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        if thp:
-            try:
-                mm.madvise(mmap.MADV_HUGEPAGE)
-            except (OSError, AttributeError) as e:  # THP compiled out
+        try:  # thp=False opts out even where THP is 'always' (page-granular interleave)
+            mm.madvise(mmap.MADV_HUGEPAGE if thp else mmap.MADV_NOHUGEPAGE)
+        except (OSError, AttributeError) as e:  # THP compiled out
+            if thp:
                 notes.append(f"MADV_HUGEPAGE refused: {e}")
         offset = 0
     whole = np.frombuffer(mm, dtype=np.uint8)
@@ -195,12 +196,14 @@ def _present_pages(buf: PlacedBuffer) -> list[int]:
 
 
 def _move_pages_to(buf: PlacedBuffer, policy: Policy) -> sc.CallResult:
-    """Page-by-page fallback: bind/preferred -> that node, interleave -> round robin."""
+    """Move present pages: bind/preferred -> that node, interleave -> round robin
+    (per huge page when the buffer uses THP, so one huge page gets one target)."""
     pages = _present_pages(buf)
     nodes = policy.nodes
+    gran = THP_SIZE if buf.thp else PAGE
     for i in range(0, len(pages), 4096):
         chunk = pages[i:i + 4096]
-        targets = [nodes[((a - buf.base) // PAGE) % len(nodes)] for a in chunk]
+        targets = [nodes[((a - buf.base) // gran) % len(nodes)] for a in chunk]
         r = sc.move_pages(chunk, targets, sc.MPOL_MF_MOVE)
         if not r:
             return r
@@ -210,14 +213,19 @@ def _move_pages_to(buf: PlacedBuffer, policy: Policy) -> sc.CallResult:
 def migrate(buf: PlacedBuffer, policy: Policy, *, intended: tuple[int, ...] | None = None) -> MigrateResult:
     """Give ``buf`` a new policy and move its existing pages accordingly (timed).
 
-    mbind(MPOL_MF_MOVE|MPOL_MF_STRICT) first; when some pages refuse (EIO) it
-    falls back to move_pages for the pages still present.
+    mbind(MPOL_MF_MOVE|MPOL_MF_STRICT) sets the policy and moves the pages that sit
+    outside the new nodemask; when some pages refuse (EIO) move_pages takes over.
+    For interleave, mbind leaves pages already inside the set where they are (all
+    on node 0 stays all on node 0), so move_pages then spreads them round robin.
     """
     t0 = time.perf_counter()
     method = "mbind"
     r = _apply_policy(buf.base, buf.map_len, policy, sc.MPOL_MF_MOVE | sc.MPOL_MF_STRICT)
-    if not r and policy.kind != "default" and r.errno == 5:  # EIO
+    if not r and policy.kind != "default" and r.errno == errno.EIO:
         method = "move_pages"
+        r = _move_pages_to(buf, policy)
+    elif r and policy.kind == "interleave" and len(policy.nodes) > 1:
+        method = "mbind+move_pages"
         r = _move_pages_to(buf, policy)
     dt = time.perf_counter() - t0
     if r:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from llvmlite import ir
 from numba import types
-from numba.core import cgutils
 from numba.core.errors import TypingError
 from numba.extending import intrinsic, models, register_model
 
@@ -144,21 +143,6 @@ def bf16_to_f32(typingctx, a, off):
 
 
 # ----------------------------------------------------------------------------- vector primitives
-def _vintrinsic(ret, nargs_check=None):
-    """Decorator: codegen(builder, module, lltypes..., *args) -> value, typed ``ret(*args)``."""
-    def deco(gen):
-        def typer(typingctx, *args):
-            sig = ret(*args)
-
-            def cg(context, builder, sig, llargs):
-                return gen(context, builder, sig, llargs)
-
-            return sig, cg
-        typer.__name__ = gen.__name__
-        return intrinsic(typer)
-    return deco
-
-
 def _arr_load(context, builder, sig, llargs, idx, vty):
     return builder.load(_ptr(context, builder, sig.args[idx], llargs[idx], llargs[idx + 1], vty), align=1)
 
@@ -361,15 +345,9 @@ def fma_f(typingctx, acc, a, b):
 @intrinsic
 def load_f32x8(typingctx, a, off):
     """8 float32 at element ``off`` of a float32 array, or at byte ``off`` of a uint8 array."""
+    _check_array(a, _BYTES + (types.float32,))
     sig = v8f(a, off)
-    byte = a.dtype in _BYTES
-
-    def cg(context, builder, sig, args):
-        if byte:
-            return _arr_load(context, builder, sig, args, 0, _V8F)
-        return _arr_load(context, builder, sig, args, 0, _V8F)
-
-    return sig, cg
+    return sig, lambda context, builder, sig, args: _arr_load(context, builder, sig, args, 0, _V8F)
 
 
 @intrinsic

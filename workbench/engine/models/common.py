@@ -9,6 +9,7 @@ name, work over heads) and to `ops`; kernels and threads stay out of sight.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import numpy as np
 
@@ -28,6 +29,10 @@ class Decoder:
     post_norms = False           # extra norms after attention and FFN outputs (Gemma)
     embed_scale = False          # multiply embeddings by sqrt(n_embd) (Gemma)
     prescale_query = False       # scale queries before attention instead of the scores
+
+    #: debugging hook: when set, called as tap(name, tensor) with intermediate tensors named as
+    #: in llama.cpp's graph ("attn_norm-3", "kqv_out-3", "l_out-3", "result_norm", ...)
+    tap: Callable[[str, np.ndarray], None] | None = None
 
     def __init__(self, cfg: ModelConfig, rt: Runtime):
         self.cfg = cfg
@@ -89,12 +94,16 @@ class Decoder:
         x = rt.rows("token_embd.weight", ids)
         if self.embed_scale:
             x *= np.float32(math.sqrt(c.n_embd))
+        tap = self.tap
+        if tap:
+            tap("inp_scaled", x)
         positions = np.arange(pos0, pos0 + n, dtype=np.int64)
         ropes: dict[float, np.ndarray] = {}
-        scores = np.empty(pos0 + n, dtype=np.float32)
         for il in range(c.n_layer):
             p = f"blk.{il}."
             h = self.norm(x, p + "attn_norm.weight")
+            if tap:
+                tap(f"attn_norm-{il}", h)
             q, k, v = rt.linear(h, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"])
             q = self._bias(q, p + "attn_q.bias").reshape(n, c.n_head, c.head_dim)
             k = self._bias(k, p + "attn_k.bias").reshape(n, c.n_head_kv, c.head_dim)
@@ -102,6 +111,8 @@ class Decoder:
             if self.qk_norm:
                 ops.rms_norm_heads(q, rt.f32(p + "attn_q_norm.weight"), c.norm_eps)
                 ops.rms_norm_heads(k, rt.f32(p + "attn_k_norm.weight"), c.norm_eps)
+            if tap:
+                tap(f"Qcur_normed-{il}", q); tap(f"Kcur_normed-{il}", k); tap(f"Vcur-{il}", v)
             base = c.layer_rope_base(il)
             cs = ropes.get(base)
             if cs is None:
@@ -114,28 +125,35 @@ class Decoder:
             if self.prescale_query:
                 q *= np.float32(scale)
                 scale = 1.0
-            kc, vc = kv.k[il], kv.v[il]
-            ops.store_kv(k, v, kc, vc, pos0)
-            att = np.empty((n, c.n_head, c.head_dim_v), dtype=np.float32)
-            window = c.layer_window(il)
-            rt.over_heads(c.n_head, lambda h0, h1, q=q, kc=kc, vc=vc, att=att, window=window, scale=scale:
-                          ops.attention(q, kc, vc, pos0, window, scale, h0, h1, att,
-                                        scores if h0 == 0 else np.empty_like(scores)))
+            if tap:
+                tap(f"Qrope-{il}", q); tap(f"Krope-{il}", k)
+            att = rt.attention(q, k, v, kv, il, pos0, c.layer_window(il), scale)
             (o,) = rt.linear(att.reshape(n, -1), [p + "attn_output.weight"])
             self._bias(o, p + "attn_output.bias")
+            if tap:
+                tap(f"kqv_out-{il}", att.reshape(n, -1)); tap(f"attn_out-{il}", o)
             if self.post_norms:
                 o = self.norm(o, p + "post_attention_norm.weight")
             ops.add_inplace(x, o)
             h = self.norm(x, p + "ffn_norm.weight")
+            if tap:
+                tap(f"sa_out-{il}", x); tap(f"ffn_norm-{il}", h)
             g, u = rt.linear(h, [p + "ffn_gate.weight", p + "ffn_up.weight"])
             a = np.empty_like(g)
             (ops.gelu_mul if self.activation == "gelu" else ops.silu_mul)(g, u, a)
             (d,) = rt.linear(a, [p + "ffn_down.weight"])
+            if tap:
+                tap(f"ffn_gate-{il}", g); tap(f"ffn_up-{il}", u); tap(f"ffn_geglu-{il}", a)
+                tap(f"ffn_out-{il}", d)
             if self.post_norms:
                 d = self.norm(d, p + "post_ffw_norm.weight")
             ops.add_inplace(x, d)
+            if tap:
+                tap(f"l_out-{il}", x)
         kv.n = pos0 + n
         rows = x[logit_rows] if logit_rows is not None else x[-1:]
         h = self.norm(np.ascontiguousarray(rows), "output_norm.weight")
         (logits,) = rt.linear(h, [self.output_name])
+        if tap:
+            tap("result_norm", h); tap("result_output", logits)
         return logits
