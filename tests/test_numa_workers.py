@@ -63,7 +63,7 @@ def test_busy_fraction(pool):
 
 
 def test_round_trip_latency(pool, capsys):
-    """Measures run(noop) round trip; ~40-60 us with 2 workers on the 2-core build box."""
+    """Measures run(noop) round trip; 45-100 us with 2 workers on the shared 2-core build box."""
     noop = lambda i: None  # noqa: E731
     for _ in range(50):
         pool.run(noop)

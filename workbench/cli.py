@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     tp = sub.add_parser("topo", help="NUMA topology, like numactl --hardware")
     tp.add_argument("--root", metavar="PATH_OR_FIXTURE", help="read a sysfs tree or a named fixture")
     tp.add_argument("--json", action="store_true")
+
+    from .bench import add_arguments as _bench_args
+    _bench_args(sub.add_parser("bench", help="llama-bench-style throughput per placement mode"))
     return ap
 
 
@@ -166,6 +169,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_perplexity(args)
         if args.cmd == "topo":
             return cmd_topo(args)
+        if args.cmd == "bench":
+            from .bench import main as bench_main
+            try:
+                return bench_main(args)
+            except ValueError as e:
+                raise UserError(str(e)) from None
         from .app import run_app
         return run_app(args)
     except UserError as e:

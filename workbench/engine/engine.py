@@ -239,6 +239,13 @@ class Engine:
                 p.kv = kv_mode
         return reports
 
+    def buffers(self) -> list:
+        """Every placed buffer (weights, then each session's KV cache), for proofs and telemetry."""
+        out = list(self.layout.buffers())
+        for s in list(self._sessions):
+            out.extend(s.kv_layout.buffers())
+        return out
+
     def close(self) -> None:
         for s in list(self._sessions):
             s.close()

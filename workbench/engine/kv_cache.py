@@ -54,14 +54,16 @@ class KVCache:
         cap = slots_per_worker(n_ctx, n_workers)
         kb = cap * cfg.n_head_kv * cfg.head_dim * 2
         vb = cap * cfg.n_head_kv * cfg.head_dim_v * 2
+        self.cap = cap
+        # keys [kv_head, slot, dim]; values transposed [kv_head, dim, slot] (as llama.cpp's v_trans)
         self.k: list[list[np.ndarray]] = []
         self.v: list[list[np.ndarray]] = []
         for il in range(cfg.n_layer):
             ks, vs = [], []
             for w in range(n_workers):
                 raw = region(il, w, kb + vb) if region else np.zeros(kb + vb, dtype=np.uint8)
-                ks.append(raw[:kb].view(np.uint16).reshape(cap, cfg.n_head_kv, cfg.head_dim))
-                vs.append(raw[kb:kb + vb].view(np.uint16).reshape(cap, cfg.n_head_kv, cfg.head_dim_v))
+                ks.append(raw[:kb].view(np.uint16).reshape(cfg.n_head_kv, cap, cfg.head_dim))
+                vs.append(raw[kb:kb + vb].view(np.uint16).reshape(cfg.n_head_kv, cfg.head_dim_v, cap))
             self.k.append(ks)
             self.v.append(vs)
 
@@ -72,18 +74,18 @@ class KVCache:
     def store(self, il: int, k: np.ndarray, v: np.ndarray, pos0: int) -> None:
         """Write [n, kv_heads, head_dim] float32 K/V at positions pos0.. (rounded to f16)."""
         n = k.shape[0]
-        k16 = k.astype(np.float16).view(np.uint16)
-        v16 = v.astype(np.float16).view(np.uint16)
+        k16 = k.astype(np.float16).view(np.uint16).transpose(1, 0, 2)  # [kv_head, n, dim]
+        v16 = v.astype(np.float16).view(np.uint16).transpose(1, 2, 0)  # [kv_head, dim, n]
         if self.n_workers == 1:
-            self.k[il][0][pos0:pos0 + n] = k16
-            self.v[il][0][pos0:pos0 + n] = v16
+            self.k[il][0][:, pos0:pos0 + n] = k16
+            self.v[il][0][:, :, pos0:pos0 + n] = v16
             return
         owners, slots = owner_slots(np.arange(pos0, pos0 + n), self.n_workers)
         for w in range(self.n_workers):
             sel = owners == w
             if sel.any():
-                self.k[il][w][slots[sel]] = k16[sel]
-                self.v[il][w][slots[sel]] = v16[sel]
+                self.k[il][w][:, slots[sel]] = k16[:, sel]
+                self.v[il][w][:, :, slots[sel]] = v16[:, :, sel]
 
     def clear(self) -> None:
         self.n = 0
@@ -99,12 +101,23 @@ class KVCache:
         so, ss = owner_slots(pos, other.n_workers)
         do, ds = owner_slots(pos, self.n_workers)
         for il in range(self.cfg.n_layer):
-            for src, dst in ((other.k[il], self.k[il]), (other.v[il], self.v[il])):
-                full = np.empty((n,) + src[0].shape[1:], dtype=np.uint16)
+            # the slot axis is 1 for keys and 2 for values
+            for src, dst, axis in ((other.k[il], self.k[il], 1), (other.v[il], self.v[il], 2)):
+                shape = list(src[0].shape)
+                shape[axis] = n
+                full = np.empty(shape, dtype=np.uint16)
                 for w in range(other.n_workers):
-                    sel = so == w
-                    full[sel] = src[w][ss[sel]]
+                    sel = np.flatnonzero(so == w)
+                    idx = [slice(None)] * 3
+                    idx[axis] = sel
+                    sidx = [slice(None)] * 3
+                    sidx[axis] = ss[sel]
+                    full[tuple(idx)] = src[w][tuple(sidx)]
                 for w in range(self.n_workers):
-                    sel = do == w
-                    dst[w][ds[sel]] = full[sel]
+                    sel = np.flatnonzero(do == w)
+                    idx = [slice(None)] * 3
+                    idx[axis] = sel
+                    didx = [slice(None)] * 3
+                    didx[axis] = ds[sel]
+                    dst[w][tuple(didx)] = full[tuple(idx)]
         self.n = n

@@ -14,9 +14,27 @@ import math
 import numba as nb
 import numpy as np
 
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
 from .kernels.simd import bits_to_f32, round_f16
 
 _JIT = dict(nogil=True, cache=True)
+
+
+@intrinsic
+def fma32(typingctx, a, b, c):
+    """a * b + c in float32 with a single rounding (as the FMA instructions GCC contracts to)."""
+    sig = types.float32(types.float32, types.float32, types.float32)
+
+    def cg(context, builder, sig, args):
+        f32 = ir.FloatType()
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32, f32, f32]), "llvm.fma.f32")
+        return builder.call(fn, list(args))
+
+    return sig, cg
 
 
 @nb.njit(**_JIT)
@@ -91,16 +109,18 @@ def apply_rope(x: np.ndarray, cs: np.ndarray, neox: bool) -> None:
             for i in range(half):
                 c = cs[t, i, 0]
                 s = cs[t, i, 1]
+                # ggml's rotate_pairs is compiled with FMA contraction (GCC's default
+                # -ffp-contract=fast): x0*cos - x1*sin -> fma(x0, cos, -(x1*sin)), etc.
                 if neox:
                     a = x[t, k, i]
                     b = x[t, k, i + half]
-                    x[t, k, i] = a * c - b * s
-                    x[t, k, i + half] = a * s + b * c
+                    x[t, k, i] = fma32(a, c, -(b * s))
+                    x[t, k, i + half] = fma32(a, s, b * c)
                 else:
                     a = x[t, k, 2 * i]
                     b = x[t, k, 2 * i + 1]
-                    x[t, k, 2 * i] = a * c - b * s
-                    x[t, k, 2 * i + 1] = a * s + b * c
+                    x[t, k, 2 * i] = fma32(a, c, -(b * s))
+                    x[t, k, 2 * i + 1] = fma32(a, s, b * c)
 
 
 @nb.njit(**_JIT)

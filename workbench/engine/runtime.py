@@ -15,7 +15,7 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from . import kernels
-from .attention import merge_stats, round_f16_array, scores_pass, values_pass
+from .attention import merge_stats, probabilities, softmax_stats
 from .gguf_file import GGUFFile, ModelLoadError, TensorInfo
 from .kv_cache import KVCache, filled_slots
 
@@ -168,28 +168,42 @@ class Runtime:
                   window: int, scale: float) -> np.ndarray:
         """Store K/V at pos0.. and attend; each worker reads only its own part of the cache."""
         kv.store(il, k, v, pos0)
-        n, n_head, _ = q.shape
+        n, n_head, hd = q.shape
+        n_kv = kv.cfg.n_head_kv
+        group = n_head // n_kv
+        rows = n * group
         nw = kv.n_workers
-        q16 = round_f16_array(q)
-        total = pos0 + n
-        n_slots = [filled_slots(total, w, nw) for w in range(nw)]
-        scores = [np.empty((n, n_head, max(ns, 1)), dtype=np.float32) for ns in n_slots]
-        mxs = np.empty((nw, n, n_head), dtype=np.float32)
-        sms = np.empty((nw, n, n_head), dtype=np.float64)
+        n_slots = [filled_slots(pos0 + n, w, nw) for w in range(nw)]
+        # queries grouped by their kv head: [n_kv, n * group, hd]
+        qg = np.ascontiguousarray(q.reshape(n, n_kv, group, hd).transpose(1, 0, 2, 3)).reshape(n_kv, rows, hd)
+        xps = [kernels.prepare(F16, qg[h]) for h in range(n_kv)]
+        scores = [np.empty((n_kv, rows, max(ns, 1)), dtype=np.float32) for ns in n_slots]
+        mxs = np.full((nw, n_kv, rows), -np.inf, dtype=np.float32)
+        sms = np.zeros((nw, n_kv, rows), dtype=np.float64)
         kl, vl = kv.k[il], kv.v[il]
+        hdv = vl[0].shape[1]
 
         def p1(w: int) -> None:
-            scores_pass(q16, kl[w], w, nw, n_slots[w], pos0, window, scale, scores[w], mxs[w], sms[w])
+            ns = n_slots[w]
+            if ns:
+                for h in range(n_kv):
+                    kernels.matmat(F16, kl[w][h].view(np.uint8), xps[h], scores[w][h], 0, ns)
+                softmax_stats(scores[w], w, nw, ns, pos0, group, window, scale, mxs[w], sms[w])
         self.each_worker(p1)
-        big_m = np.empty((n, n_head), dtype=np.float32)
-        inv_l = np.empty((n, n_head), dtype=np.float32)
+        big_m = np.empty((n_kv, rows), dtype=np.float32)
+        inv_l = np.empty((n_kv, rows), dtype=np.float32)
         merge_stats(mxs, sms, big_m, inv_l)
-        outs = np.empty((nw, n, n_head, vl[0].shape[2]), dtype=np.float32)
+        outs = np.zeros((nw, n_kv, rows, hdv), dtype=np.float32)
 
         def p2(w: int) -> None:
-            values_pass(scores[w], vl[w], n_slots[w], big_m, inv_l, outs[w])
+            ns = n_slots[w]
+            if ns:
+                probs = probabilities(scores[w], ns, big_m, inv_l)
+                for h in range(n_kv):
+                    kernels.matmat(F16, vl[w][h].view(np.uint8), kernels.prepare(F16, probs[h]), outs[w][h], 0, hdv)
         self.each_worker(p2)
-        return outs[0] if nw == 1 else outs.sum(axis=0)
+        out = outs[0] if nw == 1 else outs.sum(axis=0)
+        return np.ascontiguousarray(out.reshape(n_kv, n, group, hdv).transpose(1, 0, 2, 3)).reshape(n, n_head, hdv)
 
     def over_heads(self, n_heads: int, fn: Callable[[int, int], None]) -> None:
         """Run fn(h0, h1) for a split of heads over the workers."""

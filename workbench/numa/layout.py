@@ -67,7 +67,8 @@ def row_split(rows: int, workers: int | Sequence[float]) -> list[tuple[int, int]
     ``workers`` is a count (equal shares) or relative weights. Boundaries fall on
     multiples of 4 rows when every worker can get at least 4; ranges may be empty
     when rows < workers. Since the pool numbers the workers of one node
-    consecutively, each node's rows form one consecutive block.
+    consecutively, each node's rows form one consecutive block. The engine calls
+    ``row_split(rows, pool.n_threads)``; slice mode places rows with the same call.
     """
     weights = [1.0] * workers if isinstance(workers, int) else [float(w) for w in workers]
     n = len(weights)
@@ -160,7 +161,7 @@ def plan_weights(specs: Sequence[TensorSpec], mode: str, pool: "WorkerPool", top
     for s in specs:
         _add(need, _tensor_need(s, placement[s.name], pool, topology))
     if mode == "auto":
-        assert free is not None
+        free = free if free is not None else free_per_node(_live(topology))
         fits = lambda: all(v <= free.get(k, 0) for k, v in need.items())  # noqa: E731
         steps = [(s, "slice") for s in sorted(specs, key=lambda s: -s.nbytes) if sliceable(s, nw)]
         steps += [(s, "interleave") for s in sorted(specs, key=lambda s: -s.nbytes) if not sliceable(s, nw)]

@@ -6,8 +6,8 @@ are the cheapest wake-up CPython offers (no Condition/Event bookkeeping). The
 calling thread does NOT act as worker 0: it may be any thread (UI, engine), and
 pinning it would change its affinity behind its back and make the
 worker -> CPU map lie when a different thread calls ``run()`` next time.
-Measured round trip of ``run(lambda i: None)`` with 2 workers on the 2-core
-build box: ~40-60 us (see tests/test_numa_workers.py, printed with ``-s``).
+Measured round trip of ``run(lambda i: None)`` with 2 workers on the shared
+2-core build box: 45-100 us depending on load (tests/test_numa_workers.py prints it).
 """
 from __future__ import annotations
 

@@ -1,0 +1,475 @@
+"""Telemetry: immutable, JSON-serialisable snapshots of where the model's memory and threads are.
+
+``Telemetry.sample()`` measures one ``Snapshot``: per node this process's weights / KV /
+other bytes (page sampling + numa_maps), the rest of the system's use and free memory
+(sysfs meminfo), the share of each buffer's pages proven on its intended nodes, the
+workers (cpu, node, what they read, busy %), token rates and the memory bandwidth the
+decode speed implies. ``Sampler`` runs it on its own niced thread (off the worker CPUs
+when there are spare ones) every ``interval`` seconds; it can be paused.
+
+With a fixture topology (``--simulate-topology``) the memory and worker figures are
+*simulated*: computed deterministically from the fixture, the engine's tensors and the
+placement in force with the NUMA layer's own planners, and every snapshot says so.
+Rates stay measured. Imports nothing from Textual.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from .numa import syscalls as sc
+from .numa.layout import TensorSpec, kv_need, plan_weights
+from .numa.proof import BufferProof, prove, read_numa_maps
+from .numa.topology import Topology, fixture_path, format_cpulist, load_topology
+from .numa.workers import plan_cpus
+
+HISTORY = 60  # values kept per rate history
+
+
+# ---- snapshot data --------------------------------------------------------
+
+@dataclass(frozen=True)
+class NodeMem:
+    node: int
+    cpus: str                 # cpulist text ('' for a memory-only node)
+    total: int                # bytes
+    free: int
+    weights: int              # this process
+    kv: int
+    other: int
+    system: int               # everything else in use on the node (other processes, kernel, caches)
+    in_place: float | None    # share of pages meant for this node that are on it (None: nothing meant)
+
+
+@dataclass(frozen=True)
+class BufferShare:
+    label: str
+    kind: str
+    intended: tuple[int, ...]
+    nbytes: int
+    share: float | None       # None: no intended node (OS default) or nothing touched yet
+    line: str
+
+
+@dataclass(frozen=True)
+class WorkerRow:
+    index: int
+    cpu: int | None
+    node: int
+    actual_cpu: int | None
+    actual_node: int | None
+    uses: str                 # replica / slice / copy this worker reads
+    busy: float               # 0..1 since the previous sample
+    misplaced: bool
+
+
+@dataclass(frozen=True)
+class Rates:
+    prompt_tps: tuple[float, ...] = ()   # one value per finished reply (newest last)
+    decode_tps: tuple[float, ...] = ()
+    ttft: tuple[float, ...] = ()         # seconds
+    live_decode_tps: float | None = None  # while a reply streams
+    generating: bool = False
+
+    @staticmethod
+    def cap(values: Iterable[float]) -> tuple[float, ...]:
+        return tuple(values)[-HISTORY:]
+
+    @staticmethod
+    def cur_avg_peak(values: tuple[float, ...]) -> tuple[float, float, float] | None:
+        if not values:
+            return None
+        return values[-1], sum(values) / len(values), max(values)
+
+    @property
+    def current_decode(self) -> float | None:
+        if self.live_decode_tps is not None:
+            return self.live_decode_tps
+        return self.decode_tps[-1] if self.decode_tps else None
+
+
+@dataclass(frozen=True)
+class TopoInfo:
+    node_ids: tuple[int, ...] = ()
+    node_cpus: tuple[str, ...] = ()
+    distances: tuple[tuple[int, ...], ...] = ()
+    sockets: int = 0
+    numa_balancing: int | None = None
+    thp: str | None = None
+    hugepages: str = ""
+    kernel_path: str = ""
+    simd: str = ""
+    degraded: str | None = None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    seq: int
+    t: float                              # wall clock (time.time()) of the sample
+    source: str                           # 'live' | 'simulated:<fixture>' | 'replay'
+    simulated: bool
+    model: str = ""
+    placement: dict[str, Any] = field(default_factory=dict)
+    weight_bytes: int = 0
+    nodes: tuple[NodeMem, ...] = ()
+    buffers: tuple[BufferShare, ...] = ()
+    workers: tuple[WorkerRow, ...] = ()
+    rates: Rates = field(default_factory=Rates)
+    bandwidth: float | None = None        # bytes/s implied: weight bytes per token x current decode t/s
+    topo: TopoInfo = field(default_factory=TopoInfo)
+    notes: tuple[str, ...] = ()
+    sample_seconds: float = 0.0           # what taking this sample cost
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "Snapshot":
+        d = dict(d)
+        d["nodes"] = tuple(NodeMem(**n) for n in d.get("nodes", ()))
+        d["buffers"] = tuple(BufferShare(**{**b, "intended": tuple(b["intended"])}) for b in d.get("buffers", ()))
+        d["workers"] = tuple(WorkerRow(**w) for w in d.get("workers", ()))
+        d["rates"] = Rates(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in d.get("rates", {}).items()})
+        topo = d.get("topo", {})
+        d["topo"] = TopoInfo(**{**topo,
+                                "node_ids": tuple(topo.get("node_ids", ())),
+                                "node_cpus": tuple(topo.get("node_cpus", ())),
+                                "distances": tuple(tuple(r) for r in topo.get("distances", ()))})
+        d["notes"] = tuple(d.get("notes", ()))
+        return cls(**d)
+
+
+def empty_snapshot(source: str = "live", simulated: bool = False) -> Snapshot:
+    return Snapshot(seq=0, t=0.0, source=source, simulated=simulated)
+
+
+# ---- rates ----------------------------------------------------------------
+
+class RateTracker:
+    """Token rates fed from engine events (any thread); ``rates()`` gives an immutable view."""
+
+    WINDOW = 1.0  # seconds of tokens behind the live decode rate
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._prompt: list[float] = []
+        self._decode: list[float] = []
+        self._ttft: list[float] = []
+        self._recent: list[float] = []
+        self._generating = False
+
+    def start(self) -> None:
+        with self._lock:
+            self._generating, self._recent = True, []
+
+    def token(self, t: float) -> None:
+        with self._lock:
+            self._recent.append(t)
+            cut = t - self.WINDOW
+            while self._recent and self._recent[0] < cut:
+                self._recent.pop(0)
+
+    def done(self, stats: Any) -> None:
+        """``stats``: the engine's Stats of a finished (or stopped) reply."""
+        with self._lock:
+            self._generating, self._recent = False, []
+            if stats.prompt_tokens:
+                self._prompt = list(Rates.cap(self._prompt + [stats.prompt_tps]))
+            if stats.decode_tokens:
+                self._decode = list(Rates.cap(self._decode + [stats.decode_tps]))
+            if stats.ttft:
+                self._ttft = list(Rates.cap(self._ttft + [stats.ttft]))
+
+    def failed(self) -> None:
+        with self._lock:
+            self._generating, self._recent = False, []
+
+    def rates(self, now: float | None = None) -> Rates:
+        with self._lock:
+            live = None
+            if self._generating and len(self._recent) >= 2:
+                span = self._recent[-1] - self._recent[0]
+                live = (len(self._recent) - 1) / span if span > 0 else None
+            return Rates(tuple(self._prompt), tuple(self._decode), tuple(self._ttft), live, self._generating)
+
+
+# ---- helpers --------------------------------------------------------------
+
+def _hugepage_text(t: Topology) -> str:
+    parts = []
+    for n in t.nodes:
+        for h in n.hugepages:
+            if h.total:
+                parts.append(f"node {n.id}: {h.free}/{h.total} x {h.size_kb} kB free")
+    return "; ".join(parts) or "none reserved"
+
+
+def topo_info(t: Topology, kernel: str) -> TopoInfo:
+    ids = t.node_ids
+    return TopoInfo(ids, tuple(format_cpulist(t.node(n).cpus) for n in ids),
+                    tuple(tuple(t.distance(a, b) for b in ids) for a in ids), len(t.sockets),
+                    t.numa_balancing, t.thp, _hugepage_text(t), kernel, t.simd, t.degraded)
+
+
+def _kernel_path() -> str:
+    try:
+        from .engine.kernels import kernel_path
+        return kernel_path()
+    except Exception:  # noqa: BLE001 - the dashboard shows "unknown" instead of dying
+        return "unknown"
+
+
+def worker_uses(node: int, weight_buffers: list[tuple[str, tuple[int, ...]]]) -> str:
+    """What a worker on ``node`` reads: the weight buffer meant for its node, else the shared one."""
+    mine = [lab for lab, nodes in weight_buffers if nodes == (node,)]
+    if mine:
+        return mine[0].removeprefix("weights ")
+    shared = [lab for lab, nodes in weight_buffers if node in nodes or not nodes]
+    return shared[0].removeprefix("weights ") if shared else "-"
+
+
+def node_in_place(proofs: list[BufferProof], node: int) -> float | None:
+    """Pages of buffers meant (partly) for ``node`` found on it, over the pages expected there."""
+    got = expected = 0.0
+    for p in proofs:
+        if node in p.intended and p.present:
+            got += p.pages_by_node.get(node, 0)
+            expected += p.present / len(p.intended)
+    return min(1.0, got / expected) if expected else None
+
+
+# ---- the sampler ----------------------------------------------------------
+
+class Telemetry:
+    """Takes snapshots of one engine (or none); ``simulate`` names a topology fixture."""
+
+    def __init__(self, engine: Any = None, simulate: str | None = None, max_pages: int = 1024):
+        self.engine = engine
+        self.simulate = simulate
+        self.max_pages = max_pages
+        self.rates = RateTracker()
+        self._seq = 0
+        self._kernel = _kernel_path()
+        self._fixture: Topology | None = load_topology(fixture_path(simulate)) if simulate else None
+        self._lock = threading.Lock()
+
+    @property
+    def source(self) -> str:
+        return f"simulated:{self.simulate}" if self.simulate else "live"
+
+    def sample(self, now: float | None = None) -> Snapshot:
+        with self._lock:
+            t0 = time.perf_counter()
+            self._seq += 1
+            eng = self.engine
+            if self._fixture is not None:
+                snap = self._simulated(eng, self._fixture)
+            else:
+                snap = self._live(eng)
+            rates = self.rates.rates()
+            wb = getattr(eng, "weight_bytes", 0) if eng is not None else 0
+            cur = rates.current_decode
+            return dataclasses.replace(
+                snap, seq=self._seq, t=time.time() if now is None else now, rates=rates,
+                bandwidth=wb * cur if (cur and wb) else None, sample_seconds=time.perf_counter() - t0)
+
+    # -- common engine facts
+    @staticmethod
+    def _engine_facts(eng: Any) -> tuple[str, dict[str, Any], int]:
+        if eng is None:
+            return "", {}, 0
+        p = eng.placement
+        placement = {"weights": p.weights, "kv": p.kv, "threads": eng.pool.n_threads, "policy": p.policy}
+        return os.path.basename(eng.path), placement, int(eng.weight_bytes)
+
+    def _live(self, eng: Any) -> Snapshot:
+        topo = load_topology()
+        model, placement, wb = self._engine_facts(eng)
+        notes: list[str] = []
+        proofs: list[BufferProof] = []
+        workers: tuple[WorkerRow, ...] = ()
+        if eng is not None:
+            try:
+                bufs = eng.buffers()
+                proofs = prove(bufs, self.max_pages)
+            except Exception as e:  # noqa: BLE001 - a buffer closed by a switch mid-sample
+                notes.append(f"proof skipped this sample: {e}")
+                bufs = []
+            weight_bufs = [(b.label, tuple(b.intended)) for b in bufs if b.kind == "weights"]
+            pool = eng.pool
+            busy = pool.busy_fraction()
+            workers = tuple(WorkerRow(w.index, w.cpu, w.node, w.actual_cpu, w.actual_node,
+                                      worker_uses(w.node, weight_bufs), busy[i] if i < len(busy) else 0.0,
+                                      w.misplaced) for i, w in enumerate(pool.workers))
+            notes.extend(getattr(pool, "notes", []))
+        kinds: dict[str, dict[int, int]] = {"weights": {}, "kv": {}}
+        for p in proofs:
+            if not p.sampled:
+                continue
+            page_bytes = p.nbytes / p.sampled
+            d = kinds.setdefault(p.kind, {})
+            for node, n in p.pages_by_node.items():
+                d[node] = d.get(node, 0) + int(n * page_bytes)
+        total: dict[int, int] = {}
+        for v in read_numa_maps():
+            for node, n in v.bytes_by_node.items():
+                total[node] = total.get(node, 0) + n
+        nodes = []
+        for n in topo.nodes:
+            w, k = kinds["weights"].get(n.id, 0), kinds["kv"].get(n.id, 0)
+            other = max(0, total.get(n.id, 0) - w - k)
+            used = max(0, n.mem_total - n.mem_free)
+            nodes.append(NodeMem(n.id, format_cpulist(n.cpus), n.mem_total, n.mem_free, w, k, other,
+                                 max(0, used - w - k - other), node_in_place(proofs, n.id)))
+        shares = tuple(BufferShare(p.label, p.kind, tuple(p.intended), p.nbytes, p.share, p.line())
+                       for p in proofs)
+        if topo.numa_balancing and len(topo.nodes) > 1:
+            notes.append("numa_balancing is on: the kernel may move pages behind the placement")
+        return Snapshot(0, 0.0, "live", False, model, placement, wb, tuple(nodes), shares, workers,
+                        topo=topo_info(topo, self._kernel), notes=tuple(notes))
+
+    def _simulated(self, eng: Any, topo: Topology) -> Snapshot:
+        """Deterministic figures for ``topo``: the NUMA layer's planners applied to this model."""
+        model, placement, wb = self._engine_facts(eng)
+        notes = [f"SIMULATED topology '{self.simulate}': memory and worker figures are computed, "
+                 "not measured; rates are measured on this machine"]
+        need_w: dict[int, int] = {}
+        need_kv: dict[int, int] = {}
+        workers: list[WorkerRow] = []
+        buffers: list[BufferShare] = []
+        if eng is not None:
+            p = eng.placement
+            plan, plan_notes = plan_cpus(topo, p.threads, p.policy.split(":")[0] if p.policy else "distribute")
+            notes.extend(plan_notes)
+            pool = _SimPool(topo, plan)
+            specs = list(eng.layout.specs.values()) if hasattr(eng.layout, "specs") else \
+                [TensorSpec("weights", 1, wb)]
+            free = {n.id: n.mem_free for n in topo.nodes}
+            try:
+                per_tensor, need_w = plan_weights(specs, p.weights, pool, topo, free)
+            except ValueError as e:
+                notes.append(str(e))
+                per_tensor = {}
+            kv_total = sum(b.nbytes for b in eng.buffers() if b.kind == "kv")
+            if kv_total:
+                per_worker = max(1, kv_total // max(1, pool.n_threads * eng.cfg.n_layer))
+                try:
+                    need_kv = kv_need(eng.cfg.n_layer, per_worker, p.kv, pool)
+                except ValueError as e:
+                    notes.append(str(e))
+            kinds = sorted(set(per_tensor.values()))
+            for n in sorted(need_w):
+                label = f"weights {'+'.join(kinds)} node {n}" if p.weights != "none" else "weights none (OS default)"
+                buffers.append(BufferShare(label, "weights", (n,), need_w[n], 1.0, f"{label}: 100.0% (simulated)"))
+            for n in sorted(need_kv):
+                label = f"kv {p.kv} node {n}"
+                buffers.append(BufferShare(label, "kv", (n,), need_kv[n], 1.0, f"{label}: 100.0% (simulated)"))
+            real_busy = eng.pool.busy_fraction()
+            busy = sum(real_busy) / len(real_busy) if real_busy else 0.0
+            wlabels = [(b.label, b.intended) for b in buffers if b.kind == "weights"]
+            for i, (cpu, node) in enumerate(plan):
+                workers.append(WorkerRow(i, cpu, node, cpu, node, worker_uses(node, wlabels), busy, False))
+        nodes = []
+        for n in topo.nodes:
+            w, k = need_w.get(n.id, 0), need_kv.get(n.id, 0)
+            nodes.append(NodeMem(n.id, format_cpulist(n.cpus), n.mem_total, n.mem_free, w, k, 0,
+                                 max(0, n.mem_total - n.mem_free - w - k),
+                                 1.0 if (w or k) else None))
+        return Snapshot(0, 0.0, self.source, True, model, placement, wb, tuple(nodes), tuple(buffers),
+                        tuple(workers), topo=topo_info(topo, self._kernel), notes=tuple(notes))
+
+
+@dataclass(frozen=True)
+class _SimWorker:
+    index: int
+    cpu: int
+    node: int
+
+
+class _SimPool:
+    """The parts of WorkerPool the planners read, for a plan on a fixture topology."""
+
+    def __init__(self, topology: Topology, plan: list[tuple[int, int]]):
+        self.topology = topology
+        self.workers = [_SimWorker(i, c, n) for i, (c, n) in enumerate(plan)]
+        self.n_threads = len(self.workers)
+        seen: dict[int, None] = {}
+        for w in self.workers:
+            seen.setdefault(w.node, None)
+        self.nodes = list(seen)
+
+
+class Sampler:
+    """Calls ``telemetry.sample()`` every ``interval`` s on its own thread and hands snapshots
+    to ``on_snapshot`` (from that thread). Pausable; ``sample_now()`` forces one."""
+
+    MIN_INTERVAL, MAX_INTERVAL = 0.25, 10.0
+
+    def __init__(self, telemetry: Telemetry, on_snapshot: Callable[[Snapshot], None], interval: float = 1.0):
+        self.telemetry = telemetry
+        self.on_snapshot = on_snapshot
+        self.interval = self.clamp(interval)
+        self._paused = threading.Event()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="numawb-telemetry", daemon=True)
+
+    @classmethod
+    def clamp(cls, interval: float) -> float:
+        return min(cls.MAX_INTERVAL, max(cls.MIN_INTERVAL, float(interval)))
+
+    @property
+    def paused(self) -> bool:
+        return self._paused.is_set()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def set_interval(self, interval: float) -> float:
+        self.interval = self.clamp(interval)
+        self._wake.set()
+        return self.interval
+
+    def pause(self, paused: bool = True) -> None:
+        (self._paused.set if paused else self._paused.clear)()
+        self._wake.set()
+
+    def sample_now(self) -> Snapshot:
+        snap = self.telemetry.sample()
+        self.on_snapshot(snap)
+        return snap
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2)
+
+    def _off_inference_cores(self) -> None:
+        """Nice this thread and keep it off the workers' CPUs when spare CPUs exist."""
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        except (OSError, AttributeError):
+            pass
+        eng = self.telemetry.engine
+        if eng is None:
+            return
+        busy = {w.cpu for w in eng.pool.workers if w.cpu is not None}
+        spare = [c for c in os.sched_getaffinity(0) if c not in busy]
+        if spare:
+            sc.sched_setaffinity(spare)
+
+    def _run(self) -> None:
+        self._off_inference_cores()
+        while not self._stop.is_set():
+            if not self._paused.is_set():
+                try:
+                    self.on_snapshot(self.telemetry.sample())
+                except Exception:  # noqa: BLE001 - one bad sample must not end telemetry
+                    pass
+            self._wake.wait(self.interval)
+            self._wake.clear()
