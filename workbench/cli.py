@@ -17,6 +17,38 @@ class UserError(Exception):
 def _add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", metavar="PATH", help="GGUF model file (default: Gemma 3 270M Q4_K_M)")
     p.add_argument("-t", "--threads", type=int, default=None, help="worker threads (default: all cores given)")
+    p.add_argument("--weights", default="none", metavar="MODE",
+                   help="weight placement: mirror | interleave | slice | none | auto (default: none)")
+    p.add_argument("--kv", default="first-touch", metavar="MODE",
+                   help="KV cache placement: first-touch | interleave | node:N (default: first-touch)")
+    p.add_argument("--numa", default="distribute", choices=["distribute", "isolate"],
+                   help="worker spread: over all nodes, or on one node (default: distribute)")
+    p.add_argument("--cpus", metavar="LIST", help="pin workers to these CPUs, e.g. 0-7,16-23")
+    p.add_argument("--smt", action="store_true", help="use SMT siblings too (default: physical cores only)")
+
+
+def _placement(args: argparse.Namespace):
+    from .engine.engine import Placement
+    from .numa.layout import WEIGHT_MODES
+    from .numa.topology import parse_cpulist
+    if args.weights not in WEIGHT_MODES:
+        raise UserError(f"unknown weights mode {args.weights!r} (one of {', '.join(WEIGHT_MODES)})")
+    if args.kv not in ("first-touch", "interleave") and not (args.kv.startswith("node:") and args.kv[5:].isdigit()):
+        raise UserError(f"unknown KV mode {args.kv!r} (first-touch, interleave, node:N)")
+    if args.threads is not None and args.threads < 1:
+        raise UserError(f"-t must be >= 1 (got {args.threads})")
+    if args.kv.startswith("node:"):
+        from .numa.topology import load_topology
+        nodes = load_topology().node_ids
+        if int(args.kv[5:]) not in nodes:
+            raise UserError(f"--kv {args.kv}: this machine has no node {args.kv[5:]} "
+                            f"(nodes: {', '.join(map(str, nodes))})")
+    try:
+        cpus = parse_cpulist(args.cpus) if args.cpus else None
+    except ValueError:
+        raise UserError(f"--cpus {args.cpus!r} is not a CPU list like 0-7,16") from None
+    return Placement(weights=args.weights, kv=args.kv, threads=args.threads, policy=args.numa,
+                     cpus=cpus, smt=args.smt)
 
 
 def _add_sampling(p: argparse.ArgumentParser) -> None:
@@ -52,6 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
     pp.add_argument("--ctx", "-c", type=int, default=512)
     pp.add_argument("--json", action="store_true")
 
+    pl = sub.add_parser("placement", help="load, place, generate a little, and prove where pages and threads are")
+    _add_model(pl)
+    pl.add_argument("-p", "--prompt", default="The capital of France is")
+    pl.add_argument("-n", "--n-predict", type=int, default=8)
+    pl.add_argument("--json", action="store_true")
+
     tp = sub.add_parser("topo", help="NUMA topology, like numactl --hardware")
     tp.add_argument("--root", metavar="PATH_OR_FIXTURE", help="read a sysfs tree or a named fixture")
     tp.add_argument("--json", action="store_true")
@@ -64,14 +102,22 @@ def build_parser() -> argparse.ArgumentParser:
 def _load_engine(args: argparse.Namespace, quiet: bool = False):
     from .engine import Engine
     from .engine.gguf_file import ModelLoadError
+    from .numa.budget import BudgetError
 
-    def progress(phase: str, done: int, total: int) -> None:
-        if not quiet and total and sys.stderr.isatty():
-            print(f"\rloading {done / 2**20:8.1f} / {total / 2**20:.1f} MiB", end="", file=sys.stderr)
+    placement = _placement(args)
+
+    def progress(ev) -> None:
+        if not quiet and ev.stage == "load" and ev.total and sys.stderr.isatty():
+            print(f"\rloading {ev.done / 2**20:8.1f} / {ev.total / 2**20:.1f} MiB "
+                  f"({ev.bytes_per_s / 2**20:.0f} MiB/s)", end="", file=sys.stderr)
 
     try:
-        eng = Engine.load(args.model, progress=progress)
+        eng = Engine.load(args.model, placement=placement, progress=progress)
     except ModelLoadError as e:
+        raise UserError(str(e)) from None
+    except BudgetError as e:
+        raise UserError("; ".join(line.strip() for line in str(e).splitlines())) from None
+    except ValueError as e:  # a placement the machine cannot do (e.g. no such node)
         raise UserError(str(e)) from None
     if not quiet and sys.stderr.isatty():
         print(file=sys.stderr)
@@ -139,6 +185,56 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_placement(args: argparse.Namespace) -> int:
+    from .engine import SamplingParams
+    from .numa.proof import process_numastat, prove
+    eng = _load_engine(args, quiet=True)
+    ids = eng.tokenizer.encode(args.prompt)
+    session = eng.new_session(max(256, len(ids) + args.n_predict + 1))
+    done = None
+    for ev in session.generate(ids, SamplingParams(temperature=0), args.n_predict):
+        done = ev
+    buffers = eng.buffers()
+    proofs = prove(buffers)
+    stat = process_numastat(buffers)
+    workers = eng.pool.check()
+    nodes = sorted({n for d in stat.values() for n in d} | {w.node for w in workers})
+    per_node = {}
+    for n in nodes:
+        def share(kind: str) -> float | None:
+            ps = [p for p in proofs if p.kind == kind and p.present and n in p.intended]
+            if not ps:
+                return None
+            return sum(p.pages_by_node.get(n, 0) for p in ps) / sum(sum(p.pages_by_node.values()) for p in ps)
+        per_node[str(n)] = {"weights_bytes": stat["weights"].get(n, 0), "kv_bytes": stat["kv"].get(n, 0),
+                            "other_bytes": stat["other"].get(n, 0),
+                            "weights_share_in_place": share("weights"), "kv_share_in_place": share("kv")}
+    out = {
+        "model": eng.path, "weights_mode": eng.placement.weights, "kv_mode": eng.placement.kv,
+        "load_seconds": eng.load_seconds, "generated": done.text if done else "",
+        "decode_tps": done.stats.decode_tps if done else 0.0,
+        "nodes": per_node,
+        "buffers": [{"label": p.label, "kind": p.kind, "intended": list(p.intended), "bytes": p.nbytes,
+                     "pages_by_node": {str(k): v for k, v in p.pages_by_node.items()},
+                     "share_in_place": p.share, "note": p.reason} for p in proofs],
+        "workers": [{"index": w.index, "cpu": w.actual_cpu, "node": w.actual_node, "wanted_cpu": w.cpu,
+                     "wanted_node": w.node, "misplaced": w.misplaced} for w in workers],
+    }
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        from .numa.proof import format_proof
+        from .numa.views import format_numastat
+        print(f"weights {out['weights_mode']}, kv {out['kv_mode']}, loaded in {eng.load_seconds:.2f} s")
+        print(format_proof(proofs))
+        print(format_numastat(stat))
+        for w in out["workers"]:
+            flag = "  MISPLACED" if w["misplaced"] else ""
+            print(f"worker {w['index']}: cpu {w['cpu']} node {w['node']}{flag}")
+    eng.close()
+    return 0
+
+
 def cmd_topo(args: argparse.Namespace) -> int:
     from .numa import topology as topo_mod
     from .numa.views import format_topo, topo_json
@@ -167,6 +263,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_generate(args)
         if args.cmd == "perplexity":
             return cmd_perplexity(args)
+        if args.cmd == "placement":
+            return cmd_placement(args)
         if args.cmd == "topo":
             return cmd_topo(args)
         if args.cmd == "bench":
@@ -179,6 +277,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_app(args)
     except UserError as e:
         print(f"numawb: error: {e}", file=sys.stderr)
+        return 2
+    except MemoryError as e:  # the NUMA layer's BudgetError: need and free per node, nothing allocated
+        print("numawb: error: " + "; ".join(line.strip() for line in str(e).splitlines()), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("numawb: interrupted", file=sys.stderr)

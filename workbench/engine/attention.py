@@ -20,6 +20,8 @@ import math
 import numba as nb
 import numpy as np
 
+from .ops import ggml_expf, tree16
+
 BLOCK = 32
 _JIT = dict(nogil=True, cache=True)
 
@@ -40,6 +42,7 @@ def softmax_stats(scores: np.ndarray, w: int, n_workers: int, n_slots: int, pos0
     """
     n_kv, rows, _ = scores.shape
     sc = np.float32(scale)
+    e16 = np.empty(16, dtype=np.float32)
     for h in range(n_kv):
         for r in range(rows):
             p = pos0 + r // group
@@ -53,12 +56,17 @@ def softmax_stats(scores: np.ndarray, w: int, n_workers: int, n_slots: int, pos0
                     scores[h, r, j] = v
                     if v > m:
                         m = v
-            s = 0.0  # float64, as ggml_float
+            # as ggml_vec_soft_max_f32 on AVX-512: exps (ggml_v_expf) of 16 positions at a time
+            # (a block of slots holds whole aligned groups of 16 positions) summed in float32
+            # by the _mm512_reduce_add_ps tree, each group sum added in float64
+            s = 0.0
             if m > -np.inf:
-                for j in range(n_slots):
-                    v = scores[h, r, j]
-                    if v > -np.inf:
-                        s += np.float32(math.exp(v - m))
+                for j0 in range(0, n_slots, 16):
+                    for i in range(16):
+                        j = j0 + i
+                        v = scores[h, r, j] if j < n_slots else np.float32(-np.inf)
+                        e16[i] = ggml_expf(v - m) if v > -np.inf else np.float32(0.0)
+                    s += np.float64(tree16(e16, 0))
             mx[h, r] = m
             sm[h, r] = s
 
@@ -95,5 +103,5 @@ def probabilities(scores: np.ndarray, n_slots: int, big_m: np.ndarray, inv_l: np
             il = inv_l[h, r]
             for j in range(n_slots):
                 s = scores[h, r, j]
-                out[h, r, j] = np.float32(0.0) if s == -np.inf else np.float32(math.exp(s - m)) * il
+                out[h, r, j] = np.float32(0.0) if s == -np.inf else ggml_expf(s - m) * il
     return out

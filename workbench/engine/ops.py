@@ -37,6 +37,41 @@ def fma32(typingctx, a, b, c):
     return sig, cg
 
 
+_EXP_R = np.float32(float.fromhex("0x1.8p23"))
+_EXP_LOG2E = np.float32(float.fromhex("0x1.715476p+0"))
+_EXP_LN2_HI = np.float32(float.fromhex("0x1.62e4p-1"))
+_EXP_LN2_LO = np.float32(float.fromhex("0x1.7f7d1cp-20"))
+_EXP_C5 = np.float32(float.fromhex("0x1.0e4020p-7"))
+_EXP_C4 = np.float32(float.fromhex("0x1.573e2ep-5"))
+_EXP_C3 = np.float32(float.fromhex("0x1.555e66p-3"))
+_EXP_C2 = np.float32(float.fromhex("0x1.fffdb6p-2"))
+_EXP_C1 = np.float32(float.fromhex("0x1.ffffecp-1"))
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def ggml_expf(x):
+    """exp(x) in float32 exactly as ggml_v_expf (ggml-cpu/vec.h, the SIMD exp of the softmax)."""
+    x = np.float32(x)
+    z = fma32(x, _EXP_LOG2E, _EXP_R)
+    n = z - _EXP_R
+    b = fma32(-n, _EXP_LN2_LO, fma32(-n, _EXP_LN2_HI, x))
+    if abs(n) > np.float32(192.0):
+        return np.float32(0.0) if n <= np.float32(0.0) else np.float32(np.inf)
+    u = b * b
+    j = fma32(fma32(fma32(_EXP_C5, b, _EXP_C4), u, fma32(_EXP_C3, b, _EXP_C2)), u,
+              fma32(_EXP_C1, b, np.float32(1.0)))
+    return np.float32(np.float64(j) * 2.0 ** np.float64(n))  # _mm512_scalef_ps: j * 2^n, one rounding
+
+
+@nb.njit(nogil=True, cache=True, inline="always")
+def tree16(v, o):
+    """v[o] + ... + v[o+15] in the order of GCC's _mm512_reduce_add_ps."""
+    a0 = v[o] + v[o + 8]; a1 = v[o + 1] + v[o + 9]; a2 = v[o + 2] + v[o + 10]; a3 = v[o + 3] + v[o + 11]
+    a4 = v[o + 4] + v[o + 12]; a5 = v[o + 5] + v[o + 13]; a6 = v[o + 6] + v[o + 14]; a7 = v[o + 7] + v[o + 15]
+    b0 = a0 + a4; b1 = a1 + a5; b2 = a2 + a6; b3 = a3 + a7
+    return (b0 + b2) + (b1 + b3)
+
+
 @nb.njit(**_JIT)
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:
     """out[i] = x[i] / rms(x[i]) * weight for each row i (weight may be empty: no scale)."""
@@ -138,7 +173,9 @@ def gelu_mul(g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
                 y = x
             else:
                 xh = round_f16(x)
-                y = round_f16(np.float32(0.5) * xh * (np.float32(1.0) + np.float32(math.tanh(c * xh * (np.float32(1.0) + a * xh * xh)))))
+                # ggml_gelu_f32 as GCC contracts it: 1 + A*x*x -> fma(A*x, x, 1)
+                inner = fma32(a * xh, xh, np.float32(1.0))
+                y = round_f16(np.float32(0.5) * xh * (np.float32(1.0) + np.float32(math.tanh(c * xh * inner))))
             out[i, j] = y * u[i, j]
 
 

@@ -183,11 +183,19 @@ class Runtime:
         kl, vl = kv.k[il], kv.v[il]
         hdv = vl[0].shape[1]
 
+        # ggml takes llamafile's tinyBLAS for products with >= 2 columns (tokens) and
+        # ggml_vec_dot_f16 for one: our F16 matmat / matvec follow those two summation orders
+        decode = n == 1
+
         def p1(w: int) -> None:
             ns = n_slots[w]
             if ns:
                 for h in range(n_kv):
-                    kernels.matmat(F16, kl[w][h].view(np.uint8), xps[h], scores[w][h], 0, ns)
+                    if decode:
+                        for r in range(rows):
+                            kernels.matvec(F16, kl[w][h].view(np.uint8), (xps[h][0][r],), scores[w][h][r], 0, ns)
+                    else:
+                        kernels.matmat(F16, kl[w][h].view(np.uint8), xps[h], scores[w][h], 0, ns)
                 softmax_stats(scores[w], w, nw, ns, pos0, group, window, scale, mxs[w], sms[w])
         self.each_worker(p1)
         big_m = np.empty((n_kv, rows), dtype=np.float32)
@@ -199,8 +207,19 @@ class Runtime:
             ns = n_slots[w]
             if ns:
                 probs = probabilities(scores[w], ns, big_m, inv_l)
+                # llama.cpp sums over its whole (256-padded) cache row, masked positions with
+                # probability 0: pad with zeros to whole 16-lane (64 for one token) steps
+                step = 64 if decode else 16
+                kp = min(-(-ns // step) * step, vl[w][0].shape[1])
+                if kp > ns:
+                    probs = np.concatenate([probs, np.zeros((n_kv, rows, kp - ns), np.float32)], axis=2)
                 for h in range(n_kv):
-                    kernels.matmat(F16, vl[w][h].view(np.uint8), kernels.prepare(F16, probs[h]), outs[w][h], 0, hdv)
+                    xp = kernels.prepare(F16, probs[h])
+                    if decode:
+                        for r in range(rows):
+                            kernels.matvec(F16, vl[w][h].view(np.uint8), (xp[0][r],), outs[w][h][r], 0, hdv)
+                    else:
+                        kernels.matmat(F16, vl[w][h].view(np.uint8), xp, outs[w][h], 0, hdv)
         self.each_worker(p2)
         out = outs[0] if nw == 1 else outs.sum(axis=0)
         return np.ascontiguousarray(out.reshape(n_kv, n, group, hdv).transpose(1, 0, 2, 3)).reshape(n, n_head, hdv)

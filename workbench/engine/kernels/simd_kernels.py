@@ -479,7 +479,69 @@ def _floats(mode):
 
         return matvec, matmat
 
-    return dict(F32=build(load_f32x8, 4, _f32_at), F16=build(load_f16x8, 2, f16_to_f32),
+    # F16 follows ggml's AVX-512 orders exactly (f16*f16 products are exact in f32, so only the
+    # order of the additions matters): matmat = llamafile tinyBLAS<16> (used by ggml for >= 2
+    # columns): lane j % 16 accumulates in order, then GCC's _mm512_reduce_add_ps tree;
+    # matvec = ggml_vec_dot_f16: 4 accumulators x 16 lanes over steps of 64, (0+2)+(1+3), the
+    # same tree, leftovers (k % 64) added in float64.
+    @numba.njit(inline="always")
+    def red16(lo, hi):
+        return hsum_f(f_add(lo, hi))
+
+    @numba.njit(inline="always")
+    def dot16_vec(w, o, x, xo, k):
+        a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
+        a4 = f_zero(); a5 = f_zero(); a6 = f_zero(); a7 = f_zero()
+        j = 0
+        while j + 64 <= k:
+            a0 = fma_f(a0, load_f16x8(w, o + j * 2), load_f32x8(x, xo + j))
+            a1 = fma_f(a1, load_f16x8(w, o + (j + 8) * 2), load_f32x8(x, xo + j + 8))
+            a2 = fma_f(a2, load_f16x8(w, o + (j + 16) * 2), load_f32x8(x, xo + j + 16))
+            a3 = fma_f(a3, load_f16x8(w, o + (j + 24) * 2), load_f32x8(x, xo + j + 24))
+            a4 = fma_f(a4, load_f16x8(w, o + (j + 32) * 2), load_f32x8(x, xo + j + 32))
+            a5 = fma_f(a5, load_f16x8(w, o + (j + 40) * 2), load_f32x8(x, xo + j + 40))
+            a6 = fma_f(a6, load_f16x8(w, o + (j + 48) * 2), load_f32x8(x, xo + j + 48))
+            a7 = fma_f(a7, load_f16x8(w, o + (j + 56) * 2), load_f32x8(x, xo + j + 56))
+            j += 64
+        lo = f_add(f_add(a0, a4), f_add(a2, a6))
+        hi = f_add(f_add(a1, a5), f_add(a3, a7))
+        s = np.float64(red16(lo, hi))
+        while j < k:
+            s += np.float64(f16_to_f32(w, o + j * 2) * x[xo + j])
+            j += 1
+        return f32(s)
+
+    @numba.njit(inline="always")
+    def dot16_tiny(w, o, x, xo, k):
+        if k % 16:
+            return dot16_vec(w, o, x, xo, k)
+        lo = f_zero(); hi = f_zero()
+        j = 0
+        while j < k:
+            lo = fma_f(lo, load_f16x8(w, o + j * 2), load_f32x8(x, xo + j))
+            hi = fma_f(hi, load_f16x8(w, o + (j + 8) * 2), load_f32x8(x, xo + j + 8))
+            j += 16
+        return red16(lo, hi)
+
+    @numba.njit(**_NB)
+    def f16_matvec(w, xp, out, r0, r1):
+        x = xp[0]
+        k = x.shape[0]
+        rb = w.shape[1]
+        for i in range(r0, r1):
+            out[i] = dot16_vec(w, i * rb, x, 0, k)
+
+    @numba.njit(**_NB)
+    def f16_matmat(w, xp, out, r0, r1):
+        x = xp[0]
+        k = x.shape[1]
+        xf = x.reshape(-1)
+        rb = w.shape[1]
+        for i in range(r0, r1):
+            for c in range(x.shape[0]):
+                out[c, i] = dot16_tiny(w, i * rb, xf, c * k, k)
+
+    return dict(F32=build(load_f32x8, 4, _f32_at), F16=(f16_matvec, f16_matmat),
                 BF16=build(load_bf16x8, 2, _bf16_at))
 
 

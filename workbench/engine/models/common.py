@@ -132,6 +132,12 @@ class Decoder:
             self._bias(o, p + "attn_output.bias")
             if tap:
                 tap(f"kqv_out-{il}", att.reshape(n, -1)); tap(f"attn_out-{il}", o)
+            if il == c.n_layer - 1:
+                # like llama.cpp, finish only the rows whose logits are wanted (which also
+                # keeps the last FFN's products at llama.cpp's widths and numerics)
+                sel = logit_rows if logit_rows is not None else slice(n - 1, n)
+                o = np.ascontiguousarray(o[sel])
+                x = np.ascontiguousarray(x[sel])
             if self.post_norms:
                 o = self.norm(o, p + "post_attention_norm.weight")
             ops.add_inplace(x, o)
@@ -151,8 +157,7 @@ class Decoder:
             if tap:
                 tap(f"l_out-{il}", x)
         kv.n = pos0 + n
-        rows = x[logit_rows] if logit_rows is not None else x[-1:]
-        h = self.norm(np.ascontiguousarray(rows), "output_norm.weight")
+        h = self.norm(x, "output_norm.weight")
         (logits,) = rt.linear(h, [self.output_name])
         if tap:
             tap("result_norm", h); tap("result_output", logits)

@@ -1,0 +1,304 @@
+"""numawb vs llama.cpp side by side, in one run, on the same model and machine (a benchmark, not a test).
+
+    python3 benchmarks/compare_llamacpp.py [-m MODEL] [-t 1,2] [-r 5] [--depth 4096]
+                                           [--llama-bench PATH] [--out benchmarks/results.md]
+
+Runs, interleaved per thread count so that drift from a shared machine hits both engines alike:
+  1. a memory-bandwidth probe (Numba streaming read of a 1 GiB buffer, 1 and 2 threads, best of N);
+  2. llama.cpp's ``llama-bench`` (pp512, tg128, and tg128 at depth ``-d 4096`` when the build knows
+     ``-d``), built by ``benchmarks/llamacpp_build.sh`` unless ``--llama-bench`` is given;
+  3. ``numawb bench`` with the same settings, in a fresh process.
+Prints a markdown table with the ratios numawb/llama.cpp, the issue's targets, and the share of the
+bandwidth limit reached in decode (weight bytes streamed per token x tokens/s / probe GB/s), with
+the machine and date, and writes it to ``--out``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+
+TARGETS = {"pp512": 0.8, "tg128": 1.2, "tg128 @ d4096": 1.0}
+BW_TARGET = 0.60  # decode at the highest thread count: share of the bandwidth limit
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------- bandwidth probe
+_PROBE_SRC = r'''
+import sys, time, json
+import numpy as np, numba
+
+@numba.njit(parallel=True, nogil=True, cache=False)
+def stream_sum(a, nchunks):
+    n = a.shape[0]
+    per = (n + nchunks - 1) // nchunks
+    parts = np.zeros(nchunks, np.int64)
+    for c in numba.prange(nchunks):
+        lo = min(c * per, n); hi = min(lo + per, n)
+        s0 = np.int64(0)
+        for v in a[lo:hi]:
+            s0 += v
+        parts[c] = s0
+    return parts.sum()
+
+gib = float(sys.argv[1]); reps = int(sys.argv[2]); threads = [int(t) for t in sys.argv[3].split(",")]
+a = np.ones(int(gib * 2**30) // 8, np.int64)   # touched: pages are resident before timing
+out = {}
+for t in threads:
+    numba.set_num_threads(t)
+    stream_sum(a, t)
+    best = 1e9
+    for _ in range(reps):
+        t0 = time.perf_counter(); stream_sum(a, t); best = min(best, time.perf_counter() - t0)
+    out[str(t)] = a.nbytes / best / 1e9
+print(json.dumps(out))
+'''
+
+
+def bandwidth_probe(threads: list[int], gib: float = 1.0, reps: int = 7) -> dict[int, float]:
+    """GB/s of a streaming read (best of ``reps``) per thread count, in a fresh process."""
+    env = dict(os.environ, NUMBA_NUM_THREADS=str(max(threads)))
+    p = subprocess.run([sys.executable, "-c", _PROBE_SRC, str(gib), str(reps), ",".join(map(str, threads))],
+                       capture_output=True, text=True, env=env, timeout=900)
+    if p.returncode != 0:
+        raise RuntimeError(f"bandwidth probe failed: {p.stderr.strip()[-500:]}")
+    return {int(k): v for k, v in json.loads(p.stdout.strip().splitlines()[-1]).items()}
+
+
+# ----------------------------------------------------------------------------- model facts
+def model_facts(path: str) -> dict:
+    from workbench.engine.gguf_file import read_gguf
+    g = read_gguf(path)
+    total = sum(t.nbytes for t in g.tensors.values())
+    tied = "output.weight" not in g.tensors
+    emb = g.tensors.get("token_embd.weight")
+    # decode streams every matrix once per token; an untied token_embd is only looked up (one row)
+    per_token = total if tied or emb is None else total - emb.nbytes
+    return {"path": path, "file_bytes": os.path.getsize(path), "tensor_bytes": total,
+            "bytes_per_token": per_token, "tied_output": tied}
+
+
+# ----------------------------------------------------------------------------- llama.cpp
+def find_llama_bench(explicit: str | None) -> str | None:
+    if explicit:
+        return explicit
+    log("building / locating llama-bench (benchmarks/llamacpp_build.sh) ...")
+    p = subprocess.run(["bash", os.path.join(HERE, "llamacpp_build.sh")], capture_output=True, text=True)
+    if p.returncode != 0:
+        log("llama-bench build failed: " + p.stderr.strip()[-400:])
+        return None
+    return p.stdout.strip().splitlines()[-1]
+
+
+def llama_bench_supports_depth(exe: str) -> bool:
+    p = subprocess.run([exe, "--help"], capture_output=True, text=True)
+    return "--n-depth" in (p.stdout + p.stderr) or "-d, --n-depth" in (p.stdout + p.stderr)
+
+
+def llama_bench_version(exe: str) -> str:
+    p = subprocess.run([exe, "--version"], capture_output=True, text=True)
+    txt = (p.stdout + p.stderr).strip().splitlines()
+    return txt[0] if txt else "?"
+
+
+def run_llama_bench(exe: str, model: str, threads: int, p: int, n: int, depth: int, reps: int) -> list[dict]:
+    cmd = [exe, "-m", model, "-t", str(threads), "-p", str(p), "-n", str(n), "-r", str(reps), "-o", "json"]
+    if depth:
+        cmd += ["-d", str(depth)]
+    log("llama.cpp: " + " ".join(cmd[1:]))
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"llama-bench failed: {r.stderr.strip()[-500:]}")
+    out = []
+    for rec in json.loads(r.stdout):
+        d = int(rec.get("n_depth", 0) or 0)
+        name = f"pp{rec['n_prompt']}" if rec["n_prompt"] else f"tg{rec['n_gen']}"
+        out.append({"test": f"{name} @ d{d}" if d else name, "threads": int(rec["n_threads"]),
+                    "avg_ts": float(rec["avg_ts"]), "stdev_ts": float(rec["stddev_ts"]),
+                    "build": f"{rec.get('build_commit', '?')} ({rec.get('build_number', '?')})"})
+    return out
+
+
+# ----------------------------------------------------------------------------- numawb
+def run_numawb(model: str, threads: int, p: int, n: int, depth: int, reps: int, startup: bool) -> dict:
+    cmd = [sys.executable, "-m", "workbench", "bench", "-m", model, "-t", str(threads), "-p", str(p),
+           "-n", str(n), "-d", str(depth), "-r", str(reps), "--json"]
+    if not startup:
+        cmd.append("--no-startup")
+    log("numawb: " + " ".join(cmd[3:]))
+    env = dict(os.environ, PYTHONPATH=ROOT + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""))
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None, text=True, env=env, cwd=ROOT)
+    if r.returncode != 0:
+        raise RuntimeError(f"numawb bench failed (exit {r.returncode})")
+    return json.loads(r.stdout)
+
+
+# ----------------------------------------------------------------------------- report
+def machine_line() -> str:
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    from workbench.engine.kernels import kernel_path
+    return (f"{cpu}, {len(os.sched_getaffinity(0))} cores, {os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / 2**30:.0f} GiB, "
+            f"Linux {platform.release()}, Python {platform.python_version()}, numawb kernels {kernel_path()}")
+
+
+def build_report(args, facts, bw, lcpp, numa, notes, version) -> str:
+    bpt = facts["bytes_per_token"]
+    tmax = max(args.threads)
+    lines = [f"# numawb vs llama.cpp ({time.strftime('%Y-%m-%d %H:%M %Z')})", "",
+             f"- machine: {machine_line()}",
+             f"- model: `{os.path.basename(facts['path'])}` ({facts['file_bytes'] / 1e6:.0f} MB file, "
+             f"{bpt / 1e6:.0f} MB of weights streamed per decoded token)",
+             f"- llama.cpp: {version}",
+             "- bandwidth probe (Numba streaming read, 1 GiB, best of 7): "
+             + ", ".join(f"{t} thread{'s' if t > 1 else ''} {bw[t]:.1f} GB/s" for t in sorted(bw)),
+             f"- repetitions: {args.reps} per test (after one warm-up), t/s = mean ± sd", ""]
+    lines += ["| test | threads | llama.cpp t/s | numawb t/s | numawb / llama.cpp | target | met | "
+              "llama.cpp % of BW limit | numawb % of BW limit |",
+              "|---|---:|---:|---:|---:|---:|:---:|---:|---:|"]
+    summary = []
+    for t in args.threads:
+        for test in args.tests:
+            l = lcpp.get((test, t))
+            nb = numa.get((test, t))
+            ls = f"{l['avg_ts']:.2f} ± {l['stdev_ts']:.2f}" if l else "n/a"
+            ns = f"{nb['avg_ts']:.2f} ± {nb['stdev_ts']:.2f}" if nb else "n/a"
+            ratio = nb["avg_ts"] / l["avg_ts"] if (l and nb and l["avg_ts"] > 0) else None
+            tgt = TARGETS.get(test)
+            met = "" if ratio is None or tgt is None else ("yes" if ratio >= tgt else "no")
+            is_tg = test.startswith("tg")
+            bwp = lambda r: f"{100 * bpt * r['avg_ts'] / (bw[t] * 1e9):.0f} %" if (r and is_tg and t in bw) else ""
+            lines.append(f"| {test} | {t} | {ls} | {ns} | {f'{ratio:.2f}x' if ratio else 'n/a'} | "
+                         f"{f'>= {tgt}x' if tgt else ''} | {met} | {bwp(l)} | {bwp(nb)} |")
+            if met:
+                summary.append(met == "yes")
+    lines.append("")
+    nb = numa.get(("tg128", tmax))
+    if nb and tmax in bw:
+        share = bpt * nb["avg_ts"] / (bw[tmax] * 1e9)
+        ok = share >= BW_TARGET
+        summary.append(ok)
+        lines.append(f"Decode at {tmax} threads: {share:.0%} of the bandwidth limit "
+                     f"({bpt / 1e6:.0f} MB/token x {nb['avg_ts']:.1f} t/s / {bw[tmax]:.1f} GB/s); "
+                     f"target >= {BW_TARGET:.0%}: {'met' if ok else 'not met'}.")
+    st = numa.get("_startup")
+    if st:
+        ld, tt = st["load"], st["ttft"]
+        parts = []
+        if ld.get("cold_s") is not None:
+            parts.append(f"load cold {ld['cold_s']:.2f} s ({ld['cold_method']}), warm {ld['warm_s']:.2f} s")
+        elif ld.get("warm_s") is not None:
+            parts.append(f"load warm {ld['warm_s']:.2f} s (cold: {ld['cold_method']})")
+        if tt.get("ok"):
+            parts.append(f"time to first token of a fresh process {tt['wall_s']:.2f} s ({tt.get('method', '')})")
+        lines.append("numawb start-up: " + "; ".join(parts) + ".")
+    if summary:
+        lines.append(f"Targets met: {sum(summary)} of {len(summary)}.")
+    lines += [""] + [f"Note: {n}" for n in notes]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("-m", "--model", help="GGUF model (default: Gemma 3 270M Q4_K_M)")
+    ap.add_argument("-t", "--threads", default="1,2")
+    ap.add_argument("-r", "--reps", type=int, default=5)
+    ap.add_argument("-p", "--n-prompt", type=int, default=512)
+    ap.add_argument("-n", "--n-gen", type=int, default=128)
+    ap.add_argument("--depth", type=int, default=4096, help="tg at this KV depth (0: skip)")
+    ap.add_argument("--llama-bench", help="path of a llama-bench binary (default: build it)")
+    ap.add_argument("--skip-llama", action="store_true", help="numawb and the probe only")
+    ap.add_argument("--out", default=os.path.join(HERE, "results.md"))
+    ap.add_argument("--raw", help="also write every measurement as JSON here")
+    args = ap.parse_args()
+    args.threads = [int(t) for t in args.threads.split(",")]
+    if args.model is None:
+        from workbench.engine.engine import default_model_path
+        args.model = default_model_path()
+    pp, tg = f"pp{args.n_prompt}", f"tg{args.n_gen}"
+    args.tests = [pp, tg] + ([f"{tg} @ d{args.depth}"] if args.depth else [])
+    notes: list[str] = []
+
+    facts = model_facts(args.model)
+    exe = None if args.skip_llama else find_llama_bench(args.llama_bench)
+    version = "not run"
+    depth_ok = False
+    if exe:
+        version = llama_bench_version(exe)
+        depth_ok = llama_bench_supports_depth(exe)
+        if args.depth and not depth_ok:
+            notes.append(f"this llama-bench has no -d/--n-depth: tg at depth {args.depth} was not measured "
+                         "for llama.cpp.")
+    elif not args.skip_llama:
+        notes.append("llama-bench could not be built: llama.cpp columns are empty.")
+
+    log("bandwidth probe ...")
+    bw = bandwidth_probe(args.threads)
+    log("bandwidth: " + ", ".join(f"{t}t {v:.1f} GB/s" for t, v in bw.items()))
+
+    lcpp: dict = {}
+    numa: dict = {}
+    for i, t in enumerate(args.threads):
+        if exe:
+            for r in run_llama_bench(exe, args.model, t, args.n_prompt, args.n_gen, 0, args.reps):
+                lcpp[(r["test"], t)] = r
+            if args.depth and depth_ok:
+                for r in run_llama_bench(exe, args.model, t, 0, args.n_gen, args.depth, args.reps):
+                    lcpp[(r["test"], t)] = r
+            version = f"{version}, build {next(iter(lcpp.values()))['build']}" if lcpp and "build" not in version else version
+        d = run_numawb(args.model, t, args.n_prompt, args.n_gen, 0, args.reps, startup=(i == 0))
+        if i == 0:
+            numa["_startup"] = {"load": d["load"], "ttft": d["ttft"]}
+        for r in d["results"]:
+            numa[(r["test"], t)] = r
+        if args.depth:
+            d = run_numawb(args.model, t, 0, args.n_gen, args.depth, args.reps, startup=False)
+            for r in d["results"]:
+                numa[(r["test"], t)] = r
+        log(f"threads={t} done")
+
+    bw_after = bandwidth_probe(args.threads, reps=3)
+    for t in bw:
+        if abs(bw_after[t] - bw[t]) > 0.15 * bw[t]:
+            notes.append(f"bandwidth probe drifted at {t} thread(s): {bw[t]:.1f} -> {bw_after[t]:.1f} GB/s "
+                         "(busy machine?)")
+        bw[t] = max(bw[t], bw_after[t])
+    try:
+        load = os.getloadavg()
+        notes.append(f"load average at the end: {load[0]:.2f} (machine shared with other work: "
+                     "absolute numbers are noisy, ratios less so).")
+    except OSError:
+        pass
+
+    md = build_report(args, facts, bw, lcpp, numa, notes, version)
+    print(md)
+    with open(args.out, "w") as f:
+        f.write(md)
+    log(f"wrote {args.out}")
+    if args.raw:
+        with open(args.raw, "w") as f:
+            json.dump({"bandwidth": bw, "facts": facts,
+                       "llama.cpp": [dict(v, key=list(k)) for k, v in lcpp.items()],
+                       "numawb": [dict(v, key=list(k)) for k, v in numa.items() if k != "_startup"]}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

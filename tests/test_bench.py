@@ -1,0 +1,91 @@
+"""`numawb bench` on a tiny synthetic model: table, JSON and CSV structure (no speed assertions)."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+
+from gguf_factory import TinySpec, write_tiny_model
+from workbench import bench
+from workbench.cli import main as cli_main
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bench") / "tiny.gguf"
+    write_tiny_model(path, TinySpec())
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def report(tiny):
+    return bench.run_bench(tiny, threads=[1], n_prompts=[8], n_gens=[4], depths=[0, 16], reps=2,
+                           weights=["none"], kvs=["first-touch"], measure_startup=False,
+                           progress=bench.Progress(False))
+
+
+def test_results_structure(report):
+    tests = [r.test for r in report.results]
+    assert tests == ["pp8", "tg4", "pp8 @ d16", "tg4 @ d16"]
+    for r in report.results:
+        assert len(r.samples_ts) == 2 and len(r.samples_s) == 2
+        assert all(v > 0 for v in r.samples_ts) and r.avg_ts > 0 and r.stdev_ts >= 0
+        assert r.size_bytes > 0 and r.n_params > 0 and r.threads == 1
+        assert r.weights == "none" and r.kv == "first-touch"
+        assert r.kernel_path in ("portable", "avx2", "avx512-vnni")
+    assert report.results[2].n_depth == 16 and report.results[0].n_depth == 0
+
+
+def test_markdown_table(report):
+    md = bench.format_markdown(report)
+    lines = md.splitlines()
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert header == list(bench.COLUMNS)
+    rows = [ln for ln in lines[2:] if ln.startswith("|")]
+    assert len(rows) == 4
+    for ln in rows:
+        cells = [c.strip() for c in ln.strip("|").split("|")]
+        assert len(cells) == len(header)
+        avg, sd = cells[-1].split("±")
+        assert float(avg) > 0 and float(sd) >= 0
+    assert "tg4 @ d16" in md and "machine:" in md
+
+
+def test_csv(report):
+    rows = list(csv.DictReader(io.StringIO(bench.format_csv(report))))
+    assert len(rows) == 4
+    assert all(float(r["avg_ts"]) > 0 for r in rows)
+    assert {r["test"] for r in rows} == {"pp8", "tg4", "pp8 @ d16", "tg4 @ d16"}
+
+
+def test_cli_json(tiny, capsys):
+    rc = cli_main(["bench", "-m", tiny, "-t", "1", "-p", "8", "-n", "4", "-r", "1", "--weights", "none,mirror",
+                   "--json", "-q"])
+    assert rc == 0
+    d = json.loads(capsys.readouterr().out)
+    assert {"machine", "model_file", "load", "ttft", "results"} <= set(d)
+    assert d["load"]["warm_s"] > 0
+    assert d["machine"]["kernel_path"] in ("portable", "avx2", "avx512-vnni")
+    assert [(r["weights"], r["test"]) for r in d["results"]] == [
+        ("none", "pp8"), ("none", "tg4"), ("mirror", "pp8"), ("mirror", "tg4")]
+    for r in d["results"]:
+        assert r["avg_ts"] > 0 and r["n_params"] > 0 and r["size_bytes"] > 0
+    assert d["ttft"]["ok"] and d["ttft"]["wall_s"] > 0
+
+
+def test_bad_arguments(tiny, capsys):
+    assert cli_main(["bench", "-m", tiny, "--weights", "bogus", "-q"]) == 2
+    assert "bogus" in capsys.readouterr().err
+    assert cli_main(["bench", "-m", tiny, "-p", "x", "-q"]) == 2
+    assert cli_main(["bench", "-m", tiny, "-p", "0", "-n", "0", "-q"]) == 2
+
+
+def test_mode_lists():
+    assert "mirror" in bench.weight_modes("all") and "none" in bench.weight_modes("all")
+    kv = bench.kv_modes("all")
+    assert kv[:2] == ["first-touch", "interleave"] and any(m.startswith("node:") for m in kv)
+    assert bench.parse_int_list("0,4096", "-d") == [0, 4096]
+    assert bench.test_name(512, 0, 4096) == "pp512 @ d4096"
+    assert bench.test_name(0, 128, 0) == "tg128"

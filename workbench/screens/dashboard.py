@@ -1,0 +1,315 @@
+"""The live NUMA dashboard: memory per node, workers, rates, topology and the placement controls."""
+from __future__ import annotations
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
+from textual.reactive import reactive
+from textual.widget import Widget
+from textual.widgets import Button, DataTable, Input, Label, ProgressBar, Select, Sparkline, Static
+
+from ..numa.budget import fmt_bytes
+from ..telemetry import Rates, Snapshot, empty_snapshot
+from .themes import Palette
+
+WEIGHT_MODES = ("none", "mirror", "interleave", "slice", "auto")
+POLICIES = ("distribute", "isolate")
+_BALANCING = {0: "off", 1: "on", 2: "on (tiering)", 3: "on (normal + tiering)"}
+
+
+def kv_modes(node_ids: tuple[int, ...] | list[int]) -> list[str]:
+    return ["first-touch", "interleave"] + [f"node:{n}" for n in node_ids]
+
+
+def fmt_rate(v: float | None, unit: str = "t/s") -> str:
+    return "-" if v is None else f"{v:,.1f} {unit}"
+
+
+def fmt_bw(v: float | None) -> str:
+    return "-" if not v else f"{fmt_bytes(v)}/s"
+
+
+class DashPanel(Vertical):
+    """A bordered section with a title."""
+
+    def __init__(self, title: str, *children: Widget, **kw) -> None:
+        super().__init__(*children, **kw)
+        self.border_title = title
+
+
+class MemoryBars(Widget):
+    """Per node: a stacked bar (weights / KV / other / rest of system / free) and its numbers."""
+
+    DEFAULT_CSS = "MemoryBars { height: auto; }"
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.snapshot: Snapshot = empty_snapshot()
+        self.palette = Palette()
+
+    def show(self, snapshot: Snapshot, palette: Palette) -> None:
+        self.snapshot, self.palette = snapshot, palette
+        self.refresh(layout=True)
+
+    def get_content_height(self, container, viewport, width: int) -> int:  # noqa: ANN001
+        return max(1, 1 + 2 * len(self.snapshot.nodes) + (1 + len(self.snapshot.buffers)))
+
+    def _bar(self, n, width: int) -> Text:  # noqa: ANN001
+        pal, col = self.palette, self.palette.node(n.node)
+        total = max(n.total, 1)
+        parts = [(n.weights, "█", col), (n.kv, "▓", col), (n.other, "▒", col),
+                 (n.system, "░", pal.system)]
+        cells = []
+        for v, ch, style in parts:
+            c = round(width * v / total)
+            cells.append([max(1, c) if v > 0 else 0, ch, style])
+        used = sum(c[0] for c in cells)
+        if used > width:  # the rounding overflowed: take it from the biggest segment
+            big = max(cells, key=lambda c: c[0])
+            big[0] -= used - width
+            used = width
+        bar = Text()
+        for c, ch, style in cells:
+            bar.append(ch * c, style=style)
+        bar.append("·" * (width - used), style=pal.system)
+        return bar
+
+    def render(self) -> RenderableType:
+        s = self.snapshot
+        width = max(10, self.size.width - 14)
+        out = Text()
+        if not s.nodes:
+            return Text("waiting for the first sample…", style="dim")
+        legend = Text("█ weights  ▓ KV  ▒ other (this process)  ", style="bold")
+        legend.append("░ rest of system  ", style=self.palette.system)
+        legend.append("· free", style=self.palette.system)
+        out.append_text(legend)
+        out.append("\n")
+        for n in s.nodes:
+            col = self.palette.node(n.node)
+            out.append(f"node {n.node:<2}", style=f"bold {col}")
+            out.append(" [")
+            out.append_text(self._bar(n, width))
+            out.append("]\n")
+            place = "-" if n.in_place is None else f"{100 * n.in_place:.1f}%"
+            out.append(f"  W {fmt_bytes(n.weights)}  KV {fmt_bytes(n.kv)}  other {fmt_bytes(n.other)}  "
+                       f"system {fmt_bytes(n.system)}  free {fmt_bytes(n.free)}/{fmt_bytes(n.total)}  "
+                       f"in place {place}", style="dim" if not (n.weights or n.kv) else "")
+            out.append("\n")
+        out.append("proof (pages on intended nodes):", style="bold")
+        for b in s.buffers:
+            share = "n/a" if b.share is None else f"{100 * b.share:.1f}%"
+            style = "" if b.share is None or b.share >= 0.99 else "bold red"
+            out.append(f"\n  {b.label} ({fmt_bytes(b.nbytes)}): {share}", style=style)
+        return out
+
+
+class RatesPanel(Vertical):
+    """Prompt / decode tokens per second with sparklines, ttft and implied bandwidth."""
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="rates-text")
+        with Horizontal(classes="spark-row"):
+            yield Label("prompt ", classes="spark-label")
+            yield Sparkline([], id="spark-prompt", summary_function=max)
+        with Horizontal(classes="spark-row"):
+            yield Label("decode ", classes="spark-label")
+            yield Sparkline([], id="spark-decode", summary_function=max)
+
+    def show(self, snapshot: Snapshot) -> None:
+        r: Rates = snapshot.rates
+        t = Table.grid(padding=(0, 2))
+        for _ in range(4):
+            t.add_column(justify="right")
+        t.add_row("", Text("current", style="bold"), Text("average", style="bold"), Text("peak", style="bold"))
+
+        def row(name: str, values: tuple[float, ...], fmt, live: float | None = None) -> None:  # noqa: ANN001
+            cap = Rates.cur_avg_peak(values)
+            cur = live if live is not None else (cap[0] if cap else None)
+            t.add_row(Text(name, style="bold"), fmt(cur), fmt(cap[1] if cap else None),
+                      fmt(max(cap[2], live or 0) if cap else live))
+
+        row("prompt", r.prompt_tps, fmt_rate)
+        row("decode", r.decode_tps, fmt_rate, r.live_decode_tps)
+        row("ttft", r.ttft, lambda v: "-" if v is None else f"{1000 * v:,.0f} ms")
+        wb = snapshot.weight_bytes
+        row("bandwidth", tuple(wb * v for v in r.decode_tps), fmt_bw,
+            wb * r.live_decode_tps if r.live_decode_tps else None)
+        note = Text("bandwidth = weight bytes per token × decode t/s" +
+                    ("   ● generating" if r.generating else ""), style="dim")
+        self.query_one("#rates-text", Static).update(Group(t, note))
+        self.query_one("#spark-prompt", Sparkline).data = list(r.prompt_tps)
+        self.query_one("#spark-decode", Sparkline).data = list(r.decode_tps)
+
+
+def topology_view(s: Snapshot, palette: Palette) -> RenderableType:
+    tp = s.topo
+    if not tp.node_ids:
+        return Text("no topology yet", style="dim")
+    t = Table(box=None, padding=(0, 1), show_edge=False)
+    t.add_column("node")
+    t.add_column("cpus")
+    for n in tp.node_ids:
+        t.add_column(str(n), justify="right", style=palette.node(n))
+    for i, n in enumerate(tp.node_ids):
+        cells = [Text(str(d), style="bold" if d == 10 else "dim") for d in tp.distances[i]]
+        t.add_row(Text(f"● {n}", style=f"bold {palette.node(n)}"), tp.node_cpus[i] or "(memory only)", *cells)
+    nb = tp.numa_balancing
+    nb_text = "not available" if nb is None else f"{nb} ({_BALANCING.get(nb, 'on')})"
+    info = Text()
+    info.append(f"sockets {tp.sockets} · numa_balancing {nb_text}", style="bold red" if nb and len(tp.node_ids) > 1 else "")
+    info.append(f"\nTHP {tp.thp or 'n/a'} · hugepages {tp.hugepages}")
+    info.append(f"\nkernel path {tp.kernel_path} (CPU best: {tp.simd})")
+    if tp.degraded:
+        info.append(f"\nnote: {tp.degraded}", style="yellow")
+    return Group(Text("distance matrix", style="dim"), t, info)
+
+
+class Controls(Vertical):
+    """Weight mode, KV mode, thread policy and count; Apply switches live."""
+
+    class Apply(Message):
+        def __init__(self, weights: str, kv: str, policy: str, threads: int | None) -> None:
+            super().__init__()
+            self.weights, self.kv, self.policy, self.threads = weights, kv, policy, threads
+
+    def compose(self) -> ComposeResult:
+        with Horizontal(id="controls-row"):
+            yield Select([(m, m) for m in WEIGHT_MODES], value="none", allow_blank=False, id="weights",
+                         prompt="weights")
+            yield Select([(m, m) for m in kv_modes([0])], value="first-touch", allow_blank=False, id="kv")
+            yield Select([(m, m) for m in POLICIES], value="distribute", allow_blank=False, id="policy")
+            yield Input(placeholder="threads", id="threads", type="integer", max_length=4)
+            yield Button("Apply", id="apply", variant="primary")
+        yield Static("", id="switch-status")
+
+    def on_mount(self) -> None:
+        self.query_one("#weights").border_title = "weights"
+        self.query_one("#kv").border_title = "KV cache"
+        self.query_one("#policy").border_title = "threads policy"
+        self.query_one("#threads").border_title = "count"
+
+    def set_nodes(self, node_ids: tuple[int, ...] | list[int]) -> None:
+        sel = self.query_one("#kv", Select)
+        cur = sel.value
+        modes = kv_modes(node_ids)
+        sel.set_options([(m, m) for m in modes])
+        sel.value = cur if cur in modes else "first-touch"
+
+    def set_values(self, weights: str, kv: str, policy: str, threads: int | None) -> None:
+        """Show the placement in force (after a switch, or to restore it after a refusal)."""
+        self.query_one("#weights", Select).value = weights
+        kv_sel = self.query_one("#kv", Select)
+        if kv not in [v for _, v in kv_sel._options]:
+            kv_sel.set_options([(m, m) for m in [v for _, v in kv_sel._options] + [kv]])
+        kv_sel.value = kv
+        self.query_one("#policy", Select).value = policy.split(":")[0] if policy.split(":")[0] in POLICIES else "distribute"
+        self.query_one("#threads", Input).value = "" if threads is None else str(threads)
+
+    def set_status(self, text: str | Text) -> None:
+        self.query_one("#switch-status", Static).update(text)
+
+    def request(self) -> None:
+        raw = self.query_one("#threads", Input).value.strip()
+        threads = int(raw) if raw.isdigit() and int(raw) > 0 else None
+        self.post_message(self.Apply(str(self.query_one("#weights", Select).value),
+                                     str(self.query_one("#kv", Select).value),
+                                     str(self.query_one("#policy", Select).value), threads))
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "apply":
+            event.stop()
+            self.request()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id == "threads":
+            event.stop()
+            self.request()
+
+
+class LoadPanel(Vertical):
+    """Progress of a model load or a placement switch: bar, bytes, bytes/s and phase."""
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="load-text")
+        yield ProgressBar(total=None, show_eta=False, id="load-bar")
+
+    def show(self, phase: str, done: int, total: int, rate: float, message: str = "") -> None:
+        bar = self.query_one(ProgressBar)
+        if total:
+            bar.update(total=total, progress=done)
+        text = f"{phase}: {fmt_bytes(done)} / {fmt_bytes(total)}" if total else f"{phase}"
+        if rate:
+            text += f" · {fmt_bytes(rate)}/s"
+        if message:
+            text += f" · {message}"
+        self.query_one("#load-text", Static).update(text)
+
+
+class Dashboard(VerticalScroll):
+    """Everything the sampler measures, refreshed on each snapshot."""
+
+    can_focus = True
+    snapshot: reactive[Snapshot] = reactive(empty_snapshot, always_update=True, init=False)
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.palette = Palette()
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="banner")
+        yield LoadPanel(id="load-panel")
+        yield DashPanel("placement", Controls(id="controls"), id="controls-panel")
+        yield DashPanel("memory per node", MemoryBars(id="memory"), id="memory-panel")
+        yield DashPanel("token rates", RatesPanel(id="rates"), id="rates-panel")
+        table: DataTable = DataTable(id="workers", cursor_type="none", zebra_stripes=True)
+        yield DashPanel("workers", table, id="workers-panel")
+        yield DashPanel("topology", Static("", id="topology"), id="topology-panel")
+
+    def on_mount(self) -> None:
+        self.query_one("#workers", DataTable).add_columns("worker", "cpu", "node", "reads", "busy", "state")
+
+    def set_palette(self, palette: Palette) -> None:
+        self.palette = palette
+        self.snapshot = self.snapshot
+
+    def watch_snapshot(self, s: Snapshot) -> None:
+        self.query_one("#banner", Static).update(self._banner(s))
+        self.query_one(MemoryBars).show(s, self.palette)
+        self.query_one(RatesPanel).show(s)
+        self._workers(s)
+        self.query_one("#topology", Static).update(topology_view(s, self.palette))
+
+    def _banner(self, s: Snapshot) -> Text:
+        t = Text()
+        if s.simulated:
+            t.append(f" SIMULATED: {s.source.split(':', 1)[-1]} ", style="bold reverse yellow")
+            t.append(" memory and worker figures are computed, not measured ", style="yellow")
+        elif s.source == "replay":
+            t.append(" REPLAY ", style="bold reverse magenta")
+        else:
+            t.append(" LIVE ", style="bold reverse green")
+        if s.model:
+            p = s.placement
+            t.append(f" {s.model} · weights {p.get('weights')} · KV {p.get('kv')} · "
+                     f"{p.get('threads')} threads ({p.get('policy')})")
+        else:
+            t.append(" no model loaded", style="dim")
+        for note in s.notes:
+            if not note.startswith("SIMULATED"):
+                t.append(f"\n⚠ {note}", style="yellow")
+        return t
+
+    def _workers(self, s: Snapshot) -> None:
+        table = self.query_one("#workers", DataTable)
+        table.clear()
+        for w in s.workers:
+            col = self.palette.node(w.node)
+            state = Text("⚠ misplaced", style="bold red") if w.misplaced else Text("ok", style="green")
+            if w.misplaced:
+                state.append(f" (on cpu {w.actual_cpu} node {w.actual_node})")
+            table.add_row(str(w.index), str(w.cpu), Text(f"● {w.node}", style=col), w.uses,
+                          f"{100 * w.busy:5.1f}%", state)

@@ -1,0 +1,60 @@
+"""The main screen: dashboard and chat side by side when wide, one at a time when narrow."""
+from __future__ import annotations
+
+from textual import events
+from textual.app import ComposeResult
+from textual.containers import Horizontal
+from textual.reactive import reactive
+from textual.screen import Screen
+from textual.widgets import Footer, Header
+
+from .chat import ChatPane
+from .dashboard import Dashboard
+
+WIDE = 150  # columns from which chat and dashboard are shown together
+
+
+class MainScreen(Screen):
+    """``view``: 'both' | 'dashboard' | 'chat'; narrow terminals never show 'both'."""
+
+    view: reactive[str] = reactive("both")
+    narrow: reactive[bool] = reactive(False)
+
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False, icon="◈")
+        with Horizontal(id="panes"):
+            yield Dashboard(id="dashboard")
+            yield ChatPane(id="chat")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.narrow = self.app.size.width < WIDE
+        self._apply()
+
+    def on_resize(self, event: events.Resize) -> None:
+        self.narrow = event.size.width < WIDE
+
+    def watch_narrow(self) -> None:
+        self._apply()
+
+    def watch_view(self) -> None:
+        self._apply()
+
+    @property
+    def shown(self) -> str:
+        """What is actually on screen."""
+        return "chat" if self.narrow and self.view == "both" else self.view
+
+    def cycle_view(self) -> str:
+        order = ["chat", "dashboard"] if self.narrow else ["both", "dashboard", "chat"]
+        cur = self.shown
+        self.view = order[(order.index(cur) + 1) % len(order)] if cur in order else order[0]
+        return self.shown
+
+    def _apply(self) -> None:
+        if not self.is_mounted:
+            return
+        shown = self.shown
+        self.query_one(Dashboard).display = shown in ("both", "dashboard")
+        self.query_one(ChatPane).display = shown in ("both", "chat")
+        self.set_class(shown == "both", "-both")
