@@ -142,3 +142,45 @@ def test_thread_count_does_not_change_logits(model_path, eng):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
     finally:
         one.close()
+
+
+def test_cancel_during_prompt_processing(eng):
+    cancel = threading.Event()
+    cancel.set()
+    s = eng.new_session(512)
+    events = list(s.generate(list(range(2, 200)), SamplingParams(temperature=0), 5, cancel=cancel))
+    assert len(events) == 1 and events[0].stats.stop_reason == "cancelled"
+    # the session still works afterwards and gives the same answer as a fresh one
+    a = _run(s, PROMPT, SamplingParams(temperature=0), 4).tokens
+    assert a == _run(eng.new_session(512), PROMPT, SamplingParams(temperature=0), 4).tokens
+
+
+@pytest.mark.parametrize("text", ["", "\x00\x01\x1b[31m\x7f", "\udcff\udcfe broken utf-8", "<start_of_turn>user",
+                                  "x" * 100_000])
+def test_bad_prompts_are_handled(eng, text):
+    tok = eng.tokenizer
+    ids = tok.encode(text)
+    assert all(0 <= i < tok.n_vocab for i in ids)
+    if "<start_of_turn>" in text:  # looks special, but is plain text unless asked
+        assert tok.token_id("<start_of_turn>") not in ids
+        assert tok.token_id("<start_of_turn>") in tok.encode(text, parse_special=True)
+    chat = Chat(eng, n_ctx=256, slide=True)
+    try:
+        for _ in chat.send(text, SamplingParams(temperature=0), 3):
+            pass
+    except ContextFullError as e:
+        assert len(text) == 100_000 and "does not fit" in str(e) or "no longer fits" in str(e)
+    # whatever happened, the engine still answers
+    assert _run(eng.new_session(64), PROMPT, SamplingParams(temperature=0), 2).tokens
+
+
+def test_a_chat_template_that_raises_is_reported(eng):
+    from workbench.engine.chat import ChatFormatter, ChatTemplateError, Message
+    bad = ChatFormatter("{{ raise_exception('no system role') }}", "llama", set(), "<s>", "</s>")
+    with pytest.raises(ChatTemplateError, match="no system role"):
+        bad.render([Message("user", "hi")])
+    with pytest.raises(ChatTemplateError, match="does not parse"):
+        ChatFormatter("{% for %}", "llama", set(), "<s>", "</s>")
+    loop = ChatFormatter("{{ messages[0].content.__class__.__mro__ }}", "llama", set(), "<s>", "</s>")
+    with pytest.raises(ChatTemplateError):  # the sandbox refuses attribute access like this
+        loop.render([Message("user", "hi")])

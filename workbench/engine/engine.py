@@ -14,7 +14,8 @@ from . import kernels
 from .chat import ChatFormatter, Message
 from .config import ModelConfig, config_from_metadata
 from .gguf_file import GGUFFile, ModelLoadError, read_gguf
-from ..numa.layout import KVLayout, ProgressEvent, TensorSpec, place_kv, place_weights, row_split, switch_weights
+from ..numa.layout import (KVLayout, ProgressEvent, TensorSpec, check_plan, place_kv, place_weights, row_split,
+                           switch_weights)
 from ..numa.workers import WorkerPool
 from .kv_cache import KVCache, kv_bytes_per_layer_per_worker
 from .models import ARCHITECTURES
@@ -22,6 +23,7 @@ from .models.common import Decoder
 from .runtime import Runtime
 
 ProgressFn = Callable[[ProgressEvent], None]
+DEFAULT_CTX = 4096
 from .sampling import Sampler, SamplingParams
 from .tokenizer import StreamDecoder, Tokenizer
 
@@ -71,6 +73,10 @@ class DoneEvent:
 
 class ContextFullError(ValueError):
     pass
+
+
+class Cancelled(Exception):
+    """Prompt processing was cancelled; the cache holds the batches done so far."""
 
 
 @dataclass
@@ -165,6 +171,10 @@ class Engine:
             pool = WorkerPool(placement.threads, placement.policy, placement.cpus, placement.smt)
         try:
             specs = [TensorSpec(name, t.rows, t.row_bytes) for name, t in g.tensors.items()]
+            # weights and a default-size KV cache must fit together, checked before allocating either
+            check_plan(specs, placement.weights, pool, cfg.n_layer,
+                       kv_bytes_per_layer_per_worker(cfg, min(DEFAULT_CTX, cfg.n_ctx_train), pool.n_threads),
+                       placement.kv, budget=placement.budget)
             layout = place_weights(specs, placement.weights, pool, budget=placement.budget, progress=progress)
             layout.load(path, {name: t.offset for name, t in g.tensors.items()}, progress)
             rt = Runtime(g, layout, pool, row_split)
@@ -185,7 +195,7 @@ class Engine:
     def layout(self):
         return self.rt.layout
 
-    def new_session(self, n_ctx: int = 4096) -> "Session":
+    def new_session(self, n_ctx: int = DEFAULT_CTX) -> "Session":
         session = Session(self, min(n_ctx, self.cfg.n_ctx_train))
         self._sessions.add(session)
         return session
@@ -280,13 +290,16 @@ class Session:
         self.kv.clear()
         self.tokens = []
 
-    def eval(self, ids: list[int], logit_rows: slice | None = None, batch: int = 512) -> np.ndarray:
+    def eval(self, ids: list[int], logit_rows: slice | None = None, batch: int = 512,
+             cancel: threading.Event | None = None) -> np.ndarray:
         """Append tokens to the cache; logits of the last token (or of `logit_rows` of this call)."""
         model = self.engine.model
         if self.kv.n + len(ids) > self.kv.n_ctx:
             raise ContextFullError(f"context full: {self.kv.n} + {len(ids)} tokens exceed n_ctx {self.kv.n_ctx}")
         outs = []
         for s in range(0, len(ids), batch):
+            if cancel is not None and cancel.is_set():
+                raise Cancelled(f"cancelled after {s} of {len(ids)} prompt tokens")
             chunk = np.asarray(ids[s:s + batch], dtype=np.int64)
             rows = None
             if logit_rows is not None:
@@ -303,7 +316,7 @@ class Session:
             return outs[-1][-1]
         return np.concatenate(outs, axis=0)
 
-    def prefill(self, ids: list[int]) -> np.ndarray:
+    def prefill(self, ids: list[int], cancel: threading.Event | None = None) -> np.ndarray:
         """Reuse the cached prefix shared with `ids`, evaluate the rest, return the last logits."""
         common = 0
         for a, b in zip(self.tokens, ids):
@@ -314,7 +327,8 @@ class Session:
             common -= 1
         self.kv.truncate(common)
         del self.tokens[common:]
-        return self.eval(ids[common:])
+        # small batches when cancellable, so Esc stops prompt processing quickly
+        return self.eval(ids[common:], batch=64 if cancel is not None else 512, cancel=cancel)
 
     def generate(self, prompt: list[int], params: SamplingParams | None = None, n_predict: int = 128,
                  cancel: threading.Event | None = None, stop_ids: set[int] | None = None) -> Iterator[TokenEvent | DoneEvent]:
@@ -332,7 +346,13 @@ class Session:
         with eng.lock:
             t0 = time.perf_counter()
             stats.prompt_tokens = len(prompt) - self._reused(prompt)
-            logits = self.prefill(prompt)
+            try:
+                logits = self.prefill(prompt, cancel)
+            except Cancelled:
+                stats.stop_reason = "cancelled"
+                stats.prompt_seconds = time.perf_counter() - t0
+                yield DoneEvent(stats, [], "")
+                return
             stats.prompt_seconds = time.perf_counter() - t0
             decoder = StreamDecoder(tok)
             out: list[int] = []
