@@ -56,6 +56,7 @@ def main() -> None:
     ap.add_argument("dump")
     ap.add_argument("--case", type=int, default=1)
     ap.add_argument("--ids")
+    ap.add_argument("--decode", type=int, default=-1, help="compare the decode step of this token")
     ap.add_argument("--all", action="store_true", help="print every tensor, not only a summary per layer")
     args = ap.parse_args()
 
@@ -70,8 +71,12 @@ def main() -> None:
     def tap(name, a):
         ours[name] = np.array(a, dtype=np.float32).reshape(a.shape[0], -1)
 
+    sess = eng.new_session(512)
+    if args.decode >= 0:
+        sess.eval(ids)
+        ids = [args.decode]
     eng.model.tap = tap
-    eng.new_session(512).eval(ids)
+    sess.eval(ids)
     eng.model.tap = None
     for name, a in ours.items():
         r = ref.get(name)

@@ -58,6 +58,8 @@ def main() -> None:
     ap.add_argument("--case", type=int, default=1, help="greedy case of the golden file")
     ap.add_argument("--ids", help="comma-separated token ids instead of a golden case")
     ap.add_argument("--model", help="GGUF path (default: the default model package)")
+    ap.add_argument("--decode", type=int, default=-1,
+                    help="then evaluate this token alone and dump that (decode) step instead")
     ap.add_argument("-o", "--out", default="/tmp/llama_tensors.npz")
     args = ap.parse_args()
 
@@ -105,6 +107,9 @@ def main() -> None:
     lowlevel.llama_context_default_params = orig
     dumped.clear()  # drop anything from the warm-up graph
     llm.eval(ids)
+    if args.decode >= 0:
+        dumped.clear()
+        llm.eval([args.decode])
     ptr = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
     logits = np.ctypeslib.as_array(ptr, shape=(llm.n_vocab(),)).astype(np.float32).copy()
     dumped["logits"] = logits

@@ -25,6 +25,10 @@ def _add_model(p: argparse.ArgumentParser) -> None:
                    help="worker spread: over all nodes, or on one node (default: distribute)")
     p.add_argument("--cpus", metavar="LIST", help="pin workers to these CPUs, e.g. 0-7,16-23")
     p.add_argument("--smt", action="store_true", help="use SMT siblings too (default: physical cores only)")
+    p.add_argument("--no-numa-balancing", action="store_true",
+                   help="turn the kernel's automatic NUMA balancing off for this run (root; restored at exit)")
+    p.add_argument("--drop-caches", action="store_true",
+                   help="drop the page cache before loading, for a cold load (root)")
 
 
 def _placement(args: argparse.Namespace):
@@ -69,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--replay", metavar="FILE", help="show a recorded events.jsonl in the dashboard")
     ap.add_argument("--simulate-topology", metavar="FIXTURE", help="show a fixture topology (simulated)")
     ap.add_argument("--new-chat", action="store_true", help="start a fresh conversation")
+    ap.add_argument("--theme", metavar="NAME", help="app theme from themes/ (saved for next time)")
     _add_model(ap)
     sub = ap.add_subparsers(dest="cmd")
 
@@ -99,12 +104,27 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+_guards: list = []  # kept alive for the process: restore system settings at exit
+
+
+def _system_knobs(args: argparse.Namespace) -> None:
+    from .numa.system import disable_numa_balancing, drop_page_cache
+    try:
+        if getattr(args, "no_numa_balancing", False):
+            _guards.append(disable_numa_balancing())
+        if getattr(args, "drop_caches", False):
+            drop_page_cache()
+    except (PermissionError, FileNotFoundError) as e:
+        raise UserError(str(e)) from None
+
+
 def _load_engine(args: argparse.Namespace, quiet: bool = False):
     from .engine import Engine
     from .engine.gguf_file import ModelLoadError
     from .numa.budget import BudgetError
 
     placement = _placement(args)
+    _system_knobs(args)
 
     def progress(ev) -> None:
         if not quiet and ev.stage == "load" and ev.total and sys.stderr.isatty():
@@ -256,7 +276,14 @@ def cmd_topo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _terminate(signum, frame) -> None:
+    raise SystemExit(128 + signum)  # unwinds: atexit hooks restore system settings, buffers are freed
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    import signal
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminate)
     args = build_parser().parse_args(argv)
     try:
         if args.cmd == "generate":

@@ -4,6 +4,7 @@ from __future__ import annotations
 from textual import events
 from textual.app import ComposeResult
 from textual.containers import Horizontal
+from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Footer, Header
@@ -16,6 +17,9 @@ WIDE = 150  # columns from which chat and dashboard are shown together
 
 class MainScreen(Screen):
     """``view``: 'both' | 'dashboard' | 'chat'; narrow terminals never show 'both'."""
+
+    class Ready(Message):
+        """The panes are mounted: the app can fill them."""
 
     view: reactive[str] = reactive("both")
     narrow: reactive[bool] = reactive(False)
@@ -30,6 +34,7 @@ class MainScreen(Screen):
     def on_mount(self) -> None:
         self.narrow = self.app.size.width < WIDE
         self._apply()
+        self.post_message(self.Ready())
 
     def on_resize(self, event: events.Resize) -> None:
         self.narrow = event.size.width < WIDE

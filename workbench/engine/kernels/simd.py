@@ -162,10 +162,13 @@ def load_nib(typingctx, a, off):
     sig = v32b(a, off)
 
     def cg(context, builder, sig, args):
+        # broadcast the 16 bytes to both halves (vbroadcasti128), shift the high half's 32-bit lanes
+        # right by 4 (vpsrlvd), mask: 3 instructions instead of 5
         v = _arr_load(context, builder, sig, args, 0, _V16B)
-        lo = builder.and_(v, ir.Constant(_V16B, [15] * 16))
-        hi = builder.lshr(v, ir.Constant(_V16B, [4] * 16))
-        return builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_i32, 32), list(range(32))))
+        both = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_i32, 32), list(range(16)) * 2))
+        w = builder.bitcast(both, _V8I)
+        w = builder.lshr(w, ir.Constant(_V8I, [0, 0, 0, 0, 4, 4, 4, 4]))
+        return builder.and_(builder.bitcast(w, _V32B), ir.Constant(_V32B, [15] * 32))
 
     return sig, cg
 
@@ -177,10 +180,9 @@ def load_bits16(typingctx, a, off):
     sig = v32b(a, off)
 
     def cg(context, builder, sig, args):
-        v = _arr_load(context, builder, sig, args, 0, ir.VectorType(_i8, 4))
-        rep = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_i32, 32), [j // 8 for j in range(32)]))
-        bit = builder.and_(rep, ir.Constant(_V32B, [1 << (j % 8) for j in range(32)]))
-        nz = builder.icmp_unsigned("!=", bit, ir.Constant(_V32B, [0] * 32))
+        # i32 -> <32 x i1> is a mask register on AVX-512 (kmovd); LLVM expands it on AVX2
+        v = _arr_load(context, builder, sig, args, 0, _i32)
+        nz = builder.bitcast(v, ir.VectorType(_i1, 32))
         return builder.select(nz, ir.Constant(_V32B, [16] * 32), ir.Constant(_V32B, [0] * 32))
 
     return sig, cg

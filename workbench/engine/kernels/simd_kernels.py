@@ -79,7 +79,10 @@ def _legacy(mode):
         return q5_1_lanes(w, o, xq, b * 32), f16_to_f32(w, o) * xd[b], f16_to_f32(w, o + 2) * xa[b]
 
     def make_matvec(blk):
-        # 4 independent f32 accumulators hide the FMA latency (one chain would cap at ~1 block/4 cycles)
+        # one f32x8 accumulator in block order, then hsum (+ the min terms summed in block order):
+        # exactly ggml's x86 vec_dot_q*_q8_* (acc = fmadd(d, q, acc); hsum_float_8(acc) + summs),
+        # which llama.cpp runs for one-token products; several accumulators would be faster but
+        # round differently from llama.cpp
         @numba.njit(**_NB)
         def matvec(w, xp, out, r0, r1):
             xq, xd, xa = xp
@@ -87,24 +90,12 @@ def _legacy(mode):
             rb = w.shape[1]
             for i in range(r0, r1):
                 base = i * rb
-                a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
-                e0 = f32(0.0); e1 = f32(0.0)
-                b = 0
-                while b + 4 <= nb:
+                a0 = f_zero()
+                e0 = f32(0.0)
+                for b in range(nb):
                     l, s, e = blk(w, base, b, xq, xd, xa)
                     a0 = fmadd_i(a0, l, s); e0 += e
-                    l, s, e = blk(w, base, b + 1, xq, xd, xa)
-                    a1 = fmadd_i(a1, l, s); e1 += e
-                    l, s, e = blk(w, base, b + 2, xq, xd, xa)
-                    a2 = fmadd_i(a2, l, s); e0 += e
-                    l, s, e = blk(w, base, b + 3, xq, xd, xa)
-                    a3 = fmadd_i(a3, l, s); e1 += e
-                    b += 4
-                while b < nb:
-                    l, s, e = blk(w, base, b, xq, xd, xa)
-                    a0 = fmadd_i(a0, l, s); e0 += e
-                    b += 1
-                out[i] = hsum_f(f_add(f_add(a0, a1), f_add(a2, a3))) + (e0 + e1)
+                out[i] = hsum_f(a0) + e0
         return matvec
 
     q8_0_matvec = make_matvec(q8_0_blk)

@@ -1,0 +1,78 @@
+"""The command line: JSON output, topology views, and one-line errors (no traceback) for user mistakes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from gguf_factory import TinySpec, write_tiny_model
+
+
+def numawb(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "workbench", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("cli") / "tiny.gguf"
+    write_tiny_model(path, TinySpec(arch="qwen3", qtype=T.Q8_0, n_layer=1))
+    return str(path)
+
+
+def test_generate_json(tiny):
+    r = numawb("generate", "-m", tiny, "-p", "the cat", "-n", "5", "--temp", "0", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert set(out) >= {"prompt_tokens", "tokens", "text", "prompt_tps", "decode_tps"}
+    assert out["prompt_tokens"][0] == 2 and 1 <= len(out["tokens"]) <= 5
+    assert out["decode_tps"] >= 0
+
+
+def test_generate_text_ends_with_rates(tiny):
+    r = numawb("generate", "-m", tiny, "-p", "the cat", "-n", "3", "--temp", "0", "-t", "1")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1].startswith("prompt:")
+    assert "decode:" in r.stdout and "t/s" in r.stdout
+
+
+def test_placement_json_proves_pages(tiny):
+    r = numawb("placement", "-m", tiny, "--weights", "mirror", "--kv", "first-touch", "-n", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["weights_mode"] == "mirror" and out["workers"]
+    node0 = out["nodes"]["0"]
+    assert node0["weights_bytes"] > 0 and node0["kv_bytes"] > 0
+    assert node0["weights_share_in_place"] >= 0.99 and node0["kv_share_in_place"] >= 0.99
+
+
+@pytest.mark.parametrize("fixture, nodes", [("xeon-8node-smt", 8), ("epyc-2socket", 2), ("cxl-memory-only", 2)])
+def test_topo_on_fixture_trees(fixture, nodes):
+    r = numawb("topo", "--root", fixture, "--json")
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)["nodes"]) == nodes
+    text = numawb("topo", "--root", fixture).stdout
+    assert text.startswith(f"available: {nodes} nodes")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["generate", "-m", "/nonexistent.gguf", "-p", "hi"], "no such file"),
+    (["generate", "-m", "/", "-p", "hi"], "is a directory"),
+    (["generate", "-m", "/etc/hostname", "-p", "hi"], "not a GGUF file"),
+    (["generate", "-p", "hi", "--top-p", "2"], "top-p must be in (0, 1]"),
+    (["generate", "-p", "hi", "--weights", "everywhere"], "unknown weights mode"),
+    (["generate", "-p", "hi", "--kv", "node:99"], "no node 99"),
+    (["generate", "-p", "hi", "--cpus", "a-b"], "not a CPU list"),
+    (["perplexity", "-f", "/nonexistent.txt"], "No such file"),
+    (["topo", "--root", "no-such-fixture"], "neither a directory nor a known fixture"),
+])
+def test_user_errors_are_one_line(args, message):
+    r = numawb(*args)
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("numawb: error:") and message in lines[0], r.stderr

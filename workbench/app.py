@@ -1,0 +1,686 @@
+"""The numawb Textual app: drives the engine from thread workers and shows live NUMA telemetry.
+
+The UI never blocks: model loads, placement switches and generation run in thread workers
+that report back with messages; telemetry comes from its own sampler thread. Widgets live in
+``workbench/screens/``; this module is the only UI code that talks to the engine.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from rich.text import Text
+from textual import on, work
+from textual.app import App, SystemCommand
+from textual.binding import Binding
+from textual.message import Message
+from textual.reactive import reactive
+from textual.screen import Screen
+
+from .engine import Chat, DoneEvent, SamplingParams, TokenEvent
+from .engine.engine import Placement, SwitchReport
+from .numa.budget import fmt_bytes
+from .numa.layout import ProgressEvent
+from .settings import SamplingSettings, Settings, load_settings, save_settings
+from .telemetry import Sampler, Snapshot, Telemetry
+from .screens.chat import ChatPane, Reply
+from .screens.dashboard import WEIGHT_MODES, Controls, Dashboard, LoadPanel, kv_modes
+from .screens.dialogs import ErrorScreen, HelpScreen, OpenModelScreen, SamplingScreen
+from .screens.main import MainScreen
+from .screens.themes import Palette, load_themes
+
+Recorder = Callable[[str, dict], None]
+STREAM_HZ = 25  # UI updates per second while a reply streams
+
+
+# ---- messages from worker threads -----------------------------------------
+
+class LoadProgress(Message):
+    def __init__(self, event: ProgressEvent, what: str) -> None:
+        super().__init__()
+        self.event, self.what = event, what
+
+
+class Loaded(Message):
+    def __init__(self, engine: Any, chat: Chat, seconds: float) -> None:
+        super().__init__()
+        self.engine, self.chat, self.seconds = engine, chat, seconds
+
+
+class LoadFailed(Message):
+    def __init__(self, path: str, error: str) -> None:
+        super().__init__()
+        self.path, self.error = path, error
+
+
+class Switched(Message):
+    def __init__(self, reports: list[SwitchReport], seconds: float) -> None:
+        super().__init__()
+        self.reports, self.seconds = reports, seconds
+
+
+class SwitchRefused(Message):
+    def __init__(self, error: str) -> None:
+        super().__init__()
+        self.error = error
+
+
+class SnapshotReady(Message):
+    def __init__(self, snapshot: Snapshot) -> None:
+        super().__init__()
+        self.snapshot = snapshot
+
+
+class ReplyDone(Message):
+    def __init__(self, stats: Any, placement: str) -> None:
+        super().__init__()
+        self.stats, self.placement = stats, placement
+
+
+class ReplyFailed(Message):
+    def __init__(self, error: str) -> None:
+        super().__init__()
+        self.error = error
+
+
+def stats_line(stats: Any, placement: str) -> str:
+    """The line under a reply: tokens, prompt and decode t/s, ttft, and the mode in force."""
+    n = stats.decode_tokens + (1 if stats.ttft else 0)
+    return (f"{n} tokens · prompt {stats.prompt_tokens} tok @ {stats.prompt_tps:,.1f} t/s · "
+            f"decode {stats.decode_tps:,.1f} t/s · ttft {1000 * stats.ttft:,.0f} ms · "
+            f"{stats.stop_reason} · {placement}")
+
+
+def placement_text(eng: Any) -> str:
+    p = eng.placement
+    return f"weights {p.weights} · KV {p.kv} · {eng.pool.n_threads} threads ({p.policy})"
+
+
+class WorkbenchApp(App[int]):
+    """numawb: chat with a GGUF model while watching its memory, threads and token rates."""
+
+    CSS_PATH = "screens/app.tcss"
+    TITLE = "numawb"
+    ENABLE_COMMAND_PALETTE = True
+    BINDINGS = [
+        Binding("f1", "help", "Help", id="help"),
+        Binding("f2", "toggle_view", "View", id="toggle-view"),
+        Binding("f3", "placement", "Placement", id="placement"),
+        Binding("f4", "open_model", "Open", id="open-model"),
+        Binding("f5", "reload", "Reload", id="reload"),
+        Binding("f6", "sampling", "Sampling", id="sampling"),
+        Binding("f7", "next_theme", "Theme", id="theme"),
+        Binding("f8,p", "pause", "Pause", id="pause"),
+        Binding("plus,equals_sign", "faster", "Faster", id="faster", key_display="+"),
+        Binding("minus", "slower", "Slower", id="slower", key_display="-"),
+        Binding("escape", "stop", "Stop", id="stop"),
+        Binding("ctrl+r", "regenerate", "Regen", id="regenerate"),
+        Binding("ctrl+l", "clear_chat", "Clear", id="clear-chat"),
+        Binding("ctrl+q", "quit", "Quit", id="quit", priority=True),
+    ]
+
+    generating: reactive[bool] = reactive(False)
+
+    def __init__(self, model: str | None = None, *, placement: Placement | None = None,
+                 simulate: str | None = None, autoload: bool = True, settings: Settings | None = None,
+                 settings_file: Path | None = None, persist: bool = True, frozen: Snapshot | None = None,
+                 replay: str | None = None, recorder: Recorder | None = None, theme: str | None = None,
+                 sample_on_start: bool = True) -> None:
+        super().__init__()
+        self.settings_file = settings_file
+        self.settings = settings or load_settings(settings_file)
+        self.persist = persist
+        self.model_path = model
+        self.placement_req = placement or Placement()
+        self.simulate, self.autoload, self.frozen, self.replay_file = simulate, autoload, frozen, replay
+        self.recorder = recorder
+        self.engine: Any = None
+        self.chat: Chat | None = None
+        self.loading = False
+        self.switching = False
+        self.last_switch: list[SwitchReport] = []
+        self.last_error: str = ""
+        self.telemetry = Telemetry(None, simulate)
+        self.sampler: Sampler | None = None
+        self.sample_on_start = sample_on_start
+        self._cancel = threading.Event()
+        self._stream_lock = threading.Lock()
+        self._pending: list[str] = []
+        self._reply: Reply | None = None
+        self._last_progress = 0.0
+        self._replay_events: list[dict] = []
+        self._replay_pos = 0
+        self._t0 = time.time()
+        self._themes = load_themes()
+        for th, _ in self._themes.values():
+            self.register_theme(th)
+        wanted = theme or self.settings.theme
+        self.theme = wanted if wanted in self._themes else "numawb"
+
+    # ---- plumbing -------------------------------------------------------
+    def get_default_screen(self) -> Screen:
+        return MainScreen(id="main")
+
+    @property
+    def palette(self) -> Palette:
+        entry = self._themes.get(self.theme)
+        return entry[1] if entry else Palette()
+
+    @property
+    def dashboard(self) -> Dashboard:
+        return self.screen_stack[0].query_one(Dashboard)
+
+    @property
+    def chat_pane(self) -> ChatPane:
+        return self.screen_stack[0].query_one(ChatPane)
+
+    @property
+    def controls(self) -> Controls:
+        return self.screen_stack[0].query_one(Controls)
+
+    def record(self, kind: str, **data: Any) -> None:
+        """Send one event to the recorder (any thread); no-op without one."""
+        if self.recorder is not None:
+            self.recorder(kind, data)
+
+    def save(self) -> None:
+        if self.persist:
+            save_settings(self.settings, self.settings_file)
+
+    def on_main_screen_ready(self, _: MainScreen.Ready) -> None:
+        self.dashboard.set_palette(self.palette)
+        self.set_interval(1 / STREAM_HZ, self._flush_stream)
+        from .numa.topology import load_topology
+        self.controls.set_nodes(load_topology().node_ids)
+        self.controls.set_values(self.placement_req.weights, self.placement_req.kv, self.placement_req.policy,
+                                 self.placement_req.threads)
+        self.query_one(LoadPanel).display = False
+        if self.frozen is not None:
+            self.dashboard.snapshot = self.frozen
+        elif self.replay_file:
+            self._start_replay(self.replay_file)
+        else:
+            self.sampler = Sampler(self.telemetry, self._on_sample, self.settings.refresh)
+            self.sampler.start()
+            if self.autoload:
+                self.load_model(self.model_path)
+        self._update_subtitle()
+        self.chat_pane.prompt.focus()
+
+    def on_unmount(self) -> None:
+        self._cancel.set()
+        if self.sampler is not None:
+            self.sampler.stop()
+        eng, self.engine = self.engine, None
+        if eng is not None:
+            with eng.lock:
+                eng.close()
+
+    def _on_sample(self, snap: Snapshot) -> None:  # sampler thread
+        self.record("snapshot", **snap.to_json())
+        self.post_message(SnapshotReady(snap))
+
+    def on_snapshot_ready(self, msg: SnapshotReady) -> None:
+        if self.frozen is None:
+            self.dashboard.snapshot = msg.snapshot
+
+    def sample_now(self) -> None:
+        """Take a telemetry sample at once (after a load or a switch)."""
+        if self.sampler is not None:
+            self.run_worker(self.sampler.sample_now, thread=True, group="sample", exit_on_error=False)
+
+    def _update_subtitle(self) -> None:
+        parts = []
+        if self.engine is not None:
+            parts.append(os.path.basename(self.engine.path))
+        elif self.loading:
+            parts.append("loading…")
+        if self.simulate:
+            parts.append(f"SIMULATED {self.simulate}")
+        if self.replay_file:
+            parts.append("REPLAY")
+        if self.sampler is not None or self.replay_file:
+            paused = self.sampler.paused if self.sampler else self._replay_paused
+            parts.append("telemetry paused" if paused else f"refresh {self.settings.refresh:g} s")
+        self.sub_title = " · ".join(parts)
+
+    # ---- loading --------------------------------------------------------
+    def load_model(self, path: str | None) -> bool:
+        """Load ``path`` (None: the default model) in a worker; the current model keeps working."""
+        if self.loading:
+            self.notify("a model is already loading", severity="warning")
+            return False
+        self.loading = True
+        panel = self.query_one(LoadPanel)
+        panel.display = True
+        panel.show("starting", 0, 0, 0.0, path or "default model")
+        self._update_subtitle()
+        placement = dataclasses.replace(self.engine.placement) if self.engine is not None else \
+            dataclasses.replace(self.placement_req)
+        self.record("load.start", path=path, placement=dataclasses.asdict(placement))
+        self._load_worker(path, placement)
+        return True
+
+    @work(thread=True, exclusive=True, group="load", exit_on_error=False)
+    def _load_worker(self, path: str | None, placement: Placement) -> None:
+        from .engine import Engine
+        t0 = time.perf_counter()
+
+        def progress(ev: ProgressEvent) -> None:
+            self.record("load.progress", **dataclasses.asdict(ev))
+            now = time.perf_counter()
+            if now - self._last_progress >= 0.05 or ev.done == ev.total:
+                self._last_progress = now
+                self.post_message(LoadProgress(ev, "load"))
+        try:
+            eng = Engine.load(path, placement=placement, progress=progress)
+            try:
+                chat = Chat(eng, n_ctx=self.settings.n_ctx)
+            except BaseException:
+                eng.close()
+                raise
+        except Exception as e:  # noqa: BLE001 - every load failure is shown, the app keeps running
+            msg = str(e) or type(e).__name__
+            self.record("load.error", path=path, error=msg)
+            self.post_message(LoadFailed(path or "default model", msg))
+            return
+        seconds = time.perf_counter() - t0
+        self.record("load.done", path=eng.path, seconds=seconds, weight_bytes=eng.weight_bytes,
+                    arch=eng.cfg.arch, placement=dataclasses.asdict(eng.placement))
+        self.post_message(Loaded(eng, chat, seconds))
+
+    def on_load_progress(self, msg: LoadProgress) -> None:
+        ev = msg.event
+        if msg.what == "load":
+            self.query_one(LoadPanel).show(ev.stage, ev.done, ev.total, ev.bytes_per_s, ev.message[:80])
+        else:
+            self.controls.set_status(f"{ev.stage}: {fmt_bytes(ev.done)} / {fmt_bytes(ev.total)}"
+                                     + (f" · {fmt_bytes(ev.bytes_per_s)}/s" if ev.bytes_per_s else ""))
+
+    async def on_loaded(self, msg: Loaded) -> None:
+        old = self.engine
+        self._cancel.set()
+        self.engine, self.chat = msg.engine, msg.chat
+        self.telemetry.engine = msg.engine
+        self.loading = False
+        self.query_one(LoadPanel).display = False
+        eng = msg.engine
+        self.controls.set_values(eng.placement.weights, eng.placement.kv, eng.placement.policy, eng.pool.n_threads)
+        await self.chat_pane.clear()
+        self.chat_pane.set_status(f"{os.path.basename(eng.path)} · {eng.cfg.arch} · {eng.n_params / 1e6:,.0f}M params "
+                                  f"· {fmt_bytes(eng.weight_bytes)} · loaded in {msg.seconds:.2f} s")
+        self.notify(f"loaded {os.path.basename(eng.path)} in {msg.seconds:.2f} s", title="model")
+        if self.model_path and os.path.abspath(self.model_path) == os.path.abspath(eng.path):
+            self.settings.last_model = eng.path
+            self.save()
+        self._update_subtitle()
+        if old is not None:
+            self._close_engine(old)
+        self.sample_now()
+
+    @work(thread=True, group="close", exit_on_error=False)
+    def _close_engine(self, eng: Any) -> None:
+        with eng.lock:  # waits for a reply on the old model to stop
+            eng.close()
+
+    def on_load_failed(self, msg: LoadFailed) -> None:
+        self.loading = False
+        self.query_one(LoadPanel).display = False
+        self.last_error = msg.error
+        still = f"\n\nStill using {os.path.basename(self.engine.path)}." if self.engine is not None else ""
+        self.push_screen(ErrorScreen("model failed to load", f"{msg.path}:\n{msg.error}{still}"))
+        self._update_subtitle()
+
+    # ---- placement switches -------------------------------------------
+    def request_switch(self, weights: str | None = None, kv: str | None = None,
+                       threads: int | None = None, policy: str | None = None) -> bool:
+        eng = self.engine
+        if eng is None:
+            self.notify("no model loaded yet", severity="warning")
+            return False
+        if self.switching:
+            self.notify("a switch is already running", severity="warning")
+            return False
+        p = eng.placement
+        kw: dict[str, Any] = {}
+        if weights and weights != p.weights:
+            kw["weights"] = weights
+        if kv and kv != p.kv:
+            kw["kv"] = kv
+        if threads and threads != eng.pool.n_threads:
+            kw["threads"] = threads
+        if policy and policy != p.policy:
+            kw["policy"] = policy
+        if not kw:
+            self.notify("that placement is already in force")
+            return False
+        self.switching = True
+        what = ", ".join(f"{k} → {v}" for k, v in kw.items())
+        self.controls.set_status(f"switching {what}" + (" (after the current reply)" if self.generating else "") + "…")
+        self.record("switch.start", **kw)
+        self._switch_worker(eng, kw)
+        return True
+
+    @work(thread=True, exclusive=True, group="switch", exit_on_error=False)
+    def _switch_worker(self, eng: Any, kw: dict[str, Any]) -> None:
+        def progress(ev: ProgressEvent) -> None:
+            self.record("switch.progress", **dataclasses.asdict(ev))
+            self.post_message(LoadProgress(ev, "switch"))
+        t0 = time.perf_counter()
+        try:
+            reports = eng.switch(progress=progress, **kw)
+        except Exception as e:  # noqa: BLE001 - BudgetError, ValueError...: refused, previous mode stays
+            self.record("switch.refused", request=kw, error=str(e))
+            self.post_message(SwitchRefused(str(e) or type(e).__name__))
+            return
+        seconds = time.perf_counter() - t0
+        self.record("switch.done", request=kw, seconds=seconds,
+                    reports=[dataclasses.asdict(r) for r in reports], placement=dataclasses.asdict(eng.placement))
+        self.post_message(Switched(reports, seconds))
+
+    def on_switched(self, msg: Switched) -> None:
+        self.switching = False
+        self.last_switch = msg.reports
+        eng = self.engine
+        parts = [f"{r.what} in {1000 * r.seconds:,.1f} ms" + (f" ({r.method})" if r.method else "")
+                 for r in msg.reports]
+        text = Text("✓ " + "; ".join(parts or ["nothing to move"]) + f" · total {1000 * msg.seconds:,.1f} ms",
+                    style="green")
+        self.controls.set_status(text)
+        if eng is not None:
+            self.controls.set_values(eng.placement.weights, eng.placement.kv, eng.placement.policy, eng.pool.n_threads)
+        self.notify("; ".join(parts) or "placement unchanged", title="switched")
+        self.sample_now()
+
+    def on_switch_refused(self, msg: SwitchRefused) -> None:
+        self.switching = False
+        self.last_error = msg.error
+        eng = self.engine
+        kept = placement_text(eng) if eng is not None else ""
+        self.controls.set_status(Text(f"✗ refused: {msg.error}\nkept: {kept}", style="bold red"))
+        if eng is not None:
+            self.controls.set_values(eng.placement.weights, eng.placement.kv, eng.placement.policy, eng.pool.n_threads)
+        self.notify(f"{msg.error}\n\nkept {kept}", title="switch refused", severity="warning", timeout=10)
+
+    @on(Controls.Apply)
+    def _apply_controls(self, msg: Controls.Apply) -> None:
+        self.request_switch(msg.weights, msg.kv, msg.threads, msg.policy)
+
+    # ---- chat -----------------------------------------------------------
+    def sampling_params(self) -> SamplingParams:
+        s = self.settings.sampling
+        return SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p,
+                              repeat_penalty=s.repeat_penalty, seed=s.seed)
+
+    @on(ChatPane.Submitted)
+    async def _submitted(self, msg: ChatPane.Submitted) -> None:
+        await self.send_message(msg.text)
+
+    async def send_message(self, text: str) -> bool:
+        if self.engine is None or self.chat is None:
+            self.notify("no model loaded yet" + (" (loading…)" if self.loading else ""), severity="warning")
+            return False
+        if self.generating:
+            self.notify("a reply is still streaming (Esc stops it)", severity="warning")
+            return False
+        pane = self.chat_pane
+        pane.prompt.value = ""
+        await pane.add_user(text)
+        self._reply = await pane.start_reply()
+        self._cancel = threading.Event()
+        self.generating = True
+        pane.set_status("generating… (Esc stops)")
+        self.telemetry.rates.start()
+        self.record("chat.user", text=text)
+        self._generate(self.chat, text, self.sampling_params(), self.settings.sampling.n_predict, self._cancel)
+        return True
+
+    @work(thread=True, exclusive=True, group="generate", exit_on_error=False)
+    def _generate(self, chat: Chat, text: str, params: SamplingParams, n_predict: int,
+                  cancel: threading.Event) -> None:
+        eng = chat.engine
+        try:
+            for ev in chat.send(text, params, n_predict, cancel):
+                if isinstance(ev, TokenEvent):
+                    with self._stream_lock:
+                        self._pending.append(ev.text)
+                    self.telemetry.rates.token(ev.t)
+                    self.record("token", token=ev.token, text=ev.text, t=ev.t)
+                elif isinstance(ev, DoneEvent):
+                    self.telemetry.rates.done(ev.stats)
+                    where = placement_text(eng)
+                    self.record("reply.done", text=ev.text, n_tokens=len(ev.tokens), placement=where,
+                                **ev.stats.as_dict())
+                    self.post_message(ReplyDone(ev.stats, where))
+        except Exception as e:  # noqa: BLE001 - shown in the chat; the model stays usable
+            self.telemetry.rates.failed()
+            msg = f"{type(e).__name__}: {e}"
+            self.record("reply.error", error=msg)
+            self.post_message(ReplyFailed(msg))
+
+    async def _flush_stream(self) -> None:
+        with self._stream_lock:
+            text, self._pending = "".join(self._pending), []
+        if text and self._reply is not None:
+            await self._reply.append(text)
+
+    async def on_reply_done(self, msg: ReplyDone) -> None:
+        await self._flush_stream()
+        if self._reply is not None:
+            self._reply.set_stats(stats_line(msg.stats, msg.placement))
+        self.generating = False
+        self.chat_pane.set_status("stopped; partial reply kept" if msg.stats.stop_reason == "cancelled" else "")
+
+    async def on_reply_failed(self, msg: ReplyFailed) -> None:
+        await self._flush_stream()
+        if self._reply is not None:
+            self._reply.set_stats(f"✗ {msg.error} (partial reply kept)", error=True)
+        self.generating = False
+        self.last_error = msg.error
+        self.chat_pane.set_status("the reply failed; the model is still loaded")
+        self.notify(msg.error, title="generation failed", severity="error", timeout=10)
+
+    # ---- actions ----------------------------------------------------------
+    def action_help(self) -> None:
+        if isinstance(self.screen, HelpScreen):
+            self.screen.dismiss(None)
+            return
+        self.push_screen(HelpScreen(self.binding_rows()))
+
+    def binding_rows(self) -> list[tuple[str, str, str]]:
+        rows = []
+        for b in self.BINDINGS:
+            assert isinstance(b, Binding)
+            rows.append((b.key_display or b.key.replace(",", " / "), b.description, b.id or ""))
+        rows.append(("ctrl+p", "Command palette", "command-palette"))
+        return rows
+
+    def action_toggle_view(self) -> None:
+        main = self.screen_stack[0]
+        assert isinstance(main, MainScreen)
+        shown = main.cycle_view()
+        if shown == "dashboard":
+            self.dashboard.focus()
+        else:
+            self.chat_pane.prompt.focus()
+
+    def action_placement(self) -> None:
+        main = self.screen_stack[0]
+        assert isinstance(main, MainScreen)
+        if main.shown == "chat":
+            main.cycle_view() if main.narrow else setattr(main, "view", "both")
+        self.controls.query_one("#weights").focus()
+
+    def action_open_model(self) -> None:
+        start = self.engine.path if self.engine is not None else os.getcwd()
+
+        def done(path: str | None) -> None:
+            if path:
+                self.model_path = path
+                self.load_model(path)
+        self.push_screen(OpenModelScreen(start), done)
+
+    def action_reload(self) -> None:
+        self.load_model(self.engine.path if self.engine is not None else self.model_path)
+
+    def action_sampling(self) -> None:
+        def done(s: SamplingSettings | None) -> None:
+            if s is not None:
+                self.settings.sampling = s
+                self.save()
+                self.notify(f"sampling: temp {s.temperature}, top-k {s.top_k}, top-p {s.top_p}, "
+                            f"min-p {s.min_p}, max {s.n_predict} tokens")
+        self.push_screen(SamplingScreen(dataclasses.replace(self.settings.sampling)), done)
+
+    def action_next_theme(self) -> None:
+        names = list(self._themes)
+        if not names:
+            return
+        i = names.index(self.theme) if self.theme in names else -1
+        self.set_theme(names[(i + 1) % len(names)])
+
+    def set_theme(self, name: str) -> None:
+        self.theme = name
+        self.settings.theme = name
+        self.save()
+        self.dashboard.set_palette(self.palette)
+        self.notify(f"theme {name}")
+
+    def action_pause(self) -> None:
+        if self.sampler is not None:
+            self.sampler.pause(not self.sampler.paused)
+            self.notify("telemetry paused" if self.sampler.paused else "telemetry resumed")
+        elif self.replay_file:
+            self._replay_paused = not self._replay_paused
+        self._update_subtitle()
+
+    def _set_refresh(self, interval: float) -> None:
+        self.settings.refresh = Sampler.clamp(interval)
+        if self.sampler is not None:
+            self.sampler.set_interval(self.settings.refresh)
+        if self.replay_file and self._replay_timer is not None:
+            self._replay_timer.stop()
+            self._replay_timer = self.set_interval(self.settings.refresh, self._replay_step)
+        self.save()
+        self._update_subtitle()
+
+    def action_faster(self) -> None:
+        self._set_refresh(self.settings.refresh / 2)
+
+    def action_slower(self) -> None:
+        self._set_refresh(self.settings.refresh * 2)
+
+    def action_stop(self) -> None:
+        if self.generating:
+            self._cancel.set()
+            self.chat_pane.set_status("stopping…")
+
+    async def action_regenerate(self) -> None:
+        chat = self.chat
+        if chat is None or self.generating:
+            self.notify("nothing to regenerate" if chat is None else "a reply is still streaming",
+                        severity="warning")
+            return
+        msgs = chat.messages
+        if msgs and msgs[-1].role == "assistant":
+            msgs.pop()
+        if not msgs or msgs[-1].role != "user":
+            self.notify("nothing to regenerate", severity="warning")
+            return
+        text = msgs.pop().content
+        await self.chat_pane.drop_last_exchange()
+        await self.send_message(text)
+
+    async def action_clear_chat(self) -> None:
+        if self.generating:
+            self.notify("stop the reply first (Esc)", severity="warning")
+            return
+        if self.chat is not None:
+            self.chat.clear()
+        await self.chat_pane.clear()
+        self.chat_pane.set_status("chat cleared")
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        for key, desc, bid in self.binding_rows():
+            b = next((b for b in self.BINDINGS if isinstance(b, Binding) and b.id == bid), None)
+            if b is None or b.action in ("quit",):
+                continue
+            yield SystemCommand(f"{desc} ({key})", f"action {bid}",
+                                (lambda a=b.action: self.run_action(a)))
+        for m in WEIGHT_MODES:
+            yield SystemCommand(f"Weights: {m}", f"switch the weights to '{m}' live",
+                                (lambda m=m: self.request_switch(weights=m)))
+        from .numa.topology import load_topology
+        for m in kv_modes(load_topology().node_ids):
+            yield SystemCommand(f"KV cache: {m}", f"switch the KV cache to '{m}' live",
+                                (lambda m=m: self.request_switch(kv=m)))
+        for name in self._themes:
+            yield SystemCommand(f"Theme: {name}", "use this theme (saved)", (lambda n=name: self.set_theme(n)))
+
+    # ---- replay ---------------------------------------------------------
+    _replay_paused = False
+    _replay_timer: Any = None
+
+    def _start_replay(self, path: str) -> None:
+        try:
+            with open(path, encoding="utf-8") as f:
+                self._replay_events = [json.loads(line) for line in f if line.strip()]
+        except (OSError, ValueError) as e:
+            self.push_screen(ErrorScreen("cannot replay", f"{path}: {e}"))
+            return
+        self.chat_pane.set_status(f"replaying {path}: {len(self._replay_events)} events")
+        self._replay_timer = self.set_interval(self.settings.refresh, self._replay_step)
+        self.call_later(self._replay_step)
+
+    async def _replay_step(self) -> None:
+        """Play events up to and including the next telemetry snapshot."""
+        if self._replay_paused:
+            return
+        while self._replay_pos < len(self._replay_events):
+            ev = self._replay_events[self._replay_pos]
+            self._replay_pos += 1
+            kind, data = ev.get("kind"), ev.get("data", {})
+            if kind == "snapshot":
+                snap = Snapshot.from_json(data)
+                self.dashboard.snapshot = dataclasses.replace(
+                    snap, source="replay" if not snap.simulated else snap.source)
+                return
+            if kind == "chat.user":
+                await self.chat_pane.add_user(data.get("text", ""))
+            elif kind == "reply.done":
+                await self.chat_pane.start_reply(data.get("text", ""), f"{data.get('decode_tokens', 0)} tokens · "
+                                                 f"decode {data.get('decode_tps', 0):,.1f} t/s · {data.get('placement', '')}")
+            elif kind in ("switch.done", "switch.refused", "load.done", "load.error"):
+                self.controls.set_status(f"{kind}: {data.get('reports') or data.get('error') or data.get('path', '')}")
+        self.chat_pane.set_status("replay finished")
+        if self._replay_timer is not None:
+            self._replay_timer.stop()
+
+
+def run_app(args: argparse.Namespace) -> int:
+    """Entry point from ``numawb`` with no subcommand (``--record`` and ``--replay`` included)."""
+    from .cli import UserError, _placement, _system_knobs
+    simulate = getattr(args, "simulate_topology", None)
+    if simulate:
+        from .numa.topology import fixture_names
+        if simulate not in fixture_names():
+            raise UserError(f"{simulate}: not a known topology fixture ({', '.join(fixture_names())})")
+    if args.replay and not os.path.isfile(args.replay):
+        raise UserError(f"{args.replay}: no such recording")
+    placement = _placement(args)
+    _system_knobs(args)
+    if args.record:
+        from .record import run_record
+        return run_record(args.record, script=args.script, model=args.model, placement=placement,
+                          simulate=simulate)
+    app = WorkbenchApp(args.model, placement=placement, simulate=simulate, replay=args.replay,
+                       theme=getattr(args, "theme", None), autoload=not args.replay)
+    app.run()
+    return 0
