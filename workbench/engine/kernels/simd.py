@@ -209,6 +209,7 @@ b_and = _bytes_binop("and_")
 b_or = _bytes_binop("or_")
 b_shr = _bytes_binop("lshr")   # logical shift of unsigned bytes
 b_shl = _bytes_binop("shl")
+b_xor = _bytes_binop("xor")
 
 
 @intrinsic

@@ -19,7 +19,7 @@ import numba
 import numpy as np
 
 from . import k_quants as _kq
-from .simd import (AVX2, VNNI, b_and, bf16_to_f32, b_or, b_shl, b_shr, dot_ss, dot_us, f16_to_f32, f_zero,
+from .simd import (AVX2, VNNI, b_and, b_xor, bf16_to_f32, b_or, b_shl, b_shr, dot_ss, dot_us, f16_to_f32, f_zero,
                    f_add, fma_f, fmadd_i, hsum_f, i_add, i_add0, i_shl, i_zero, load_b32, load_bf16x8,
                    load_bits16, load_f16x8, load_f32x8, load_i8, load_nib, madd_sc, ld_u32, mins_dot, sdot16)
 
@@ -104,111 +104,103 @@ def _legacy(mode):
     q4_1_matvec = make_matvec(q4_1_blk)
     q5_1_matvec = make_matvec(q5_1_blk)
 
-    # ---- matmat (1 row x 4 columns register tile, then single columns)
-    @numba.njit(**_NB)
-    def q8_0_matmat(w, xp, out, r0, r1):
-        xq, xd, _ = xp
-        n = xq.shape[0]
-        nb = xd.shape[1]
-        rb = w.shape[1]
-        k = xq.shape[1]
-        xf = xq.reshape(-1)
-        for i in range(r0, r1):
-            base = i * rb
-            c = 0
-            while c + 4 <= n:
-                a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
-                for b in range(nb):
-                    o = base + b * 34
-                    wv = load_b32(w, o + 2)
-                    dw = f16_to_f32(w, o)
-                    xo = c * k + b * 32
-                    a0 = fmadd_i(a0, dot_ss(mode, i_zero(), wv, load_b32(xf, xo)), dw * xd[c, b])
-                    a1 = fmadd_i(a1, dot_ss(mode, i_zero(), wv, load_b32(xf, xo + k)), dw * xd[c + 1, b])
-                    a2 = fmadd_i(a2, dot_ss(mode, i_zero(), wv, load_b32(xf, xo + 2 * k)), dw * xd[c + 2, b])
-                    a3 = fmadd_i(a3, dot_ss(mode, i_zero(), wv, load_b32(xf, xo + 3 * k)), dw * xd[c + 3, b])
-                out[c, i] = hsum_f(a0); out[c + 1, i] = hsum_f(a1)
-                out[c + 2, i] = hsum_f(a2); out[c + 3, i] = hsum_f(a3)
-                c += 4
-            while c < n:
-                acc = f_zero()
-                for b in range(nb):
-                    o = base + b * 34
-                    acc = fmadd_i(acc, q8_0_lanes(w, o, xf, c * k + b * 32), f16_to_f32(w, o) * xd[c, b])
-                out[c, i] = hsum_f(acc)
-                c += 1
+    # ---- matmat: 2 rows x 4 columns register tiles.  The loop over column tiles is outermost, so a
+    # tile's activations (4 columns: quants + offset sums, ~13 KB at k=640) stay in L1 while the
+    # weight rows stream past; every unpacked weight block is reused for 4 columns and every
+    # activation load for 2 rows.  Per (row, column) the block order and the f32 accumulation are
+    # those of the single-column loop, so results do not depend on the tiling.
+    #
+    # Unsigned-weight formulation for all three: lanes = dpbusd(init, u, x) with u = unsigned quants
+    # (Q4_0: nibble, Q5_0: nibble | bit5 << 4, Q8_0: q + 128 via xor 0x80) and init = n4 << shift
+    # (n4 = -sum of each group of 4 activation quants, shift = log2 of the offset: 3, 4, 7) — exact
+    # in int32 (|128 * 4 * 127| < 2^16), and the offset shift is done once per call, not per block.
+    @numba.njit(inline="always")
+    def u_q8_0(w, o):
+        return b_xor(load_b32(w, o + 2), 128)
 
-    @numba.njit(**_NB)
-    def q4_0_matmat(w, xp, out, r0, r1):
-        xq, xd, n4 = xp
-        n = xq.shape[0]
-        nb = xd.shape[1]
-        rb = w.shape[1]
-        k = xq.shape[1]
-        xf = xq.reshape(-1)
-        nf = n4.reshape(-1)
-        k4 = k // 4
-        for i in range(r0, r1):
-            base = i * rb
-            c = 0
-            while c + 4 <= n:
-                a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
-                for b in range(nb):
-                    o = base + b * 18
-                    wv = load_nib(w, o + 2)
-                    dw = f16_to_f32(w, o)
-                    xo = c * k + b * 32
-                    no = c * k4 + b * 8
-                    a0 = fmadd_i(a0, dot_us(mode, i_shl(load_i8(nf, no), 3), wv, load_b32(xf, xo)), dw * xd[c, b])
-                    a1 = fmadd_i(a1, dot_us(mode, i_shl(load_i8(nf, no + k4), 3), wv, load_b32(xf, xo + k)), dw * xd[c + 1, b])
-                    a2 = fmadd_i(a2, dot_us(mode, i_shl(load_i8(nf, no + 2 * k4), 3), wv, load_b32(xf, xo + 2 * k)), dw * xd[c + 2, b])
-                    a3 = fmadd_i(a3, dot_us(mode, i_shl(load_i8(nf, no + 3 * k4), 3), wv, load_b32(xf, xo + 3 * k)), dw * xd[c + 3, b])
-                out[c, i] = hsum_f(a0); out[c + 1, i] = hsum_f(a1)
-                out[c + 2, i] = hsum_f(a2); out[c + 3, i] = hsum_f(a3)
-                c += 4
-            while c < n:
-                acc = f_zero()
-                for b in range(nb):
-                    o = base + b * 18
-                    acc = fmadd_i(acc, q4_0_lanes(w, o, xf, c * k + b * 32, nf, c * k4 + b * 8), f16_to_f32(w, o) * xd[c, b])
-                out[c, i] = hsum_f(acc)
-                c += 1
+    @numba.njit(inline="always")
+    def u_q4_0(w, o):
+        return load_nib(w, o + 2)
 
-    @numba.njit(**_NB)
-    def q5_0_matmat(w, xp, out, r0, r1):
-        xq, xd, n4 = xp
-        n = xq.shape[0]
-        nb = xd.shape[1]
-        rb = w.shape[1]
-        k = xq.shape[1]
-        xf = xq.reshape(-1)
-        nf = n4.reshape(-1)
-        k4 = k // 4
-        for i in range(r0, r1):
-            base = i * rb
+    @numba.njit(inline="always")
+    def u_q5_0(w, o):
+        return b_or(load_nib(w, o + 6), load_bits16(w, o + 2))
+
+    def make_matmat(unpack, bsz, shift):
+        @numba.njit(**_NB)
+        def matmat(w, xp, out, r0, r1):
+            xq, xd, n4 = xp
+            n = xq.shape[0]
+            nb = xd.shape[1]
+            rb = w.shape[1]
+            k = xq.shape[1]
+            k4 = k // 4
+            xf = xq.reshape(-1)
+            ns = np.left_shift(n4.reshape(-1), shift)       # n4 << shift, once per call
             c = 0
             while c + 4 <= n:
-                a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
-                for b in range(nb):
-                    o = base + b * 22
-                    wv = b_or(load_nib(w, o + 6), load_bits16(w, o + 2))
-                    dw = f16_to_f32(w, o)
-                    xo = c * k + b * 32
-                    no = c * k4 + b * 8
-                    a0 = fmadd_i(a0, dot_us(mode, i_shl(load_i8(nf, no), 4), wv, load_b32(xf, xo)), dw * xd[c, b])
-                    a1 = fmadd_i(a1, dot_us(mode, i_shl(load_i8(nf, no + k4), 4), wv, load_b32(xf, xo + k)), dw * xd[c + 1, b])
-                    a2 = fmadd_i(a2, dot_us(mode, i_shl(load_i8(nf, no + 2 * k4), 4), wv, load_b32(xf, xo + 2 * k)), dw * xd[c + 2, b])
-                    a3 = fmadd_i(a3, dot_us(mode, i_shl(load_i8(nf, no + 3 * k4), 4), wv, load_b32(xf, xo + 3 * k)), dw * xd[c + 3, b])
-                out[c, i] = hsum_f(a0); out[c + 1, i] = hsum_f(a1)
-                out[c + 2, i] = hsum_f(a2); out[c + 3, i] = hsum_f(a3)
+                i = r0
+                while i + 2 <= r1:
+                    a00 = f_zero(); a01 = f_zero(); a02 = f_zero(); a03 = f_zero()
+                    a10 = f_zero(); a11 = f_zero(); a12 = f_zero(); a13 = f_zero()
+                    for b in range(nb):
+                        o0 = i * rb + b * bsz
+                        o1 = o0 + rb
+                        u0 = unpack(w, o0)
+                        u1 = unpack(w, o1)
+                        d0 = f16_to_f32(w, o0)
+                        d1 = f16_to_f32(w, o1)
+                        xo = c * k + b * 32
+                        no = c * k4 + b * 8
+                        x = load_b32(xf, xo); m = load_i8(ns, no); s = xd[c, b]
+                        a00 = fmadd_i(a00, dot_us(mode, m, u0, x), d0 * s)
+                        a10 = fmadd_i(a10, dot_us(mode, m, u1, x), d1 * s)
+                        x = load_b32(xf, xo + k); m = load_i8(ns, no + k4); s = xd[c + 1, b]
+                        a01 = fmadd_i(a01, dot_us(mode, m, u0, x), d0 * s)
+                        a11 = fmadd_i(a11, dot_us(mode, m, u1, x), d1 * s)
+                        x = load_b32(xf, xo + 2 * k); m = load_i8(ns, no + 2 * k4); s = xd[c + 2, b]
+                        a02 = fmadd_i(a02, dot_us(mode, m, u0, x), d0 * s)
+                        a12 = fmadd_i(a12, dot_us(mode, m, u1, x), d1 * s)
+                        x = load_b32(xf, xo + 3 * k); m = load_i8(ns, no + 3 * k4); s = xd[c + 3, b]
+                        a03 = fmadd_i(a03, dot_us(mode, m, u0, x), d0 * s)
+                        a13 = fmadd_i(a13, dot_us(mode, m, u1, x), d1 * s)
+                    out[c, i] = hsum_f(a00); out[c + 1, i] = hsum_f(a01)
+                    out[c + 2, i] = hsum_f(a02); out[c + 3, i] = hsum_f(a03)
+                    out[c, i + 1] = hsum_f(a10); out[c + 1, i + 1] = hsum_f(a11)
+                    out[c + 2, i + 1] = hsum_f(a12); out[c + 3, i + 1] = hsum_f(a13)
+                    i += 2
+                if i < r1:
+                    a00 = f_zero(); a01 = f_zero(); a02 = f_zero(); a03 = f_zero()
+                    for b in range(nb):
+                        o0 = i * rb + b * bsz
+                        u0 = unpack(w, o0)
+                        d0 = f16_to_f32(w, o0)
+                        xo = c * k + b * 32
+                        no = c * k4 + b * 8
+                        a00 = fmadd_i(a00, dot_us(mode, load_i8(ns, no), u0, load_b32(xf, xo)), d0 * xd[c, b])
+                        a01 = fmadd_i(a01, dot_us(mode, load_i8(ns, no + k4), u0, load_b32(xf, xo + k)),
+                                      d0 * xd[c + 1, b])
+                        a02 = fmadd_i(a02, dot_us(mode, load_i8(ns, no + 2 * k4), u0, load_b32(xf, xo + 2 * k)),
+                                      d0 * xd[c + 2, b])
+                        a03 = fmadd_i(a03, dot_us(mode, load_i8(ns, no + 3 * k4), u0, load_b32(xf, xo + 3 * k)),
+                                      d0 * xd[c + 3, b])
+                    out[c, i] = hsum_f(a00); out[c + 1, i] = hsum_f(a01)
+                    out[c + 2, i] = hsum_f(a02); out[c + 3, i] = hsum_f(a03)
                 c += 4
             while c < n:
-                acc = f_zero()
-                for b in range(nb):
-                    o = base + b * 22
-                    acc = fmadd_i(acc, q5_0_lanes(w, o, xf, c * k + b * 32, nf, c * k4 + b * 8), f16_to_f32(w, o) * xd[c, b])
-                out[c, i] = hsum_f(acc)
+                for i in range(r0, r1):
+                    acc = f_zero()
+                    for b in range(nb):
+                        o0 = i * rb + b * bsz
+                        acc = fmadd_i(acc, dot_us(mode, load_i8(ns, c * k4 + b * 8), unpack(w, o0),
+                                                  load_b32(xf, c * k + b * 32)), f16_to_f32(w, o0) * xd[c, b])
+                    out[c, i] = hsum_f(acc)
                 c += 1
+        return matmat
+
+    q8_0_matmat = make_matmat(u_q8_0, 34, 7)
+    q4_0_matmat = make_matmat(u_q4_0, 18, 3)
+    q5_0_matmat = make_matmat(u_q5_0, 22, 4)
 
     @numba.njit(**_NB)
     def q4_1_matmat(w, xp, out, r0, r1):
