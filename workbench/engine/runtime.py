@@ -15,11 +15,13 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from . import kernels
+from . import ops
 from .attention import merge_stats, probabilities, softmax_stats
 from .gguf_file import GGUFFile, ModelLoadError, TensorInfo
 from .kv_cache import KVCache, filled_slots
 
 F32, F16, BF16 = 0, 1, 30
+SPREAD_ATTENTION = 2048  # key slots x query rows above which attention is spread over the workers
 
 class Layout(Protocol):
     mode: str
@@ -130,7 +132,7 @@ class Runtime:
             self._plans[name] = plan
         return plan
 
-    def linear(self, x: np.ndarray, names: Sequence[str]) -> list[np.ndarray]:
+    def linear(self, x: np.ndarray, names: Sequence[str], dispatch: bool = True) -> list[np.ndarray]:
         """x [n, k] times each named weight; all products run in one dispatch over the workers."""
         n = x.shape[0]
         jobs = []
@@ -141,10 +143,28 @@ class Runtime:
             xp = kernels.prepare(w.ggml_type, x[0] if n == 1 else x)
             out = np.empty((n, w.rows), dtype=np.float32)
             jobs.append((w.ggml_type, self._plan(name), xp, out))
-        self._dispatch(jobs, n == 1)
+        if dispatch:
+            self._dispatch(jobs, n == 1)
+        else:
+            self._pending = jobs
         return [j[3] for j in jobs]
 
-    def _dispatch(self, jobs, single: bool) -> None:
+    def gated(self, x: np.ndarray, gate: str, up: str, activation: str
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """act(x W_gate) * (x W_up), the activation applied by each worker to the rows it computed."""
+        g, u = self.linear(x, [gate, up], dispatch=False)
+        a = np.empty_like(g)
+        act = ops.gelu_mul if activation == "gelu" else ops.silu_mul
+        split = self._row_split(self.weights[gate].rows, self.n_workers)
+
+        def finish(wk: int) -> None:
+            lo, hi = split[wk]
+            if hi > lo:
+                act(g[:, lo:hi], u[:, lo:hi], a[:, lo:hi])
+        self._dispatch(self._pending, x.shape[0] == 1, finish)
+        return g, u, a
+
+    def _dispatch(self, jobs, single: bool, then: Callable[[int], None] | None = None) -> None:
         def work(wk: int) -> None:
             for qtype, plan, xp, out in jobs:
                 arr, first, lo, hi = plan[wk]
@@ -154,8 +174,14 @@ class Runtime:
                     kernels.matvec(qtype, arr, xp, out[0, first:first + arr.shape[0]], lo - first, hi - first)
                 else:
                     kernels.matmat(qtype, arr, xp, out[:, first:first + arr.shape[0]], lo - first, hi - first)
+            if then is not None:
+                then(wk)
 
         self.each_worker(work)
+
+    def each_inline(self, fn: Callable[[int], None]) -> None:
+        for w in range(self.n_workers):
+            fn(w)
 
     def each_worker(self, fn: Callable[[int], None]) -> None:
         """fn(w) on every worker; a single worker runs inline (no hand-off cost)."""
@@ -186,6 +212,8 @@ class Runtime:
         # ggml takes llamafile's tinyBLAS for products with >= 2 columns (tokens) and
         # ggml_vec_dot_f16 for one: our F16 matmat / matvec follow those two summation orders
         decode = n == 1
+        # short contexts: one thread does it all (a hand-off to the workers costs more than the work)
+        spread = self.each_worker if sum(n_slots) * rows > SPREAD_ATTENTION else self.each_inline
 
         def p1(w: int) -> None:
             ns = n_slots[w]
@@ -197,7 +225,7 @@ class Runtime:
                     else:
                         kernels.matmat(F16, kl[w][h].view(np.uint8), xps[h], scores[w][h], 0, ns)
                 softmax_stats(scores[w], w, nw, ns, pos0, group, window, scale, mxs[w], sms[w])
-        self.each_worker(p1)
+        spread(p1)
         big_m = np.empty((n_kv, rows), dtype=np.float32)
         inv_l = np.empty((n_kv, rows), dtype=np.float32)
         merge_stats(mxs, sms, big_m, inv_l)
@@ -220,20 +248,6 @@ class Runtime:
                             kernels.matvec(F16, vl[w][h].view(np.uint8), (xp[0][r],), outs[w][h][r], 0, hdv)
                     else:
                         kernels.matmat(F16, vl[w][h].view(np.uint8), xp, outs[w][h], 0, hdv)
-        self.each_worker(p2)
+        spread(p2)
         out = outs[0] if nw == 1 else outs.sum(axis=0)
         return np.ascontiguousarray(out.reshape(n_kv, n, group, hdv).transpose(1, 0, 2, 3)).reshape(n, n_head, hdv)
-
-    def over_heads(self, n_heads: int, fn: Callable[[int, int], None]) -> None:
-        """Run fn(h0, h1) for a split of heads over the workers."""
-        if self.n_workers == 1 or n_heads < 2:
-            fn(0, n_heads)
-            return
-        parts = [(round(i * n_heads / self.n_workers), round((i + 1) * n_heads / self.n_workers))
-                 for i in range(self.n_workers)]
-
-        def work(wk: int) -> None:
-            h0, h1 = parts[wk]
-            if h1 > h0:
-                fn(h0, h1)
-        self.pool.run(work)

@@ -144,9 +144,7 @@ class Decoder:
             h = self.norm(x, p + "ffn_norm.weight")
             if tap:
                 tap(f"sa_out-{il}", x); tap(f"ffn_norm-{il}", h)
-            g, u = rt.linear(h, [p + "ffn_gate.weight", p + "ffn_up.weight"])
-            a = np.empty_like(g)
-            (ops.gelu_mul if self.activation == "gelu" else ops.silu_mul)(g, u, a)
+            g, u, a = rt.gated(h, p + "ffn_gate.weight", p + "ffn_up.weight", self.activation)
             (d,) = rt.linear(a, [p + "ffn_down.weight"])
             if tap:
                 tap(f"ffn_gate-{il}", g); tap(f"ffn_up-{il}", u); tap(f"ffn_geglu-{il}", a)
