@@ -1,10 +1,11 @@
 """Float32 element-wise and attention operations, following ggml's CPU numerics.
 
 Matrix products live in `kernels/` (grouped by tensor type); these are the
-remaining operations of a transformer layer. Where ggml rounds through f16
-(GELU's lookup table, the f16 KV cache, f16 query/probabilities in the
-attention dot products) we round the same way, so greedy outputs match
-llama.cpp token for token.
+remaining operations of a transformer layer (attention is in ``attention.py``).
+They are bit-exact with ggml's x86 CPU build (GCC, AVX-512), checked tensor by
+tensor with scripts/compare_llama_tensors.py: float32 squares summed in float64
+(RMS norm), the FMAs GCC contracts (RoPE rotation, GELU), libm cosf/sinf/tanhf,
+GELU through f16 like ggml's table, and ggml_v_expf for the softmax.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .kernels.simd import bits_to_f32, round_f16
+from .kernels.simd import round_f16
 
 _JIT = dict(nogil=True, cache=True)
 
@@ -187,63 +188,6 @@ def silu_mul(g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
         for j in range(d):
             x = g[i, j]
             out[i, j] = (x / (np.float32(1.0) + np.float32(math.exp(-x)))) * u[i, j]
-
-
-def store_kv(k: np.ndarray, v: np.ndarray, kc: np.ndarray, vc: np.ndarray, pos0: int) -> None:
-    """Write [n, kv_heads, head_dim] K/V rows into the f16 cache (uint16 bits) at positions pos0.."""
-    n = k.shape[0]
-    kc[pos0:pos0 + n] = k.astype(np.float16).view(np.uint16)
-    vc[pos0:pos0 + n] = v.astype(np.float16).view(np.uint16)
-
-
-@nb.njit(**_JIT)
-def attention(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, pos0: int, window: int,
-              scale: float, h0: int, h1: int, out: np.ndarray, scores: np.ndarray) -> None:
-    """Causal (optionally sliding-window) attention for query heads [h0, h1).
-
-    q: [n, n_head, hd] f32; kc/vc: [n_ctx, n_kv, hd] f16 caches (uint16 bits) holding positions
-    0 .. pos0+n-1; out: [n, n_head, hd_v]; scores: f32 scratch of >= pos0+n.
-    A key at position j is visible from query position p when j <= p and
-    (window == 0 or p - j < window), as llama.cpp's standard SWA mask.
-    """
-    n, n_head, hd = q.shape
-    n_kv = kc.shape[1]
-    group = n_head // n_kv
-    hdv = vc.shape[2]
-    qh = np.empty(hd, dtype=np.float32)
-    acc = np.empty(hdv, dtype=np.float32)
-    for t in range(n):
-        p = pos0 + t
-        lo = 0
-        if window > 0 and p - window + 1 > 0:
-            lo = p - window + 1
-        for h in range(h0, h1):
-            kvh = h // group
-            for j in range(hd):
-                qh[j] = round_f16(q[t, h, j])
-            m = np.float32(-np.inf)
-            for s in range(lo, p + 1):
-                d = np.float32(0.0)
-                for j in range(hd):
-                    d += qh[j] * bits_to_f32(kc[s, kvh, j])
-                d = d * np.float32(scale)
-                scores[s] = d
-                if d > m:
-                    m = d
-            tot = 0.0
-            for s in range(lo, p + 1):
-                e = np.float32(math.exp(scores[s] - m))
-                scores[s] = e
-                tot += e
-            inv = np.float32(1.0 / tot)
-            for j in range(hdv):
-                acc[j] = 0.0
-            for s in range(lo, p + 1):
-                w = round_f16(scores[s] * inv)
-                for j in range(hdv):
-                    acc[j] += w * bits_to_f32(vc[s, kvh, j])
-            for j in range(hdv):
-                out[t, h, j] = acc[j]
 
 
 @nb.njit(**_JIT)
