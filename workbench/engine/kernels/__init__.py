@@ -21,6 +21,7 @@ import os
 
 import numpy as np
 
+from . import jitcache  # noqa: F401  (first: stable cache keys for generated kernels)
 from . import activations as _act
 from . import cpu as _cpu
 from . import float_types as _ft
