@@ -25,6 +25,9 @@ def _add_model(p: argparse.ArgumentParser) -> None:
                    help="worker spread: over all nodes, or on one node (default: distribute)")
     p.add_argument("--cpus", metavar="LIST", help="pin workers to these CPUs, e.g. 0-7,16-23")
     p.add_argument("--smt", action="store_true", help="use SMT siblings too (default: physical cores only)")
+    p.add_argument("--hugepages", choices=["2M", "1G"],
+                   help="explicit hugetlbfs pages for weights and KV (checked per node before allocating; "
+                        "released at exit). Default: transparent huge pages")
     p.add_argument("--no-numa-balancing", action="store_true",
                    help="turn the kernel's automatic NUMA balancing off for this run (root; restored at exit)")
     p.add_argument("--drop-caches", action="store_true",
@@ -52,7 +55,8 @@ def _placement(args: argparse.Namespace):
     except ValueError:
         raise UserError(f"--cpus {args.cpus!r} is not a CPU list like 0-7,16") from None
     return Placement(weights=args.weights, kv=args.kv, threads=args.threads, policy=args.numa,
-                     cpus=cpus, smt=args.smt)
+                     cpus=cpus, smt=args.smt,
+                     hugepages_kb={"2M": 2048, "1G": 1 << 20}.get(getattr(args, "hugepages", None) or ""))
 
 
 def _add_sampling(p: argparse.ArgumentParser) -> None:

@@ -90,6 +90,7 @@ class Placement:
     cpus: list[int] | None = None
     smt: bool = False
     budget: int | None = None    # bytes per node for weights + KV (default: free memory)
+    hugepages_kb: int | None = None  # explicit hugetlbfs pages (2048 or 1048576); default: THP
 
 
 @dataclass
@@ -175,7 +176,8 @@ class Engine:
             check_plan(specs, placement.weights, pool, cfg.n_layer,
                        kv_bytes_per_layer_per_worker(cfg, min(DEFAULT_CTX, cfg.n_ctx_train), pool.n_threads),
                        placement.kv, budget=placement.budget)
-            layout = place_weights(specs, placement.weights, pool, budget=placement.budget, progress=progress)
+            layout = place_weights(specs, placement.weights, pool, budget=placement.budget, progress=progress,
+                                   hugetlb_kb=placement.hugepages_kb)
             layout.load(path, {name: t.offset for name, t in g.tensors.items()}, progress)
             rt = Runtime(g, layout, pool, row_split)
             model = arch(cfg, rt)
@@ -204,7 +206,8 @@ class Engine:
         mode = mode or self.placement.kv
         nw = self.rt.n_workers
         per = kv_bytes_per_layer_per_worker(self.cfg, n_ctx, nw)
-        kvl = place_kv(self.cfg.n_layer, per, mode, self.pool, budget=self.placement.budget)
+        kvl = place_kv(self.cfg.n_layer, per, mode, self.pool, budget=self.placement.budget,
+                       hugetlb_kb=self.placement.hugepages_kb)
         return KVCache(self.cfg, n_ctx, nw, lambda il, w, nbytes: kvl.array_for(il, w)[:nbytes]), kvl
 
     def switch(self, weights: str | None = None, kv: str | None = None, threads: int | None = None,
