@@ -184,3 +184,47 @@ def test_a_chat_template_that_raises_is_reported(eng):
     loop = ChatFormatter("{{ messages[0].content.__class__.__mro__ }}", "llama", set(), "<s>", "</s>")
     with pytest.raises(ChatTemplateError):  # the sandbox refuses attribute access like this
         loop.render([Message("user", "hi")])
+
+
+def test_switch_during_generation_is_serialised(model_path):
+    e = Engine.load(model_path, placement=Placement(threads=2))
+    try:
+        ref = _run(e.new_session(128), PROMPT, SamplingParams(temperature=0), 30).tokens
+        s = e.new_session(128)
+        out, switched = [], threading.Event()
+
+        def switch():
+            e.switch(weights="interleave", kv="interleave")
+            switched.set()
+        t = None
+        for ev in s.generate(PROMPT, SamplingParams(temperature=0), 30):
+            if isinstance(ev, TokenEvent):
+                out.append(ev.token)
+                if len(out) == 2:
+                    t = threading.Thread(target=switch)
+                    t.start()
+                    assert not switched.wait(0.2)  # it waits for the generation to finish
+        t.join(30)
+        assert switched.is_set() and out == ref
+        assert e.placement.weights == "interleave" and e.placement.kv == "interleave"
+        assert _run(e.new_session(128), PROMPT, SamplingParams(temperature=0), 30).tokens == ref
+    finally:
+        e.close()
+
+
+def test_refused_switch_keeps_the_previous_placement(model_path):
+    from workbench.numa.budget import BudgetError
+    e = Engine.load(model_path, placement=Placement(threads=2, weights="none"))
+    try:
+        s = e.new_session(128)
+        first = _run(s, PROMPT, SamplingParams(temperature=0), 4).tokens
+        e.placement.budget = 1 << 16  # 64 KiB per node: a new KV cache cannot fit
+        with pytest.raises(BudgetError, match="need"):
+            e.switch(kv="interleave")
+        e.placement.budget = None
+        assert e.placement.kv == "first-touch"
+        cont = _run(s, PROMPT + first, SamplingParams(temperature=0), 4).tokens
+        ref = _run(e.new_session(128), PROMPT, SamplingParams(temperature=0), 8).tokens
+        assert first + cont == ref
+    finally:
+        e.close()
