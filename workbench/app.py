@@ -22,6 +22,7 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import Screen
+from textual.widgets import Input
 
 from .engine import Chat, DoneEvent, SamplingParams, TokenEvent
 from .engine.engine import Placement, SwitchReport
@@ -212,6 +213,9 @@ class WorkbenchApp(App[int]):
                 self.load_model(self.model_path)
         self._update_subtitle()
         self.chat_pane.prompt.focus()
+        if self.frozen is not None:  # deterministic screenshots: no blinking cursor
+            for inp in self.screen_stack[0].query(Input):
+                inp.cursor_blink = False
 
     def on_unmount(self) -> None:
         self._cancel.set()

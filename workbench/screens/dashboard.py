@@ -5,6 +5,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
+from textual.css.query import NoMatches
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.reactive import reactive
@@ -22,6 +23,15 @@ _BALANCING = {0: "off", 1: "on", 2: "on (tiering)", 3: "on (normal + tiering)"}
 
 def kv_modes(node_ids: tuple[int, ...] | list[int]) -> list[str]:
     return ["first-touch", "interleave"] + [f"node:{n}" for n in node_ids]
+
+
+def fmt_short(n: float) -> str:
+    """Compact bytes: 25.9G, 235M, 9.0M, 12K."""
+    for unit, size in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= size:
+            v = n / size
+            return f"{v:.1f}{unit}" if v < 100 else f"{v:.0f}{unit}"
+    return f"{int(n)}B"
 
 
 def fmt_rate(v: float | None, unit: str = "t/s") -> str:
@@ -95,8 +105,8 @@ class MemoryBars(Widget):
             out.append_text(self._bar(n, width))
             out.append("]\n")
             place = "-" if n.in_place is None else f"{100 * n.in_place:.1f}%"
-            out.append(f"  W {fmt_bytes(n.weights)}  KV {fmt_bytes(n.kv)}  other {fmt_bytes(n.other)}  "
-                       f"system {fmt_bytes(n.system)}  free {fmt_bytes(n.free)}/{fmt_bytes(n.total)}  "
+            out.append(f"  W {fmt_short(n.weights)}  KV {fmt_short(n.kv)}  other {fmt_short(n.other)}  "
+                       f"system {fmt_short(n.system)}  free {fmt_short(n.free)}/{fmt_short(n.total)}  "
                        f"in place {place}", style="dim" if not (n.weights or n.kv) else "")
             out.append("\n")
         out.append("proof (pages on intended nodes):", style="bold")
@@ -178,19 +188,20 @@ class Controls(Vertical):
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="controls-row"):
-            yield Select([(m, m) for m in WEIGHT_MODES], value="none", allow_blank=False, id="weights",
-                         prompt="weights")
-            yield Select([(m, m) for m in kv_modes([0])], value="first-touch", allow_blank=False, id="kv")
-            yield Select([(m, m) for m in POLICIES], value="distribute", allow_blank=False, id="policy")
-            yield Input(placeholder="threads", id="threads", type="integer", max_length=4)
+            with Vertical(classes="control"):
+                yield Label("weights")
+                yield Select([(m, m) for m in WEIGHT_MODES], value="none", allow_blank=False, id="weights")
+            with Vertical(classes="control"):
+                yield Label("KV cache")
+                yield Select([(m, m) for m in kv_modes([0])], value="first-touch", allow_blank=False, id="kv")
+            with Vertical(classes="control"):
+                yield Label("threads policy")
+                yield Select([(m, m) for m in POLICIES], value="distribute", allow_blank=False, id="policy")
+            with Vertical(classes="control", id="threads-control"):
+                yield Label("count")
+                yield Input(placeholder="all", id="threads", type="integer", max_length=4)
             yield Button("Apply", id="apply", variant="primary")
         yield Static("", id="switch-status")
-
-    def on_mount(self) -> None:
-        self.query_one("#weights").border_title = "weights"
-        self.query_one("#kv").border_title = "KV cache"
-        self.query_one("#policy").border_title = "threads policy"
-        self.query_one("#threads").border_title = "count"
 
     def set_nodes(self, node_ids: tuple[int, ...] | list[int]) -> None:
         sel = self.query_one("#kv", Select)
@@ -271,13 +282,18 @@ class Dashboard(VerticalScroll):
 
     def on_mount(self) -> None:
         self.query_one("#workers", DataTable).add_columns("worker", "cpu", "node", "reads", "busy", "state")
+        self.snapshot = self.snapshot
 
     def set_palette(self, palette: Palette) -> None:
         self.palette = palette
         self.snapshot = self.snapshot
 
     def watch_snapshot(self, s: Snapshot) -> None:
-        self.query_one("#banner", Static).update(self._banner(s))
+        try:
+            banner = self.query_one("#banner", Static)
+        except NoMatches:  # not composed yet: on_mount shows it
+            return
+        banner.update(self._banner(s))
         self.query_one(MemoryBars).show(s, self.palette)
         self.query_one(RatesPanel).show(s)
         self._workers(s)

@@ -40,15 +40,16 @@ class HelpScreen(ModalScreen[None]):
 
     def __init__(self, bindings: Iterable[tuple[str, str, str]]) -> None:
         super().__init__()
-        self._bindings = list(bindings)
+        self.rows = list(bindings)
 
     def compose(self) -> ComposeResult:
         table = Table(box=None, show_header=True, header_style="bold", padding=(0, 2))
-        table.add_column("key")
+        table.add_column("key", min_width=10, no_wrap=True)
+        table.add_column("", width=1)
         table.add_column("action")
         table.add_column("id", style="dim")
-        for key, desc, bid in self._bindings:
-            table.add_row(Text(key, style="bold"), desc, bid)
+        for key, desc, bid in self.rows:
+            table.add_row(Text(key, style="bold"), "", desc, bid)
         with VerticalScroll(id="help-box"):
             yield Static(table, id="help-keys")
             yield Markdown(HELP_TEXT, id="help-text")

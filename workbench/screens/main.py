@@ -4,6 +4,7 @@ from __future__ import annotations
 from textual import events
 from textual.app import ComposeResult
 from textual.containers import Horizontal
+from textual.css.query import NoMatches
 from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import Screen
@@ -39,7 +40,9 @@ class MainScreen(Screen):
     def on_resize(self, event: events.Resize) -> None:
         self.narrow = event.size.width < WIDE
 
-    def watch_narrow(self) -> None:
+    def watch_narrow(self, narrow: bool) -> None:
+        if not narrow:
+            self.view = "both"  # room for both again
         self._apply()
 
     def watch_view(self) -> None:
@@ -57,9 +60,10 @@ class MainScreen(Screen):
         return self.shown
 
     def _apply(self) -> None:
-        if not self.is_mounted:
-            return
         shown = self.shown
-        self.query_one(Dashboard).display = shown in ("both", "dashboard")
-        self.query_one(ChatPane).display = shown in ("both", "chat")
+        try:
+            self.query_one(Dashboard).display = shown in ("both", "dashboard")
+            self.query_one(ChatPane).display = shown in ("both", "chat")
+        except NoMatches:  # not composed yet
+            return
         self.set_class(shown == "both", "-both")

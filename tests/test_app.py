@@ -1,0 +1,553 @@
+"""Pilot tests of the numawb app on tiny GGUF models: every control, and the error paths."""
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gguf_factory import TinySpec, write_tiny_model
+from workbench.app import WorkbenchApp
+from workbench.engine.engine import Placement
+from workbench.screens.chat import Reply, UserMessage
+from workbench.screens.dashboard import Controls, LoadPanel
+from workbench.screens.dialogs import ErrorScreen, HelpScreen, OpenModelScreen, SamplingScreen
+from workbench.screens.main import MainScreen
+from workbench.settings import Settings, load_settings
+
+SIZE = (160, 48)
+
+
+def aio(fn):
+    """Run an async test with asyncio.run (no pytest-asyncio needed); fixtures pass through."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return asyncio.run(fn(*args, **kwargs))
+    return wrapper
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("models") / "tiny-llama.gguf"
+    write_tiny_model(path, TinySpec(n_ctx=512))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def tiny2(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("models") / "tiny-other.gguf"
+    write_tiny_model(path, TinySpec(n_ctx=512, n_layer=1, seed=3))
+    return str(path)
+
+
+@pytest.fixture(autouse=True)
+def xdg(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    return tmp_path / "config" / "numawb" / "settings.json"
+
+
+def make_app(model: str | None, **kw) -> WorkbenchApp:
+    settings = Settings()
+    settings.sampling.n_predict = 8
+    settings.sampling.seed = 1
+    settings.n_ctx = 512
+    kw.setdefault("settings", settings)
+    return WorkbenchApp(model, **kw)
+
+
+async def until(pilot, cond, timeout: float = 60.0) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "timed out"
+        await pilot.pause(0.05)
+
+
+async def loaded(app, pilot) -> None:
+    await until(pilot, lambda: app.engine is not None and not app.loading)
+
+
+async def chat_once(app, pilot, text: str = "the cat sat") -> Reply:
+    assert await app.send_message(text)
+    await until(pilot, lambda: not app.generating)
+    reply = app.chat_pane.last_reply()
+    assert reply is not None
+    return reply
+
+
+def stats_text(reply: Reply) -> str:
+    return str(reply.query_one(".reply-stats").render())
+
+
+# ---- start, load, dashboard -------------------------------------------------
+
+@aio
+async def test_mounts_at_once_then_loads_with_progress(tiny):
+    app = make_app(tiny)
+    async with app.run_test(size=SIZE) as pilot:
+        assert app.loading or app.engine is not None  # the UI is up before the model
+        await loaded(app, pilot)
+        assert not app.query_one(LoadPanel).display
+        await until(pilot, lambda: app.dashboard.snapshot.workers)
+        snap = app.dashboard.snapshot
+        assert snap.model == "tiny-llama.gguf" and snap.source == "live"
+        assert sum(n.weights for n in snap.nodes) > 0
+        assert len(snap.workers) == app.engine.pool.n_threads
+        assert "tiny-llama.gguf" in app.sub_title
+
+
+@aio
+async def test_load_progress_panel_shows_bytes_and_phase(tiny):
+    from workbench.numa.layout import ProgressEvent
+    from workbench.app import LoadProgress
+    app = make_app(tiny, autoload=False)
+    async with app.run_test(size=SIZE) as pilot:
+        panel = app.query_one(LoadPanel)
+        panel.display = True
+        app.post_message(LoadProgress(ProgressEvent("load", 3 << 20, 8 << 20, 100 << 20, ""), "load"))
+        await pilot.pause()
+        text = str(panel.query_one("#load-text").render())
+        assert "load: 3.0 MiB / 8.0 MiB" in text and "100.0 MiB/s" in text
+
+
+# ---- chat ---------------------------------------------------------------------
+
+@aio
+async def test_chat_streams_reply_with_stats_line(tiny):
+    app = make_app(tiny)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(app, pilot)
+        await pilot.click("#prompt")
+        await pilot.press(*"the cat", "enter")
+        await until(pilot, lambda: app.chat is not None and len(app.chat.messages) == 2 and not app.generating)
+        reply = app.chat_pane.last_reply()
+        assert reply.text == app.chat.messages[-1].content and reply.text
+        line = stats_text(reply)
+        assert "tokens" in line and "decode" in line and "weights none" in line
+        assert app.dashboard.snapshot.rates.decode_tps or app.telemetry.rates.rates().decode_tps
+
+
+@aio
+async def test_escape_stops_and_keeps_partial_reply(tiny):
+    app = make_app(tiny)
+    app.settings.sampling.n_predict = 200
+    app.settings.sampling.temperature = 1.5
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(app, pilot)
+        seen, go = threading.Event(), threading.Event()
+        real_token = app.telemetry.rates.token
+        count = [0]
+
+        def gated(t: float) -> None:  # hold generation after 3 tokens until Esc was pressed
+            real_token(t)
+            count[0] += 1
+            if count[0] == 3:
+                seen.set()
+                go.wait(10)
+        app.telemetry.rates.token = gated
+        await app.send_message("the dog")
+        await until(pilot, seen.is_set)
+        await pilot.press("escape")
+        go.set()
+        await until(pilot, lambda: not app.generating)
+        assert app.chat.messages[-1].role == "assistant"
+        partial = app.chat.messages[-1].content
+        assert partial and app.chat_pane.last_reply().text == partial
+        assert "cancelled" in stats_text(app.chat_pane.last_reply())
+
+
+@aio
+async def test_regenerate_replaces_last_reply(tiny):
+    app = make_app(tiny)
+    app.settings.sampling.seed = None
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(app, pilot)
+        await chat_once(app, pilot, "hello world")
+        await pilot.press("ctrl+r")
+        await pilot.pause(0.1)
+        await until(pilot, lambda: not app.generating)
+        assert [m.role for m in app.chat.messages] == ["user", "assistant"]
+        assert app.chat.messages[0].content == "hello world"
+        assert len(app.chat_pane.query(Reply)) == 1 and len(app.chat_pane.query(UserMessage)) == 1
+
+
+@aio
+async def test_clear_chat(tiny):
+    app = make_app(tiny)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(app, pilot)
+        await chat_once(app, pilot)
+        await pilot.press("ctrl+l")
+        await pilot.pause(0.1)
+        assert app.chat.messages == [] and app.chat.session.tokens == []
+        assert not app.chat_pane.query(Reply)
+
+
+@aio
+async def test_multi_turn_reuses_kv_cache(tiny):
+    app = make_app(tiny)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(app, pilot)
+        await chat_once(app, pilot, "the cat")
+        first_prompt = app.telemetry.rates.rates()
+        await chat_once(app, pilot, "the dog")
+        # second turn evaluates only the new tokens: fewer prompt tokens than the whole conversation
+        line = stats_text(app.chat_pane.last_reply())
+        n_prompt = int(line.split("prompt ")[1].split(" tok")[0])
+        assert n_prompt < len(app.chat.prompt_tokens())
+        assert len(first_prompt.decode_tps) == 1
+
+
+# ---- placement controls ---------------------------------------------------------
+
+@aio
+async def test_controls_switch_weights_and_kv_live(tiny):
+    app = make_app(tiny)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(app, pilot)
+        await chat_once(app, pilot)
+        eng = app.engine
+        c = app.query_one(Controls)
+        c.query_one("#weights").value = "interleave"
+        c.query_one("#kv").value = "interleave"
+        await pilot.click("#apply")
+        await pilot.pause(0.1)
+        await until(pilot, lambda: not app.switching)
+        assert (eng.placement.weights, eng.placement.kv) == ("interleave", "interleave")
+        status = str(c.query_one("#switch-status").render())
+        assert "weights none -> interleave in" in status and "ms" in status
+        assert "kv first-touch -> interleave" in status
+        reply = await chat_once(app, pilot)  # the conversation survives the switch
+        assert "weights interleave · KV interleave" in stats_text(reply)
+        await until(pilot, lambda: app.dashboard.snapshot.placement.get("weights") == "interleave")
+
+
+@aio
+async def test_controls_switch_thread_count_and_policy(tiny):
+    app = make_app(tiny)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(app, pilot)
+        c = app.query_one(Controls)
+        c.query_one("#threads").value = "1"
+        c.query_one("#policy").value = "isolate"
+        c.request()
+        await pilot.pause(0.1)
+        await until(pilot, lambda: not app.switching)
+        assert app.engine.pool.n_threads == 1 and app.engine.placement.policy == "isolate"
+        await until(pilot, lambda: len(app.dashboard.snapshot.workers) == 1)
+        await chat_once(app, pilot)
+
+
+@aio
+async def test_switch_that_does_not_fit_is_refused_and_previous_mode_kept(tiny):
+    app = make_app(tiny, placement=Placement(budget=64 << 20))
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(app, pilot)
+        assert app.request_switch(kv="node:7")  # no memory there: the budget check refuses
+        await until(pilot, lambda: not app.switching)
+        assert app.engine.placement.kv == "first-touch"
+        assert "does not fit" in app.last_error and "node 7" in app.last_error
+        status = str(app.query_one(Controls).query_one("#switch-status").render())
+        assert "refused" in status and "kept: weights none · KV first-touch" in status
+        assert app.query_one(Controls).query_one("#kv").value == "first-touch"
+        await chat_once(app, pilot)  # still works
+
+
+@aio
+async def test_load_with_too_small_budget_shows_modal_and_keeps_running(tiny):
+    app = make_app(tiny, placement=Placement(budget=4096))
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, ErrorScreen))
+        assert app.engine is None and "does not fit" in app.screen.message
+        await pilot.press("escape")
+        assert isinstance(app.screen, MainScreen)
+
+
+# ---- loading other models and errors ---------------------------------------------
+
+@aio
+async def test_missing_model_file_is_reported_in_a_modal(tmp_path, tiny):
+    app = make_app(str(tmp_path / "nope.gguf"))
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, ErrorScreen))
+        assert "nope.gguf" in app.screen.message
+        await pilot.click("#error-ok")
+        assert app.engine is None and app.is_running
+        app.load_model(tiny)  # and a good model still loads afterwards
+        await loaded(app, pilot)
+
+
+@aio
+async def test_corrupt_model_via_open_dialog_keeps_previous_model(tmp_path, tiny):
+    bad = tmp_path / "corrupt.gguf"
+    bad.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 64)
+    app = make_app(tiny)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(app, pilot)
+        before = app.engine
+        await pilot.press("f4")
+        assert isinstance(app.screen, OpenModelScreen)
+        app.screen.query_one("#open-path").value = str(bad)
+        await pilot.click("#open-load")
+        await until(pilot, lambda: isinstance(app.screen, ErrorScreen))
+        assert "corrupt.gguf" in app.screen.message and "Still using tiny-llama.gguf" in app.screen.message
+        await pilot.press("enter")
+        assert app.engine is before
+        await chat_once(app, pilot)
+
+
+@aio
+async def test_open_dialog_loads_another_model_and_closes_the_old_one(tiny, tiny2):
+    app = make_app(tiny)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(app, pilot)
+        old = app.engine
+        await pilot.press("f4")
+        inp = app.screen.query_one("#open-path")
+        inp.value = ""
+        await pilot.click("#open-path")
+        await pilot.press(*tiny2[:-6])  # the suggester completes the rest of the name
+        await pilot.pause(0.2)
+        await pilot.press("right")
+        assert inp.value == tiny2
+        await pilot.press("enter")
+        await until(pilot, lambda: app.engine is not old and app.engine is not None)
+        assert app.engine.path == tiny2 and app.engine.cfg.n_layer == 1
+        await until(pilot, lambda: old.pool._closed)
+        await chat_once(app, pilot)
+
+
+@aio
+async def test_reload_replaces_the_engine(tiny):
+    app = make_app(tiny)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(app, pilot)
+        old = app.engine
+        await pilot.press("f5")
+        await until(pilot, lambda: app.engine is not old and not app.loading)
+        assert app.engine.path == old.path
+
+
+@aio
+async def test_engine_error_mid_reply_is_notified_and_model_still_works(tiny):
+    app = make_app(tiny)
+    app.settings.sampling.n_predict = 20
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(app, pilot)
+        model = app.engine.model
+        real = model.forward
+        calls = [0]
+
+        def broken(*a, **kw):
+            calls[0] += 1
+            if calls[0] == 4:
+                raise RuntimeError("simulated kernel fault")
+            return real(*a, **kw)
+        model.forward = broken
+        await app.send_message("the cat")
+        await until(pilot, lambda: not app.generating)
+        assert "simulated kernel fault" in app.last_error
+        assert any(n.severity == "error" and "simulated kernel fault" in n.message
+                   for n in app._notifications)
+        assert "✗ RuntimeError" in stats_text(app.chat_pane.last_reply())
+        model.forward = real
+        reply = await chat_once(app, pilot, "the dog")
+        assert "tokens" in stats_text(reply)
+
+
+# ---- other controls ----------------------------------------------------------------
+
+@aio
+async def test_sampling_dialog_validates_and_persists(tiny, xdg):
+    app = make_app(tiny, autoload=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("f6")
+        assert isinstance(app.screen, SamplingScreen)
+        app.screen.query_one("#s-temperature").value = "abc"
+        await pilot.click("#sampling-save")
+        assert isinstance(app.screen, SamplingScreen)
+        assert "temperature" in str(app.screen.query_one("#sampling-error").render())
+        app.screen.query_one("#s-temperature").value = "0"
+        app.screen.query_one("#s-top_k").value = "5"
+        await pilot.pause(0.3)
+        await pilot.click("#sampling-save")
+        await pilot.pause(0.1)
+        assert not isinstance(app.screen, SamplingScreen)
+        assert app.settings.sampling.temperature == 0.0 and app.settings.sampling.top_k == 5
+    assert load_settings(xdg).sampling.top_k == 5
+
+
+@aio
+async def test_theme_cycles_and_is_restored_next_start(xdg):
+    app = make_app(None, autoload=False)
+    async with app.run_test(size=SIZE) as pilot:
+        first = app.theme
+        await pilot.press("f7")
+        assert app.theme != first
+        chosen = app.theme
+    assert json.loads(xdg.read_text())["theme"] == chosen
+    app2 = WorkbenchApp(None, autoload=False)
+    async with app2.run_test(size=SIZE):
+        assert app2.theme == chosen
+
+
+@aio
+async def test_ansi_theme_and_stable_node_colours():
+    app = make_app(None, autoload=False, theme="numawb-ansi")
+    async with app.run_test(size=SIZE):
+        assert app.theme == "numawb-ansi"
+        pal = app.palette
+        assert pal.node(1) == pal.node(1 + len(pal.nodes)) and pal.node(0) != pal.node(1)
+        assert not any(c.startswith("#") for c in pal.nodes)
+
+
+@aio
+async def test_pause_and_refresh_rate(xdg):
+    app = make_app(None, autoload=False)
+    async with app.run_test(size=SIZE) as pilot:
+        app.dashboard.focus()
+        await pilot.press("p")
+        assert app.sampler.paused and "paused" in app.sub_title
+        seq = app.dashboard.snapshot.seq
+        await pilot.pause(1.3)
+        assert app.dashboard.snapshot.seq == seq
+        await pilot.press("f8")
+        assert not app.sampler.paused
+        await pilot.press("plus")
+        assert app.sampler.interval == 0.5
+        await pilot.press("minus", "minus")
+        assert app.sampler.interval == 2.0 and "refresh 2 s" in app.sub_title
+    assert load_settings(xdg).refresh == 2.0
+
+
+@aio
+async def test_narrow_terminal_switches_between_chat_and_dashboard():
+    app = make_app(None, autoload=False)
+    async with app.run_test(size=(100, 40)) as pilot:
+        main = app.screen
+        assert main.shown == "chat"
+        assert not app.dashboard.display and app.chat_pane.display
+        await pilot.press("f2")
+        assert main.shown == "dashboard" and app.dashboard.display and not app.chat_pane.display
+        await pilot.press("f2")
+        assert main.shown == "chat"
+        await pilot.resize_terminal(170, 40)
+        await pilot.pause()
+        assert app.dashboard.display and app.chat_pane.display
+
+
+@aio
+async def test_f3_focuses_placement_controls_on_narrow_screen():
+    app = make_app(None, autoload=False)
+    async with app.run_test(size=(100, 40)) as pilot:
+        await pilot.press("f3")
+        assert app.screen.shown == "dashboard"
+        assert app.focused is app.query_one("#weights")
+
+
+@aio
+async def test_help_lists_every_binding_with_its_id():
+    app = make_app(None, autoload=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("f1")
+        assert isinstance(app.screen, HelpScreen)
+        ids = {bid for _, _, bid in app.screen.rows}
+        assert {b.id for b in app.BINDINGS} <= ids
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+
+
+@aio
+async def test_every_binding_has_an_id_and_a_palette_entry():
+    app = make_app(None, autoload=False)
+    async with app.run_test(size=SIZE):
+        assert all(b.id for b in app.BINDINGS)
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        for b in app.BINDINGS:
+            if b.action != "quit":
+                assert any(t.startswith(b.description) for t in titles), b.description
+        for mode in ("Weights: mirror", "Weights: slice", "KV cache: interleave", "Theme: numawb-ansi"):
+            assert mode in titles
+        assert not {"ctrl+s", "ctrl+b", "ctrl+j", "ctrl+h"} & {k for b in app.BINDINGS for k in b.key.split(",")}
+
+
+@aio
+async def test_palette_command_switches_weights(tiny):
+    app = make_app(tiny)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(app, pilot)
+        cmd = next(c for c in app.get_system_commands(app.screen) if c.title == "Weights: mirror")
+        cmd.callback()
+        await pilot.pause(0.1)
+        await until(pilot, lambda: not app.switching)
+        assert app.engine.placement.weights == "mirror"
+
+
+@aio
+async def test_simulated_topology_is_marked(tiny):
+    app = make_app(tiny, simulate="xeon-8node-smt")
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(app, pilot)
+        await until(pilot, lambda: app.dashboard.snapshot.model)
+        snap = app.dashboard.snapshot
+        assert snap.simulated and len(snap.nodes) == 8
+        assert "SIMULATED" in str(app.dashboard.query_one("#banner").render())
+        assert "SIMULATED" in app.sub_title
+
+
+@aio
+async def test_no_model_yet_send_is_refused_politely():
+    app = make_app(None, autoload=False)
+    async with app.run_test(size=SIZE) as pilot:
+        assert not await app.send_message("hi")
+        await pilot.pause()
+        assert any("no model loaded" in n.message for n in app._notifications)
+
+
+# ---- recording and replay -----------------------------------------------------------
+
+def test_record_script_and_replay(tmp_path, tiny):
+    from workbench.record import run_record
+    script = tmp_path / "s.txt"
+    script.write_text("set n_predict=4 seed=1\nload\nchat the cat\nswitch weights=interleave\n"
+                      "switch kv=interleave\nchat the dog\n")
+    out = tmp_path / "rec"
+    assert run_record(str(out), script=str(script), model=tiny, size=(120, 40)) == 0
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    kinds = {e["kind"] for e in events}
+    assert {"load.done", "chat.user", "token", "reply.done", "switch.done", "snapshot", "screenshot"} <= kinds
+    assert all("t" in e and "dt" in e for e in events)
+    shots = sorted(p.name for p in out.glob("*.svg"))
+    assert shots == ["01-set.svg", "02-load.svg", "03-chat.svg", "04-switch.svg", "05-switch.svg", "06-chat.svg"]
+    assert "tiny-llama.gguf" in (out / "06-chat.svg").read_text()
+
+    async def replay() -> None:
+        app = make_app(None, replay=str(out / "events.jsonl"), autoload=False)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: app.dashboard.snapshot.source == "replay", 10)
+            await until(pilot, lambda: app.dashboard.snapshot.model == "tiny-llama.gguf", 20)
+            await until(pilot, lambda: len(app.chat_pane.query(UserMessage)) >= 1, 20)
+            assert app.engine is None
+    asyncio.run(replay())
+
+
+def test_record_reports_a_failed_step(tmp_path):
+    from workbench.record import run_record
+    script = tmp_path / "s.json"
+    script.write_text(json.dumps([{"op": "load", "arg": str(tmp_path / "missing.gguf")}]))
+    assert run_record(str(tmp_path / "rec"), script=str(script), size=(100, 30)) == 1
+    events = (tmp_path / "rec" / "events.jsonl").read_text()
+    assert '"load.error"' in events and '"step.failed"' in events
+
+
+def test_script_parser_rejects_unknown_steps():
+    from workbench.record import DEFAULT_SCRIPT, parse_script
+    ops = [s.op for s in parse_script(DEFAULT_SCRIPT)]
+    assert ops.count("chat") == 3 and ops.count("switch") == 2 and "load" in ops
+    with pytest.raises(ValueError, match="unknown script step"):
+        parse_script("dance now")
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        parse_script("switch mirror")

@@ -1,0 +1,171 @@
+"""Telemetry snapshots (live and simulated), rate tracking, the sampler thread, and settings."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+
+import pytest
+
+from gguf_factory import TinySpec, write_tiny_model
+from workbench.engine import Chat, SamplingParams
+from workbench.engine.engine import Engine, Placement, Stats
+from workbench.numa.proof import BufferProof
+from workbench.settings import Settings, load_settings, save_settings
+from workbench.telemetry import (Rates, RateTracker, Sampler, Snapshot, Telemetry, node_in_place,
+                                 worker_uses)
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tm") / "tiny.gguf"
+    write_tiny_model(path, TinySpec(n_ctx=256))
+    eng = Engine.load(str(path))
+    chat = Chat(eng, n_ctx=256)
+    for _ in chat.send("the cat", SamplingParams(seed=1), n_predict=4):
+        pass
+    yield eng, chat
+    eng.close()
+
+
+def roundtrip(s: Snapshot) -> Snapshot:
+    return Snapshot.from_json(json.loads(json.dumps(s.to_json())))
+
+
+def test_live_snapshot_measures_weights_kv_and_workers(engine):
+    eng, _ = engine
+    s = Telemetry(eng).sample()
+    assert s.source == "live" and not s.simulated
+    assert s.model == "tiny.gguf" and s.weight_bytes == eng.weight_bytes
+    assert sum(n.weights for n in s.nodes) == pytest.approx(eng.weight_bytes, rel=0.02)
+    kv = sum(b.nbytes for b in eng.buffers() if b.kind == "kv")
+    assert 0 < sum(n.kv for n in s.nodes) <= kv
+    assert [w.index for w in s.workers] == list(range(eng.pool.n_threads))
+    for n in s.nodes:
+        assert n.free <= n.total and n.system >= 0
+    assert {b.kind for b in s.buffers} == {"weights", "kv"}
+    assert s.topo.node_ids and s.topo.kernel_path
+
+
+def test_snapshot_json_roundtrip(engine):
+    eng, _ = engine
+    tel = Telemetry(eng)
+    tel.rates.done(Stats(prompt_tokens=5, prompt_seconds=0.5, decode_tokens=9, decode_seconds=0.3, ttft=0.6))
+    s = tel.sample()
+    assert roundtrip(s) == s
+    sim = Telemetry(eng, simulate="xeon-8node-smt").sample()
+    assert roundtrip(sim) == sim
+
+
+def test_simulated_figures_are_deterministic_and_marked(engine):
+    eng, _ = engine
+    a = Telemetry(eng, simulate="xeon-8node-smt").sample(now=0)
+    b = Telemetry(eng, simulate="xeon-8node-smt").sample(now=0)
+    strip = lambda s: dataclasses.replace(s, sample_seconds=0.0, workers=tuple(  # noqa: E731
+        dataclasses.replace(w, busy=0.0) for w in s.workers))
+    assert strip(a) == strip(b)
+    assert a.simulated and a.source == "simulated:xeon-8node-smt"
+    assert any("SIMULATED" in n for n in a.notes)
+    assert len(a.nodes) == 8 and len(a.workers) == 32  # one worker per physical core of the fixture
+    assert {w.node for w in a.workers} == set(range(8))
+    assert a.nodes[0].weights == eng.weight_bytes and sum(n.weights for n in a.nodes[1:]) == 0  # mode none
+
+
+def test_simulated_modes_follow_the_planner(engine):
+    eng, _ = engine
+    tel = Telemetry(eng, simulate="epyc-2socket")
+    eng.switch(weights="mirror")
+    try:
+        mirror = tel.sample()
+        assert [n.weights for n in mirror.nodes] == [eng.weight_bytes] * len(mirror.nodes)
+        assert all("replica" in w.uses or "mirror" in w.uses for w in mirror.workers)
+        eng.switch(weights="interleave")
+        inter = tel.sample()
+        assert sum(n.weights for n in inter.nodes) >= eng.weight_bytes
+        assert max(n.weights for n in inter.nodes) < eng.weight_bytes
+    finally:
+        eng.switch(weights="none")
+
+
+def test_rate_tracker_current_average_peak():
+    rt = RateTracker()
+    for tps in (10.0, 30.0, 20.0):
+        rt.done(Stats(prompt_tokens=4, prompt_seconds=0.1, decode_tokens=int(tps), decode_seconds=1.0, ttft=0.2))
+    r = rt.rates()
+    assert r.decode_tps == (10.0, 30.0, 20.0)
+    assert Rates.cur_avg_peak(r.decode_tps) == (20.0, 20.0, 30.0)
+    assert r.prompt_tps == (40.0, 40.0, 40.0) and r.current_decode == 20.0
+    rt.start()
+    t = time.perf_counter()
+    for i in range(11):
+        rt.token(t + i * 0.05)
+    live = rt.rates()
+    assert live.generating and live.live_decode_tps == pytest.approx(20.0)
+    assert live.current_decode == pytest.approx(20.0)
+    rt.failed()
+    assert not rt.rates().generating and rt.rates().live_decode_tps is None
+
+
+def test_bandwidth_is_weight_bytes_times_decode_rate(engine):
+    eng, _ = engine
+    tel = Telemetry(eng)
+    tel.rates.done(Stats(prompt_tokens=1, prompt_seconds=1, decode_tokens=50, decode_seconds=2.0))
+    assert tel.sample().bandwidth == pytest.approx(eng.weight_bytes * 25.0)
+    assert Telemetry(None).sample().bandwidth is None
+
+
+def test_sampler_runs_pauses_and_clamps():
+    got: list[Snapshot] = []
+    ev = threading.Event()
+
+    def on(s: Snapshot) -> None:
+        got.append(s)
+        ev.set()
+    sm = Sampler(Telemetry(None), on, interval=0.25)
+    sm.start()
+    try:
+        assert ev.wait(5)
+        sm.pause()
+        time.sleep(0.3)
+        n = len(got)
+        time.sleep(0.6)
+        assert len(got) == n and sm.paused
+        sm.pause(False)
+        end = time.monotonic() + 5
+        while len(got) == n and time.monotonic() < end:
+            time.sleep(0.05)
+        assert len(got) > n
+        assert sm.set_interval(0.01) == Sampler.MIN_INTERVAL
+        assert sm.set_interval(1e6) == Sampler.MAX_INTERVAL
+        assert [s.seq for s in got] == sorted(s.seq for s in got)
+    finally:
+        sm.stop()
+    assert not sm._thread.is_alive()
+
+
+def test_worker_uses_and_node_in_place():
+    bufs = [("weights mirror replica 0 (node 0)", (0,)), ("weights mirror replica 1 (node 1)", (1,))]
+    assert worker_uses(1, bufs) == "mirror replica 1 (node 1)"
+    assert worker_uses(0, [("weights interleave (nodes 0,1)", (0, 1))]) == "interleave (nodes 0,1)"
+    proofs = [BufferProof("a", "weights", (0,), 100, 10, {0: 9, 1: 1}),
+              BufferProof("b", "kv", (0, 1), 100, 10, {0: 5, 1: 5})]
+    assert node_in_place(proofs, 0) == pytest.approx((9 + 5) / (10 + 5))
+    assert node_in_place(proofs, 1) == pytest.approx(1.0)
+    assert node_in_place(proofs, 2) is None
+
+
+def test_settings_roundtrip_and_bad_files(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    s = Settings(theme="numawb-ansi", refresh=2.0)
+    s.sampling.top_k = 7
+    s.sampling.seed = 3
+    path = save_settings(s)
+    assert path == tmp_path / "numawb" / "settings.json"
+    assert load_settings() == s
+    path.write_text("{not json")
+    assert load_settings() == Settings()
+    path.write_text(json.dumps({"theme": 5, "refresh": "fast", "sampling": {"top_k": "x", "temperature": 0}}))
+    loaded = load_settings()
+    assert loaded.theme == "numawb" and loaded.refresh == 1.0
+    assert loaded.sampling.top_k == 40 and loaded.sampling.temperature == 0.0

@@ -1,0 +1,228 @@
+"""Headless recording: ``numawb --record DIR [--script FILE]``.
+
+Runs the app without a terminal (Textual's headless driver), plays a script, and writes
+
+- ``DIR/events.jsonl``: one JSON object per line, ``{"t": unix time, "dt": seconds since start,
+  "kind": ..., "data": {...}}`` for every engine event (``load.start|progress|done|error``,
+  ``chat.user``, ``token``, ``reply.done|error``, ``switch.start|progress|done|refused``), every
+  telemetry ``snapshot`` (a ``workbench.telemetry.Snapshot`` as JSON), and the script's own
+  ``step`` / ``screenshot`` / ``step.failed`` markers;
+- ``DIR/NN-<op>.svg``: a screenshot of the app after each step.
+
+``numawb --replay DIR/events.jsonl`` plays the snapshots back in the dashboard.
+
+Script format: one step per line (``#`` starts a comment), or a JSON list of
+``{"op": ..., "arg": ...}`` objects with the same ops:
+
+    load [PATH]                   load PATH (default: -m, else the default model)
+    set KEY=VALUE ...             sampling: temperature top_k top_p min_p repeat_penalty seed n_predict
+    chat TEXT                     send TEXT and wait for the reply
+    switch KEY=VALUE ...          weights=MODE kv=MODE threads=N policy=distribute|isolate
+    view both|chat|dashboard      which pane(s) to show
+    press KEY ...                 key presses, e.g. "press f1" (help) or "press escape"
+    wait SECONDS                  let telemetry run
+    clear                         clear the chat
+
+Exit status: 0 when every step succeeded, 1 otherwise (the recording is written either way).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+DEFAULT_SCRIPT = """\
+# numawb --record default session
+set n_predict=48 temperature=0.7 seed=42
+load
+chat Hello! In one sentence, what is a NUMA node?
+chat Why does it matter where a model's weights live in memory?
+switch weights=interleave
+switch kv=interleave
+chat Say that again in five words.
+"""
+
+OPS = ("load", "set", "chat", "switch", "view", "press", "wait", "clear")
+
+
+@dataclass(frozen=True)
+class Step:
+    op: str
+    arg: str = ""
+
+    def pairs(self) -> dict[str, str]:
+        out = {}
+        for part in self.arg.split():
+            if "=" not in part:
+                raise ValueError(f"{self.op}: expected KEY=VALUE, got {part!r}")
+            k, v = part.split("=", 1)
+            out[k.strip()] = v.strip()
+        return out
+
+
+def parse_script(text: str) -> list[Step]:
+    """Lines or a JSON list; raises ValueError naming the bad line."""
+    stripped = text.strip()
+    if stripped.startswith("["):
+        items = json.loads(stripped)
+        steps = [Step(str(i["op"]), str(i.get("arg", ""))) for i in items]
+    else:
+        steps = []
+        for n, line in enumerate(text.splitlines(), 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            op, _, arg = line.partition(" ")
+            steps.append(Step(op.lower(), arg.strip()))
+    for s in steps:
+        if s.op not in OPS:
+            raise ValueError(f"unknown script step {s.op!r} (one of {', '.join(OPS)})")
+        if s.op in ("set", "switch"):
+            s.pairs()
+    return steps
+
+
+class Recorder:
+    """Thread-safe JSON-lines writer; call it as ``recorder(kind, data)``."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._f: TextIO = open(path, "w", encoding="utf-8")
+        self._lock = threading.Lock()
+        self._t0 = time.monotonic()
+        self.count = 0
+
+    def __call__(self, kind: str, data: dict[str, Any]) -> None:
+        line = json.dumps({"t": time.time(), "dt": round(time.monotonic() - self._t0, 6), "kind": kind,
+                           "data": data}, ensure_ascii=False, default=str)
+        with self._lock:
+            if not self._f.closed:
+                self._f.write(line + "\n")
+                self._f.flush()
+                self.count += 1
+
+    def close(self) -> None:
+        with self._lock:
+            self._f.close()
+
+
+async def _wait(pilot: Any, busy: Any, timeout: float) -> bool:
+    end = time.monotonic() + timeout
+    while busy():
+        if time.monotonic() > end:
+            return False
+        await pilot.pause(0.1)
+    return True
+
+
+async def run_step(app: Any, pilot: Any, step: Step, model: str | None, timeout: float) -> str | None:
+    """Do one step; returns an error text or None."""
+    from .screens.main import MainScreen
+    from .settings import SamplingSettings
+    if step.op == "load":
+        app.last_error = ""
+        app.load_model(step.arg or model)
+        await pilot.pause(0.1)
+        if not await _wait(pilot, lambda: app.loading, timeout):
+            return "load timed out"
+        return app.last_error or None
+    if step.op == "set":
+        s = app.settings.sampling
+        for k, v in step.pairs().items():
+            if k not in SamplingSettings.__dataclass_fields__:
+                return f"set: unknown key {k!r}"
+            cur = getattr(SamplingSettings(), k)
+            setattr(s, k, None if v.lower() == "none" else (type(cur)(v) if cur is not None else int(v)))
+        return None
+    if step.op == "chat":
+        app.last_error = ""
+        if not await app.send_message(step.arg):
+            return "chat: could not send (no model?)"
+        await pilot.pause(0.1)
+        if not await _wait(pilot, lambda: app.generating, timeout):
+            app.action_stop()
+            return "chat timed out (stopped)"
+        return app.last_error or None
+    if step.op == "switch":
+        kw: dict[str, Any] = step.pairs()
+        if "threads" in kw:
+            kw["threads"] = int(kw["threads"])
+        app.last_error = ""
+        if not app.request_switch(**kw):
+            return None  # already in force (noted in the app)
+        await pilot.pause(0.1)
+        if not await _wait(pilot, lambda: app.switching, timeout):
+            return "switch timed out"
+        return app.last_error or None
+    if step.op == "view":
+        main = app.screen_stack[0]
+        assert isinstance(main, MainScreen)
+        main.view = step.arg or "both"
+        return None
+    if step.op == "press":
+        await pilot.press(*step.arg.split())
+        return None
+    if step.op == "wait":
+        await pilot.pause(float(step.arg or 1))
+        return None
+    if step.op == "clear":
+        await app.action_clear_chat()
+        return None
+    return f"unknown step {step.op}"
+
+
+async def _drive(app: Any, steps: list[Step], out: Path, rec: Recorder, model: str | None,
+                 size: tuple[int, int], timeout: float) -> list[str]:
+    from .screens.dialogs import ErrorScreen
+    failures: list[str] = []
+    async with app.run_test(size=size) as pilot:
+        await pilot.pause(0.2)
+        for i, step in enumerate(steps, 1):
+            rec("step", {"index": i, "op": step.op, "arg": step.arg})
+            print(f"[{i}/{len(steps)}] {step.op} {step.arg}", file=sys.stderr, flush=True)
+            err = await run_step(app, pilot, step, model, timeout)
+            if err:
+                failures.append(f"step {i} ({step.op} {step.arg}): {err}")
+                rec("step.failed", {"index": i, "error": err})
+                print(f"  failed: {err}", file=sys.stderr)
+            if app.sampler is not None:
+                app.sampler.sample_now()
+            await pilot.pause(0.5)
+            name = f"{i:02d}-{step.op}.svg"
+            app.save_screenshot(name, str(out))
+            rec("screenshot", {"index": i, "file": name})
+            if isinstance(app.screen, ErrorScreen):
+                app.pop_screen()
+                await pilot.pause(0.1)
+    return failures
+
+
+def run_record(out_dir: str, script: str | None = None, model: str | None = None, placement: Any = None,
+               simulate: str | None = None, size: tuple[int, int] = (160, 48), timeout: float = 900.0) -> int:
+    from .app import WorkbenchApp
+    from .settings import Settings
+    try:
+        text = Path(script).read_text(encoding="utf-8") if script else DEFAULT_SCRIPT
+        steps = parse_script(text)
+    except (OSError, ValueError) as e:
+        from .cli import UserError
+        raise UserError(f"{script}: {e}") from None
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rec = Recorder(out / "events.jsonl")
+    app = WorkbenchApp(model, placement=placement, simulate=simulate, autoload=False, persist=False,
+                       settings=Settings(), recorder=rec)
+    try:
+        failures = asyncio.run(_drive(app, steps, out, rec, model, size, timeout))
+    finally:
+        rec.close()
+    shots = len(list(out.glob("*.svg")))
+    print(f"numawb: recorded {rec.count} events to {rec.path} and {shots} screenshots in {out}", file=sys.stderr)
+    for f in failures:
+        print(f"numawb: {f}", file=sys.stderr)
+    return 1 if failures else 0
