@@ -551,3 +551,26 @@ def test_script_parser_rejects_unknown_steps():
         parse_script("dance now")
     with pytest.raises(ValueError, match="KEY=VALUE"):
         parse_script("switch mirror")
+
+
+@aio
+async def test_conversation_is_saved_and_restored_and_survives_reload(tiny, tmp_path):
+    from workbench.history import ChatHistory
+    history = ChatHistory(tmp_path / "state" / "chat.jsonl")
+    app = make_app(tiny, history=history)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(app, pilot)
+        await chat_once(app, pilot, "the cat sat")
+        first = [(m.role, m.content) for m in app.chat.messages]
+        app.action_reload()
+        await until(pilot, lambda: app.loading)
+        await loaded(app, pilot)
+        assert [(m.role, m.content) for m in app.chat.messages] == first  # kept across the reload
+    assert [(m.role, m.content) for m in history.load()] == first
+    again = make_app(tiny, history=history)  # a new start restores the conversation
+    async with again.run_test(size=SIZE) as pilot:
+        await loaded(again, pilot)
+        assert [(m.role, m.content) for m in again.chat.messages] == first
+        assert len(again.query(UserMessage)) == 1 and len(again.query(Reply)) == 1
+        await again.action_clear_chat()
+    assert history.load() == []

@@ -31,3 +31,12 @@ def test_start_new_keeps_the_old_conversation(tmp_path):
     assert h.load() == []
     kept = [p for p in tmp_path.iterdir() if p.name.startswith("chat-")]
     assert len(kept) == 1 and "old" in kept[0].read_text()
+
+
+def test_regenerate_marker_drops_the_last_turn(tmp_path):
+    h = ChatHistory(tmp_path / "chat.jsonl")
+    h.append(Message("user", "a"), Message("assistant", "b"))
+    h.append(Message("user", "c"), Message("assistant", "d"))
+    h.drop_last_turn()
+    h.append(Message("user", "c"), Message("assistant", "d2"))
+    assert [m.content for m in h.load()] == ["a", "b", "c", "d2"]

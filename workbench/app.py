@@ -25,6 +25,7 @@ from textual.screen import Screen
 from textual.widgets import Input
 
 from .engine import Chat, DoneEvent, SamplingParams, TokenEvent
+from .history import ChatHistory
 from .engine.engine import Placement, SwitchReport
 from .numa.budget import fmt_bytes
 from .numa.layout import ProgressEvent
@@ -132,8 +133,9 @@ class WorkbenchApp(App[int]):
                  simulate: str | None = None, autoload: bool = True, settings: Settings | None = None,
                  settings_file: Path | None = None, persist: bool = True, frozen: Snapshot | None = None,
                  replay: str | None = None, recorder: Recorder | None = None, theme: str | None = None,
-                 sample_on_start: bool = True) -> None:
+                 sample_on_start: bool = True, history: ChatHistory | None = None) -> None:
         super().__init__()
+        self.history = history  # saved conversation (interactive runs only)
         self.settings_file = settings_file
         self.settings = settings or load_settings(settings_file)
         self.persist = persist
@@ -231,7 +233,7 @@ class WorkbenchApp(App[int]):
         self.post_message(SnapshotReady(snap))
 
     def on_snapshot_ready(self, msg: SnapshotReady) -> None:
-        if self.frozen is None:
+        if self.frozen is None and self.screen_stack:  # a late sample can arrive while the app exits
             self.dashboard.snapshot = msg.snapshot
 
     def sample_now(self) -> None:
@@ -310,13 +312,21 @@ class WorkbenchApp(App[int]):
     async def on_loaded(self, msg: Loaded) -> None:
         old = self.engine
         self._cancel.set()
+        # the conversation survives a reload: the previous chat's turns, else the saved history
+        carry = list(self.chat.messages) if self.chat is not None else (
+            self.history.load() if self.history is not None else [])
         self.engine, self.chat = msg.engine, msg.chat
+        self.chat.messages = carry
         self.telemetry.engine = msg.engine
-        self.loading = False
         self.query_one(LoadPanel).display = False
         eng = msg.engine
         self.controls.set_values(eng.placement.weights, eng.placement.kv, eng.placement.policy, eng.pool.n_threads)
         await self.chat_pane.clear()
+        for m in carry:
+            if m.role == "user":
+                await self.chat_pane.add_user(m.content)
+            elif m.role == "assistant":
+                await self.chat_pane.start_reply(m.content, "restored")
         self.chat_pane.set_status(f"{os.path.basename(eng.path)} · {eng.cfg.arch} · {eng.n_params / 1e6:,.0f}M params "
                                   f"· {fmt_bytes(eng.weight_bytes)} · loaded in {msg.seconds:.2f} s")
         self.notify(f"loaded {os.path.basename(eng.path)} in {msg.seconds:.2f} s", title="model")
@@ -326,6 +336,7 @@ class WorkbenchApp(App[int]):
         self._update_subtitle()
         if old is not None:
             self._close_engine(old)
+        self.loading = False  # only now is the new model fully shown
         self.sample_now()
 
     @work(thread=True, group="close", exit_on_error=False)
@@ -474,7 +485,12 @@ class WorkbenchApp(App[int]):
         if text and self._reply is not None:
             await self._reply.append(text)
 
+    def _save_turn(self) -> None:
+        if self.history is not None and self.chat is not None and len(self.chat.messages) >= 2:
+            self.history.append(*self.chat.messages[-2:])
+
     async def on_reply_done(self, msg: ReplyDone) -> None:
+        self._save_turn()
         await self._flush_stream()
         if self._reply is not None:
             self._reply.set_stats(stats_line(msg.stats, msg.placement))
@@ -482,6 +498,7 @@ class WorkbenchApp(App[int]):
         self.chat_pane.set_status("stopped; partial reply kept" if msg.stats.stop_reason == "cancelled" else "")
 
     async def on_reply_failed(self, msg: ReplyFailed) -> None:
+        self._save_turn()
         await self._flush_stream()
         if self._reply is not None:
             self._reply.set_stats(f"✗ {msg.error} (partial reply kept)", error=True)
@@ -598,6 +615,8 @@ class WorkbenchApp(App[int]):
             self.notify("nothing to regenerate", severity="warning")
             return
         text = msgs.pop().content
+        if self.history is not None:
+            self.history.drop_last_turn()
         await self.chat_pane.drop_last_exchange()
         await self.send_message(text)
 
@@ -607,6 +626,8 @@ class WorkbenchApp(App[int]):
             return
         if self.chat is not None:
             self.chat.clear()
+        if self.history is not None:
+            self.history.start_new()
         await self.chat_pane.clear()
         self.chat_pane.set_status("chat cleared")
 
@@ -684,7 +705,13 @@ def run_app(args: argparse.Namespace) -> int:
         from .record import run_record
         return run_record(args.record, script=args.script, model=args.model, placement=placement,
                           simulate=simulate)
+    history = None
+    if not args.replay:
+        from .history import ChatHistory
+        history = ChatHistory.default()
+        if args.new_chat:
+            history.start_new()
     app = WorkbenchApp(args.model, placement=placement, simulate=simulate, replay=args.replay,
-                       theme=getattr(args, "theme", None), autoload=not args.replay)
+                       theme=getattr(args, "theme", None), autoload=not args.replay, history=history)
     app.run()
     return 0

@@ -39,19 +39,31 @@ class ChatHistory:
         for line in raw.split(b"\n"):
             try:
                 rec = json.loads(line)
+                if rec.get("op") == "drop_last_turn":
+                    if out and out[-1].role == "assistant":
+                        out.pop()
+                    if out and out[-1].role == "user":
+                        out.pop()
+                    continue
                 out.append(Message(str(rec["role"]), str(rec["content"])))
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, AttributeError):
                 continue
         return out
 
     def append(self, *messages: Message) -> None:
         """Append messages as one atomic write (a user turn and its reply together)."""
-        if not messages:
+        now = time.time()
+        self._write([{"role": m.role, "content": m.content, "t": now} for m in messages])
+
+    def drop_last_turn(self) -> None:
+        """Record that the last turn was taken back (regenerate); the file stays append-only."""
+        self._write([{"op": "drop_last_turn", "t": time.time()}])
+
+    def _write(self, records: list[dict]) -> None:
+        if not records:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        now = time.time()
-        data = b"".join(json.dumps({"role": m.role, "content": m.content, "t": now},
-                                   ensure_ascii=False).encode() + b"\n" for m in messages)
+        data = b"".join(json.dumps(r, ensure_ascii=False).encode() + b"\n" for r in records)
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
             os.write(fd, data)

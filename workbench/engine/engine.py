@@ -430,13 +430,18 @@ class Chat:
             ids = self.prompt_tokens()
         budget = min(n_predict, self.session.n_ctx - len(ids) - 1)
         reply: list[str] = []
+        kept = False
         try:
             for ev in self.session.generate(ids, params, budget, cancel):
                 if isinstance(ev, TokenEvent):
                     reply.append(ev.text)
+                elif isinstance(ev, DoneEvent):  # the turn is complete before anyone hears it is done
+                    self.messages.append(Message("assistant", "".join(reply)))
+                    kept = True
                 yield ev
         finally:
-            self.messages.append(Message("assistant", "".join(reply)))
+            if not kept:  # failed or abandoned: keep the partial reply
+                self.messages.append(Message("assistant", "".join(reply)))
 
     def _drop_oldest_turn(self) -> bool:
         first = 1 if self.messages and self.messages[0].role == "system" else 0
