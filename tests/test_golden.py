@@ -20,30 +20,35 @@ DATA = Path(__file__).parent / "data"
 GOLDEN = json.loads((DATA / "gemma3_golden.json").read_text())
 CASES = GOLDEN["greedy"]
 
-#: tokens compared per prompt (the golden file has 40)
+#: tokens compared per prompt (the golden file has 40): free-running greedy continuations must be
+#: identical to llama.cpp's.  With the kernels of kernels/ggml_order.py every matrix product follows
+#: the float operation order of the llama.cpp code that produced the golden file (vec_dot /
+#: tinyBLAS for Q8_0 and Q5_0, the q4_K_8x8 gemv/gemm of the repacked Q4_K weights, vec_dot and the
+#: tiled matmul for Q6_K), and norms, RoPE, GELU, softmax and attention were already bit-exact, so
+#: the forward pass reproduces llama.cpp's logits bit for bit (scripts/compare_llama_tensors.py
+#: shows 0 differing elements in every tensor).  One caveat: with several workers the KV cache is
+#: split into 32-position blocks per worker and attention over more than one block adds per-worker
+#: partial products, a different order from llama.cpp's single dot; measured with 2 workers, all
+#: 10 prompts stay identical for 32 tokens (prompt 7 parts at token 34, at a 0.05 logit gap), and
+#: with 1 worker all 40 tokens of every prompt are identical.
 N_TOKENS = 32
 
-#: Greedy continuations are checked teacher-forced: at every one of the first N_TOKENS steps
-#: (llama.cpp's own tokens fed back, as it ran them) llama.cpp's token must be our top-1, or
-#: within TIE_TOL of our top logit (a near-tie), and at least MIN_EXACT of all steps must be
-#: exact top-1s.  Why not free-running equality: llama.cpp's K-quant products (Q4_K weights
-#: repacked to q4_K_8x8 and run by its gemm/gemv, Q6_K by the "tiled" matmul for >= 8 rows and
-#: vec_dot_q6_K_q8_K for one) sum their per-superblock results in other float orders than our
-#: kernels; the ~1e-7 relative differences flip a few activation quantizations downstream and
-#: end as logit differences of up to ~0.7, so free-running continuations part at near-ties
-#: (measured top-1/llama-token gaps at the partings: 0.002-0.33) and which prompts part where
-#: changes with any rounding change in the kernels.  Every other tensor of the forward pass
-#: (norms, RoPE, GELU, attention, legacy-quant products) is bit-exact with llama.cpp; see
-#: scripts/compare_llama_tensors.py.
-TIE_TOL = 0.5
-MIN_EXACT = 0.9
-
-#: max |our logit - llama.cpp's| over the first step's top-10 (logits are ~15-25).
-#: Measured over the 10 prompts: at most 0.70 (same cause as above); 1.0 leaves headroom
-#: while still catching any real bug (those move logits by whole units).
-TOP10_TOL = 1.0
+#: max |our logit - llama.cpp's| over the first step's top-10 (logits are ~15-25).  The prompts
+#: are shorter than one 32-position KV block, so the first step is bit-exact whatever the worker
+#: count (measured difference 0.0); 1e-5 only leaves room for a last-bit difference.
+TOP10_TOL = 1e-5
 
 PPL_GOLDEN = GOLDEN["perplexity"]["ppl"]
+
+
+def _llama_order() -> bool:
+    from workbench.engine import kernels
+    return kernels.kernel_path() != "portable" and kernels.exact_order()
+
+
+#: bit-exactness needs the llama.cpp-ordered SIMD kernels (the default on AVX2 / AVX512 machines)
+needs_llama_order = pytest.mark.skipif(not _llama_order(), reason="portable kernels or NUMAWB_EXACT=0: "
+                                       "products are not in llama.cpp's float order")
 
 
 @pytest.fixture(scope="module")
@@ -59,36 +64,33 @@ def test_prompt_tokenization(engine):
 
 @pytest.fixture(scope="module")
 def greedy_runs(engine):
-    """Per prompt: (first-step logits, [(our top-1, top logit - logit of llama.cpp's token)])."""
+    """Per prompt: (first-step logits, our free-running greedy continuation of N_TOKENS tokens)."""
     runs = []
     for case in CASES:
         s = engine.new_session(512)
         logits = s.eval(case["prompt_ids"])
         first = logits.copy()
-        steps = []
-        for t in case["generated_ids"][:N_TOKENS]:
-            steps.append((int(np.argmax(logits)), float(logits.max() - logits[t])))
+        gen = []
+        for _ in range(N_TOKENS):
+            t = int(np.argmax(logits))  # ties -> lowest id, as the golden file
+            gen.append(t)
             if t in GOLDEN["meta"]["eog_ids"]:
                 break
             logits = s.eval([t])
-        runs.append((first, steps))
+        runs.append((first, gen))
     return runs
 
 
+@needs_llama_order
 @pytest.mark.parametrize("i", range(len(CASES)))
 def test_greedy_matches_llama_cpp(greedy_runs, i):
-    _, steps = greedy_runs[i]
-    gaps = [(k, gap) for k, (_, gap) in enumerate(steps) if gap > 0]
-    assert all(gap <= TIE_TOL for _, gap in gaps), \
-        f"prompt {i} {CASES[i]['prompt']!r}: llama.cpp's token is not (near) our top-1 at {gaps}"
+    _, gen = greedy_runs[i]
+    ref = CASES[i]["generated_ids"][:len(gen)]
+    first_diff = next((k for k, (a, b) in enumerate(zip(gen, ref)) if a != b), None)
+    assert gen == ref, f"prompt {i} {CASES[i]['prompt']!r}: greedy parts from llama.cpp at token {first_diff}"
 
 
-def test_greedy_mostly_exact(greedy_runs):
-    steps = [st for _, run in greedy_runs for st in run]
-    exact = sum(gap <= 0 for _, gap in steps)
-    assert exact >= MIN_EXACT * len(steps), (exact, len(steps))
-
-
+@needs_llama_order
 @pytest.mark.parametrize("i", range(len(CASES)))
 def test_first_step_top10_logits(greedy_runs, i):
     first, _ = greedy_runs[i]
