@@ -34,10 +34,10 @@ def slot_position(j: int, w: int, n_workers: int) -> int:
 
 @nb.njit(**_JIT)
 def softmax_stats(scores: np.ndarray, w: int, n_workers: int, n_slots: int, pos0: int, group: int,
-                  window: int, scale: float, mx: np.ndarray, sm: np.ndarray) -> None:
-    """scores [n_kv, n*group, >=n_slots] raw dots -> scaled, masked (-inf); per row max and sum of exps.
+                  window: int, scale: float, mx: np.ndarray, sm: np.ndarray, row0: int) -> None:
+    """scores [n_kv, rows, >=n_slots] raw dots -> scaled, masked (-inf); per row max and sum of exps.
 
-    Row r of a kv head holds query token r // group. A key at position g is visible
+    Row r here is query row row0 + r of its kv head, which holds query token (row0 + r) // group. A key at position g is visible
     from query position p when g <= p and (window == 0 or p - g < window).
     """
     n_kv, rows, _ = scores.shape
@@ -45,7 +45,7 @@ def softmax_stats(scores: np.ndarray, w: int, n_workers: int, n_slots: int, pos0
     e16 = np.empty(16, dtype=np.float32)
     for h in range(n_kv):
         for r in range(rows):
-            p = pos0 + r // group
+            p = pos0 + (row0 + r) // group
             m = np.float32(-np.inf)
             for j in range(n_slots):
                 g = slot_position(j, w, n_workers)

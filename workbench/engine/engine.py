@@ -202,13 +202,21 @@ class Engine:
         self._sessions.add(session)
         return session
 
+    def _owners(self) -> list[list[int]]:
+        return [self.pool.node_workers(n) for n in self.pool.nodes]
+
     def make_kv(self, n_ctx: int, mode: str | None = None) -> tuple[KVCache, KVLayout]:
         mode = mode or self.placement.kv
-        nw = self.rt.n_workers
-        per = kv_bytes_per_layer_per_worker(self.cfg, n_ctx, nw)
-        kvl = place_kv(self.cfg.n_layer, per, mode, self.pool, budget=self.placement.budget,
+        # one owner of position blocks per node in use; its first worker first-touches its pages
+        owners = self._owners()
+        per_owner = kv_bytes_per_layer_per_worker(self.cfg, n_ctx, len(owners))
+        firsts = {ws[0] for ws in owners}
+        sizes = [per_owner if w in firsts else 0 for w in range(self.rt.n_workers)]
+        kvl = place_kv(self.cfg.n_layer, sizes, mode, self.pool, budget=self.placement.budget,
                        hugetlb_kb=self.placement.hugepages_kb)
-        return KVCache(self.cfg, n_ctx, nw, lambda il, w, nbytes: kvl.array_for(il, w)[:nbytes]), kvl
+        kv = KVCache(self.cfg, n_ctx, len(owners), lambda il, o, nbytes: kvl.array_for(il, owners[o][0])[:nbytes],
+                     owners)
+        return kv, kvl
 
     def switch(self, weights: str | None = None, kv: str | None = None, threads: int | None = None,
                policy: str | None = None, progress: ProgressFn | None = None) -> list[SwitchReport]:
@@ -244,7 +252,7 @@ class Engine:
                 if new_pool is not None:
                     new_pool.close()
             kv_mode = kv or p.kv
-            if kv_mode != p.kv or any(s.kv.n_workers != self.rt.n_workers for s in self._sessions):
+            if kv_mode != p.kv or any(s.kv.owner_workers != self._owners() for s in self._sessions):
                 t0 = time.perf_counter()
                 for s in list(self._sessions):
                     s.relayout(kv_mode)

@@ -46,10 +46,14 @@ def filled_slots(n_positions: int, w: int, n_workers: int) -> int:
 
 
 class KVCache:
-    def __init__(self, cfg: ModelConfig, n_ctx: int, n_workers: int = 1, region: KVRegionFn | None = None):
+    def __init__(self, cfg: ModelConfig, n_ctx: int, n_workers: int = 1, region: KVRegionFn | None = None,
+                 owner_workers: list[list[int]] | None = None):
+        """`n_workers` owners of position blocks (one per node in use); `owner_workers[o]` lists the
+        workers that compute owner o's part (the node's workers)."""
         self.cfg = cfg
         self.n_ctx = n_ctx
         self.n_workers = n_workers
+        self.owner_workers = owner_workers or [[o] for o in range(n_workers)]
         self.n = 0  # positions filled
         cap = slots_per_worker(n_ctx, n_workers)
         kb = cap * cfg.n_head_kv * cfg.head_dim * 2

@@ -192,62 +192,87 @@ class Runtime:
 
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, kv: KVCache, il: int, pos0: int,
                   window: int, scale: float) -> np.ndarray:
-        """Store K/V at pos0.. and attend; each worker reads only its own part of the cache."""
+        """Store K/V at pos0.. and attend; each node's workers read only their node's part of the cache.
+
+        The cache is split between owners (one per node); within an owner, the query rows are
+        split between the node's workers, so each output is one worker's dot over the owner's
+        positions in order. On one node that is exactly llama.cpp's order, whatever the threads.
+        """
         kv.store(il, k, v, pos0)
         n, n_head, hd = q.shape
         n_kv = kv.cfg.n_head_kv
         group = n_head // n_kv
         rows = n * group
-        nw = kv.n_workers
-        n_slots = [filled_slots(pos0 + n, w, nw) for w in range(nw)]
+        no = kv.n_workers
+        n_slots = [filled_slots(pos0 + n, o, no) for o in range(no)]
         # queries grouped by their kv head: [n_kv, n * group, hd]
         qg = np.ascontiguousarray(q.reshape(n, n_kv, group, hd).transpose(1, 0, 2, 3)).reshape(n_kv, rows, hd)
         xps = [kernels.prepare(F16, qg[h]) for h in range(n_kv)]
         scores = [np.empty((n_kv, rows, max(ns, 1)), dtype=np.float32) for ns in n_slots]
-        mxs = np.full((nw, n_kv, rows), -np.inf, dtype=np.float32)
-        sms = np.zeros((nw, n_kv, rows), dtype=np.float64)
+        mxs = np.full((no, n_kv, rows), -np.inf, dtype=np.float32)
+        sms = np.zeros((no, n_kv, rows), dtype=np.float64)
         kl, vl = kv.k[il], kv.v[il]
         hdv = vl[0].shape[1]
-
         # ggml takes llamafile's tinyBLAS for products with >= 2 columns (tokens) and
         # ggml_vec_dot_f16 for one: our F16 matmat / matvec follow those two summation orders
         decode = n == 1
-        # short contexts: one thread does it all (a hand-off to the workers costs more than the work)
-        spread = self.each_worker if sum(n_slots) * rows > SPREAD_ATTENTION else self.each_inline
 
-        def p1(w: int) -> None:
-            ns = n_slots[w]
-            if ns:
-                for h in range(n_kv):
-                    if decode:
-                        for r in range(rows):
-                            kernels.matvec(F16, kl[w][h].view(np.uint8), (xps[h][0][r],), scores[w][h][r], 0, ns)
-                    else:
-                        kernels.matmat(F16, kl[w][h].view(np.uint8), xps[h], scores[w][h], 0, ns)
-                softmax_stats(scores[w], w, nw, ns, pos0, group, window, scale, mxs[w], sms[w])
-        spread(p1)
+        def scores_rows(o: int, r0: int, r1: int) -> None:
+            ns = n_slots[o]
+            if not ns or r1 <= r0:
+                return
+            for h in range(n_kv):
+                if decode:
+                    for r in range(r0, r1):
+                        kernels.matvec(F16, kl[o][h].view(np.uint8), (xps[h][0][r],), scores[o][h][r], 0, ns)
+                else:
+                    kernels.matmat(F16, kl[o][h].view(np.uint8), (xps[h][0][r0:r1],), scores[o][h, r0:r1], 0, ns)
+            softmax_stats(scores[o][:, r0:r1], o, no, ns, pos0, group, window, scale,
+                          mxs[o][:, r0:r1], sms[o][:, r0:r1], r0)
+
         big_m = np.empty((n_kv, rows), dtype=np.float32)
         inv_l = np.empty((n_kv, rows), dtype=np.float32)
-        merge_stats(mxs, sms, big_m, inv_l)
-        outs = np.zeros((nw, n_kv, rows, hdv), dtype=np.float32)
+        outs = np.zeros((no, n_kv, rows, hdv), dtype=np.float32)
 
-        def p2(w: int) -> None:
-            ns = n_slots[w]
-            if ns:
-                probs = probabilities(scores[w], ns, big_m, inv_l)
-                # llama.cpp sums over its whole (256-padded) cache row, masked positions with
-                # probability 0: pad with zeros to whole 16-lane (64 for one token) steps
-                step = 64 if decode else 16
-                kp = min(-(-ns // step) * step, vl[w][0].shape[1])
-                if kp > ns:
-                    probs = np.concatenate([probs, np.zeros((n_kv, rows, kp - ns), np.float32)], axis=2)
-                for h in range(n_kv):
-                    xp = kernels.prepare(F16, probs[h])
-                    if decode:
-                        for r in range(rows):
-                            kernels.matvec(F16, vl[w][h].view(np.uint8), (xp[0][r],), outs[w][h][r], 0, hdv)
-                    else:
-                        kernels.matmat(F16, vl[w][h].view(np.uint8), xp, outs[w][h], 0, hdv)
-        spread(p2)
-        out = outs[0] if nw == 1 else outs.sum(axis=0)
+        def values_rows(o: int, r0: int, r1: int) -> None:
+            ns = n_slots[o]
+            if not ns or r1 <= r0:
+                return
+            probs = probabilities(scores[o][:, r0:r1], ns, big_m[:, r0:r1], inv_l[:, r0:r1])
+            # llama.cpp sums over its whole (256-padded) cache row, masked positions with
+            # probability 0: pad with zeros to whole 16-lane (64 for one token) steps
+            step = 64 if decode else 16
+            kp = min(-(-ns // step) * step, vl[o][0].shape[1])
+            if kp > ns:
+                probs = np.concatenate([probs, np.zeros((n_kv, r1 - r0, kp - ns), np.float32)], axis=2)
+            for h in range(n_kv):
+                xp = kernels.prepare(F16, probs[h])
+                if decode:
+                    for r in range(r1 - r0):
+                        kernels.matvec(F16, vl[o][h].view(np.uint8), (xp[0][r],), outs[o][h][r0 + r], 0, hdv)
+                else:
+                    kernels.matmat(F16, vl[o][h].view(np.uint8), xp, outs[o][h, r0:r1], 0, hdv)
+
+        self._attention_pass(kv, rows, sum(n_slots) * rows > SPREAD_ATTENTION, scores_rows)
+        merge_stats(mxs, sms, big_m, inv_l)
+        self._attention_pass(kv, rows, sum(n_slots) * rows > SPREAD_ATTENTION, values_rows)
+        out = outs[0] if no == 1 else outs.sum(axis=0)
         return np.ascontiguousarray(out.reshape(n_kv, n, group, hdv).transpose(1, 0, 2, 3)).reshape(n, n_head, hdv)
+
+    def _attention_pass(self, kv: KVCache, rows: int, spread: bool, fn: Callable[[int, int, int], None]) -> None:
+        """fn(owner, r0, r1) for every owner; spread: each worker takes its share of its node's rows."""
+        if not spread or self.n_workers == 1:
+            for o in range(kv.n_workers):
+                fn(o, 0, rows)
+            return
+        shares: dict[int, tuple[int, int, int]] = {}
+        for o, ws in enumerate(kv.owner_workers):
+            for i, (r0, r1) in enumerate(self._row_split(rows, len(ws)) if rows >= len(ws) else
+                                         [(0, rows)] + [(rows, rows)] * (len(ws) - 1)):
+                shares[ws[i]] = (o, r0, r1)
+
+        def work(w: int) -> None:
+            share = shares.get(w)
+            if share is not None:
+                fn(*share)
+        self.each_worker(work)

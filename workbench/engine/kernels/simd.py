@@ -46,7 +46,8 @@ class VecType(types.Type):
 v32b = VecType("i8x32")
 v8i = VecType("i32x8")
 v8f = VecType("f32x8")
-_LL = {"i8x32": _V32B, "i32x8": _V8I, "f32x8": _V8F}
+v16s = VecType("i16x16")
+_LL = {"i8x32": _V32B, "i32x8": _V8I, "f32x8": _V8F, "i16x16": _V16S}
 
 
 @register_model(VecType)
@@ -210,6 +211,7 @@ b_or = _bytes_binop("or_")
 b_shr = _bytes_binop("lshr")   # logical shift of unsigned bytes
 b_shl = _bytes_binop("shl")
 b_xor = _bytes_binop("xor")
+b_add = _bytes_binop("add")  # wrapping byte add
 
 
 @intrinsic
@@ -447,5 +449,57 @@ def sdot16(typingctx, a, off, xb, xoff):
         p = builder.load(_ptr(context, builder, sig.args[2], args[2], args[3], V16I), align=4)
         red = _fn(builder, "llvm.vector.reduce.add.v16i32", _i32, [V16I])
         return builder.call(red, [builder.mul(s, p)])
+
+    return sig, cg
+
+
+# ----------------------------------------------------------------------------- vector sub-block scales
+def _to_i32(builder, v):
+    w = v.type.width
+    return builder.trunc(v, _i32) if w > 32 else builder.zext(v, _i32) if w < 32 else v
+
+
+@intrinsic
+def scales_k4(typingctx, u0, u1, u2, u3):
+    """The 16 bytes of four uint32 (e.g. _k4_scales' 6-bit scales and mins) -> i16x16, zero-extended."""
+    sig = v16s(u0, u1, u2, u3)
+
+    def cg(context, builder, sig, args):
+        v = ir.Constant(ir.VectorType(_i32, 4), None)
+        for j, a in enumerate(args):
+            v = builder.insert_element(v, _to_i32(builder, a), ir.Constant(_i32, j))
+        return builder.zext(builder.bitcast(v, _V16B), _V16S)
+
+    return sig, cg
+
+
+@intrinsic
+def scales_i8(typingctx, a, off):
+    """16 signed bytes at ``off`` of a uint8/int8 array -> i16x16 (sign-extended; Q6_K scales)."""
+    _check_array(a, _BYTES)
+    sig = v16s(a, off)
+    return sig, lambda context, builder, sig, args: builder.sext(_arr_load(context, builder, sig, args, 0, _V16B), _V16S)
+
+
+@intrinsic
+def madd_sv(typingctx, mode, acc, a, b, sv, i0, i1):
+    """madd_sc with the two scales taken from lanes i0, i1 (compile-time ints) of an i16x16 vector:
+    one constant shuffle (vpermw / vpshufb) instead of moving scalars into a vector."""
+    m = _mode(mode)
+    if not isinstance(i0, types.IntegerLiteral) or not isinstance(i1, types.IntegerLiteral):
+        raise TypingError("madd_sv lanes must be compile-time int constants")
+    j0, j1 = i0.literal_value, i1.literal_value
+    sig = v8i(mode, acc, a, b, sv, i0, i1)
+
+    def cg(context, builder, sig, args):
+        acc, a, b, sv = args[1:5]
+        sc = builder.shuffle_vector(sv, sv, ir.Constant(ir.VectorType(_i32, 16), [j0] * 8 + [j1] * 8))
+        mub = _fn(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16S, [_V32B, _V32B])
+        p16 = builder.call(mub, [a, b])
+        if m == VNNI:
+            f = _fn(builder, "llvm.x86.avx512.vpdpwssd.256", _V8I, [_V8I, _V16S, _V16S])
+            return builder.call(f, [acc, p16, sc])
+        mwd = _fn(builder, "llvm.x86.avx2.pmadd.wd", _V8I, [_V16S, _V16S])
+        return builder.add(acc, builder.call(mwd, [p16, sc]))
 
     return sig, cg

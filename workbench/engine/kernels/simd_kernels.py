@@ -10,18 +10,33 @@ precomputed group-of-4 activation sums (``n4``); K-quants use pmaddubsw then pma
 with the sub-block scales.  Lanes are converted to f32 and fused-multiply-added with the block
 scale product, like ggml's AVX2 code.
 
-matmat processes one weight row against 4 activation columns at a time, so every unpacked weight
-block is reused 4 times from registers.
+matvec streams one row at a time with one f32 chain per row in block order.  matmat loops over
+column tiles of 4 outermost (the tile's activations stay in L1 while the weight rows stream past)
+and reuses each unpacked weight block for the 4 columns (Q4_0/Q5_0: 2 rows x 4 columns register
+tiles, sharing activation loads between the 2 rows); per output the accumulation order is the
+single-column one, so matmat equals matvec column by column.  For Q8_0 and Q5_0 that order is
+llama.cpp's (ggml_vec_dot_q{8,5}_0_q8_0 / tinyBLAS_Q0_AVX): the results are bit-identical to it.
+
+K-quant sub-block scales are gathered into one i16x16 vector per super-block and selected with
+constant shuffles (``madd_sv``) rather than moved one scalar at a time into vector registers.
+
+The compiled kernels are cached on disk with a process-independent key (``_StableCache``).
 """
 from __future__ import annotations
 
+import hashlib
+import os
+
 import numba
 import numpy as np
+from numba.core.caching import FunctionCache
+from numba.core.dispatcher import Dispatcher
 
 from . import k_quants as _kq
-from .simd import (AVX2, VNNI, b_and, b_xor, bf16_to_f32, b_or, b_shl, b_shr, dot_ss, dot_us, f16_to_f32, f_zero,
-                   f_add, fma_f, fmadd_i, hsum_f, i_add, i_add0, i_shl, i_zero, load_b32, load_bf16x8,
-                   load_bits16, load_f16x8, load_f32x8, load_i8, load_nib, madd_sc, ld_u32, mins_dot, sdot16)
+from .simd import (AVX2, VNNI, b_add, b_and, bf16_to_f32, b_or, b_shl, b_shr, dot_ss, dot_us, f16_to_f32, f_zero,
+                   f_add, fma_f, fmadd_i, hsum_f, i_add0, i_zero, load_b32, load_bf16x8, load_bits16,
+                   load_f16x8, load_f32x8, load_i8, load_nib, madd_sv, ld_u32, mins_dot, scales_i8, scales_k4,
+                   sdot16)
 
 _NB = dict(nogil=True, cache=True)
 f32 = np.float32
@@ -33,15 +48,6 @@ def _legacy(mode):
     @numba.njit(inline="always")
     def q8_0_lanes(w, o, xq, xo):
         return dot_ss(mode, i_zero(), load_b32(w, o + 2), load_b32(xq, xo))
-
-    @numba.njit(inline="always")
-    def q4_0_lanes(w, o, xq, xo, n4, no):
-        return dot_us(mode, i_shl(load_i8(n4, no), 3), load_nib(w, o + 2), load_b32(xq, xo))
-
-    @numba.njit(inline="always")
-    def q5_0_lanes(w, o, xq, xo, n4, no):
-        q = b_or(load_nib(w, o + 6), load_bits16(w, o + 2))
-        return dot_us(mode, i_shl(load_i8(n4, no), 4), q, load_b32(xq, xo))
 
     @numba.njit(inline="always")
     def q4_1_lanes(w, o, xq, xo):
@@ -57,16 +63,6 @@ def _legacy(mode):
     def q8_0_blk(w, base, b, xq, xd, xa):
         o = base + b * 34
         return q8_0_lanes(w, o, xq, b * 32), f16_to_f32(w, o) * xd[b], f32(0.0)
-
-    @numba.njit(inline="always")
-    def q4_0_blk(w, base, b, xq, xd, xa):
-        o = base + b * 18
-        return q4_0_lanes(w, o, xq, b * 32, xa, b * 8), f16_to_f32(w, o) * xd[b], f32(0.0)
-
-    @numba.njit(inline="always")
-    def q5_0_blk(w, base, b, xq, xd, xa):
-        o = base + b * 22
-        return q5_0_lanes(w, o, xq, b * 32, xa, b * 8), f16_to_f32(w, o) * xd[b], f32(0.0)
 
     @numba.njit(inline="always")
     def q4_1_blk(w, base, b, xq, xd, xa):
@@ -98,11 +94,29 @@ def _legacy(mode):
                 out[i] = hsum_f(a0) + e0
         return matvec
 
-    q8_0_matvec = make_matvec(q8_0_blk)
-    q4_0_matvec = make_matvec(q4_0_blk)
-    q5_0_matvec = make_matvec(q5_0_blk)
     q4_1_matvec = make_matvec(q4_1_blk)
     q5_1_matvec = make_matvec(q5_1_blk)
+
+    # Q4_0/Q5_0 matvec: one row at a time, ONE f32 chain per row in block order -- llama.cpp's order
+    # (ggml_vec_dot_q5_0_q8_0: acc = fma(f32(lanes), d_w * d_x, acc), hsum_float_8), so results are
+    # bit-identical to it; offsets pre-shifted once per call (see make_matmat).  (Interleaving 2 or 4
+    # rows to break the FMA chain measured slower here: the single sequential stream wins.)
+    def make_offset_matvec(unpack, bsz, shift):
+        @numba.njit(**_NB)
+        def matvec(w, xp, out, r0, r1):
+            xq, xd, n4 = xp
+            nb = xd.shape[0]
+            rb = w.shape[1]
+            ns = (n4 << shift).astype(np.int32)
+            for i in range(r0, r1):
+                a0 = f_zero()
+                base = i * rb
+                for b in range(nb):
+                    o0 = base + b * bsz
+                    a0 = fmadd_i(a0, dot_us(mode, load_i8(ns, b * 8), unpack(w, o0), load_b32(xq, b * 32)),
+                                 f16_to_f32(w, o0) * xd[b])
+                out[i] = hsum_f(a0)
+        return matvec
 
     # ---- matmat: 2 rows x 4 columns register tiles.  The loop over column tiles is outermost, so a
     # tile's activations (4 columns: quants + offset sums, ~13 KB at k=640) stay in L1 while the
@@ -110,21 +124,18 @@ def _legacy(mode):
     # activation load for 2 rows.  Per (row, column) the block order and the f32 accumulation are
     # those of the single-column loop, so results do not depend on the tiling.
     #
-    # Unsigned-weight formulation for all three: lanes = dpbusd(init, u, x) with u = unsigned quants
-    # (Q4_0: nibble, Q5_0: nibble | bit5 << 4, Q8_0: q + 128 via xor 0x80) and init = n4 << shift
-    # (n4 = -sum of each group of 4 activation quants, shift = log2 of the offset: 3, 4, 7) — exact
-    # in int32 (|128 * 4 * 127| < 2^16), and the offset shift is done once per call, not per block.
-    @numba.njit(inline="always")
-    def u_q8_0(w, o):
-        return b_xor(load_b32(w, o + 2), 128)
-
+    # Q4_0/Q5_0: lanes = dpbusd(init, u, x) with u the unsigned quants (nibble, nibble | bit5 << 4) and
+    # init = n4 << shift (n4 = -sum of each group of 4 activation quants; shift 3 or 4 = log2 of the
+    # offset), the shift done once per call instead of per block.  (Q8_0 keeps the sign trick: with
+    # u = q + 128 AVX2's pmaddubsw would saturate.)
     @numba.njit(inline="always")
     def u_q4_0(w, o):
         return load_nib(w, o + 2)
 
     @numba.njit(inline="always")
     def u_q5_0(w, o):
-        return b_or(load_nib(w, o + 6), load_bits16(w, o + 2))
+        # nibble + 16 where the 5th bit is set (= nibble | 16): one masked vpaddb on AVX-512
+        return b_add(load_nib(w, o + 6), load_bits16(w, o + 2))
 
     def make_matmat(unpack, bsz, shift):
         @numba.njit(**_NB)
@@ -136,7 +147,7 @@ def _legacy(mode):
             k = xq.shape[1]
             k4 = k // 4
             xf = xq.reshape(-1)
-            ns = np.left_shift(n4.reshape(-1), shift)       # n4 << shift, once per call
+            ns = (n4.reshape(-1) << shift).astype(np.int32)   # n4 << shift, once per call
             c = 0
             while c + 4 <= n:
                 i = r0
@@ -198,9 +209,46 @@ def _legacy(mode):
                 c += 1
         return matmat
 
-    q8_0_matmat = make_matmat(u_q8_0, 34, 7)
+    # Q8_0: 1 row x 4 columns (sign trick per pair)
+    @numba.njit(**_NB)
+    def q8_0_matmat(w, xp, out, r0, r1):
+        xq, xd, _ = xp
+        n = xq.shape[0]
+        nb = xd.shape[1]
+        rb = w.shape[1]
+        k = xq.shape[1]
+        xf = xq.reshape(-1)
+        for i in range(r0, r1):
+            base = i * rb
+            c = 0
+            while c + 4 <= n:
+                a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
+                for b in range(nb):
+                    o = base + b * 34
+                    wv = load_b32(w, o + 2)
+                    dw = f16_to_f32(w, o)
+                    xo = c * k + b * 32
+                    a0 = fmadd_i(a0, dot_ss(mode, i_zero(), wv, load_b32(xf, xo)), dw * xd[c, b])
+                    a1 = fmadd_i(a1, dot_ss(mode, i_zero(), wv, load_b32(xf, xo + k)), dw * xd[c + 1, b])
+                    a2 = fmadd_i(a2, dot_ss(mode, i_zero(), wv, load_b32(xf, xo + 2 * k)), dw * xd[c + 2, b])
+                    a3 = fmadd_i(a3, dot_ss(mode, i_zero(), wv, load_b32(xf, xo + 3 * k)), dw * xd[c + 3, b])
+                out[c, i] = hsum_f(a0); out[c + 1, i] = hsum_f(a1)
+                out[c + 2, i] = hsum_f(a2); out[c + 3, i] = hsum_f(a3)
+                c += 4
+            while c < n:
+                acc = f_zero()
+                for b in range(nb):
+                    o = base + b * 34
+                    acc = fmadd_i(acc, q8_0_lanes(w, o, xf, c * k + b * 32), f16_to_f32(w, o) * xd[c, b])
+                out[c, i] = hsum_f(acc)
+                c += 1
+
     q4_0_matmat = make_matmat(u_q4_0, 18, 3)
     q5_0_matmat = make_matmat(u_q5_0, 22, 4)
+    q4_0_matvec = make_offset_matvec(u_q4_0, 18, 3)
+    q5_0_matvec = make_offset_matvec(u_q5_0, 22, 4)
+
+    q8_0_matvec = make_matvec(q8_0_blk)  # compiles to one chain per row: llama.cpp's order
 
     @numba.njit(**_NB)
     def q4_1_matmat(w, xp, out, r0, r1):
@@ -264,59 +312,90 @@ def _k4_scales(wf, o):
 
 
 def _kquants(mode):
+    # Sub-block scales: one i16x16 vector per super-block (Q4_K/Q5_K: lanes 0-7 scales, 8-15 mins;
+    # Q6_K: its 16 int8 scales); madd_sv picks a pair of lanes with a constant shuffle.
+    @numba.njit(inline="always")
+    def k4_pair(l, lo, hi, xq, xo, sv, j0, j1):
+        l = madd_sv(mode, l, lo, load_b32(xq, xo), sv, j0, j0)
+        return madd_sv(mode, l, hi, load_b32(xq, xo + 32), sv, j1, j1)
+
+    @numba.njit(inline="always")
+    def q4_K_unpack(wf, o, jp):
+        raw = load_b32(wf, o + 16 + 32 * jp)
+        return b_and(raw, 15), b_shr(raw, 4)
+
+    @numba.njit(inline="always")
+    def q5_K_unpack(wf, o, qh, jp):
+        raw = load_b32(wf, o + 48 + 32 * jp)
+        h = b_shr(qh, 2 * jp)
+        return b_or(b_and(raw, 15), b_shl(b_and(h, 1), 4)), b_or(b_shr(raw, 4), b_shl(b_and(h, 2), 3))
+
     @numba.njit(inline="always")
     def q4_K_dot(wf, o, xq, xo, xd, xb, bo):
         """(integer lanes of sum_j sc_j*dot_j, sum_j m_j*bsum_j) of one super-block."""
         sl, sh, ml, mh = _k4_scales(wf, o + 4)
+        sv = scales_k4(sl, sh, ml, mh)
         acc = i_zero()
-        acc1 = i_zero()
-        for jp in range(4):
-            sc0 = np.int32(((sl if jp < 2 else sh) >> np.uint32(16 * (jp & 1))) & np.uint32(0xFF))
-            sc1 = np.int32(((sl if jp < 2 else sh) >> np.uint32(16 * (jp & 1) + 8)) & np.uint32(0xFF))
-            raw = load_b32(wf, o + 16 + 32 * jp)
-            acc = madd_sc(mode, acc, b_and(raw, 15), load_b32(xq, xo + 64 * jp), sc0, sc0)
-            acc1 = madd_sc(mode, acc1, b_shr(raw, 4), load_b32(xq, xo + 64 * jp + 32), sc1, sc1)
-        return i_add(acc, acc1), mins_dot(ml, mh, xb, bo)
+        lo, hi = q4_K_unpack(wf, o, 0)
+        acc = k4_pair(acc, lo, hi, xq, xo, sv, 0, 1)
+        lo, hi = q4_K_unpack(wf, o, 1)
+        acc = k4_pair(acc, lo, hi, xq, xo + 64, sv, 2, 3)
+        lo, hi = q4_K_unpack(wf, o, 2)
+        acc = k4_pair(acc, lo, hi, xq, xo + 128, sv, 4, 5)
+        lo, hi = q4_K_unpack(wf, o, 3)
+        acc = k4_pair(acc, lo, hi, xq, xo + 192, sv, 6, 7)
+        return acc, mins_dot(ml, mh, xb, bo)
 
     @numba.njit(inline="always")
     def q5_K_dot(wf, o, xq, xo, xd, xb, bo):
         sl, sh, ml, mh = _k4_scales(wf, o + 4)
-        acc = i_zero()
-        acc1 = i_zero()
+        sv = scales_k4(sl, sh, ml, mh)
         qh = load_b32(wf, o + 16)
-        for jp in range(4):
-            sc0 = np.int32(((sl if jp < 2 else sh) >> np.uint32(16 * (jp & 1))) & np.uint32(0xFF))
-            sc1 = np.int32(((sl if jp < 2 else sh) >> np.uint32(16 * (jp & 1) + 8)) & np.uint32(0xFF))
-            raw = load_b32(wf, o + 48 + 32 * jp)
-            h = b_shr(qh, 2 * jp)
-            q0 = b_or(b_and(raw, 15), b_shl(b_and(h, 1), 4))
-            q1 = b_or(b_shr(raw, 4), b_shl(b_and(h, 2), 3))
-            acc = madd_sc(mode, acc, q0, load_b32(xq, xo + 64 * jp), sc0, sc0)
-            acc1 = madd_sc(mode, acc1, q1, load_b32(xq, xo + 64 * jp + 32), sc1, sc1)
-        return i_add(acc, acc1), mins_dot(ml, mh, xb, bo)
+        acc = i_zero()
+        lo, hi = q5_K_unpack(wf, o, qh, 0)
+        acc = k4_pair(acc, lo, hi, xq, xo, sv, 0, 1)
+        lo, hi = q5_K_unpack(wf, o, qh, 1)
+        acc = k4_pair(acc, lo, hi, xq, xo + 64, sv, 2, 3)
+        lo, hi = q5_K_unpack(wf, o, qh, 2)
+        acc = k4_pair(acc, lo, hi, xq, xo + 128, sv, 4, 5)
+        lo, hi = q5_K_unpack(wf, o, qh, 3)
+        acc = k4_pair(acc, lo, hi, xq, xo + 192, sv, 6, 7)
+        return acc, mins_dot(ml, mh, xb, bo)
+
+    @numba.njit(inline="always")
+    def q6_K_unpack(wf, o, h):
+        ql0 = load_b32(wf, o + 64 * h)
+        ql1 = load_b32(wf, o + 64 * h + 32)
+        qh = load_b32(wf, o + 128 + 32 * h)
+        q1 = b_or(b_and(ql0, 15), b_shl(b_and(qh, 3), 4))
+        q2 = b_or(b_and(ql1, 15), b_shl(b_and(qh, 12), 2))
+        q3 = b_or(b_shr(ql0, 4), b_and(qh, 48))
+        q4 = b_or(b_shr(ql1, 4), b_shr(b_and(qh, 192), 2))
+        return q1, q2, q3, q4
+
+    @numba.njit(inline="always")
+    def k6_half0(l, q1, q2, q3, q4, xq, x0, sv):
+        l = madd_sv(mode, l, q1, load_b32(xq, x0), sv, 0, 1)
+        l = madd_sv(mode, l, q2, load_b32(xq, x0 + 32), sv, 2, 3)
+        l = madd_sv(mode, l, q3, load_b32(xq, x0 + 64), sv, 4, 5)
+        return madd_sv(mode, l, q4, load_b32(xq, x0 + 96), sv, 6, 7)
+
+    @numba.njit(inline="always")
+    def k6_half1(l, q1, q2, q3, q4, xq, x0, sv):
+        l = madd_sv(mode, l, q1, load_b32(xq, x0), sv, 8, 9)
+        l = madd_sv(mode, l, q2, load_b32(xq, x0 + 32), sv, 10, 11)
+        l = madd_sv(mode, l, q3, load_b32(xq, x0 + 64), sv, 12, 13)
+        return madd_sv(mode, l, q4, load_b32(xq, x0 + 96), sv, 14, 15)
 
     @numba.njit(inline="always")
     def q6_K_dot(wf, ws, o, xq, xo, xb, bo):
         """Integer lanes of sum_j sc_j * sum (q-32)*x (offset removed via bsums)."""
-        acc = i_zero()
-        acc1 = i_zero()
-        for h in range(2):
-            ql0 = load_b32(wf, o + 64 * h)
-            ql1 = load_b32(wf, o + 64 * h + 32)
-            qh = load_b32(wf, o + 128 + 32 * h)
-            sc = o + 192 + 8 * h
-            s0 = np.int32(ws[sc]); s1 = np.int32(ws[sc + 1]); s2 = np.int32(ws[sc + 2]); s3 = np.int32(ws[sc + 3])
-            s4 = np.int32(ws[sc + 4]); s5 = np.int32(ws[sc + 5]); s6 = np.int32(ws[sc + 6]); s7 = np.int32(ws[sc + 7])
-            x0 = xo + 128 * h
-            q1 = b_or(b_and(ql0, 15), b_shl(b_and(qh, 3), 4))
-            q2 = b_or(b_and(ql1, 15), b_shl(b_and(qh, 12), 2))
-            q3 = b_or(b_shr(ql0, 4), b_and(qh, 48))
-            q4 = b_or(b_shr(ql1, 4), b_shr(b_and(qh, 192), 2))
-            acc = madd_sc(mode, acc, q1, load_b32(xq, x0), s0, s1)
-            acc1 = madd_sc(mode, acc1, q2, load_b32(xq, x0 + 32), s2, s3)
-            acc = madd_sc(mode, acc, q3, load_b32(xq, x0 + 64), s4, s5)
-            acc1 = madd_sc(mode, acc1, q4, load_b32(xq, x0 + 96), s6, s7)
-        return i_add0(i_add(acc, acc1), -32 * sdot16(wf, o + 192, xb, bo))
+        sv = scales_i8(wf, o + 192)
+        q1, q2, q3, q4 = q6_K_unpack(wf, o, 0)
+        acc = k6_half0(i_zero(), q1, q2, q3, q4, xq, xo, sv)
+        q1, q2, q3, q4 = q6_K_unpack(wf, o, 1)
+        acc = k6_half1(acc, q1, q2, q3, q4, xq, xo + 128, sv)
+        return i_add0(acc, -32 * sdot16(wf, o + 192, xb, bo))
 
     @numba.njit(**_NB)
     def q4_K_matvec(w, xp, out, r0, r1):
@@ -364,57 +443,136 @@ def _kquants(mode):
                 acc = fmadd_i(acc, q6_K_dot(wf, ws, o, xq, b * 256, xb, b * 16), f16_to_f32(w, o + 208) * xd[b])
             out[i] = hsum_f(acc)
 
-    @numba.njit(**_NB)
-    def q4_K_matmat(w, xp, out, r0, r1):
-        xq, xd, xb = xp
-        nb = xd.shape[1]
-        rb = w.shape[1]
-        wf = w.reshape(-1)
-        for i in range(r0, r1):
-            for c in range(xq.shape[0]):
-                acc = f_zero()
-                accm = f32(0.0)
+    # ---- matmat: column tiles of 4 outermost (the tile's activations stay in L1), then rows; each
+    # super-block is unpacked once per row and used for the 4 columns.  Per column the integer
+    # lanes (exact) and the f32 accumulation order are those of the single-column loop below.
+    def make_k4_matmat(q5, bsz):
+        @numba.njit(**_NB)
+        def matmat(w, xp, out, r0, r1):
+            xq, xd, xb = xp
+            n = xq.shape[0]
+            nb = xd.shape[1]
+            rb = w.shape[1]
+            k = xq.shape[1]
+            k16 = xb.shape[1]
+            wf = w.reshape(-1)
+            xf = xq.reshape(-1)
+            xbf = xb.reshape(-1)
+            c = 0
+            while c + 4 <= n:
+                for i in range(r0, r1):
+                    a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
+                    m0 = f32(0.0); m1 = f32(0.0); m2 = f32(0.0); m3 = f32(0.0)
+                    for b in range(nb):
+                        o = i * rb + b * bsz
+                        sl, sh, ml, mh = _k4_scales(wf, o + 4)
+                        sv = scales_k4(sl, sh, ml, mh)
+                        qh = load_b32(wf, o + 16)  # (Q5_K's high bits; unused for Q4_K)
+                        xo = c * k + b * 256
+                        lo, hi = q5_K_unpack(wf, o, qh, 0) if q5 else q4_K_unpack(wf, o, 0)
+                        l0 = k4_pair(i_zero(), lo, hi, xf, xo, sv, 0, 1)
+                        l1 = k4_pair(i_zero(), lo, hi, xf, xo + k, sv, 0, 1)
+                        l2 = k4_pair(i_zero(), lo, hi, xf, xo + 2 * k, sv, 0, 1)
+                        l3 = k4_pair(i_zero(), lo, hi, xf, xo + 3 * k, sv, 0, 1)
+                        lo, hi = q5_K_unpack(wf, o, qh, 1) if q5 else q4_K_unpack(wf, o, 1)
+                        l0 = k4_pair(l0, lo, hi, xf, xo + 64, sv, 2, 3)
+                        l1 = k4_pair(l1, lo, hi, xf, xo + 64 + k, sv, 2, 3)
+                        l2 = k4_pair(l2, lo, hi, xf, xo + 64 + 2 * k, sv, 2, 3)
+                        l3 = k4_pair(l3, lo, hi, xf, xo + 64 + 3 * k, sv, 2, 3)
+                        lo, hi = q5_K_unpack(wf, o, qh, 2) if q5 else q4_K_unpack(wf, o, 2)
+                        l0 = k4_pair(l0, lo, hi, xf, xo + 128, sv, 4, 5)
+                        l1 = k4_pair(l1, lo, hi, xf, xo + 128 + k, sv, 4, 5)
+                        l2 = k4_pair(l2, lo, hi, xf, xo + 128 + 2 * k, sv, 4, 5)
+                        l3 = k4_pair(l3, lo, hi, xf, xo + 128 + 3 * k, sv, 4, 5)
+                        lo, hi = q5_K_unpack(wf, o, qh, 3) if q5 else q4_K_unpack(wf, o, 3)
+                        l0 = k4_pair(l0, lo, hi, xf, xo + 192, sv, 6, 7)
+                        l1 = k4_pair(l1, lo, hi, xf, xo + 192 + k, sv, 6, 7)
+                        l2 = k4_pair(l2, lo, hi, xf, xo + 192 + 2 * k, sv, 6, 7)
+                        l3 = k4_pair(l3, lo, hi, xf, xo + 192 + 3 * k, sv, 6, 7)
+                        dw = f16_to_f32(w, o)
+                        dm = f16_to_f32(w, o + 2)
+                        bo = c * k16 + b * 16
+                        a0 = fmadd_i(a0, l0, dw * xd[c, b])
+                        m0 += (dm * xd[c, b]) * f32(mins_dot(ml, mh, xbf, bo))
+                        a1 = fmadd_i(a1, l1, dw * xd[c + 1, b])
+                        m1 += (dm * xd[c + 1, b]) * f32(mins_dot(ml, mh, xbf, bo + k16))
+                        a2 = fmadd_i(a2, l2, dw * xd[c + 2, b])
+                        m2 += (dm * xd[c + 2, b]) * f32(mins_dot(ml, mh, xbf, bo + 2 * k16))
+                        a3 = fmadd_i(a3, l3, dw * xd[c + 3, b])
+                        m3 += (dm * xd[c + 3, b]) * f32(mins_dot(ml, mh, xbf, bo + 3 * k16))
+                    out[c, i] = hsum_f(a0) - m0
+                    out[c + 1, i] = hsum_f(a1) - m1
+                    out[c + 2, i] = hsum_f(a2) - m2
+                    out[c + 3, i] = hsum_f(a3) - m3
+                c += 4
+            while c < n:
                 xqc = xq[c]; xbc = xb[c]
-                for b in range(nb):
-                    o = i * rb + b * 144
-                    lanes, summ = q4_K_dot(wf, o, xqc, b * 256, xd, xbc, b * 16)
-                    acc = fmadd_i(acc, lanes, f16_to_f32(w, o) * xd[c, b])
-                    accm += (f16_to_f32(w, o + 2) * xd[c, b]) * f32(summ)
-                out[c, i] = hsum_f(acc) - accm
+                for i in range(r0, r1):
+                    acc = f_zero()
+                    accm = f32(0.0)
+                    for b in range(nb):
+                        o = i * rb + b * bsz
+                        if q5:
+                            lanes, summ = q5_K_dot(wf, o, xqc, b * 256, xd, xbc, b * 16)
+                        else:
+                            lanes, summ = q4_K_dot(wf, o, xqc, b * 256, xd, xbc, b * 16)
+                        acc = fmadd_i(acc, lanes, f16_to_f32(w, o) * xd[c, b])
+                        accm += (f16_to_f32(w, o + 2) * xd[c, b]) * f32(summ)
+                    out[c, i] = hsum_f(acc) - accm
+                c += 1
+        return matmat
 
-    @numba.njit(**_NB)
-    def q5_K_matmat(w, xp, out, r0, r1):
-        xq, xd, xb = xp
-        nb = xd.shape[1]
-        rb = w.shape[1]
-        wf = w.reshape(-1)
-        for i in range(r0, r1):
-            for c in range(xq.shape[0]):
-                acc = f_zero()
-                accm = f32(0.0)
-                xqc = xq[c]; xbc = xb[c]
-                for b in range(nb):
-                    o = i * rb + b * 176
-                    lanes, summ = q5_K_dot(wf, o, xqc, b * 256, xd, xbc, b * 16)
-                    acc = fmadd_i(acc, lanes, f16_to_f32(w, o) * xd[c, b])
-                    accm += (f16_to_f32(w, o + 2) * xd[c, b]) * f32(summ)
-                out[c, i] = hsum_f(acc) - accm
+    q4_K_matmat = make_k4_matmat(False, 144)
+    q5_K_matmat = make_k4_matmat(True, 176)
 
     @numba.njit(**_NB)
     def q6_K_matmat(w, xp, out, r0, r1):
         xq, xd, xb = xp
+        n = xq.shape[0]
         nb = xd.shape[1]
         rb = w.shape[1]
+        k = xq.shape[1]
+        k16 = xb.shape[1]
         wf = w.reshape(-1)
         ws = w.view(np.int8).reshape(-1)
-        for i in range(r0, r1):
-            for c in range(xq.shape[0]):
+        xf = xq.reshape(-1)
+        xbf = xb.reshape(-1)
+        c = 0
+        while c + 4 <= n:
+            for i in range(r0, r1):
+                a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
+                for b in range(nb):
+                    o = i * rb + b * 210
+                    sv = scales_i8(wf, o + 192)
+                    x0 = c * k + b * 256
+                    q1, q2, q3, q4 = q6_K_unpack(wf, o, 0)
+                    l0 = k6_half0(i_zero(), q1, q2, q3, q4, xf, x0, sv)
+                    l1 = k6_half0(i_zero(), q1, q2, q3, q4, xf, x0 + k, sv)
+                    l2 = k6_half0(i_zero(), q1, q2, q3, q4, xf, x0 + 2 * k, sv)
+                    l3 = k6_half0(i_zero(), q1, q2, q3, q4, xf, x0 + 3 * k, sv)
+                    q1, q2, q3, q4 = q6_K_unpack(wf, o, 1)
+                    l0 = k6_half1(l0, q1, q2, q3, q4, xf, x0 + 128, sv)
+                    l1 = k6_half1(l1, q1, q2, q3, q4, xf, x0 + 128 + k, sv)
+                    l2 = k6_half1(l2, q1, q2, q3, q4, xf, x0 + 128 + 2 * k, sv)
+                    l3 = k6_half1(l3, q1, q2, q3, q4, xf, x0 + 128 + 3 * k, sv)
+                    d = f16_to_f32(w, o + 208)
+                    bo = c * k16 + b * 16
+                    a0 = fmadd_i(a0, i_add0(l0, -32 * sdot16(wf, o + 192, xbf, bo)), d * xd[c, b])
+                    a1 = fmadd_i(a1, i_add0(l1, -32 * sdot16(wf, o + 192, xbf, bo + k16)), d * xd[c + 1, b])
+                    a2 = fmadd_i(a2, i_add0(l2, -32 * sdot16(wf, o + 192, xbf, bo + 2 * k16)), d * xd[c + 2, b])
+                    a3 = fmadd_i(a3, i_add0(l3, -32 * sdot16(wf, o + 192, xbf, bo + 3 * k16)), d * xd[c + 3, b])
+                out[c, i] = hsum_f(a0); out[c + 1, i] = hsum_f(a1)
+                out[c + 2, i] = hsum_f(a2); out[c + 3, i] = hsum_f(a3)
+            c += 4
+        while c < n:
+            xqc = xq[c]; xbc = xb[c]
+            for i in range(r0, r1):
                 acc = f_zero()
-                xqc = xq[c]; xbc = xb[c]
                 for b in range(nb):
                     o = i * rb + b * 210
                     acc = fmadd_i(acc, q6_K_dot(wf, ws, o, xqc, b * 256, xbc, b * 16), f16_to_f32(w, o + 208) * xd[c, b])
                 out[c, i] = hsum_f(acc)
+            c += 1
 
     return dict(Q4_K=(q4_K_matvec, q4_K_matmat), Q5_K=(q5_K_matvec, q5_K_matmat),
                 Q6_K=(q6_K_matvec, q6_K_matmat))
@@ -538,6 +696,66 @@ def _bf16_at(w, off):
     return bf16_to_f32(w, off)
 
 
+# ============================================================================= on-disk cache
+class _StableCache(FunctionCache):
+    """Numba's FunctionCache with an index key that is the same in every process.
+
+    The stock key hashes ``pickle.dumps`` of the closure cells; the kernels above close over helper
+    dispatchers whose pickles carry a per-process uuid, so every process missed the cache,
+    recompiled (seconds per kernel) and appended yet another entry.  Here a dispatcher in a cell is
+    described by its code and, recursively, its own cells; the digest of the kernel package's
+    sources is added so an edit of any kernel module (e.g. the intrinsics in simd.py, which the
+    stock source-file stamp would not see) invalidates the entries.
+    """
+
+    def _index_key(self, sig, codegen):
+        f = self._py_func
+        return (sig, codegen.magic_tuple(), (_PKG_DIGEST, _describe(f)))
+
+
+def _describe(v) -> str:
+    h = hashlib.sha256()
+
+    def walk(x):
+        if isinstance(x, Dispatcher):
+            x = x.py_func
+        if callable(x) and hasattr(x, "__code__"):
+            c = x.__code__
+            h.update(f"fn:{x.__module__}.{x.__qualname__}:".encode())
+            h.update(c.co_code)
+            h.update(repr(c.co_consts).encode())
+            for cell in x.__closure__ or ():
+                walk(cell.cell_contents)
+        elif isinstance(x, (tuple, list)):
+            h.update(b"(")
+            for y in x:
+                walk(y)
+            h.update(b")")
+        else:
+            h.update(f"{type(x).__name__}:{x!r};".encode())
+
+    walk(v)
+    return h.hexdigest()
+
+
+def _package_digest() -> str:
+    h = hashlib.sha256()
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name in sorted(os.listdir(here)):
+        if name.endswith(".py"):
+            with open(os.path.join(here, name), "rb") as fh:
+                h.update(name.encode() + fh.read())
+    return h.hexdigest()
+
+
+_PKG_DIGEST = _package_digest()
+
+
+def _stable_cache(disp) -> None:
+    if isinstance(disp, Dispatcher) and disp._cache is not None and not disp.overloads:
+        disp._cache = _StableCache(disp.py_func)
+
+
 # ============================================================================= tables
 _TYPE_IDS = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8,
              "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "BF16": 30}
@@ -549,6 +767,9 @@ def tables(path: str) -> tuple[dict, dict]:
     if path not in _cache:
         mode = _MODES[path]
         fns = {**_legacy(mode), **_kquants(mode), **_floats(mode)}
+        for pair in fns.values():
+            for disp in pair:
+                _stable_cache(disp)
         mv = {_TYPE_IDS[n]: f[0] for n, f in fns.items()}
         mm = {_TYPE_IDS[n]: f[1] for n, f in fns.items()}
         _cache[path] = (mv, mm)
