@@ -429,9 +429,7 @@ class WorkbenchApp(App[int]):
 
     # ---- chat -----------------------------------------------------------
     def sampling_params(self) -> SamplingParams:
-        s = self.settings.sampling
-        return SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p,
-                              repeat_penalty=s.repeat_penalty, seed=s.seed)
+        return self.settings.sampling.params()
 
     @on(ChatPane.Submitted)
     async def _submitted(self, msg: ChatPane.Submitted) -> None:

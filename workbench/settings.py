@@ -13,16 +13,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .engine.sampling import SamplingParams
+
 
 @dataclass
-class SamplingSettings:
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    repeat_penalty: float = 1.0
-    seed: int | None = None
+class SamplingSettings(SamplingParams):
+    """The engine's sampling parameters plus the reply length."""
+
     n_predict: int = 512
+
+    def params(self) -> SamplingParams:
+        return SamplingParams(**{f.name: getattr(self, f.name) for f in dataclasses.fields(SamplingParams)})
 
 
 @dataclass
