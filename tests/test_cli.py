@@ -76,3 +76,24 @@ def test_user_errors_are_one_line(args, message):
     assert "Traceback" not in r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("numawb: error:") and message in lines[0], r.stderr
+
+
+@pytest.mark.parametrize("sig, code", [("SIGINT", 130), ("SIGTERM", 128 + 15)])
+def test_signals_end_generation_cleanly(tmp_path, sig, code):
+    import signal
+    import time
+    path = tmp_path / "long.gguf"
+    write_tiny_model(path, TinySpec(arch="llama", qtype=T.Q8_0, n_layer=1, n_ctx=1 << 16))
+    p = subprocess.Popen([sys.executable, "-m", "workbench", "generate", "-m", str(path), "-p", "the cat",
+                          "-n", "60000", "-c", "65536", "--temp", "1"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = p.stdout.read(1)  # generation has started
+        assert first != ""
+        time.sleep(0.3)
+        p.send_signal(getattr(signal, sig))
+        _, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == code
+    assert "Traceback" not in err
