@@ -21,7 +21,7 @@ GOLDEN = json.loads((DATA / "gemma3_golden.json").read_text())
 CASES = GOLDEN["greedy"]
 
 #: tokens compared per prompt (the golden file has 40): free-running greedy continuations must be
-#: identical to llama.cpp's.  With the kernels of kernels/ggml_order.py every matrix product follows
+#: identical to llama.cpp's.  With the SIMD kernels (kernels/simd_kernels.py) every matrix product follows
 #: the float operation order of the llama.cpp code that produced the golden file (vec_dot /
 #: tinyBLAS for Q8_0 and Q5_0, the q4_K_8x8 gemv/gemm of the repacked Q4_K weights, vec_dot and the
 #: tiled matmul for Q6_K), and norms, RoPE, GELU, softmax and attention were already bit-exact, so
@@ -43,11 +43,11 @@ PPL_GOLDEN = GOLDEN["perplexity"]["ppl"]
 
 def _llama_order() -> bool:
     from workbench.engine import kernels
-    return kernels.kernel_path() != "portable" and kernels.exact_order()
+    return kernels.kernel_path() != "portable"
 
 
 #: bit-exactness needs the llama.cpp-ordered SIMD kernels (the default on AVX2 / AVX512 machines)
-needs_llama_order = pytest.mark.skipif(not _llama_order(), reason="portable kernels or NUMAWB_EXACT=0: "
+needs_llama_order = pytest.mark.skipif(not _llama_order(), reason="portable kernels: "
                                        "products are not in llama.cpp's float order")
 
 

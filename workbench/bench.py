@@ -20,7 +20,6 @@ import argparse
 import csv
 import io
 import json
-import math
 import os
 import platform
 import statistics
@@ -28,7 +27,7 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 

@@ -94,16 +94,7 @@ def _tables(path: str) -> tuple[dict, dict]:
         return _PORTABLE_MATVEC, _PORTABLE_MATMAT
     from . import simd_kernels  # compiled lazily: importing does not JIT anything
     mv, mm = simd_kernels.tables(path)
-    if exact_order():  # llama.cpp's per-output float order for Q8_0/Q5_0/Q4_K/Q6_K (ggml_order.py)
-        from . import ggml_order
-        emv, emm = ggml_order.tables(path)
-        mv, mm = {**mv, **emv}, {**mm, **emm}
     return mv, mm
-
-
-def exact_order() -> bool:
-    """True unless NUMAWB_EXACT=0: SIMD paths use the llama.cpp-ordered kernels where they exist."""
-    return os.environ.get("NUMAWB_EXACT", "1").strip() not in ("0", "false", "no", "off")
 
 
 _MATVEC: dict = {}

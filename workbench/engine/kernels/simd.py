@@ -47,7 +47,11 @@ v32b = VecType("i8x32")
 v8i = VecType("i32x8")
 v8f = VecType("f32x8")
 v16s = VecType("i16x16")
-_LL = {"i8x32": _V32B, "i32x8": _V8I, "f32x8": _V8F, "i16x16": _V16S}
+v4i = VecType("i32x4")
+v4f = VecType("f32x4")
+_V4I = ir.VectorType(_i32, 4)
+_V4F = ir.VectorType(_f32, 4)
+_LL = {"i8x32": _V32B, "i32x8": _V8I, "f32x8": _V8F, "i16x16": _V16S, "i32x4": _V4I, "f32x4": _V4F}
 
 
 @register_model(VecType)
@@ -503,3 +507,134 @@ def madd_sv(typingctx, mode, acc, a, b, sv, i0, i1):
         return builder.add(acc, builder.call(mwd, [p16, sc]))
 
     return sig, cg
+
+
+# ----------------------------------------------------------------------------- exact-order helpers
+@intrinsic
+def q6_offset(typingctx, sv, xb, off):
+    """32 * (sc[2m] * bsum[2m] + sc[2m+1] * bsum[2m+1]) per i32 lane m (ggml's Q6_K per-lane offset):
+    the 16 int32 bsums at xb[off] (|bsum| <= 16 * 127, exact in i16) times the i16x16 scales, pmaddwd."""
+    _check_array(xb, (types.int32,))
+    sig = v8i(sv, xb, off)
+
+    def cg(context, builder, sig, args):
+        V16I = ir.VectorType(_i32, 16)
+        bs = builder.load(_ptr(context, builder, sig.args[1], args[1], args[2], V16I), align=4)
+        bs16 = builder.trunc(bs, _V16S)
+        mwd = _fn(builder, "llvm.x86.avx2.pmadd.wd", _V8I, [_V16S, _V16S])
+        return builder.shl(builder.call(mwd, [args[0], bs16]), ir.Constant(_V8I, [5] * 8))
+
+    return sig, cg
+
+
+@intrinsic
+def i_sub(typingctx, a, b):
+    sig = v8i(a, b)
+    return sig, lambda context, builder, sig, args: builder.sub(args[0], args[1])
+
+
+@intrinsic
+def hsum_i(typingctx, v):
+    """Sum of the 8 int32 lanes (exact in int32 for these kernels)."""
+    sig = types.int32(v)
+
+    def cg(context, builder, sig, args):
+        red = _fn(builder, "llvm.vector.reduce.add.v8i32", _i32, [_V8I])
+        return builder.call(red, [args[0]])
+
+    return sig, cg
+
+
+@intrinsic
+def fma_s(typingctx, a, b, c):
+    """a * b + c in float32, rounded once (llvm.fma.f32: vfmadd on these CPUs)."""
+    sig = types.float32(types.float32, types.float32, types.float32)
+
+    def cg(context, builder, sig, args):
+        f = _fn(builder, "llvm.fma.f32", _f32, [_f32, _f32, _f32])
+        return builder.call(f, list(args))
+
+    return sig, cg
+
+
+
+# ----------------------------------------------------------------------------- 4-lane (one lane per column)
+@intrinsic
+def reduce4(typingctx, a, b, c, d):
+    """i32x4 of the lane sums of four i32x8 vectors (exact integer sums)."""
+    sig = v4i(a, b, c, d)
+
+    def cg(context, builder, sig, args):
+        def sh(x, y, idx):
+            return builder.shuffle_vector(x, y, ir.Constant(ir.VectorType(_i32, len(idx)), idx))
+        # transpose-and-add: pairs, then quads, then the two 128-bit halves
+        ab = builder.add(sh(args[0], args[1], [0, 8, 2, 10, 4, 12, 6, 14]), sh(args[0], args[1], [1, 9, 3, 11, 5, 13, 7, 15]))
+        cd = builder.add(sh(args[2], args[3], [0, 8, 2, 10, 4, 12, 6, 14]), sh(args[2], args[3], [1, 9, 3, 11, 5, 13, 7, 15]))
+        q = builder.add(sh(ab, cd, [0, 1, 8, 9, 4, 5, 12, 13]), sh(ab, cd, [2, 3, 10, 11, 6, 7, 14, 15]))
+        return builder.add(sh(q, q, [0, 1, 2, 3]), sh(q, q, [4, 5, 6, 7]))
+
+    return sig, cg
+
+
+@intrinsic
+def load_i32x4(typingctx, a, off):
+    _check_array(a, (types.int32,))
+    sig = v4i(a, off)
+    return sig, lambda context, builder, sig, args: _arr_load(context, builder, sig, args, 0, _V4I)
+
+
+@intrinsic
+def load_f32x4(typingctx, a, off):
+    _check_array(a, (types.float32,))
+    sig = v4f(a, off)
+    return sig, lambda context, builder, sig, args: _arr_load(context, builder, sig, args, 0, _V4F)
+
+
+@intrinsic
+def f4_zero(typingctx):
+    sig = v4f()
+    return sig, lambda context, builder, sig, args: ir.Constant(_V4F, [0.0] * 4)
+
+
+@intrinsic
+def i4_mul_add(typingctx, a, s, b, t):
+    """a * s + b * t (i32x4 vectors, int scalars s, t)."""
+    sig = v4i(a, s, b, t)
+
+    def cg(context, builder, sig, args):
+        sv = _splat(builder, _to_i32(builder, args[1]), _V4I)
+        tv = _splat(builder, _to_i32(builder, args[3]), _V4I)
+        return builder.add(builder.mul(args[0], sv), builder.mul(args[2], tv))
+
+    return sig, cg
+
+
+@intrinsic
+def f4_scale(typingctx, v, s):
+    """v * s per lane (float32 products, each rounded once)."""
+    sig = v4f(v, types.float32)
+    return sig, lambda context, builder, sig, args: builder.fmul(_splat(builder, args[1], _V4F), args[0])
+
+
+@intrinsic
+def fma4_i(typingctx, acc, v, s):
+    """acc + f32(v) * s per lane, fused (s an f32x4)."""
+    sig = v4f(acc, v, s)
+
+    def cg(context, builder, sig, args):
+        f = _fn(builder, "llvm.fma.v4f32", _V4F, [_V4F, _V4F, _V4F])
+        return builder.call(f, [builder.sitofp(args[1], _V4F), args[2], args[0]])
+
+    return sig, cg
+
+
+@intrinsic
+def f4_sub(typingctx, a, b):
+    sig = v4f(a, b)
+    return sig, lambda context, builder, sig, args: builder.fsub(args[0], args[1])
+
+
+@intrinsic
+def f4_lane(typingctx, v, j):
+    sig = types.float32(v, j)
+    return sig, lambda context, builder, sig, args: builder.extract_element(args[0], _to_i32(builder, args[1]))

@@ -36,7 +36,8 @@ from . import k_quants as _kq
 from .simd import (AVX2, VNNI, b_add, b_and, bf16_to_f32, b_or, b_shl, b_shr, dot_ss, dot_us, f16_to_f32, f_zero,
                    f_add, fma_f, fmadd_i, hsum_f, i_add0, i_zero, load_b32, load_bf16x8, load_bits16,
                    load_f16x8, load_f32x8, load_i8, load_nib, madd_sv, ld_u32, mins_dot, scales_i8, scales_k4,
-                   sdot16)
+                   fma_s, hsum_i, i_sub, q6_offset, reduce4, load_i32x4, load_f32x4, f4_zero, i4_mul_add,
+                   f4_scale, fma4_i, f4_sub, f4_lane)
 
 _NB = dict(nogil=True, cache=True)
 f32 = np.float32
@@ -59,11 +60,6 @@ def _legacy(mode):
         return dot_us(mode, i_zero(), q, load_b32(xq, xo))
 
     # ---- matvec: per-block (lanes, scale, extra) functions and one 4-accumulator driver
-    @numba.njit(inline="always")
-    def q8_0_blk(w, base, b, xq, xd, xa):
-        o = base + b * 34
-        return q8_0_lanes(w, o, xq, b * 32), f16_to_f32(w, o) * xd[b], f32(0.0)
-
     @numba.njit(inline="always")
     def q4_1_blk(w, base, b, xq, xd, xa):
         o = base + b * 20
@@ -248,7 +244,20 @@ def _legacy(mode):
     q4_0_matvec = make_offset_matvec(u_q4_0, 18, 3)
     q5_0_matvec = make_offset_matvec(u_q5_0, 22, 4)
 
-    q8_0_matvec = make_matvec(q8_0_blk)  # compiles to one chain per row: llama.cpp's order
+    # Q8_0 matvec: one f32 chain per row in block order, written out (llama.cpp's ggml_vec_dot_q8_0_q8_0
+    # order; make_matvec's four accumulators happened to compile to one chain, which is not a guarantee)
+    @numba.njit(**_NB)
+    def q8_0_matvec(w, xp, out, r0, r1):
+        xq, xd, _ = xp
+        nb = xd.shape[0]
+        rb = w.shape[1]
+        for i in range(r0, r1):
+            acc = f_zero()
+            base = i * rb
+            for b in range(nb):
+                o = base + b * 34
+                acc = fmadd_i(acc, q8_0_lanes(w, o, xq, b * 32), f16_to_f32(w, o) * xd[b])
+            out[i] = hsum_f(acc)
 
     @numba.njit(**_NB)
     def q4_1_matmat(w, xp, out, r0, r1):
@@ -389,13 +398,14 @@ def _kquants(mode):
 
     @numba.njit(inline="always")
     def q6_K_dot(wf, ws, o, xq, xo, xb, bo):
-        """Integer lanes of sum_j sc_j * sum (q-32)*x (offset removed via bsums)."""
+        """Integer lanes of sum_j sc_j * sum (q-32)*x, laid out like ggml_vec_dot_q6_K_q8_K's AVX2 lanes
+        (unsigned quants, then the -32 offset per lane via the bsums)."""
         sv = scales_i8(wf, o + 192)
         q1, q2, q3, q4 = q6_K_unpack(wf, o, 0)
         acc = k6_half0(i_zero(), q1, q2, q3, q4, xq, xo, sv)
         q1, q2, q3, q4 = q6_K_unpack(wf, o, 1)
         acc = k6_half1(acc, q1, q2, q3, q4, xq, xo + 128, sv)
-        return i_add0(acc, -32 * sdot16(wf, o + 192, xb, bo))
+        return i_sub(acc, q6_offset(sv, xb, bo))   # ggml's per-lane offset: lane m gets sc[2m], sc[2m+1]
 
     @numba.njit(**_NB)
     def q4_K_matvec(w, xp, out, r0, r1):
@@ -404,14 +414,15 @@ def _kquants(mode):
         rb = w.shape[1]
         wf = w.reshape(-1)
         for i in range(r0, r1):
-            acc = f_zero()
+            acc = f32(0.0)
             accm = f32(0.0)
             for b in range(nb):
                 o = i * rb + b * 144
                 lanes, summ = q4_K_dot(wf, o, xq, b * 256, xd, xb, b * 16)
-                acc = fmadd_i(acc, lanes, f16_to_f32(w, o) * xd[b])
-                accm += (f16_to_f32(w, o + 2) * xd[b]) * f32(summ)
-            out[i] = hsum_f(acc) - accm
+                # ggml_gemv_q4_K_8x8_q8_K's order: one FMA per super-block on the exact integer sums
+                acc = fma_s(f32(hsum_i(lanes)), f16_to_f32(w, o) * xd[b], acc)
+                accm = fma_s(f32(summ), f16_to_f32(w, o + 2) * xd[b], accm)
+            out[i] = acc - accm
 
     @numba.njit(**_NB)
     def q5_K_matvec(w, xp, out, r0, r1):
@@ -522,8 +533,14 @@ def _kquants(mode):
                 c += 1
         return matmat
 
-    q4_K_matmat = make_k4_matmat(False, 144)
     q5_K_matmat = make_k4_matmat(True, 176)
+
+    # Q6_K matmat in llama.cpp's orders: fewer than 8 columns -> ggml_vec_dot_q6_K_q8_K per column (f32x8
+    # lanes, as matvec); 8 or more -> the tiled matmul: per column one scalar chain over super-blocks,
+    # out = fma(f32(S) * d_w, d_x, out) with S the block's exact integer sum.
+    @numba.njit(inline="always")
+    def q6_tiled(a, l, d, xdv):
+        return fma_s(f32(hsum_i(l)) * d, xdv, a)
 
     @numba.njit(**_NB)
     def q6_K_matmat(w, xp, out, r0, r1):
@@ -537,10 +554,12 @@ def _kquants(mode):
         ws = w.view(np.int8).reshape(-1)
         xf = xq.reshape(-1)
         xbf = xb.reshape(-1)
+        tiled = n >= 8
         c = 0
         while c + 4 <= n:
             for i in range(r0, r1):
                 a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
+                t0 = f32(0.0); t1 = f32(0.0); t2 = f32(0.0); t3 = f32(0.0)
                 for b in range(nb):
                     o = i * rb + b * 210
                     sv = scales_i8(wf, o + 192)
@@ -557,22 +576,115 @@ def _kquants(mode):
                     l3 = k6_half1(l3, q1, q2, q3, q4, xf, x0 + 128 + 3 * k, sv)
                     d = f16_to_f32(w, o + 208)
                     bo = c * k16 + b * 16
-                    a0 = fmadd_i(a0, i_add0(l0, -32 * sdot16(wf, o + 192, xbf, bo)), d * xd[c, b])
-                    a1 = fmadd_i(a1, i_add0(l1, -32 * sdot16(wf, o + 192, xbf, bo + k16)), d * xd[c + 1, b])
-                    a2 = fmadd_i(a2, i_add0(l2, -32 * sdot16(wf, o + 192, xbf, bo + 2 * k16)), d * xd[c + 2, b])
-                    a3 = fmadd_i(a3, i_add0(l3, -32 * sdot16(wf, o + 192, xbf, bo + 3 * k16)), d * xd[c + 3, b])
-                out[c, i] = hsum_f(a0); out[c + 1, i] = hsum_f(a1)
-                out[c + 2, i] = hsum_f(a2); out[c + 3, i] = hsum_f(a3)
+                    l0 = i_sub(l0, q6_offset(sv, xbf, bo))
+                    l1 = i_sub(l1, q6_offset(sv, xbf, bo + k16))
+                    l2 = i_sub(l2, q6_offset(sv, xbf, bo + 2 * k16))
+                    l3 = i_sub(l3, q6_offset(sv, xbf, bo + 3 * k16))
+                    if tiled:
+                        t0 = q6_tiled(t0, l0, d, xd[c, b]); t1 = q6_tiled(t1, l1, d, xd[c + 1, b])
+                        t2 = q6_tiled(t2, l2, d, xd[c + 2, b]); t3 = q6_tiled(t3, l3, d, xd[c + 3, b])
+                    else:
+                        a0 = fmadd_i(a0, l0, d * xd[c, b]); a1 = fmadd_i(a1, l1, d * xd[c + 1, b])
+                        a2 = fmadd_i(a2, l2, d * xd[c + 2, b]); a3 = fmadd_i(a3, l3, d * xd[c + 3, b])
+                if tiled:
+                    out[c, i] = t0; out[c + 1, i] = t1; out[c + 2, i] = t2; out[c + 3, i] = t3
+                else:
+                    out[c, i] = hsum_f(a0); out[c + 1, i] = hsum_f(a1)
+                    out[c + 2, i] = hsum_f(a2); out[c + 3, i] = hsum_f(a3)
             c += 4
         while c < n:
             xqc = xq[c]; xbc = xb[c]
             for i in range(r0, r1):
                 acc = f_zero()
+                t0 = f32(0.0)
                 for b in range(nb):
                     o = i * rb + b * 210
-                    acc = fmadd_i(acc, q6_K_dot(wf, ws, o, xqc, b * 256, xbc, b * 16), f16_to_f32(w, o + 208) * xd[c, b])
-                out[c, i] = hsum_f(acc)
+                    l0 = q6_K_dot(wf, ws, o, xqc, b * 256, xbc, b * 16)
+                    d = f16_to_f32(w, o + 208)
+                    if tiled:
+                        t0 = q6_tiled(t0, l0, d, xd[c, b])
+                    else:
+                        acc = fmadd_i(acc, l0, d * xd[c, b])
+                out[c, i] = t0 if tiled else hsum_f(acc)
             c += 1
+
+    # Q4_K matmat in llama.cpp's orders: columns [0, n - n % 4) as ggml_gemm_q4_K_8x8_q8_K (one FMA per
+    # pair of sub-blocks on the exact integer pair sums, for the scaled and the min parts), the last
+    # n % 4 columns as the gemv (one FMA per super-block).  Tiles of 4 columns are exactly the gemm ones.
+    @numba.njit(**_NB)
+    def q4_K_matmat_exact(w, xp, out, r0, r1):
+        xq, xd, xb = xp
+        n = xq.shape[0]
+        nb = xd.shape[1]
+        rb = w.shape[1]
+        k = xq.shape[1]
+        k16 = xb.shape[1]
+        wf = w.reshape(-1)
+        xf = xq.reshape(-1)
+        # once per call, columns innermost so a tile's 4 values are contiguous:
+        # xdT[b, col] = d_x; b32T[b * 8 + j, col] = bsum of sub-block j (32 elements)
+        xdT = np.ascontiguousarray(xd.T).reshape(-1)
+        b32T = np.ascontiguousarray((xb[:, 0::2] + xb[:, 1::2]).T).reshape(-1)
+        c = 0
+        while c + 4 <= n:
+            for i in range(r0, r1):
+                acc = f4_zero(); accm = f4_zero()
+                for b in range(nb):
+                    o = i * rb + b * 144
+                    sl, sh, ml, mh = _k4_scales(wf, o + 4)
+                    sv = scales_k4(sl, sh, ml, mh)
+                    x4 = load_f32x4(xdT, b * n + c)
+                    dd = f4_scale(x4, f16_to_f32(w, o))          # d_w * d_x per column (rounded once)
+                    dm = f4_scale(x4, f16_to_f32(w, o + 2))
+                    xo = c * k + b * 256
+                    bt = (b * 8) * n + c
+                    # pair g = sub-blocks 2g, 2g+1: integer pair sums of the 4 columns, then one FMA each
+                    lo, hi = q4_K_unpack(wf, o, 0)
+                    acc = fma4_i(acc, reduce4(k4_pair(i_zero(), lo, hi, xf, xo, sv, 0, 1),
+                                              k4_pair(i_zero(), lo, hi, xf, xo + k, sv, 0, 1),
+                                              k4_pair(i_zero(), lo, hi, xf, xo + 2 * k, sv, 0, 1),
+                                              k4_pair(i_zero(), lo, hi, xf, xo + 3 * k, sv, 0, 1)), dd)
+                    accm = fma4_i(accm, i4_mul_add(load_i32x4(b32T, bt), ml & np.uint32(0xFF),
+                                                   load_i32x4(b32T, bt + n), (ml >> np.uint32(8)) & np.uint32(0xFF)), dm)
+                    lo, hi = q4_K_unpack(wf, o, 1)
+                    acc = fma4_i(acc, reduce4(k4_pair(i_zero(), lo, hi, xf, xo + 64, sv, 2, 3),
+                                              k4_pair(i_zero(), lo, hi, xf, xo + 64 + k, sv, 2, 3),
+                                              k4_pair(i_zero(), lo, hi, xf, xo + 64 + 2 * k, sv, 2, 3),
+                                              k4_pair(i_zero(), lo, hi, xf, xo + 64 + 3 * k, sv, 2, 3)), dd)
+                    accm = fma4_i(accm, i4_mul_add(load_i32x4(b32T, bt + 2 * n), (ml >> np.uint32(16)) & np.uint32(0xFF),
+                                                   load_i32x4(b32T, bt + 3 * n), ml >> np.uint32(24)), dm)
+                    lo, hi = q4_K_unpack(wf, o, 2)
+                    acc = fma4_i(acc, reduce4(k4_pair(i_zero(), lo, hi, xf, xo + 128, sv, 4, 5),
+                                              k4_pair(i_zero(), lo, hi, xf, xo + 128 + k, sv, 4, 5),
+                                              k4_pair(i_zero(), lo, hi, xf, xo + 128 + 2 * k, sv, 4, 5),
+                                              k4_pair(i_zero(), lo, hi, xf, xo + 128 + 3 * k, sv, 4, 5)), dd)
+                    accm = fma4_i(accm, i4_mul_add(load_i32x4(b32T, bt + 4 * n), mh & np.uint32(0xFF),
+                                                   load_i32x4(b32T, bt + 5 * n), (mh >> np.uint32(8)) & np.uint32(0xFF)), dm)
+                    lo, hi = q4_K_unpack(wf, o, 3)
+                    acc = fma4_i(acc, reduce4(k4_pair(i_zero(), lo, hi, xf, xo + 192, sv, 6, 7),
+                                              k4_pair(i_zero(), lo, hi, xf, xo + 192 + k, sv, 6, 7),
+                                              k4_pair(i_zero(), lo, hi, xf, xo + 192 + 2 * k, sv, 6, 7),
+                                              k4_pair(i_zero(), lo, hi, xf, xo + 192 + 3 * k, sv, 6, 7)), dd)
+                    accm = fma4_i(accm, i4_mul_add(load_i32x4(b32T, bt + 6 * n), (mh >> np.uint32(16)) & np.uint32(0xFF),
+                                                   load_i32x4(b32T, bt + 7 * n), mh >> np.uint32(24)), dm)
+                r = f4_sub(acc, accm)
+                out[c, i] = f4_lane(r, 0); out[c + 1, i] = f4_lane(r, 1)
+                out[c + 2, i] = f4_lane(r, 2); out[c + 3, i] = f4_lane(r, 3)
+            c += 4
+        while c < n:
+            xqc = xq[c]; xbc = xb[c]
+            for i in range(r0, r1):
+                acc = f32(0.0)
+                accm = f32(0.0)
+                for b in range(nb):
+                    o = i * rb + b * 144
+                    lanes, summ = q4_K_dot(wf, o, xqc, b * 256, xd, xbc, b * 16)
+                    acc = fma_s(f32(hsum_i(lanes)), f16_to_f32(w, o) * xd[c, b], acc)
+                    accm = fma_s(f32(summ), f16_to_f32(w, o + 2) * xd[c, b], accm)
+                out[c, i] = acc - accm
+            c += 1
+
+    q4_K_matmat = q4_K_matmat_exact
 
     return dict(Q4_K=(q4_K_matvec, q4_K_matmat), Q5_K=(q5_K_matvec, q5_K_matmat),
                 Q6_K=(q6_K_matvec, q6_K_matmat))
