@@ -98,3 +98,41 @@ def test_closed_pool_refuses():
     p.close()
     with pytest.raises(RuntimeError):
         p.run(lambda i: None)
+
+
+def test_lead_runs_worker_zero_on_the_caller_and_restores_affinity():
+    import os
+    import threading
+    from workbench.numa.workers import WorkerPool
+    pool = WorkerPool(2)
+    try:
+        before = os.sched_getaffinity(0)
+        seen: dict[int, int] = {}
+
+        def fn(i: int) -> None:
+            seen[i] = threading.get_ident()
+        with pool.lead():
+            node_cpus = {w.cpu for w in pool.workers if w.node == pool.workers[0].node and w.cpu is not None}
+            if node_cpus:
+                assert os.sched_getaffinity(0) == node_cpus
+            pool.run(fn, lead=True)
+            assert seen[0] == threading.get_ident()          # worker 0's share ran right here
+            assert seen[1] != threading.get_ident()
+            seen.clear()
+            pool.run(fn)                                     # without lead: every share on a pool thread
+            assert threading.get_ident() not in seen.values()
+        assert os.sched_getaffinity(0) == before
+
+        def boom(i: int) -> None:
+            if i == 0:
+                raise ValueError("worker 0 failed")
+        with pool.lead():
+            try:
+                pool.run(boom, lead=True)
+            except ValueError as e:
+                assert "worker 0 failed" in str(e)
+            else:
+                raise AssertionError("the caller's error was lost")
+        pool.run(fn)  # the pool still works after an error in the caller's share
+    finally:
+        pool.close()

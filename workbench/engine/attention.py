@@ -93,10 +93,10 @@ def merge_stats(mxs: np.ndarray, sms: np.ndarray, big_m: np.ndarray, inv_l: np.n
 
 
 @nb.njit(**_JIT)
-def probabilities(scores: np.ndarray, n_slots: int, big_m: np.ndarray, inv_l: np.ndarray) -> np.ndarray:
-    """exp(s - M) * (1/L) as float32 [n_kv, rows, n_slots] (masked slots give 0)."""
+def probabilities(scores: np.ndarray, n_slots: int, width: int, big_m: np.ndarray, inv_l: np.ndarray) -> np.ndarray:
+    """exp(s - M) * (1/L) as float32 [n_kv, rows, width] (masked slots and slots >= n_slots give 0)."""
     n_kv, rows, _ = scores.shape
-    out = np.empty((n_kv, rows, n_slots), dtype=np.float32)
+    out = np.zeros((n_kv, rows, width), dtype=np.float32)
     for h in range(n_kv):
         for r in range(rows):
             m = big_m[h, r]

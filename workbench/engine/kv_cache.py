@@ -9,13 +9,29 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numba as nb
 import numpy as np
 
 from .attention import BLOCK
 from .config import ModelConfig
+from .ops import f16_bits
 
 # (layer, worker, nbytes) -> uint8 buffer for that worker's part of that layer
 KVRegionFn = Callable[[int, int, int], np.ndarray]
+
+
+@nb.njit(nogil=True, cache=True)
+def store_f16(kc: np.ndarray, vc: np.ndarray, k: np.ndarray, v: np.ndarray, slot0: int) -> None:
+    """k, v [n, kv_head, dim] float32 -> f16 bits in keys kc [kv_head, slot, dim] and values
+    vc [kv_head, dim, slot] at slots slot0.. (one pass, where numpy needs eight calls)."""
+    n, n_kv, d = k.shape
+    dv = v.shape[2]
+    for t in range(n):
+        for h in range(n_kv):
+            for j in range(d):
+                kc[h, slot0 + t, j] = f16_bits(k[t, h, j])
+            for j in range(dv):
+                vc[h, j, slot0 + t] = f16_bits(v[t, h, j])
 
 
 def slots_per_worker(n_ctx: int, n_workers: int) -> int:
@@ -70,6 +86,9 @@ class KVCache:
                 vs.append(raw[kb:kb + vb].view(np.uint16).reshape(cfg.n_head_kv, cfg.head_dim_v, cap))
             self.k.append(ks)
             self.v.append(vs)
+        # [layer][worker][kv_head]: the byte matrices the F16 kernels read
+        self.k_bytes = [[[a.view(np.uint8) for a in k] for k in layer] for layer in self.k]
+        self.v_bytes = [[[a.view(np.uint8) for a in v] for v in layer] for layer in self.v]
 
     @property
     def nbytes(self) -> int:
@@ -77,13 +96,12 @@ class KVCache:
 
     def store(self, il: int, k: np.ndarray, v: np.ndarray, pos0: int) -> None:
         """Write [n, kv_heads, head_dim] float32 K/V at positions pos0.. (rounded to f16)."""
+        if self.n_workers == 1:
+            store_f16(self.k[il][0], self.v[il][0], k, v, pos0)
+            return
         n = k.shape[0]
         k16 = k.astype(np.float16).view(np.uint16).transpose(1, 0, 2)  # [kv_head, n, dim]
         v16 = v.astype(np.float16).view(np.uint16).transpose(1, 2, 0)  # [kv_head, dim, n]
-        if self.n_workers == 1:
-            self.k[il][0][:, pos0:pos0 + n] = k16
-            self.v[il][0][:, :, pos0:pos0 + n] = v16
-            return
         owners, slots = owner_slots(np.arange(pos0, pos0 + n), self.n_workers)
         for w in range(self.n_workers):
             sel = owners == w

@@ -92,6 +92,39 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> 
 
 
 @nb.njit(**_JIT)
+def add_rms_norm(x: np.ndarray, y: np.ndarray, y_weight: np.ndarray, norm_y: bool, weight: np.ndarray,
+                 eps: float, out: np.ndarray) -> None:
+    """x += rms_norm(y) * y_weight (x += y unless norm_y); out = rms_norm(x) * weight (may be empty).
+
+    A residual add and the norms around it in one call, with the operations of
+    `rms_norm` and of a separate add in the same order (same bits).
+    """
+    n, d = x.shape
+    has_w = weight.shape[0] == d
+    for i in range(n):
+        if norm_y:
+            s = 0.0
+            for j in range(d):
+                s += np.float64(y[i, j] * y[i, j])
+            scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(s / d) + np.float32(eps)))
+            for j in range(d):
+                x[i, j] += (y[i, j] * scale) * y_weight[j]
+        else:
+            for j in range(d):
+                x[i, j] += y[i, j]
+        s = 0.0
+        for j in range(d):
+            s += np.float64(x[i, j] * x[i, j])
+        scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(s / d) + np.float32(eps)))
+        if has_w:
+            for j in range(d):
+                out[i, j] = (x[i, j] * scale) * weight[j]
+        else:
+            for j in range(d):
+                out[i, j] = x[i, j] * scale
+
+
+@nb.njit(**_JIT)
 def rms_norm_heads(x: np.ndarray, weight: np.ndarray, eps: float) -> None:
     """In-place RMS norm over the last axis of [n, heads, head_dim] (QK-norm)."""
     n, h, d = x.shape
@@ -159,12 +192,36 @@ def apply_rope(x: np.ndarray, cs: np.ndarray, neox: bool) -> None:
                     x[t, k, 2 * i + 1] = fma32(a, s, b * c)
 
 
+@intrinsic
+def f16_bits(typingctx, x):
+    """Bits of float32 x rounded to the nearest half (ties to even), as an int32 in [0, 65536)."""
+    sig = types.int32(types.float32)
+
+    def cg(context, builder, sig, args):
+        h = builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+        return builder.zext(h, ir.IntType(32))
+
+    return sig, cg
+
+
 @nb.njit(**_JIT)
-def gelu_mul(g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
-    """out = gelu_tanh(g) * u, with ggml's f16 GELU table semantics."""
-    n, d = g.shape
+def gelu_f16_table(halves: np.ndarray) -> np.ndarray:
+    """GELU of every half value (float32 `halves`, indexed by bits), rounded to half: ggml's f16 GELU table."""
     c = np.float32(0.7978845608028654)
     a = np.float32(0.044715)
+    table = np.empty(halves.shape[0], dtype=np.float32)
+    for bits in range(halves.shape[0]):
+        xh = halves[bits]
+        # ggml_gelu_f32 as GCC contracts it: 1 + A*x*x -> fma(A*x, x, 1)
+        inner = fma32(a * xh, xh, np.float32(1.0))
+        table[bits] = round_f16(np.float32(0.5) * xh * (np.float32(1.0) + np.float32(math.tanh(c * xh * inner))))
+    return table
+
+
+@nb.njit(**_JIT)
+def gelu_mul(g: np.ndarray, u: np.ndarray, out: np.ndarray, table: np.ndarray) -> None:
+    """out = gelu_tanh(g) * u, with ggml's f16 GELU table semantics (`table` = `GELU_F16`)."""
+    n, d = g.shape
     for i in range(n):
         for j in range(d):
             x = g[i, j]
@@ -173,10 +230,7 @@ def gelu_mul(g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
             elif x >= 10.0:
                 y = x
             else:
-                xh = round_f16(x)
-                # ggml_gelu_f32 as GCC contracts it: 1 + A*x*x -> fma(A*x, x, 1)
-                inner = fma32(a * xh, xh, np.float32(1.0))
-                y = round_f16(np.float32(0.5) * xh * (np.float32(1.0) + np.float32(math.tanh(c * xh * inner))))
+                y = table[f16_bits(x)]
             out[i, j] = y * u[i, j]
 
 
@@ -190,9 +244,4 @@ def silu_mul(g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
             out[i, j] = (x / (np.float32(1.0) + np.float32(math.exp(-x)))) * u[i, j]
 
 
-@nb.njit(**_JIT)
-def add_inplace(x: np.ndarray, y: np.ndarray) -> None:
-    n, d = x.shape
-    for i in range(n):
-        for j in range(d):
-            x[i, j] += y[i, j]
+GELU_F16 = gelu_f16_table(np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32))

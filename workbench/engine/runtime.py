@@ -1,16 +1,24 @@
 """The runtime: weights in placed buffers, products split over worker threads.
 
-Model code asks for products by tensor name (`linear`) and for per-head work
-(`over_heads`); it never sees kernels, threads or NUMA placement. A product
-is split into consecutive row ranges, one per worker, by the NUMA layer's
+Model code asks for products by tensor name (`linear`, `gated`) and for
+attention; it never sees kernels, threads or NUMA placement. A product is
+split into consecutive row ranges, one per worker, by the NUMA layer's
 `row_split`, so `slice` placement and the compute split always agree. Each
 worker reads the copy of a weight that its node holds (`layout.array_for`).
+
+During a forward pass (`step`) the calling thread stands in for worker 0, so a
+hand-off (tens of microseconds of thread wake-ups and GIL transfers) is paid
+only where it pays off: a one-token product smaller than `SPLIT_BYTES` runs on
+the calling thread alone; a bigger one (the output matrix) is dealt out in row
+chunks to whichever worker is free. Every output row is one kernel call's dot
+product whatever the split, so results do not depend on the thread count.
 """
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 
@@ -22,6 +30,15 @@ from .kv_cache import KVCache, filled_slots
 
 F32, F16, BF16 = 0, 1, 30
 SPREAD_ATTENTION = 2048  # key slots x query rows above which attention is spread over the workers
+# weight bytes of a one-token product below which the calling thread computes it alone (when it
+# stands in for worker 0): a hand-off to the other workers costs more than it saves
+SPLIT_BYTES = 8 << 20
+CHUNK_BYTES = 1 << 20  # smallest chunk of rows dealt to the workers, in weight bytes
+CHUNK_ALIGN = 64  # rows
+# weight types whose products take the same prepared activations (ggml's vec_dot_type: Q8_0,
+# Q8_1, Q8_K) -> one representative type, so a group prepares each input once
+_VEC_DOT = {kernels.Q4_0: kernels.Q8_0, kernels.Q5_0: kernels.Q8_0, kernels.Q4_1: kernels.Q5_1,
+            kernels.Q4_K: kernels.Q6_K, kernels.Q5_K: kernels.Q6_K}
 
 class Layout(Protocol):
     mode: str
@@ -34,7 +51,9 @@ class Layout(Protocol):
 class Pool(Protocol):
     workers: Sequence
 
-    def run(self, fn: Callable[[int], None]) -> None: ...
+    def run(self, fn: Callable[[int], None], lead: bool = False) -> None: ...
+
+    def lead(self) -> AbstractContextManager[None]: ...
 
 
 @dataclass
@@ -54,6 +73,36 @@ class Weight:
         return self.info.shape[0]
 
 
+def _chunks(rows: int, min_rows: int, n_workers: int) -> list[tuple[int, int]]:
+    """Row ranges, each a share of what is left (guided scheduling): big first, small at the end,
+    so that workers finish together however fast each one runs."""
+    out = []
+    lo = 0
+    while lo < rows:
+        size = max(min_rows, (rows - lo) // (2 * n_workers))
+        hi = min(rows, -(-(lo + size) // CHUNK_ALIGN) * CHUNK_ALIGN)
+        out.append((lo, hi))
+        lo = hi
+    return out
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and a.ctypes.data == b.ctypes.data
+
+
+@dataclass
+class _Group:
+    """The products of one `linear` call, resolved once per layout."""
+    ne0: int
+    rows: list[int]
+    jobs: list[tuple[int, list[tuple[np.ndarray, int, int, int]], int]]  # (type, plan, prepared input)
+    prep_types: list[int]  # one weight type per distinct prepared input
+    # (type, array, prepared input, rows) when worker 0's arrays hold every row
+    whole: list[tuple[int, np.ndarray, int, int]] | None
+    small: bool  # below SPLIT_BYTES
+    chunks: list[tuple[int, int]] | None  # row ranges dealt to workers, when all read `whole`
+
+
 class Runtime:
     """Owns the weights, the worker pool and the split of every product."""
 
@@ -66,6 +115,8 @@ class Runtime:
         self._row_split = row_split
         self._small: dict[str, np.ndarray] = {}
         self._plans: dict[str, list[tuple[np.ndarray, int, int, int]]] = {}
+        self._groups: dict[tuple[str, ...], _Group] = {}
+        self._leading = False
         self.weights = {name: Weight(info) for name, info in gguf.tensors.items()}
 
     # -- weights -----------------------------------------------------------------
@@ -116,9 +167,23 @@ class Runtime:
         self.pool = pool
         self.n_workers = len(pool.workers)
         self._plans.clear()
+        self._groups.clear()
         self._small.clear()
 
     # -- products ----------------------------------------------------------------
+    @contextmanager
+    def step(self) -> Iterator[None]:
+        """One forward pass: the calling thread stands in for worker 0 (see `WorkerPool.lead`)."""
+        if self.n_workers == 1 or self._leading:
+            yield
+            return
+        with self.pool.lead():
+            self._leading = True
+            try:
+                yield
+            finally:
+                self._leading = False
+
     def _plan(self, name: str) -> list[tuple[np.ndarray, int, int, int]]:
         """Per worker: (array it reads, first row that array holds, lo, hi)."""
         plan = self._plans.get(name)
@@ -132,63 +197,108 @@ class Runtime:
             self._plans[name] = plan
         return plan
 
-    def linear(self, x: np.ndarray, names: Sequence[str], dispatch: bool = True) -> list[np.ndarray]:
+    def _group(self, names: tuple[str, ...]) -> _Group:
+        group = self._groups.get(names)
+        if group is None:
+            ws = [self.weights[name] for name in names]
+            keys = [_VEC_DOT.get(w.ggml_type, w.ggml_type) for w in ws]
+            prep = list(dict.fromkeys(keys))
+            plans = [self._plan(name) for name in names]
+            jobs = [(w.ggml_type, plan, prep.index(key)) for w, plan, key in zip(ws, plans, keys)]
+            whole = None
+            if all(plan[0][1] == 0 and plan[0][0].shape[0] == w.rows for w, plan in zip(ws, plans)):
+                whole = [(t, plan[0][0], p, w.rows) for (t, plan, p), w in zip(jobs, ws)]
+            shared = whole is not None and all(_same(arr, plan[0][0]) for plan in plans for arr, *_ in plan)
+            nbytes = sum(w.info.nbytes for w in ws)
+            rows = max(w.rows for w in ws)
+            group = _Group(ws[0].ne0, [w.rows for w in ws], jobs,
+                           [next(w.ggml_type for w, k in zip(ws, keys) if k == key) for key in prep],
+                           whole, nbytes < SPLIT_BYTES,
+                           _chunks(rows, max(CHUNK_BYTES * rows // nbytes, 1), self.n_workers) if shared else None)
+            self._groups[names] = group
+        return group
+
+    def linear(self, x: np.ndarray, names: tuple[str, ...]) -> list[np.ndarray]:
         """x [n, k] times each named weight; all products run in one dispatch over the workers."""
-        n = x.shape[0]
-        jobs = []
-        for name in names:
-            w = self.weights[name]
-            if w.ne0 != x.shape[1]:
-                raise ValueError(f"{name}: input width {x.shape[1]} != row length {w.ne0}")
-            xp = kernels.prepare(w.ggml_type, x[0] if n == 1 else x)
-            out = np.empty((n, w.rows), dtype=np.float32)
-            jobs.append((w.ggml_type, self._plan(name), xp, out))
-        if dispatch:
-            self._dispatch(jobs, n == 1)
-        else:
-            self._pending = jobs
-        return [j[3] for j in jobs]
+        group = self._group(names)
+        outs, xps = self._products(group, x)
+        self._run(group, xps, outs, x.shape[0] == 1, None)
+        return outs
 
     def gated(self, x: np.ndarray, gate: str, up: str, activation: str
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """act(x W_gate) * (x W_up), the activation applied by each worker to the rows it computed."""
-        g, u = self.linear(x, [gate, up], dispatch=False)
+        group = self._group((gate, up))
+        outs, xps = self._products(group, x)
+        g, u = outs
         a = np.empty_like(g)
-        act = ops.gelu_mul if activation == "gelu" else ops.silu_mul
-        split = self._row_split(self.weights[gate].rows, self.n_workers)
 
-        def finish(wk: int) -> None:
-            lo, hi = split[wk]
-            if hi > lo:
-                act(g[:, lo:hi], u[:, lo:hi], a[:, lo:hi])
-        self._dispatch(self._pending, x.shape[0] == 1, finish)
+        def finish(lo: int, hi: int) -> None:
+            if activation == "gelu":
+                ops.gelu_mul(g[:, lo:hi], u[:, lo:hi], a[:, lo:hi], ops.GELU_F16)
+            else:
+                ops.silu_mul(g[:, lo:hi], u[:, lo:hi], a[:, lo:hi])
+        self._run(group, xps, outs, x.shape[0] == 1, finish)
         return g, u, a
 
-    def _dispatch(self, jobs, single: bool, then: Callable[[int], None] | None = None) -> None:
+    def _products(self, group: _Group, x: np.ndarray) -> tuple[list[np.ndarray], list[tuple]]:
+        """Fresh outputs of a group, and its inputs prepared (once per distinct vec_dot type)."""
+        n = x.shape[0]
+        if x.shape[1] != group.ne0:
+            raise ValueError(f"input width {x.shape[1]} != row length {group.ne0}")
+        xs = x[0] if n == 1 else x
+        xps = [kernels.prepare(t, xs) for t in group.prep_types]
+        return [np.empty((n, rows), dtype=np.float32) for rows in group.rows], xps
+
+    def _run(self, group: _Group, xps: list[tuple], outs: list[np.ndarray], single: bool,
+             finish: Callable[[int, int], None] | None) -> None:
+        """Compute a group's products (then `finish(lo, hi)` on the rows just computed).
+
+        One token: the calling thread alone when it can and the group is small; else, when all
+        workers read the same arrays, workers take row chunks as they go (a worker slowed by
+        other load takes fewer); else each worker computes its `row_split` range.
+        """
+        whole = group.whole
+        if single and whole is not None and (self.n_workers == 1 or (self._leading and group.small)):
+            for (qtype, arr, p, rows), out in zip(whole, outs):
+                kernels.matvec(qtype, arr, xps[p], out[0], 0, rows)
+            if finish is not None:
+                finish(0, group.rows[0])
+            return
+        if single and group.chunks is not None:
+            chunks = iter(group.chunks)  # shared by the workers: next() is atomic under the GIL
+
+            def work(wk: int) -> None:
+                for lo, hi in chunks:
+                    for (qtype, arr, p, rows), out in zip(whole, outs):
+                        if lo < rows:
+                            kernels.matvec(qtype, arr, xps[p], out[0], lo, min(hi, rows))
+                    if finish is not None:
+                        finish(lo, hi)
+            self.each_worker(work)
+            return
+
         def work(wk: int) -> None:
-            for qtype, plan, xp, out in jobs:
+            for (qtype, plan, p), out in zip(group.jobs, outs):
                 arr, first, lo, hi = plan[wk]
                 if hi <= lo:
                     continue
                 if single:
-                    kernels.matvec(qtype, arr, xp, out[0, first:first + arr.shape[0]], lo - first, hi - first)
+                    kernels.matvec(qtype, arr, xps[p], out[0, first:first + arr.shape[0]], lo - first, hi - first)
                 else:
-                    kernels.matmat(qtype, arr, xp, out[:, first:first + arr.shape[0]], lo - first, hi - first)
-            if then is not None:
-                then(wk)
-
+                    kernels.matmat(qtype, arr, xps[p], out[:, first:first + arr.shape[0]], lo - first, hi - first)
+            if finish is not None:
+                lo, hi = group.jobs[0][1][wk][2:]
+                if hi > lo:
+                    finish(lo, hi)
         self.each_worker(work)
-
-    def each_inline(self, fn: Callable[[int], None]) -> None:
-        for w in range(self.n_workers):
-            fn(w)
 
     def each_worker(self, fn: Callable[[int], None]) -> None:
         """fn(w) on every worker; a single worker runs inline (no hand-off cost)."""
         if self.n_workers == 1:
             fn(0)
         else:
-            self.pool.run(fn)
+            self.pool.run(fn, lead=self._leading)
 
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, kv: KVCache, il: int, pos0: int,
                   window: int, scale: float) -> np.ndarray:
@@ -207,12 +317,12 @@ class Runtime:
         n_slots = [filled_slots(pos0 + n, o, no) for o in range(no)]
         # queries grouped by their kv head: [n_kv, n * group, hd]
         qg = np.ascontiguousarray(q.reshape(n, n_kv, group, hd).transpose(1, 0, 2, 3)).reshape(n_kv, rows, hd)
-        xps = [kernels.prepare(F16, qg[h]) for h in range(n_kv)]
+        xq = kernels.prepare(F16, qg.reshape(n_kv * rows, hd))[0].reshape(n_kv, rows, hd)
         scores = [np.empty((n_kv, rows, max(ns, 1)), dtype=np.float32) for ns in n_slots]
         mxs = np.full((no, n_kv, rows), -np.inf, dtype=np.float32)
         sms = np.zeros((no, n_kv, rows), dtype=np.float64)
-        kl, vl = kv.k[il], kv.v[il]
-        hdv = vl[0].shape[1]
+        kb, vb = kv.k_bytes[il], kv.v_bytes[il]
+        hdv = kv.cfg.head_dim_v
         # ggml takes llamafile's tinyBLAS for products with >= 2 columns (tokens) and
         # ggml_vec_dot_f16 for one: our F16 matmat / matvec follow those two summation orders
         decode = n == 1
@@ -221,12 +331,15 @@ class Runtime:
             ns = n_slots[o]
             if not ns or r1 <= r0:
                 return
+            # one token: no dots for keys that slid out of the window (softmax_stats masks them)
+            lo = filled_slots(max(pos0 - window + 1, 0), o, no) if decode and window else 0
             for h in range(n_kv):
+                keys, sc = kb[o][h], scores[o][h]
                 if decode:
-                    for r in range(r0, r1):
-                        kernels.matvec(F16, kl[o][h].view(np.uint8), (xps[h][0][r],), scores[o][h][r], 0, ns)
+                    for r in range(r0, r1 if lo < ns else r0):
+                        kernels.matvec(F16, keys, (xq[h, r],), sc[r], lo, ns)
                 else:
-                    kernels.matmat(F16, kl[o][h].view(np.uint8), (xps[h][0][r0:r1],), scores[o][h, r0:r1], 0, ns)
+                    kernels.matmat(F16, keys, (xq[h, r0:r1],), sc[r0:r1], 0, ns)
             softmax_stats(scores[o][:, r0:r1], o, no, ns, pos0, group, window, scale,
                           mxs[o][:, r0:r1], sms[o][:, r0:r1], r0)
 
@@ -238,20 +351,19 @@ class Runtime:
             ns = n_slots[o]
             if not ns or r1 <= r0:
                 return
-            probs = probabilities(scores[o][:, r0:r1], ns, big_m[:, r0:r1], inv_l[:, r0:r1])
             # llama.cpp sums over its whole (256-padded) cache row, masked positions with
             # probability 0: pad with zeros to whole 16-lane (64 for one token) steps
             step = 64 if decode else 16
-            kp = min(-(-ns // step) * step, vl[o][0].shape[1])
-            if kp > ns:
-                probs = np.concatenate([probs, np.zeros((n_kv, r1 - r0, kp - ns), np.float32)], axis=2)
+            kp = min(-(-ns // step) * step, kv.cap)
+            probs = probabilities(scores[o][:, r0:r1], ns, kp, big_m[:, r0:r1], inv_l[:, r0:r1])
+            xp = kernels.prepare(F16, probs.reshape(n_kv * (r1 - r0), kp))[0].reshape(n_kv, r1 - r0, kp)
             for h in range(n_kv):
-                xp = kernels.prepare(F16, probs[h])
+                values, out = vb[o][h], outs[o][h]
                 if decode:
                     for r in range(r1 - r0):
-                        kernels.matvec(F16, vl[o][h].view(np.uint8), (xp[0][r],), outs[o][h][r0 + r], 0, hdv)
+                        kernels.matvec(F16, values, (xp[h, r],), out[r0 + r], 0, hdv)
                 else:
-                    kernels.matmat(F16, vl[o][h].view(np.uint8), xp, outs[o][h, r0:r1], 0, hdv)
+                    kernels.matmat(F16, values, (xp[h],), out[r0:r1], 0, hdv)
 
         self._attention_pass(kv, rows, sum(n_slots) * rows > SPREAD_ATTENTION, scores_rows)
         merge_stats(mxs, sms, big_m, inv_l)

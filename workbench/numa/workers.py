@@ -2,19 +2,25 @@
 
 Dispatch: every worker blocks on its own ``threading.Lock`` ("go"); ``run()``
 releases all go-locks and then acquires each worker's "done" lock. Plain locks
-are the cheapest wake-up CPython offers (no Condition/Event bookkeeping). The
-calling thread does NOT act as worker 0: it may be any thread (UI, engine), and
-pinning it would change its affinity behind its back and make the
-worker -> CPU map lie when a different thread calls ``run()`` next time.
+are the cheapest wake-up CPython offers (no Condition/Event bookkeeping).
 Measured round trip of ``run(lambda i: None)`` with 2 workers on the shared
 2-core build box: 45-100 us depending on load (tests/test_numa_workers.py prints it).
+
+By default the calling thread does NOT act as worker 0: it may be any thread
+(UI, engine), and pinning it for good would change its affinity behind its back.
+Inside ``with pool.lead():`` it stands in for worker 0 for a while instead:
+kept on worker 0's node (its affinity restored on exit), it can run worker 0's
+share itself (``run(fn, lead=True)``) or small work with no hand-off at all,
+which saves a thread wake-up and a GIL hand-off per dispatch.
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 from . import syscalls as sc
 from .topology import Topology, load_topology, parse_cpulist
@@ -188,20 +194,50 @@ class WorkerPool:
     def node_workers(self, node: int) -> list[int]:
         return [w.index for w in self._w if w.node == node]
 
-    def run(self, fn: Callable[[int], None]) -> None:
-        """Run ``fn(i)`` on every worker; return when all are done; re-raise the first error."""
+    def run(self, fn: Callable[[int], None], lead: bool = False) -> None:
+        """Run ``fn(i)`` on every worker; return when all are done; re-raise the first error.
+
+        ``lead``: the calling thread runs ``fn(0)`` itself (meant for use inside ``lead()``).
+        """
         if self._closed:
             raise RuntimeError("WorkerPool is closed")
         with self._run_lock:
             self._fn = fn
-            ws = self._w
+            ws = self._w[1:] if lead else self._w
             for w in ws:
                 w.go.release()
-            for w in ws:
-                w.done.acquire()
-            err, self._error = self._error, None
+            try:
+                if lead:
+                    fn(0)
+            finally:
+                for w in ws:
+                    w.done.acquire()
+                err, self._error = self._error, None
         if err is not None:
             raise err
+
+    @contextmanager
+    def lead(self) -> Iterator[None]:
+        """Within: the calling thread stands in for worker 0, its time counted as worker 0's.
+
+        It is pinned to the CPUs of worker 0's node that the pool uses (not to worker 0's own
+        CPU: the scheduler may then dodge other load), and its affinity is restored on exit.
+        """
+        w0 = self._w[0]
+        cpus = {w.cpu for w in self._w if w.node == w0.node and w.cpu is not None}
+        saved = os.sched_getaffinity(0) if cpus else None
+        if saved is not None:
+            try:
+                os.sched_setaffinity(0, cpus)
+            except OSError:
+                saved = None
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            w0.busy += time.perf_counter() - t0
+            if saved is not None:
+                os.sched_setaffinity(0, saved)
 
     def check(self) -> list[WorkerInfo]:
         """Ask every worker again where it runs (getcpu from inside it)."""

@@ -79,6 +79,13 @@ class Decoder:
         ops.rms_norm(x, self.rt.f32(name), self.cfg.norm_eps, out)
         return out
 
+    def add_norm(self, x: np.ndarray, y: np.ndarray, post: str | None, name: str) -> np.ndarray:
+        """x += y (normalised by the `post` norm first, when given); returns norm `name` of x."""
+        out = np.empty_like(x)
+        ops.add_rms_norm(x, y, self.rt.f32(post) if post else _EMPTY, post is not None,
+                         self.rt.f32(name), self.cfg.norm_eps, out)
+        return out
+
     def _bias(self, y: np.ndarray, name: str) -> np.ndarray:
         if self.rt.has(name):
             y += self.rt.f32(name)
@@ -86,6 +93,10 @@ class Decoder:
 
     def forward(self, ids: np.ndarray, kv: KVCache, logit_rows: slice | None = None) -> np.ndarray:
         """Run tokens `ids` at positions kv.n.. and return logits for `logit_rows` (default: last)."""
+        with self.rt.step():
+            return self._forward(ids, kv, logit_rows)
+
+    def _forward(self, ids: np.ndarray, kv: KVCache, logit_rows: slice | None) -> np.ndarray:
         c, rt = self.cfg, self.rt
         n = len(ids)
         pos0 = kv.n
@@ -99,12 +110,12 @@ class Decoder:
             tap("inp_scaled", x)
         positions = np.arange(pos0, pos0 + n, dtype=np.int64)
         ropes: dict[float, np.ndarray] = {}
+        h = self.norm(x, "blk.0.attn_norm.weight")
         for il in range(c.n_layer):
             p = f"blk.{il}."
-            h = self.norm(x, p + "attn_norm.weight")
             if tap:
                 tap(f"attn_norm-{il}", h)
-            q, k, v = rt.linear(h, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"])
+            q, k, v = rt.linear(h, (p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"))
             q = self._bias(q, p + "attn_q.bias").reshape(n, c.n_head, c.head_dim)
             k = self._bias(k, p + "attn_k.bias").reshape(n, c.n_head_kv, c.head_dim)
             v = self._bias(v, p + "attn_v.bias").reshape(n, c.n_head_kv, c.head_dim_v)
@@ -128,7 +139,7 @@ class Decoder:
             if tap:
                 tap(f"Qrope-{il}", q); tap(f"Krope-{il}", k)
             att = rt.attention(q, k, v, kv, il, pos0, c.layer_window(il), scale)
-            (o,) = rt.linear(att.reshape(n, -1), [p + "attn_output.weight"])
+            (o,) = rt.linear(att.reshape(n, -1), (p + "attn_output.weight",))
             self._bias(o, p + "attn_output.bias")
             if tap:
                 tap(f"kqv_out-{il}", att.reshape(n, -1)); tap(f"attn_out-{il}", o)
@@ -138,25 +149,22 @@ class Decoder:
                 sel = logit_rows if logit_rows is not None else slice(n - 1, n)
                 o = np.ascontiguousarray(o[sel])
                 x = np.ascontiguousarray(x[sel])
-            if self.post_norms:
-                o = self.norm(o, p + "post_attention_norm.weight")
-            ops.add_inplace(x, o)
-            h = self.norm(x, p + "ffn_norm.weight")
+            h = self.add_norm(x, o, p + "post_attention_norm.weight" if self.post_norms else None,
+                              p + "ffn_norm.weight")
             if tap:
                 tap(f"sa_out-{il}", x); tap(f"ffn_norm-{il}", h)
             g, u, a = rt.gated(h, p + "ffn_gate.weight", p + "ffn_up.weight", self.activation)
-            (d,) = rt.linear(a, [p + "ffn_down.weight"])
+            (d,) = rt.linear(a, (p + "ffn_down.weight",))
             if tap:
                 tap(f"ffn_gate-{il}", g); tap(f"ffn_up-{il}", u); tap(f"ffn_geglu-{il}", a)
                 tap(f"ffn_out-{il}", d)
-            if self.post_norms:
-                d = self.norm(d, p + "post_ffw_norm.weight")
-            ops.add_inplace(x, d)
+            # the next layer's input norm (the output norm after the last layer) with the add
+            h = self.add_norm(x, d, p + "post_ffw_norm.weight" if self.post_norms else None,
+                              f"blk.{il + 1}.attn_norm.weight" if il + 1 < c.n_layer else "output_norm.weight")
             if tap:
                 tap(f"l_out-{il}", x)
         kv.n = pos0 + n
-        h = self.norm(x, "output_norm.weight")
-        (logits,) = rt.linear(h, [self.output_name])
+        (logits,) = rt.linear(h, (self.output_name,))
         if tap:
             tap("result_norm", h); tap("result_output", logits)
         return logits
