@@ -73,16 +73,23 @@ def tree16(v, o):
     return (b0 + b2) + (b1 + b3)
 
 
+@nb.njit(inline="always")
+def _inv_rms(v: np.ndarray, eps: float) -> np.float32:
+    """1 / rms(v) as ggml computes it: float32 squares summed in float64 (ggml_float)."""
+    d = v.shape[0]
+    s = 0.0
+    for j in range(d):
+        s += np.float64(v[j] * v[j])
+    return np.float32(1.0) / np.float32(math.sqrt(np.float32(s / d) + np.float32(eps)))
+
+
 @nb.njit(**_JIT)
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:
     """out[i] = x[i] / rms(x[i]) * weight for each row i (weight may be empty: no scale)."""
     n, d = x.shape
     has_w = weight.shape[0] == d
     for i in range(n):
-        s = 0.0  # float32 squares summed in float64, as ggml: sum += (ggml_float)(x*x)
-        for j in range(d):
-            s += np.float64(x[i, j] * x[i, j])
-        scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(s / d) + np.float32(eps)))
+        scale = _inv_rms(x[i], eps)
         if has_w:
             for j in range(d):
                 out[i, j] = (x[i, j] * scale) * weight[j]
@@ -103,19 +110,13 @@ def add_rms_norm(x: np.ndarray, y: np.ndarray, y_weight: np.ndarray, norm_y: boo
     has_w = weight.shape[0] == d
     for i in range(n):
         if norm_y:
-            s = 0.0
-            for j in range(d):
-                s += np.float64(y[i, j] * y[i, j])
-            scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(s / d) + np.float32(eps)))
+            scale = _inv_rms(y[i], eps)
             for j in range(d):
                 x[i, j] += (y[i, j] * scale) * y_weight[j]
         else:
             for j in range(d):
                 x[i, j] += y[i, j]
-        s = 0.0
-        for j in range(d):
-            s += np.float64(x[i, j] * x[i, j])
-        scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(s / d) + np.float32(eps)))
+        scale = _inv_rms(x[i], eps)
         if has_w:
             for j in range(d):
                 out[i, j] = (x[i, j] * scale) * weight[j]
@@ -130,10 +131,7 @@ def rms_norm_heads(x: np.ndarray, weight: np.ndarray, eps: float) -> None:
     n, h, d = x.shape
     for i in range(n):
         for k in range(h):
-            s = 0.0
-            for j in range(d):
-                s += np.float64(x[i, k, j] * x[i, k, j])
-            scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(s / d) + np.float32(eps)))
+            scale = _inv_rms(x[i, k], eps)
             for j in range(d):
                 x[i, k, j] = (x[i, k, j] * scale) * weight[j]
 
