@@ -259,43 +259,30 @@ def _legacy(mode):
                 acc = fmadd_i(acc, q8_0_lanes(w, o, xq, b * 32), f16_to_f32(w, o) * xd[b])
             out[i] = hsum_f(acc)
 
-    @numba.njit(**_NB)
-    def q4_1_matmat(w, xp, out, r0, r1):
-        xq, xd, xs = xp
-        n = xq.shape[0]
-        nb = xd.shape[1]
-        rb = w.shape[1]
-        k = xq.shape[1]
-        xf = xq.reshape(-1)
-        for i in range(r0, r1):
-            base = i * rb
-            for c in range(n):
-                acc = f_zero()
-                accm = f32(0.0)
-                for b in range(nb):
-                    o = base + b * 20
-                    acc = fmadd_i(acc, q4_1_lanes(w, o, xf, c * k + b * 32), f16_to_f32(w, o) * xd[c, b])
-                    accm += f16_to_f32(w, o + 2) * xs[c, b]
-                out[c, i] = hsum_f(acc) + accm
+    def make_min_matmat(lanes, bsz):
+        # Q4_1 / Q5_1 (blocks with a min): one f32x8 accumulator plus the min terms, per column
+        @numba.njit(**_NB)
+        def matmat(w, xp, out, r0, r1):
+            xq, xd, xs = xp
+            n = xq.shape[0]
+            nb = xd.shape[1]
+            rb = w.shape[1]
+            k = xq.shape[1]
+            xf = xq.reshape(-1)
+            for i in range(r0, r1):
+                base = i * rb
+                for c in range(n):
+                    acc = f_zero()
+                    accm = f32(0.0)
+                    for b in range(nb):
+                        o = base + b * bsz
+                        acc = fmadd_i(acc, lanes(w, o, xf, c * k + b * 32), f16_to_f32(w, o) * xd[c, b])
+                        accm += f16_to_f32(w, o + 2) * xs[c, b]
+                    out[c, i] = hsum_f(acc) + accm
+        return matmat
 
-    @numba.njit(**_NB)
-    def q5_1_matmat(w, xp, out, r0, r1):
-        xq, xd, xs = xp
-        n = xq.shape[0]
-        nb = xd.shape[1]
-        rb = w.shape[1]
-        k = xq.shape[1]
-        xf = xq.reshape(-1)
-        for i in range(r0, r1):
-            base = i * rb
-            for c in range(n):
-                acc = f_zero()
-                accm = f32(0.0)
-                for b in range(nb):
-                    o = base + b * 24
-                    acc = fmadd_i(acc, q5_1_lanes(w, o, xf, c * k + b * 32), f16_to_f32(w, o) * xd[c, b])
-                    accm += f16_to_f32(w, o + 2) * xs[c, b]
-                out[c, i] = hsum_f(acc) + accm
+    q4_1_matmat = make_min_matmat(q4_1_lanes, 20)
+    q5_1_matmat = make_min_matmat(q5_1_lanes, 24)
 
     return dict(Q8_0=(q8_0_matvec, q8_0_matmat), Q4_0=(q4_0_matvec, q4_0_matmat),
                 Q5_0=(q5_0_matvec, q5_0_matmat), Q4_1=(q4_1_matvec, q4_1_matmat),
