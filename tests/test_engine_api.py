@@ -142,6 +142,12 @@ def test_thread_count_does_not_change_logits(model_path, eng):
         a = one.new_session(256).eval(ids, logit_rows=slice(0, len(ids)))
         b = eng.new_session(256).eval(ids, logit_rows=slice(0, len(ids)))
         np.testing.assert_array_equal(a, b)
+        # long enough that attention is spread over the workers, in prefill and in decode
+        long = [2 + (i * 7) % 280 for i in range(500)]
+        s1, s2 = one.new_session(512), eng.new_session(512)
+        np.testing.assert_array_equal(s1.eval(long), s2.eval(long))
+        for t in (5, 9, 11):
+            np.testing.assert_array_equal(s1.eval([t]), s2.eval([t]))
     finally:
         one.close()
 
