@@ -30,6 +30,7 @@ from .kv_cache import KVCache, filled_slots
 
 F32, F16, BF16 = 0, 1, 30
 SPREAD_ATTENTION = 2048  # key slots x query rows above which attention is spread over the workers
+SKIP_SLID_VALUES = True  # decode: no value products for keys outside the sliding window
 # weight bytes of a one-token product below which the calling thread computes it alone (when it
 # stands in for worker 0): a hand-off to the other workers costs more than it saves
 SPLIT_BYTES = 8 << 20
@@ -357,11 +358,21 @@ class Runtime:
             kp = min(-(-ns // step) * step, kv.cap)
             probs = probabilities(scores[o][:, r0:r1], ns, kp, big_m[:, r0:r1], inv_l[:, r0:r1])
             xp = kernels.prepare(F16, probs.reshape(n_kv * (r1 - r0), kp))[0].reshape(n_kv, r1 - r0, kp)
+            # one token: skip values of keys that slid out of the window, from a 64-slot boundary:
+            # they have probability 0, and starting on the 64-wide step keeps every remaining
+            # product in the same accumulator lane, so the sum is the same to the bit
+            lo = filled_slots(max(pos0 - window + 1, 0), o, no) // 64 * 64 \
+                if decode and window and SKIP_SLID_VALUES else 0
             for h in range(n_kv):
                 values, out = vb[o][h], outs[o][h]
+                if lo:
+                    # rows of V^T seen from slot lo on: same row stride, start moved by lo slots
+                    # (each row is read for kp - lo slots only, never past the buffer's end)
+                    values = np.lib.stride_tricks.as_strided(values.reshape(-1)[lo * 2:], values.shape,
+                                                             values.strides)
                 if decode:
                     for r in range(r1 - r0):
-                        kernels.matvec(F16, values, (xp[h, r],), out[r0 + r], 0, hdv)
+                        kernels.matvec(F16, values, (xp[h, r, lo:],), out[r0 + r], 0, hdv)
                 else:
                     kernels.matmat(F16, values, (xp[h],), out[r0:r1], 0, hdv)
 
