@@ -83,19 +83,23 @@ def _inv_rms(v: np.ndarray, eps: float) -> np.float32:
     return np.float32(1.0) / np.float32(math.sqrt(np.float32(s / d) + np.float32(eps)))
 
 
+@nb.njit(inline="always")
+def _norm_row(v: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:
+    """out = v / rms(v) * weight (weight may be empty: no scale)."""
+    scale = _inv_rms(v, eps)
+    if weight.shape[0] == v.shape[0]:
+        for j in range(v.shape[0]):
+            out[j] = (v[j] * scale) * weight[j]
+    else:
+        for j in range(v.shape[0]):
+            out[j] = v[j] * scale
+
+
 @nb.njit(**_JIT)
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:
     """out[i] = x[i] / rms(x[i]) * weight for each row i (weight may be empty: no scale)."""
-    n, d = x.shape
-    has_w = weight.shape[0] == d
-    for i in range(n):
-        scale = _inv_rms(x[i], eps)
-        if has_w:
-            for j in range(d):
-                out[i, j] = (x[i, j] * scale) * weight[j]
-        else:
-            for j in range(d):
-                out[i, j] = x[i, j] * scale
+    for i in range(x.shape[0]):
+        _norm_row(x[i], weight, eps, out[i])
 
 
 @nb.njit(**_JIT)
@@ -107,7 +111,6 @@ def add_rms_norm(x: np.ndarray, y: np.ndarray, y_weight: np.ndarray, norm_y: boo
     `rms_norm` and of a separate add in the same order (same bits).
     """
     n, d = x.shape
-    has_w = weight.shape[0] == d
     for i in range(n):
         if norm_y:
             scale = _inv_rms(y[i], eps)
@@ -116,13 +119,7 @@ def add_rms_norm(x: np.ndarray, y: np.ndarray, y_weight: np.ndarray, norm_y: boo
         else:
             for j in range(d):
                 x[i, j] += y[i, j]
-        scale = _inv_rms(x[i], eps)
-        if has_w:
-            for j in range(d):
-                out[i, j] = (x[i, j] * scale) * weight[j]
-        else:
-            for j in range(d):
-                out[i, j] = x[i, j] * scale
+        _norm_row(x[i], weight, eps, out[i])
 
 
 @nb.njit(**_JIT)

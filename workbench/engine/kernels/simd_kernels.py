@@ -699,13 +699,17 @@ def _floats(mode):
                 j += 1
             return s
 
+        return rowwise(dot, dot)
+
+    def rowwise(dot_vec, dot_mat):
+        """matvec / matmat of float weights: one dot per output (dot_vec for one column)."""
         @numba.njit(**_NB)
         def matvec(w, xp, out, r0, r1):
             x = xp[0]
             k = x.shape[0]
             rb = w.shape[1]
             for i in range(r0, r1):
-                out[i] = dot(w, i * rb, x, 0, k)
+                out[i] = dot_vec(w, i * rb, x, 0, k)
 
         @numba.njit(**_NB)
         def matmat(w, xp, out, r0, r1):
@@ -715,7 +719,7 @@ def _floats(mode):
             rb = w.shape[1]
             for i in range(r0, r1):
                 for c in range(x.shape[0]):
-                    out[c, i] = dot(w, i * rb, xf, c * k, k)
+                    out[c, i] = dot_mat(w, i * rb, xf, c * k, k)
 
         return matvec, matmat
 
@@ -763,25 +767,7 @@ def _floats(mode):
             j += 16
         return red16(lo, hi)
 
-    @numba.njit(**_NB)
-    def f16_matvec(w, xp, out, r0, r1):
-        x = xp[0]
-        k = x.shape[0]
-        rb = w.shape[1]
-        for i in range(r0, r1):
-            out[i] = dot16_vec(w, i * rb, x, 0, k)
-
-    @numba.njit(**_NB)
-    def f16_matmat(w, xp, out, r0, r1):
-        x = xp[0]
-        k = x.shape[1]
-        xf = x.reshape(-1)
-        rb = w.shape[1]
-        for i in range(r0, r1):
-            for c in range(x.shape[0]):
-                out[c, i] = dot16_tiny(w, i * rb, xf, c * k, k)
-
-    return dict(F32=build(load_f32x8, 4, _f32_at), F16=(f16_matvec, f16_matmat),
+    return dict(F32=build(load_f32x8, 4, _f32_at), F16=rowwise(dot16_vec, dot16_tiny),
                 BF16=build(load_bf16x8, 2, _bf16_at))
 
 
