@@ -16,6 +16,7 @@ product whatever the split, so results do not depend on the thread count.
 
 from __future__ import annotations
 
+import os
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator, Protocol, Sequence
@@ -24,6 +25,7 @@ import numpy as np
 
 from . import kernels
 from . import ops
+from .crew import Crew, Job
 from .attention import merge_stats, probabilities, softmax_stats
 from .gguf_file import GGUFFile, ModelLoadError, TensorInfo
 from .kv_cache import KVCache, filled_slots
@@ -36,6 +38,10 @@ SKIP_SLID_VALUES = True  # decode: no value products for keys outside the slidin
 SPLIT_BYTES = 8 << 20
 CHUNK_BYTES = 1 << 20  # smallest chunk of rows dealt to the workers, in weight bytes
 CHUNK_ALIGN = 64  # rows
+# one-token products go through the crew (workers waiting in compiled code) in chunks of at
+# least this many weight bytes; NUMAWB_CREW=0 turns the crew off (Python hand-offs, as before)
+CREW_CHUNK_BYTES = 96 << 10
+USE_CREW = os.environ.get("NUMAWB_CREW", "1") != "0"
 # weight types whose products take the same prepared activations (ggml's vec_dot_type: Q8_0,
 # Q8_1, Q8_K) -> one representative type, so a group prepares each input once
 _VEC_DOT = {kernels.Q4_0: kernels.Q8_0, kernels.Q5_0: kernels.Q8_0, kernels.Q4_1: kernels.Q5_1,
@@ -55,6 +61,10 @@ class Pool(Protocol):
     def run(self, fn: Callable[[int], None], lead: bool = False) -> None: ...
 
     def lead(self) -> AbstractContextManager[None]: ...
+
+    def launch(self, fn: Callable[[int], None], lead: bool = False) -> None: ...
+
+    def join(self) -> None: ...
 
 
 @dataclass
@@ -94,6 +104,7 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
 @dataclass
 class _Group:
     """The products of one `linear` call, resolved once per layout."""
+    names: tuple[str, ...]
     ne0: int
     rows: list[int]
     jobs: list[tuple[int, list[tuple[np.ndarray, int, int, int]], int]]  # (type, plan, prepared input)
@@ -102,6 +113,7 @@ class _Group:
     whole: list[tuple[int, np.ndarray, int, int]] | None
     small: bool  # below SPLIT_BYTES
     chunks: list[tuple[int, int]] | None  # row ranges dealt to workers, when all read `whole`
+    job: Job | None = None  # the crew's job for one token (built on first use)
 
 
 class Runtime:
@@ -118,6 +130,7 @@ class Runtime:
         self._plans: dict[str, list[tuple[np.ndarray, int, int, int]]] = {}
         self._groups: dict[tuple[str, ...], _Group] = {}
         self._leading = False
+        self._crew: Crew | None = None
         self.weights = {name: Weight(info) for name, info in gguf.tensors.items()}
 
     # -- weights -----------------------------------------------------------------
@@ -167,23 +180,39 @@ class Runtime:
         self.layout = layout
         self.pool = pool
         self.n_workers = len(pool.workers)
+        self._crew = None
         self._plans.clear()
         self._groups.clear()
         self._small.clear()
 
     # -- products ----------------------------------------------------------------
     @contextmanager
-    def step(self) -> Iterator[None]:
-        """One forward pass: the calling thread stands in for worker 0 (see `WorkerPool.lead`)."""
+    def step(self, n_tokens: int = 0) -> Iterator[None]:
+        """One forward pass: the calling thread stands in for worker 0 (see `WorkerPool.lead`).
+
+        For one token the other workers wait in the crew's compiled loop for the whole pass.
+        """
         if self.n_workers == 1 or self._leading:
             yield
             return
         with self.pool.lead():
             self._leading = True
+            crew = None
+            if n_tokens == 1 and USE_CREW:
+                if self._crew is None:
+                    self._crew = Crew(self.pool, self.n_workers)
+                crew = self._crew
+                crew.start()
             try:
                 yield
             finally:
                 self._leading = False
+                if crew is not None:
+                    crew.stop()
+
+    @property
+    def _crewing(self) -> bool:
+        return self._crew is not None and self._crew.active
 
     def _plan(self, name: str) -> list[tuple[np.ndarray, int, int, int]]:
         """Per worker: (array it reads, first row that array holds, lo, hi)."""
@@ -212,7 +241,7 @@ class Runtime:
             shared = whole is not None and all(_same(arr, plan[0][0]) for plan in plans for arr, *_ in plan)
             nbytes = sum(w.info.nbytes for w in ws)
             rows = max(w.rows for w in ws)
-            group = _Group(ws[0].ne0, [w.rows for w in ws], jobs,
+            group = _Group(names, ws[0].ne0, [w.rows for w in ws], jobs,
                            [next(w.ggml_type for w, k in zip(ws, keys) if k == key) for key in prep],
                            whole, nbytes < SPLIT_BYTES,
                            _chunks(rows, max(CHUNK_BYTES * rows // nbytes, 1), self.n_workers) if shared else None)
@@ -260,6 +289,13 @@ class Runtime:
         other load takes fewer); else each worker computes its `row_split` range.
         """
         whole = group.whole
+        if single and self._crewing:
+            if group.job is None:
+                group.job = self._crew_job(group)
+            self._crew.run(group.job, xps[0], xps[-1], [o[0] for o in outs])
+            if finish is not None:
+                finish(0, group.rows[0])
+            return
         if single and whole is not None and (self.n_workers == 1 or (self._leading and group.small)):
             for (qtype, arr, p, rows), out in zip(whole, outs):
                 kernels.matvec(qtype, arr, xps[p], out[0], 0, rows)
@@ -294,10 +330,33 @@ class Runtime:
                     finish(lo, hi)
         self.each_worker(work)
 
+    def _crew_job(self, group: _Group) -> Job:
+        """A group's one-token products as a crew job: shared row chunks when every worker reads
+        the same arrays, else each worker's own row range of its own arrays."""
+        tasks, owned, shared = [], [], []
+        if group.chunks is not None:
+            for j, ((qtype, plan, p), rows, name) in enumerate(zip(group.jobs, group.rows, group.names)):
+                tasks.append((qtype, plan[0][0], p, j, 0))
+                min_rows = max(CREW_CHUNK_BYTES * rows // self.weights[name].info.nbytes, 1)
+                shared += [(j, lo, hi) for lo, hi in _chunks(rows, min_rows, self.n_workers)]
+        else:
+            for j, (qtype, plan, p) in enumerate(group.jobs):
+                for wk, (arr, first, lo, hi) in enumerate(plan):
+                    if hi > lo:
+                        owned.append((len(tasks), lo - first, hi - first, wk))
+                        tasks.append((qtype, arr, p, j, first))
+        return Job(tasks, owned, shared)
+
     def each_worker(self, fn: Callable[[int], None]) -> None:
         """fn(w) on every worker; a single worker runs inline (no hand-off cost)."""
         if self.n_workers == 1:
             fn(0)
+        elif self._crewing:  # Python work: the crew leaves its loop for it
+            self._crew.stop()
+            try:
+                self.pool.run(fn, lead=True)
+            finally:
+                self._crew.start()
         else:
             self.pool.run(fn, lead=self._leading)
 

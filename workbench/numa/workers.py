@@ -129,6 +129,7 @@ class WorkerPool:
         self._error: BaseException | None = None
         self._err_lock = threading.Lock()
         self._run_lock = threading.Lock()
+        self._launched: list[_Worker] = []
         self._closed = False
         self._w = [_Worker(i, cpu, nd) for i, (cpu, nd) in enumerate(plan)]
         for w in self._w:
@@ -199,20 +200,35 @@ class WorkerPool:
 
         ``lead``: the calling thread runs ``fn(0)`` itself (meant for use inside ``lead()``).
         """
+        self.launch(fn, lead)
+        try:
+            if lead:
+                fn(0)
+        finally:
+            self.join()
+
+    def launch(self, fn: Callable[[int], None], lead: bool = False) -> None:
+        """Start ``fn(i)`` on every worker (on workers 1.. with ``lead``) and return at once.
+
+        Every ``launch`` needs its ``join``; the pool runs one such call at a time.
+        """
         if self._closed:
             raise RuntimeError("WorkerPool is closed")
-        with self._run_lock:
-            self._fn = fn
-            ws = self._w[1:] if lead else self._w
-            for w in ws:
-                w.go.release()
-            try:
-                if lead:
-                    fn(0)
-            finally:
-                for w in ws:
-                    w.done.acquire()
-                err, self._error = self._error, None
+        self._run_lock.acquire()
+        self._fn = fn
+        self._launched = self._w[1:] if lead else self._w
+        for w in self._launched:
+            w.go.release()
+
+    def join(self) -> None:
+        """Wait for the workers of the last ``launch``; re-raise the first error one raised."""
+        try:
+            for w in self._launched:
+                w.done.acquire()
+            err, self._error = self._error, None
+        finally:
+            self._launched = []
+            self._run_lock.release()
         if err is not None:
             raise err
 

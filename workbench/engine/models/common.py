@@ -93,7 +93,7 @@ class Decoder:
 
     def forward(self, ids: np.ndarray, kv: KVCache, logit_rows: slice | None = None) -> np.ndarray:
         """Run tokens `ids` at positions kv.n.. and return logits for `logit_rows` (default: last)."""
-        with self.rt.step():
+        with self.rt.step(len(ids)):
             return self._forward(ids, kv, logit_rows)
 
     def _forward(self, ids: np.ndarray, kv: KVCache, logit_rows: slice | None) -> np.ndarray:

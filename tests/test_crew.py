@@ -1,0 +1,128 @@
+"""The crew: one-token products split over workers that wait in compiled code.
+
+Every output row must be the same kernel dot product as a single-thread call, whoever
+computes it, with shared chunks (taken through the atomic counter) and with chunks
+pinned to a worker (NUMA plans where each worker reads its own copy).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from workbench.engine import kernels as K
+from workbench.engine.crew import Crew, CrewError, Job
+from workbench.numa import WorkerPool
+
+TYPES = [K.F32, K.F16, K.BF16, K.Q8_0, K.Q4_0, K.Q5_0, K.Q4_1, K.Q5_1, K.Q4_K, K.Q5_K, K.Q6_K]
+
+
+def _matrix(t: int, rows: int, k: int, rng) -> np.ndarray:
+    bs, ts = K.BLOCK_SIZES[t]
+    if t in (K.F32, K.F16, K.BF16):
+        x = rng.standard_normal((rows, k), dtype=np.float32) * 0.05
+        if t == K.F32:
+            return x.view(np.uint8)
+        if t == K.F16:
+            return x.astype(np.float16).view(np.uint8)
+        return (x.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+    w = rng.integers(0, 256, (rows, k // bs, ts), dtype=np.uint8)
+    # keep the f16 scale fields small and finite
+    scale_at = {K.Q6_K: (208,), K.Q4_1: (0, 2), K.Q5_1: (0, 2), K.Q4_K: (0, 2), K.Q5_K: (0, 2)}.get(t, (0,))
+    for off in scale_at:
+        w[..., off:off + 2] = np.array([0.01], np.float16).view(np.uint8)
+    return w.reshape(rows, -1)
+
+
+@pytest.fixture(scope="module")
+def pool():
+    p = WorkerPool(2, smt=True)
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="module")
+def crew(pool):
+    return Crew(pool, pool.n_threads)
+
+
+@pytest.mark.parametrize("t", TYPES, ids=[K.SUPPORTED_TYPES[t] for t in TYPES])
+def test_shared_and_pinned_chunks_match_single_thread(pool, crew, t):
+    rng = np.random.default_rng(t)
+    rows, k = 320, 512
+    w = _matrix(t, rows, k, rng)
+    x = rng.standard_normal(k).astype(np.float32)
+    xp = K.prepare(t, x)
+    ref = np.empty(rows, np.float32)
+    K.matvec(t, w, xp, ref, 0, rows)
+    # two copies of the weights, like two nodes' mirrors: worker 0 reads rows [0, 128) of one,
+    # worker 1 rows [128, 320) of the other (out offset 128); then the same as shared chunks
+    tail = np.ascontiguousarray(w[128:])
+    pinned = Job([(t, w, 0, 0, 0), (t, tail, 0, 0, 128)], [(0, 0, 128, 0), (1, 0, rows - 128, 1)], [])
+    shared = Job([(t, w, 0, 0, 0)], [], [(0, lo, min(lo + 64, rows)) for lo in range(0, rows, 64)])
+    with pool.lead():
+        crew.start()
+        try:
+            for job in (pinned, shared, pinned):
+                out = np.full(rows, np.nan, np.float32)
+                crew.run(job, xp, xp, [out])
+                np.testing.assert_array_equal(out, ref)
+        finally:
+            crew.stop()
+
+
+def test_two_prepared_inputs_and_three_outputs(pool, crew):
+    """One job, like q/k/v with different types: each task reads its own prepared input."""
+    rng = np.random.default_rng(7)
+    k = 512
+    ws = [(K.Q5_0, _matrix(K.Q5_0, 192, k, rng)), (K.Q6_K, _matrix(K.Q6_K, 64, k, rng)),
+          (K.Q8_0, _matrix(K.Q8_0, 128, k, rng))]
+    x = rng.standard_normal(k).astype(np.float32)
+    xa, xb = K.prepare(K.Q8_0, x), K.prepare(K.Q6_K, x)
+    refs = []
+    for t, w in ws:
+        r = np.empty(w.shape[0], np.float32)
+        K.matvec(t, w, xa if t != K.Q6_K else xb, r, 0, w.shape[0])
+        refs.append(r)
+    job = Job([(t, w, 1 if t == K.Q6_K else 0, j, 0) for j, (t, w) in enumerate(ws)], [],
+              [(j, lo, min(lo + 64, w.shape[0])) for j, (_, w) in enumerate(ws) for lo in range(0, w.shape[0], 64)])
+    outs = [np.full(w.shape[0], np.nan, np.float32) for _, w in ws]
+    with pool.lead():
+        crew.start()
+        try:
+            crew.run(job, xa, xb, outs)
+        finally:
+            crew.stop()
+    for o, r in zip(outs, refs):
+        np.testing.assert_array_equal(o, r)
+
+
+def test_pool_is_free_after_the_crew_and_a_failed_worker_is_reported(pool, crew):
+    out = []
+    pool.run(lambda i: out.append(i))
+    assert sorted(out) == list(range(pool.n_threads))
+    # a worker whose loop raises: the caller stops waiting and gets an error, the pool survives
+    with pool.lead():
+        crew.start()
+        crew.ctl[:] = 0  # an impossible job table address would crash; instead mark a failure
+        crew.ctl[24] = 1  # FAILED
+        job = Job([(K.F32, _matrix(K.F32, 8, 32, np.random.default_rng(0)), 0, 0, 0)], [(0, 0, 8, 1)], [])
+        with pytest.raises(CrewError):
+            crew.run(job, (np.zeros(32, np.float32),), (np.zeros(32, np.float32),), [np.zeros(8, np.float32)])
+    assert not crew.active
+    out.clear()
+    pool.run(lambda i: out.append(i))
+    assert sorted(out) == list(range(pool.n_threads))
+
+
+def test_launch_and_join(pool):
+    seen = []
+    pool.launch(lambda i: seen.append(i), lead=True)
+    pool.join()
+    assert sorted(seen) == list(range(1, pool.n_threads))
+
+    def boom(i):
+        raise ValueError("worker failed")
+    pool.launch(boom)
+    with pytest.raises(ValueError):
+        pool.join()
+    pool.run(lambda i: None)  # still usable

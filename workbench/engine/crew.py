@@ -1,0 +1,345 @@
+"""Workers that take one-token products inside compiled code: hand-offs without the GIL.
+
+A decoded token needs ~75 matrix products of 5-100 us each. Handing each one to a
+Python thread costs 25-50 us (a thread wake-up and a GIL transfer), so before the
+crew only the output matrix was worth splitting. Here, for a whole forward pass,
+the pool's workers 1..N-1 sit in a compiled loop (`serve`, GIL released): they spin
+on a job counter, take row chunks of the posted products through an atomic counter
+(or the chunks the job pins to them), and acknowledge. The calling thread posts a
+job, works on its chunks too and waits for the acknowledgements (`Crew.run`): one
+hand-off costs about a microsecond.
+
+A job is a table of matrix-vector *tasks* (a weight matrix, a prepared input, an
+output vector) and a table of *chunks* (a task's row range, and the worker it is
+pinned to or -1 for anyone). Every output row is one kernel call's dot product
+whoever computes it, so results are the same to the bit at any thread count.
+
+The waiting side spins with `pause`; after ~50 us without news it yields its CPU
+(sched_yield) between looks, so a worker never starves another process for long.
+"""
+from __future__ import annotations
+
+import platform
+from typing import Sequence
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic, overload
+
+from . import kernels
+
+_NB = dict(nogil=True, cache=True)
+_X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
+
+# ---- task table: one row per (product, array) -------------------------------------------
+T_TYPE, T_W, T_ROWS, T_ROWLEN, T_PREP, T_OUT, T_OUTOFF, T_X0, T_N0, T_X1, T_N1, T_X2, T_N2, T_OUTADDR = range(14)
+TASK_FIELDS = 14
+# ---- chunk table: one row per piece of work ----------------------------------------------
+C_TASK, C_LO, C_HI, C_OWNER = range(4)
+# ---- control block (int64, one cache line per field that changes) ------------------------
+SEQ = 0          # job number (negative: leave the loop)
+NEXT = 8         # next shared chunk to take (atomic counter)
+TASKS = 16       # address of the job's task table
+CHUNKS = 17      # address of its chunk table
+N_OWNED = 18     # chunks [0, N_OWNED) are pinned to a worker; [N_OWNED, N_CHUNKS) are shared
+N_CHUNKS = 19
+N_TASKS = 20
+FAILED = 24      # set by a worker whose loop raised (the caller stops waiting)
+ACK = 32         # ACK + 8 * w: last job worker w finished
+SPINS_BEFORE_YIELD = 2000
+
+
+# ----------------------------------------------------------------------------- intrinsics
+def _slot(context, builder, aty, arr, idx):
+    ary = context.make_array(aty)(context, builder, arr)
+    return builder.gep(ary.data, [idx])
+
+
+@intrinsic
+def atomic_load(typingctx, arr, idx):
+    """arr[idx] with acquire ordering (int64 array)."""
+    def codegen(context, builder, sig, args):
+        return builder.load_atomic(_slot(context, builder, sig.args[0], *args), "acquire", 8)
+    return types.int64(arr, idx), codegen
+
+
+@intrinsic
+def atomic_store(typingctx, arr, idx, val):
+    """arr[idx] = val with release ordering (int64 array)."""
+    def codegen(context, builder, sig, args):
+        builder.store_atomic(args[2], _slot(context, builder, sig.args[0], args[0], args[1]), "release", 8)
+        return context.get_dummy_value()
+    return types.void(arr, idx, types.int64), codegen
+
+
+@intrinsic
+def fetch_add(typingctx, arr, idx, val):
+    """Atomically add val to arr[idx]; returns the previous value."""
+    def codegen(context, builder, sig, args):
+        return builder.atomic_rmw("add", _slot(context, builder, sig.args[0], args[0], args[1]), args[2],
+                                  "seq_cst")
+    return types.int64(arr, idx, types.int64), codegen
+
+
+@intrinsic
+def cpu_relax(typingctx):
+    """The x86 `pause` hint inside a spin loop (nothing elsewhere)."""
+    def codegen(context, builder, sig, args):
+        if _X86:
+            fn = builder.module.globals.get("llvm.x86.sse2.pause")
+            if fn is None:
+                fn = ir.Function(builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse2.pause")
+            builder.call(fn, [])
+        return context.get_dummy_value()
+    return types.void(), codegen
+
+
+@intrinsic
+def yield_cpu(typingctx):
+    """sched_yield(2): let another runnable thread have this CPU."""
+    def codegen(context, builder, sig, args):
+        fn = builder.module.globals.get("sched_yield")
+        if fn is None:
+            fn = ir.Function(builder.module, ir.FunctionType(ir.IntType(32), []), "sched_yield")
+        builder.call(fn, [])
+        return context.get_dummy_value()
+    return types.void(), codegen
+
+
+@intrinsic
+def address(typingctx, arr):
+    """The address of an array's first element."""
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        return builder.ptrtoint(ary.data, ir.IntType(64))
+    return types.int64(arr), codegen
+
+
+@intrinsic
+def _voidptr(typingctx, addr):
+    def codegen(context, builder, sig, args):
+        return builder.inttoptr(args[0], context.get_value_type(types.voidptr))
+    return types.voidptr(types.int64), codegen
+
+
+@numba.njit(inline="always")
+def _view(addr, n, dtype):
+    return numba.carray(_voidptr(addr), (n,), dtype)
+
+
+def _set_inputs(tasks, t, xp):
+    """Task t's prepared-input addresses and lengths (a 1- or 3-array tuple)."""
+
+
+@overload(_set_inputs)
+def _set_inputs_impl(tasks, t, xp):
+    if len(xp) == 1:
+        def one(tasks, t, xp):
+            tasks[t, T_X0] = address(xp[0])
+            tasks[t, T_N0] = xp[0].size
+        return one
+
+    def three(tasks, t, xp):
+        tasks[t, T_X0] = address(xp[0])
+        tasks[t, T_N0] = xp[0].size
+        tasks[t, T_X1] = address(xp[1])
+        tasks[t, T_N1] = xp[1].size
+        tasks[t, T_X2] = address(xp[2])
+        tasks[t, T_N2] = xp[2].size
+    return three
+
+
+# ----------------------------------------------------------------------------- the loop
+def _build(mv: dict):
+    """serve / work / lead compiled over one kernel path's matvec functions."""
+    F32, F16, BF16 = kernels.F32, kernels.F16, kernels.BF16
+    Q8_0, Q4_0, Q5_0, Q4_1, Q5_1 = kernels.Q8_0, kernels.Q4_0, kernels.Q5_0, kernels.Q4_1, kernels.Q5_1
+    Q4_K, Q5_K, Q6_K = kernels.Q4_K, kernels.Q5_K, kernels.Q6_K
+    mv_f32, mv_f16, mv_bf16 = mv[F32], mv[F16], mv[BF16]
+    mv_q8_0, mv_q4_0, mv_q5_0, mv_q4_1, mv_q5_1 = mv[Q8_0], mv[Q4_0], mv[Q5_0], mv[Q4_1], mv[Q5_1]
+    mv_q4_K, mv_q5_K, mv_q6_K = mv[Q4_K], mv[Q5_K], mv[Q6_K]
+    i8, i32, f32, u8 = np.int8, np.int32, np.float32, np.uint8
+
+    @numba.njit(**_NB)
+    def run_chunk(tasks, t, lo, hi):
+        typ = tasks[t, T_TYPE]
+        w = numba.carray(_voidptr(tasks[t, T_W]), (tasks[t, T_ROWS], tasks[t, T_ROWLEN]), u8)
+        out = _view(tasks[t, T_OUTADDR], tasks[t, T_ROWS], f32)
+        x0, n0 = tasks[t, T_X0], tasks[t, T_N0]
+        x1, n1, x2, n2 = tasks[t, T_X1], tasks[t, T_N1], tasks[t, T_X2], tasks[t, T_N2]
+        if typ == F16:
+            mv_f16(w, (_view(x0, n0, f32),), out, lo, hi)
+        elif typ == F32:
+            mv_f32(w, (_view(x0, n0, f32),), out, lo, hi)
+        elif typ == BF16:
+            mv_bf16(w, (_view(x0, n0, f32),), out, lo, hi)
+        elif typ == Q4_1 or typ == Q5_1:
+            xp = (_view(x0, n0, i8), _view(x1, n1, f32), _view(x2, n2, f32))
+            if typ == Q4_1:
+                mv_q4_1(w, xp, out, lo, hi)
+            else:
+                mv_q5_1(w, xp, out, lo, hi)
+        else:
+            xp = (_view(x0, n0, i8), _view(x1, n1, f32), _view(x2, n2, i32))
+            if typ == Q8_0:
+                mv_q8_0(w, xp, out, lo, hi)
+            elif typ == Q4_0:
+                mv_q4_0(w, xp, out, lo, hi)
+            elif typ == Q5_0:
+                mv_q5_0(w, xp, out, lo, hi)
+            elif typ == Q4_K:
+                mv_q4_K(w, xp, out, lo, hi)
+            elif typ == Q5_K:
+                mv_q5_K(w, xp, out, lo, hi)
+            elif typ == Q6_K:
+                mv_q6_K(w, xp, out, lo, hi)
+
+    @numba.njit(**_NB)
+    def work(ctl, me):
+        """Worker `me`'s part of the posted job: its pinned chunks, then shared ones as they come."""
+        n_tasks = ctl[N_TASKS]
+        tasks = numba.carray(_voidptr(ctl[TASKS]), (n_tasks, TASK_FIELDS), np.int64)
+        n_chunks = ctl[N_CHUNKS]
+        chunks = numba.carray(_voidptr(ctl[CHUNKS]), (max(n_chunks, 1), 4), np.int64)
+        n_owned = ctl[N_OWNED]
+        for c in range(n_owned):
+            if chunks[c, C_OWNER] == me:
+                run_chunk(tasks, chunks[c, C_TASK], chunks[c, C_LO], chunks[c, C_HI])
+        while True:
+            c = n_owned + fetch_add(ctl, NEXT, 1)
+            if c >= n_chunks:
+                break
+            run_chunk(tasks, chunks[c, C_TASK], chunks[c, C_LO], chunks[c, C_HI])
+
+    @numba.njit(**_NB)
+    def serve(ctl, me, seen):
+        """Worker `me` (>= 1): do every job posted after job `seen` until SEQ turns negative."""
+        while True:
+            spins = 0
+            seq = atomic_load(ctl, SEQ)
+            while seq == seen:
+                cpu_relax()
+                spins += 1
+                if spins > SPINS_BEFORE_YIELD:
+                    yield_cpu()
+                seq = atomic_load(ctl, SEQ)
+            if seq < 0:
+                return
+            seen = seq
+            work(ctl, me)
+            atomic_store(ctl, ACK + 8 * me, seq)
+
+    @numba.njit(**_NB)
+    def wait_acks(ctl, n_workers, seq):
+        for w in range(1, n_workers):
+            spins = 0
+            while atomic_load(ctl, FAILED) != 0 or atomic_load(ctl, ACK + 8 * w) != seq:
+                if atomic_load(ctl, FAILED) != 0:
+                    return False
+                cpu_relax()
+                spins += 1
+                if spins > SPINS_BEFORE_YIELD:
+                    yield_cpu()
+        return True
+
+    @numba.njit(**_NB)
+    def lead(ctl, n_workers, tasks, chunks, n_owned, xa, xb, outs):
+        """Fill the job's input/output addresses, post it, do worker 0's part, wait for the rest."""
+        for t in range(tasks.shape[0]):
+            if tasks[t, T_PREP] == 0:
+                _set_inputs(tasks, t, xa)
+            else:
+                _set_inputs(tasks, t, xb)
+            tasks[t, T_OUTADDR] = address(outs[tasks[t, T_OUT]]) + 4 * tasks[t, T_OUTOFF]
+        ctl[TASKS] = address(tasks)
+        ctl[CHUNKS] = address(chunks)
+        ctl[N_TASKS] = tasks.shape[0]
+        ctl[N_CHUNKS] = chunks.shape[0]
+        ctl[N_OWNED] = n_owned
+        atomic_store(ctl, NEXT, 0)
+        seq = ctl[SEQ] + 1
+        atomic_store(ctl, SEQ, seq)
+        work(ctl, 0)
+        return wait_acks(ctl, n_workers, seq)
+
+    return serve, lead
+
+
+_BUILT: dict[str, tuple] = {}
+
+
+def _compiled() -> tuple:
+    path = kernels.kernel_path()
+    fns = _BUILT.get(path)
+    if fns is None:
+        fns = _BUILT[path] = _build(kernels.matvec_kernels())
+    return fns
+
+
+class CrewError(RuntimeError):
+    pass
+
+
+class Job:
+    """A reusable job: the static part of its tables (weights, row ranges, who does what).
+
+    `tasks` rows: (type, weight address, rows, row bytes, prepared input 0/1, output index,
+    output offset); the input and output addresses are filled at each run.
+    """
+
+    def __init__(self, tasks: list[tuple[int, np.ndarray, int, int, int]],
+                 owned: list[tuple[int, int, int, int]], shared: list[tuple[int, int, int]]):
+        self.tasks = np.zeros((len(tasks), TASK_FIELDS), dtype=np.int64)
+        self.arrays = [w for _, w, *_ in tasks]  # keep the weights alive while the job exists
+        for i, (typ, w, prep, out, out_off) in enumerate(tasks):
+            if not w.flags.c_contiguous or w.ndim != 2:
+                raise ValueError("crew tasks need C-contiguous 2-D weight arrays")
+            self.tasks[i, [T_TYPE, T_W, T_ROWS, T_ROWLEN, T_PREP, T_OUT, T_OUTOFF]] = (
+                typ, w.ctypes.data, w.shape[0], w.shape[1], prep, out, out_off)
+        rows = [(t, lo, hi, o) for t, lo, hi, o in owned] + [(t, lo, hi, -1) for t, lo, hi in shared]
+        self.chunks = np.array(rows, dtype=np.int64).reshape(-1, 4)
+        self.n_owned = len(owned)
+
+
+class Crew:
+    """The pool's workers 1..N-1 held in the compiled loop while a forward pass runs."""
+
+    def __init__(self, pool, n_workers: int):
+        self.pool = pool
+        self.n_workers = n_workers
+        self.ctl = np.zeros(ACK + 8 * max(n_workers, 1) + 8, dtype=np.int64)
+        self.active = False
+        self._serve, self._lead = _compiled()
+
+    def start(self) -> None:
+        """Send workers 1..N-1 into the loop (returns at once; the caller stands in for worker 0)."""
+        if self.active or self.n_workers < 2:
+            return
+        self.ctl[:] = 0
+        serve, ctl = self._serve, self.ctl
+
+        def body(w: int) -> None:
+            try:
+                serve(ctl, w, 0)
+            except BaseException:
+                ctl[FAILED] = 1
+                raise
+        self.pool.launch(body, lead=True)
+        self.active = True
+
+    def stop(self) -> None:
+        """Release the workers back to the pool (and re-raise what one of them raised)."""
+        if not self.active:
+            return
+        self.active = False
+        self.ctl[SEQ] = -1
+        self.pool.join()
+
+    def run(self, job: Job, xa: tuple, xb: tuple, outs: Sequence[np.ndarray]) -> None:
+        """Run a job: prepared inputs `xa`, `xb` (tasks' prep 0 / 1) into 1-D outputs `outs`."""
+        ok = self._lead(self.ctl, self.n_workers, job.tasks, job.chunks, job.n_owned, xa, xb, tuple(outs))
+        if not ok:
+            self.stop()
+            raise CrewError("a worker failed during a product")
