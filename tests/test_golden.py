@@ -108,3 +108,23 @@ def test_perplexity(engine):
     assert res.chunks == GOLDEN["perplexity"]["n_chunks"]
     assert res.scored_tokens == GOLDEN["perplexity"]["n_scored"]
     assert abs(res.ppl - PPL_GOLDEN) / PPL_GOLDEN < 0.01, (res.ppl, PPL_GOLDEN)
+
+
+def test_decode_past_the_window_is_identical_at_one_and_two_threads(engine):
+    """Decode at depth 700 (past Gemma 3's 512-position sliding window): with two workers the
+    crew splits each product's rows, the scores by key positions (from the window's start) and
+    the weighted sum by value dimensions; every output stays one kernel call's dot in order."""
+    from workbench.engine import Engine
+    from workbench.engine.engine import Placement
+    if engine.rt.n_workers < 2:
+        pytest.skip("needs two CPUs")
+    one = Engine.load(placement=Placement(threads=1))
+    try:
+        deep = [2 + (i * 5) % 270 for i in range(700)]
+        s1, s2 = one.new_session(1024), engine.new_session(1024)
+        np.testing.assert_array_equal(s1.eval(deep), s2.eval(deep))
+        for t in (7, 3, 260, 8, 1000, 20000):
+            np.testing.assert_array_equal(s1.eval([t]), s2.eval([t]))
+        assert engine.rt._crew is not None and engine.rt._crew.n_workers == 2  # the crew did the work
+    finally:
+        one.close()

@@ -34,8 +34,9 @@ _NB = dict(nogil=True, cache=True)
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
 
 # ---- task table: one row per (product, array) -------------------------------------------
-T_TYPE, T_W, T_ROWS, T_ROWLEN, T_PREP, T_OUT, T_OUTOFF, T_X0, T_N0, T_X1, T_N1, T_X2, T_N2, T_OUTADDR = range(14)
-TASK_FIELDS = 14
+(T_TYPE, T_W, T_ROWS, T_ROWLEN, T_PREP, T_OUT, T_OUTOFF, T_XROW, T_OUTROW,
+ T_X0, T_N0, T_X1, T_N1, T_X2, T_N2, T_OUTADDR) = range(16)
+TASK_FIELDS = 16
 # ---- chunk table: one row per piece of work ----------------------------------------------
 C_TASK, C_LO, C_HI, C_OWNER = range(4)
 # ---- control block (int64, one cache line per field that changes) ------------------------
@@ -46,6 +47,9 @@ CHUNKS = 17      # address of its chunk table
 N_OWNED = 18     # chunks [0, N_OWNED) are pinned to a worker; [N_OWNED, N_CHUNKS) are shared
 N_CHUNKS = 19
 N_TASKS = 20
+ROW_LO = 21      # chunk rows are offsets from ROW_LO, cut at ROW_HI (attention: the filled,
+ROW_HI = 22      # in-window key positions; products: 0 and no limit)
+W_SHIFT = 23     # bytes added to every weight address (attention: values seen from a later slot)
 FAILED = 24      # set by a worker whose loop raised (the caller stops waiting)
 ACK = 32         # ACK + 8 * w: last job worker w finished
 SPINS_BEFORE_YIELD = 2000
@@ -129,6 +133,17 @@ def _view(addr, n, dtype):
     return numba.carray(_voidptr(addr), (n,), dtype)
 
 
+def _row_address(a, row):
+    """Address and length of row `row` of a 2-D array, or of a whole 1-D array."""
+
+
+@overload(_row_address)
+def _row_address_impl(a, row):
+    if a.ndim == 2:
+        return lambda a, row: (address(a) + row * a.strides[0], a.shape[1])
+    return lambda a, row: (address(a), a.size)
+
+
 def _set_inputs(tasks, t, xp):
     """Task t's prepared-input addresses and lengths (a 1- or 3-array tuple)."""
 
@@ -137,17 +152,13 @@ def _set_inputs(tasks, t, xp):
 def _set_inputs_impl(tasks, t, xp):
     if len(xp) == 1:
         def one(tasks, t, xp):
-            tasks[t, T_X0] = address(xp[0])
-            tasks[t, T_N0] = xp[0].size
+            tasks[t, T_X0], tasks[t, T_N0] = _row_address(xp[0], tasks[t, T_XROW])
         return one
 
     def three(tasks, t, xp):
-        tasks[t, T_X0] = address(xp[0])
-        tasks[t, T_N0] = xp[0].size
-        tasks[t, T_X1] = address(xp[1])
-        tasks[t, T_N1] = xp[1].size
-        tasks[t, T_X2] = address(xp[2])
-        tasks[t, T_N2] = xp[2].size
+        tasks[t, T_X0], tasks[t, T_N0] = _row_address(xp[0], tasks[t, T_XROW])
+        tasks[t, T_X1], tasks[t, T_N1] = _row_address(xp[1], tasks[t, T_XROW])
+        tasks[t, T_X2], tasks[t, T_N2] = _row_address(xp[2], tasks[t, T_XROW])
     return three
 
 
@@ -163,9 +174,9 @@ def _build(mv: dict):
     i8, i32, f32, u8 = np.int8, np.int32, np.float32, np.uint8
 
     @numba.njit(**_NB)
-    def run_chunk(tasks, t, lo, hi):
+    def run_chunk(tasks, t, lo, hi, w_shift):
         typ = tasks[t, T_TYPE]
-        w = numba.carray(_voidptr(tasks[t, T_W]), (tasks[t, T_ROWS], tasks[t, T_ROWLEN]), u8)
+        w = numba.carray(_voidptr(tasks[t, T_W] + w_shift), (tasks[t, T_ROWS], tasks[t, T_ROWLEN]), u8)
         out = _view(tasks[t, T_OUTADDR], tasks[t, T_ROWS], f32)
         x0, n0 = tasks[t, T_X0], tasks[t, T_N0]
         x1, n1, x2, n2 = tasks[t, T_X1], tasks[t, T_N1], tasks[t, T_X2], tasks[t, T_N2]
@@ -204,14 +215,21 @@ def _build(mv: dict):
         n_chunks = ctl[N_CHUNKS]
         chunks = numba.carray(_voidptr(ctl[CHUNKS]), (max(n_chunks, 1), 4), np.int64)
         n_owned = ctl[N_OWNED]
+        row_lo, row_hi, w_shift = ctl[ROW_LO], ctl[ROW_HI], ctl[W_SHIFT]
         for c in range(n_owned):
             if chunks[c, C_OWNER] == me:
-                run_chunk(tasks, chunks[c, C_TASK], chunks[c, C_LO], chunks[c, C_HI])
+                lo, hi = row_lo + chunks[c, C_LO], min(row_lo + chunks[c, C_HI], row_hi)
+                if lo < hi:
+                    run_chunk(tasks, chunks[c, C_TASK], lo, hi, w_shift)
         while True:
             c = n_owned + fetch_add(ctl, NEXT, 1)
             if c >= n_chunks:
                 break
-            run_chunk(tasks, chunks[c, C_TASK], chunks[c, C_LO], chunks[c, C_HI])
+            lo, hi = row_lo + chunks[c, C_LO], min(row_lo + chunks[c, C_HI], row_hi)
+            if lo >= row_hi:  # shared chunks past ROW_HI come last (attention): none left
+                break
+            if lo < hi:
+                run_chunk(tasks, chunks[c, C_TASK], lo, hi, w_shift)
 
     @numba.njit(**_NB)
     def serve(ctl, me, seen):
@@ -245,19 +263,23 @@ def _build(mv: dict):
         return True
 
     @numba.njit(**_NB)
-    def lead(ctl, n_workers, tasks, chunks, n_owned, xa, xb, outs):
+    def lead(ctl, n_workers, tasks, chunks, n_owned, xa, xb, outs, row_lo, row_hi, w_shift):
         """Fill the job's input/output addresses, post it, do worker 0's part, wait for the rest."""
         for t in range(tasks.shape[0]):
             if tasks[t, T_PREP] == 0:
                 _set_inputs(tasks, t, xa)
             else:
                 _set_inputs(tasks, t, xb)
-            tasks[t, T_OUTADDR] = address(outs[tasks[t, T_OUT]]) + 4 * tasks[t, T_OUTOFF]
+            tasks[t, T_OUTADDR] = _row_address(outs[tasks[t, T_OUT]], tasks[t, T_OUTROW])[0] \
+                + 4 * tasks[t, T_OUTOFF]
         ctl[TASKS] = address(tasks)
         ctl[CHUNKS] = address(chunks)
         ctl[N_TASKS] = tasks.shape[0]
         ctl[N_CHUNKS] = chunks.shape[0]
         ctl[N_OWNED] = n_owned
+        ctl[ROW_LO] = row_lo
+        ctl[ROW_HI] = row_hi
+        ctl[W_SHIFT] = w_shift
         atomic_store(ctl, NEXT, 0)
         seq = ctl[SEQ] + 1
         atomic_store(ctl, SEQ, seq)
@@ -289,15 +311,16 @@ class Job:
     output offset); the input and output addresses are filled at each run.
     """
 
-    def __init__(self, tasks: list[tuple[int, np.ndarray, int, int, int]],
+    def __init__(self, tasks: list[tuple[int, np.ndarray, int, int, int] | tuple[int, np.ndarray, int, int, int, int, int]],
                  owned: list[tuple[int, int, int, int]], shared: list[tuple[int, int, int]]):
         self.tasks = np.zeros((len(tasks), TASK_FIELDS), dtype=np.int64)
         self.arrays = [w for _, w, *_ in tasks]  # keep the weights alive while the job exists
-        for i, (typ, w, prep, out, out_off) in enumerate(tasks):
+        for i, (typ, w, prep, out, out_off, *rows) in enumerate(tasks):
             if not w.flags.c_contiguous or w.ndim != 2:
                 raise ValueError("crew tasks need C-contiguous 2-D weight arrays")
-            self.tasks[i, [T_TYPE, T_W, T_ROWS, T_ROWLEN, T_PREP, T_OUT, T_OUTOFF]] = (
-                typ, w.ctypes.data, w.shape[0], w.shape[1], prep, out, out_off)
+            x_row, out_row = rows or (0, 0)
+            self.tasks[i, [T_TYPE, T_W, T_ROWS, T_ROWLEN, T_PREP, T_OUT, T_OUTOFF, T_XROW, T_OUTROW]] = (
+                typ, w.ctypes.data, w.shape[0], w.shape[1], prep, out, out_off, x_row, out_row)
         rows = [(t, lo, hi, o) for t, lo, hi, o in owned] + [(t, lo, hi, -1) for t, lo, hi in shared]
         self.chunks = np.array(rows, dtype=np.int64).reshape(-1, 4)
         self.n_owned = len(owned)
@@ -337,9 +360,15 @@ class Crew:
         self.ctl[SEQ] = -1
         self.pool.join()
 
-    def run(self, job: Job, xa: tuple, xb: tuple, outs: Sequence[np.ndarray]) -> None:
-        """Run a job: prepared inputs `xa`, `xb` (tasks' prep 0 / 1) into 1-D outputs `outs`."""
-        ok = self._lead(self.ctl, self.n_workers, job.tasks, job.chunks, job.n_owned, xa, xb, tuple(outs))
+    def run(self, job: Job, xa: tuple, xb: tuple, outs: Sequence[np.ndarray],
+            rows: tuple[int, int] = (0, 1 << 62), w_shift: int = 0) -> None:
+        """Run a job: prepared inputs `xa`, `xb` (tasks' prep 0 / 1) into outputs `outs`.
+
+        Inputs and outputs are 1-D, or 2-D with the row given by the task. `rows`: chunk rows
+        count from rows[0] and stop at rows[1]; `w_shift` moves every weight address.
+        """
+        ok = self._lead(self.ctl, self.n_workers, job.tasks, job.chunks, job.n_owned, xa, xb, tuple(outs),
+                        rows[0], rows[1], w_shift)
         if not ok:
             self.stop()
             raise CrewError("a worker failed during a product")

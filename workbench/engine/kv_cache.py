@@ -89,6 +89,7 @@ class KVCache:
         # [layer][worker][kv_head]: the byte matrices the F16 kernels read
         self.k_bytes = [[[a.view(np.uint8) for a in k] for k in layer] for layer in self.k]
         self.v_bytes = [[[a.view(np.uint8) for a in v] for v in layer] for layer in self.v]
+        self.jobs: dict = {}  # the runtime's per-layer crew jobs over these arrays
 
     @property
     def nbytes(self) -> int:

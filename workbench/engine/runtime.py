@@ -41,6 +41,8 @@ CHUNK_ALIGN = 64  # rows
 # one-token products go through the crew (workers waiting in compiled code) in chunks of at
 # least this many weight bytes; NUMAWB_CREW=0 turns the crew off (Python hand-offs, as before)
 CREW_CHUNK_BYTES = 96 << 10
+CREW_KEYS = 256  # key positions per chunk of a one-token attention's scores
+CREW_DIMS = 64   # value dimensions per chunk of its weighted sum
 USE_CREW = os.environ.get("NUMAWB_CREW", "1") != "0"
 # weight types whose products take the same prepared activations (ggml's vec_dot_type: Q8_0,
 # Q8_1, Q8_K) -> one representative type, so a group prepares each input once
@@ -387,13 +389,24 @@ class Runtime:
         # ggml_vec_dot_f16 for one: our F16 matmat / matvec follow those two summation orders
         decode = n == 1
 
+        # one token, one owner, workers in the crew: scores split by key positions, the weighted
+        # sum by value dimensions (every output is still one kernel call's dot, in order)
+        crewed = decode and no == 1 and self._crewing
+        if crewed:
+            jobs = kv.jobs.get(il)
+            if jobs is None:
+                jobs = kv.jobs[il] = self._attention_jobs(kv, il, rows)
+
         def scores_rows(o: int, r0: int, r1: int) -> None:
             ns = n_slots[o]
             if not ns or r1 <= r0:
                 return
             # one token: no dots for keys that slid out of the window (softmax_stats masks them)
             lo = filled_slots(max(pos0 - window + 1, 0), o, no) if decode and window else 0
-            for h in range(n_kv):
+            if crewed:
+                xs = (xq.reshape(n_kv * rows, hd),)
+                self._crew.run(jobs[0], xs, xs, [scores[o].reshape(n_kv * rows, -1)], (lo, ns))
+            for h in range(n_kv if not crewed else 0):
                 keys, sc = kb[o][h], scores[o][h]
                 if decode:
                     for r in range(r0, r1 if lo < ns else r0):
@@ -422,6 +435,10 @@ class Runtime:
             # product in the same accumulator lane, so the sum is the same to the bit
             lo = filled_slots(max(pos0 - window + 1, 0), o, no) // 64 * 64 \
                 if decode and window and SKIP_SLID_VALUES else 0
+            if crewed:
+                xs = (xp.reshape(n_kv * (r1 - r0), kp)[:, lo:],)
+                self._crew.run(jobs[1], xs, xs, [outs[o].reshape(n_kv * rows, hdv)], w_shift=2 * lo)
+                return
             for h in range(n_kv):
                 values, out = vb[o][h], outs[o][h]
                 if lo:
@@ -435,11 +452,24 @@ class Runtime:
                 else:
                     kernels.matmat(F16, values, (xp[h],), out[r0:r1], 0, hdv)
 
-        self._attention_pass(kv, rows, sum(n_slots) * rows > SPREAD_ATTENTION, scores_rows)
+        spread = sum(n_slots) * rows > SPREAD_ATTENTION and not crewed
+        self._attention_pass(kv, rows, spread, scores_rows)
         merge_stats(mxs, sms, big_m, inv_l)
-        self._attention_pass(kv, rows, sum(n_slots) * rows > SPREAD_ATTENTION, values_rows)
+        self._attention_pass(kv, rows, spread, values_rows)
         out = outs[0] if no == 1 else outs.sum(axis=0)
         return np.ascontiguousarray(out.reshape(n_kv, n, group, hdv).transpose(1, 0, 2, 3)).reshape(n, n_head, hdv)
+
+    def _attention_jobs(self, kv: KVCache, il: int, rows: int) -> tuple[Job, Job]:
+        """Crew jobs of a one-token attention over layer il of a one-owner cache: scores (query
+        row x key positions, chunks position-major so the filled ones come first) and values
+        (V^T rows = value dimensions)."""
+        n_kv, hdv = kv.cfg.n_head_kv, kv.cfg.head_dim_v
+        pairs = [(h, r) for h in range(n_kv) for r in range(rows)]
+        keys = Job([(F16, kv.k_bytes[il][0][h], 0, 0, 0, h * rows + r, h * rows + r) for h, r in pairs], [],
+                   [(t, lo, lo + CREW_KEYS) for lo in range(0, kv.cap, CREW_KEYS) for t in range(len(pairs))])
+        values = Job([(F16, kv.v_bytes[il][0][h], 0, 0, 0, h * rows + r, h * rows + r) for h, r in pairs], [],
+                     [(t, lo, min(lo + CREW_DIMS, hdv)) for t in range(len(pairs)) for lo in range(0, hdv, CREW_DIMS)])
+        return keys, values
 
     def _attention_pass(self, kv: KVCache, rows: int, spread: bool, fn: Callable[[int, int, int], None]) -> None:
         """fn(owner, r0, r1) for every owner; spread: each worker takes its share of its node's rows."""
