@@ -238,15 +238,22 @@ def test_refused_switch_keeps_the_previous_placement(model_path):
         e.close()
 
 
-def test_skipping_slid_out_values_changes_no_bit(eng, monkeypatch):
-    """Decode on sliding-window layers skips the values of keys that left the window (bit-exact)."""
+@pytest.mark.parametrize("threads", [1, 2])
+def test_skipping_slid_out_values_changes_no_bit(model_path, eng, monkeypatch, threads):
+    """Decode on sliding-window layers skips the softmax, probabilities and values of keys that
+    left the window (bit-exact), on the calling thread alone and through the crew."""
     from workbench.engine import runtime
-    long = [2 + (i * 11) % 280 for i in range(300)]  # window 8: most keys slid out
-    fast = eng.new_session(512)
-    fast.eval(long)
-    got = [fast.eval([t]) for t in (5, 9, 11)]
-    monkeypatch.setattr(runtime, "SKIP_SLID_VALUES", False)
-    full = eng.new_session(512)
-    full.eval(long)
-    for t, g in zip((5, 9, 11), got):
-        np.testing.assert_array_equal(full.eval([t]), g)
+    e = eng if threads == 2 else Engine.load(model_path, placement=Placement(threads=1))
+    try:
+        long = [2 + (i * 11) % 280 for i in range(300)]  # window 8: most keys slid out
+        fast = e.new_session(512)
+        fast.eval(long)
+        got = [fast.eval([t]) for t in (5, 9, 11)]
+        monkeypatch.setattr(runtime, "SKIP_SLID_VALUES", False)
+        full = e.new_session(512)
+        full.eval(long)
+        for t, g in zip((5, 9, 11), got):
+            np.testing.assert_array_equal(full.eval([t]), g)
+    finally:
+        if e is not eng:
+            e.close()

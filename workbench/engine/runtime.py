@@ -397,12 +397,20 @@ class Runtime:
             if jobs is None:
                 jobs = kv.jobs[il] = self._attention_jobs(kv, il, rows)
 
+        def window_start(o: int, align: int = 1) -> int:
+            """One token: owner o's first slot inside the sliding window (rounded down to `align`)."""
+            return filled_slots(max(pos0 - window + 1, 0), o, no) // align * align if decode and window else 0
+        # one token, one owner: the softmax and the probabilities start from the window's first
+        # 64-slot boundary too (slots before it hold whole groups of 16 masked positions, whose
+        # exps add exactly 0 to the sums); on one owner slot j holds position j
+        base = window_start(0, 64) if decode and no == 1 and SKIP_SLID_VALUES else 0
+
         def scores_rows(o: int, r0: int, r1: int) -> None:
             ns = n_slots[o]
             if not ns or r1 <= r0:
                 return
             # one token: no dots for keys that slid out of the window (softmax_stats masks them)
-            lo = filled_slots(max(pos0 - window + 1, 0), o, no) if decode and window else 0
+            lo = window_start(o)
             if crewed:
                 xs = (xq.reshape(n_kv * rows, hd),)
                 self._crew.run(jobs[0], xs, xs, [scores[o].reshape(n_kv * rows, -1)], (lo, ns))
@@ -413,7 +421,7 @@ class Runtime:
                         kernels.matvec(F16, keys, (xq[h, r],), sc[r], lo, ns)
                 else:
                     kernels.matmat(F16, keys, (xq[h, r0:r1],), sc[r0:r1], 0, ns)
-            softmax_stats(scores[o][:, r0:r1], o, no, ns, pos0, group, window, scale,
+            softmax_stats(scores[o][:, r0:r1, base:], o, no, ns - base, pos0 - base, group, window, scale,
                           mxs[o][:, r0:r1], sms[o][:, r0:r1], r0)
 
         big_m = np.empty((n_kv, rows), dtype=np.float32)
@@ -428,15 +436,16 @@ class Runtime:
             # probability 0: pad with zeros to whole 16-lane (64 for one token) steps
             step = 64 if decode else 16
             kp = min(-(-ns // step) * step, kv.cap)
-            probs = probabilities(scores[o][:, r0:r1], ns, kp, big_m[:, r0:r1], inv_l[:, r0:r1])
-            xp = kernels.prepare(F16, probs.reshape(n_kv * (r1 - r0), kp))[0].reshape(n_kv, r1 - r0, kp)
+            probs = probabilities(scores[o][:, r0:r1, base:], ns - base, kp - base, big_m[:, r0:r1],
+                                  inv_l[:, r0:r1])
+            xp = kernels.prepare(F16, probs.reshape(n_kv * (r1 - r0), kp - base))[0].reshape(n_kv, r1 - r0, kp - base)
             # one token: skip values of keys that slid out of the window, from a 64-slot boundary:
             # they have probability 0, and starting on the 64-wide step keeps every remaining
             # product in the same accumulator lane, so the sum is the same to the bit
-            lo = filled_slots(max(pos0 - window + 1, 0), o, no) // 64 * 64 \
-                if decode and window and SKIP_SLID_VALUES else 0
+            # (xp starts at slot `base`; the values are read from slot `lo`)
+            lo = window_start(o, 64) if SKIP_SLID_VALUES else 0
             if crewed:
-                xs = (xp.reshape(n_kv * (r1 - r0), kp)[:, lo:],)
+                xs = (xp.reshape(n_kv * (r1 - r0), kp - base)[:, lo - base:],)
                 self._crew.run(jobs[1], xs, xs, [outs[o].reshape(n_kv * rows, hdv)], w_shift=2 * lo)
                 return
             for h in range(n_kv):
@@ -448,7 +457,7 @@ class Runtime:
                                                              values.strides)
                 if decode:
                     for r in range(r1 - r0):
-                        kernels.matvec(F16, values, (xp[h, r, lo:],), out[r0 + r], 0, hdv)
+                        kernels.matvec(F16, values, (xp[h, r, lo - base:],), out[r0 + r], 0, hdv)
                 else:
                     kernels.matmat(F16, values, (xp[h],), out[r0:r1], 0, hdv)
 
