@@ -338,9 +338,12 @@ class Crew:
 
     def start(self) -> None:
         """Send workers 1..N-1 into the loop (returns at once; the caller stands in for worker 0)."""
-        if self.active or self.n_workers < 2:
+        if self.active:
             return
         self.ctl[:] = 0
+        if self.n_workers < 2:  # the caller alone: jobs run inside `run`, nobody to launch
+            self.active = True
+            return
         serve, ctl = self._serve, self.ctl
 
         def body(w: int) -> None:
@@ -357,6 +360,8 @@ class Crew:
         if not self.active:
             return
         self.active = False
+        if self.n_workers < 2:
+            return
         self.ctl[SEQ] = -1
         self.pool.join()
 

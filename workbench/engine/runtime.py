@@ -194,8 +194,22 @@ class Runtime:
 
         For one token the other workers wait in the crew's compiled loop for the whole pass.
         """
-        if self.n_workers == 1 or self._leading:
+        if self._leading:
             yield
+            return
+        if self.n_workers == 1:
+            # one worker: the calling thread does everything; one token still runs its products
+            # and attention as jobs (one compiled call per group instead of one per matrix)
+            solo = n_tokens == 1 and USE_CREW
+            if solo:
+                if self._crew is None:
+                    self._crew = Crew(self.pool, 1)
+                self._crew.start()
+            try:
+                yield
+            finally:
+                if solo:
+                    self._crew.stop()
             return
         with self.pool.lead():
             self._leading = True
@@ -339,7 +353,8 @@ class Runtime:
         if group.chunks is not None:
             for j, ((qtype, plan, p), rows, name) in enumerate(zip(group.jobs, group.rows, group.names)):
                 tasks.append((qtype, plan[0][0], p, j, 0))
-                min_rows = max(CREW_CHUNK_BYTES * rows // self.weights[name].info.nbytes, 1)
+                min_rows = max(CREW_CHUNK_BYTES * rows // self.weights[name].info.nbytes, 1) \
+                    if self.n_workers > 1 else rows
                 shared += [(j, lo, hi) for lo, hi in _chunks(rows, min_rows, self.n_workers)]
         else:
             for j, (qtype, plan, p) in enumerate(group.jobs):
