@@ -38,7 +38,8 @@ _X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
  T_X0, T_N0, T_X1, T_N1, T_X2, T_N2, T_OUTADDR) = range(16)
 TASK_FIELDS = 16
 # ---- chunk table: one row per piece of work ----------------------------------------------
-C_TASK, C_LO, C_HI, C_OWNER = range(4)
+C_TASK, C_LO, C_HI, C_OWNER, C_SPAN = range(5)  # tasks C_TASK.. C_TASK + C_SPAN - 1
+CHUNK_FIELDS = 5
 # ---- control block (int64, one cache line per field that changes) ------------------------
 SEQ = 0          # job number (negative: leave the loop)
 NEXT = 8         # next shared chunk to take (atomic counter)
@@ -213,14 +214,15 @@ def _build(mv: dict):
         n_tasks = ctl[N_TASKS]
         tasks = numba.carray(_voidptr(ctl[TASKS]), (n_tasks, TASK_FIELDS), np.int64)
         n_chunks = ctl[N_CHUNKS]
-        chunks = numba.carray(_voidptr(ctl[CHUNKS]), (max(n_chunks, 1), 4), np.int64)
+        chunks = numba.carray(_voidptr(ctl[CHUNKS]), (max(n_chunks, 1), CHUNK_FIELDS), np.int64)
         n_owned = ctl[N_OWNED]
         row_lo, row_hi, w_shift = ctl[ROW_LO], ctl[ROW_HI], ctl[W_SHIFT]
         for c in range(n_owned):
             if chunks[c, C_OWNER] == me:
                 lo, hi = row_lo + chunks[c, C_LO], min(row_lo + chunks[c, C_HI], row_hi)
                 if lo < hi:
-                    run_chunk(tasks, chunks[c, C_TASK], lo, hi, w_shift)
+                    for t in range(chunks[c, C_TASK], chunks[c, C_TASK] + chunks[c, C_SPAN]):
+                        run_chunk(tasks, t, lo, hi, w_shift)
         while True:
             c = n_owned + fetch_add(ctl, NEXT, 1)
             if c >= n_chunks:
@@ -229,7 +231,8 @@ def _build(mv: dict):
             if lo >= row_hi:  # shared chunks past ROW_HI come last (attention): none left
                 break
             if lo < hi:
-                run_chunk(tasks, chunks[c, C_TASK], lo, hi, w_shift)
+                for t in range(chunks[c, C_TASK], chunks[c, C_TASK] + chunks[c, C_SPAN]):
+                    run_chunk(tasks, t, lo, hi, w_shift)
 
     @numba.njit(**_NB)
     def serve(ctl, me, seen):
@@ -307,12 +310,14 @@ class CrewError(RuntimeError):
 class Job:
     """A reusable job: the static part of its tables (weights, row ranges, who does what).
 
-    `tasks` rows: (type, weight address, rows, row bytes, prepared input 0/1, output index,
-    output offset); the input and output addresses are filled at each run.
+    `tasks`: (type, weight matrix, prepared input 0/1, output index, output offset[, input row,
+    output row]); the input and output addresses are filled at each run. `owned` chunks:
+    (task, lo, hi, worker); `shared` chunks: (task, lo, hi[, span]), rows lo..hi of tasks
+    task..task + span - 1, taken by whichever worker comes first.
     """
 
     def __init__(self, tasks: list[tuple[int, np.ndarray, int, int, int] | tuple[int, np.ndarray, int, int, int, int, int]],
-                 owned: list[tuple[int, int, int, int]], shared: list[tuple[int, int, int]]):
+                 owned: list[tuple[int, int, int, int]], shared: list[tuple[int, int, int] | tuple[int, int, int, int]]):
         self.tasks = np.zeros((len(tasks), TASK_FIELDS), dtype=np.int64)
         self.arrays = [w for _, w, *_ in tasks]  # keep the weights alive while the job exists
         for i, (typ, w, prep, out, out_off, *rows) in enumerate(tasks):
@@ -321,8 +326,9 @@ class Job:
             x_row, out_row = rows or (0, 0)
             self.tasks[i, [T_TYPE, T_W, T_ROWS, T_ROWLEN, T_PREP, T_OUT, T_OUTOFF, T_XROW, T_OUTROW]] = (
                 typ, w.ctypes.data, w.shape[0], w.shape[1], prep, out, out_off, x_row, out_row)
-        rows = [(t, lo, hi, o) for t, lo, hi, o in owned] + [(t, lo, hi, -1) for t, lo, hi in shared]
-        self.chunks = np.array(rows, dtype=np.int64).reshape(-1, 4)
+        rows = [(t, lo, hi, o, 1) for t, lo, hi, o in owned] + \
+            [(t, lo, hi, -1, *(span or (1,))) for t, lo, hi, *span in shared]
+        self.chunks = np.array(rows, dtype=np.int64).reshape(-1, CHUNK_FIELDS)
         self.n_owned = len(owned)
 
 

@@ -41,8 +41,8 @@ CHUNK_ALIGN = 64  # rows
 # one-token products go through the crew (workers waiting in compiled code) in chunks of at
 # least this many weight bytes; NUMAWB_CREW=0 turns the crew off (Python hand-offs, as before)
 CREW_CHUNK_BYTES = 96 << 10
-CREW_KEYS = 256  # key positions per chunk of a one-token attention's scores
-CREW_DIMS = 64   # value dimensions per chunk of its weighted sum
+CREW_KEYS = 128  # key positions per chunk of a one-token attention's scores
+CREW_DIMS = 32   # value dimensions per chunk of its weighted sum
 USE_CREW = os.environ.get("NUMAWB_CREW", "1") != "0"
 # weight types whose products take the same prepared activations (ggml's vec_dot_type: Q8_0,
 # Q8_1, Q8_K) -> one representative type, so a group prepares each input once
@@ -489,10 +489,12 @@ class Runtime:
         (V^T rows = value dimensions)."""
         n_kv, hdv = kv.cfg.n_head_kv, kv.cfg.head_dim_v
         pairs = [(h, r) for h in range(n_kv) for r in range(rows)]
+        # a chunk is one piece of the keys (or values) for all query rows of a kv head: read
+        # from memory once, then from the cache for the other rows
         keys = Job([(F16, kv.k_bytes[il][0][h], 0, 0, 0, h * rows + r, h * rows + r) for h, r in pairs], [],
-                   [(t, lo, lo + CREW_KEYS) for lo in range(0, kv.cap, CREW_KEYS) for t in range(len(pairs))])
+                   [(h * rows, lo, lo + CREW_KEYS, rows) for lo in range(0, kv.cap, CREW_KEYS) for h in range(n_kv)])
         values = Job([(F16, kv.v_bytes[il][0][h], 0, 0, 0, h * rows + r, h * rows + r) for h, r in pairs], [],
-                     [(t, lo, min(lo + CREW_DIMS, hdv)) for t in range(len(pairs)) for lo in range(0, hdv, CREW_DIMS)])
+                     [(h * rows, lo, min(lo + CREW_DIMS, hdv), rows) for h in range(n_kv) for lo in range(0, hdv, CREW_DIMS)])
         return keys, values
 
     def _attention_pass(self, kv: KVCache, rows: int, spread: bool, fn: Callable[[int, int, int], None]) -> None:
