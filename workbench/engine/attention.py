@@ -42,33 +42,44 @@ def softmax_stats(scores: np.ndarray, w: int, n_workers: int, n_slots: int, pos0
     """
     n_kv, rows, _ = scores.shape
     sc = np.float32(scale)
-    e16 = np.empty(16, dtype=np.float32)
+    n16 = -(-n_slots // 16) * 16
+    ex = np.zeros(n16, dtype=np.float32)  # exps of one row, zero-padded to whole groups of 16
+    row = np.empty(n_slots, dtype=np.float32)  # one row, contiguous (scores may be a strided view)
     for h in range(n_kv):
         for r in range(rows):
             p = pos0 + (row0 + r) // group
             m = np.float32(-np.inf)
             for j in range(n_slots):
                 g = slot_position(j, w, n_workers)
-                if g > p or (window > 0 and p - g >= window):
-                    scores[h, r, j] = -np.inf
-                else:
+                v = np.float32(-np.inf)
+                if g <= p and (window <= 0 or p - g < window):
                     v = scores[h, r, j] * sc
-                    scores[h, r, j] = v
                     if v > m:
                         m = v
+                scores[h, r, j] = v
+                row[j] = v
             # as ggml_vec_soft_max_f32 on AVX-512: exps (ggml_v_expf) of 16 positions at a time
             # (a block of slots holds whole aligned groups of 16 positions) summed in float32
             # by the _mm512_reduce_add_ps tree, each group sum added in float64
             s = 0.0
             if m > -np.inf:
-                for j0 in range(0, n_slots, 16):
-                    for i in range(16):
-                        j = j0 + i
-                        v = scores[h, r, j] if j < n_slots else np.float32(-np.inf)
-                        e16[i] = ggml_expf(v - m) if v > -np.inf else np.float32(0.0)
-                    s += np.float64(tree16(e16, 0))
+                _exps(row, n_slots, m, ex)
+                for j0 in range(0, n16, 16):
+                    s += np.float64(tree16(ex, j0))
             mx[h, r] = m
             sm[h, r] = s
+
+
+@nb.njit(**_JIT)
+def _exps(v: np.ndarray, n: int, m: np.float32, out: np.ndarray) -> None:
+    """out[j] = exp(v[j] - m) for j < n (masked -inf: 0).
+
+    A select-only loop in a function of its own: LLVM vectorizes it here, not when inlined in
+    the callers' loop nests."""
+    for j in range(n):
+        x = v[j]
+        e = ggml_expf(x - m)
+        out[j] = e if x > -np.inf else np.float32(0.0)
 
 
 @nb.njit(**_JIT)
@@ -97,11 +108,21 @@ def probabilities(scores: np.ndarray, n_slots: int, width: int, big_m: np.ndarra
     """exp(s - M) * (1/L) as float32 [n_kv, rows, width] (masked slots and slots >= n_slots give 0)."""
     n_kv, rows, _ = scores.shape
     out = np.zeros((n_kv, rows, width), dtype=np.float32)
+    row = np.empty(n_slots, dtype=np.float32)  # one row, contiguous (scores may be a strided view)
     for h in range(n_kv):
         for r in range(rows):
             m = big_m[h, r]
             il = inv_l[h, r]
-            for j in range(n_slots):
-                s = scores[h, r, j]
-                out[h, r, j] = np.float32(0.0) if s == -np.inf else ggml_expf(s - m) * il
+            o = out[h, r]
+            row[:] = scores[h, r, :n_slots]
+            _probs(row, n_slots, m, il, o)
     return out
+
+
+@nb.njit(**_JIT)
+def _probs(v: np.ndarray, n: int, m: np.float32, il: np.float32, out: np.ndarray) -> None:
+    """out[j] = exp(v[j] - m) * il for j < n (masked -inf: 0); vectorizes like _exps."""
+    for j in range(n):
+        s = v[j]
+        e = ggml_expf(s - m) * il
+        out[j] = np.float32(0.0) if s == -np.inf else e

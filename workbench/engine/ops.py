@@ -49,19 +49,37 @@ _EXP_C2 = np.float32(float.fromhex("0x1.fffdb6p-2"))
 _EXP_C1 = np.float32(float.fromhex("0x1.ffffecp-1"))
 
 
+@intrinsic
+def pow2_f64(typingctx, n):
+    """2.0 ** n as float64 for an integer-valued float32 n in [-1022, 1023] (built from its bits)."""
+    sig = types.float64(types.float32)
+
+    def cg(context, builder, sig, args):
+        i64 = ir.IntType(64)
+        e = builder.add(builder.fptosi(args[0], i64), ir.Constant(i64, 1023))
+        return builder.bitcast(builder.shl(e, ir.Constant(i64, 52)), ir.DoubleType())
+
+    return sig, cg
+
+
 @nb.njit(nogil=True, cache=True, inline="always")
 def ggml_expf(x):
-    """exp(x) in float32 exactly as ggml_v_expf (ggml-cpu/vec.h, the SIMD exp of the softmax)."""
+    """exp(x) in float32 exactly as ggml_v_expf (ggml-cpu/vec.h, the SIMD exp of the softmax).
+
+    Branch-free (selects, no libm call) so that loops over it vectorize.
+    """
     x = np.float32(x)
     z = fma32(x, _EXP_LOG2E, _EXP_R)
     n = z - _EXP_R
     b = fma32(-n, _EXP_LN2_LO, fma32(-n, _EXP_LN2_HI, x))
-    if abs(n) > np.float32(192.0):
-        return np.float32(0.0) if n <= np.float32(0.0) else np.float32(np.inf)
     u = b * b
     j = fma32(fma32(fma32(_EXP_C5, b, _EXP_C4), u, fma32(_EXP_C3, b, _EXP_C2)), u,
               fma32(_EXP_C1, b, np.float32(1.0)))
-    return np.float32(np.float64(j) * 2.0 ** np.float64(n))  # _mm512_scalef_ps: j * 2^n, one rounding
+    nc = n if n > np.float32(-193.0) else np.float32(-193.0)
+    nc = nc if nc < np.float32(193.0) else np.float32(193.0)
+    r = np.float32(np.float64(j) * pow2_f64(nc))  # _mm512_scalef_ps: j * 2^n, one rounding
+    out = np.float32(0.0) if n <= np.float32(0.0) else np.float32(np.inf)
+    return out if abs(n) > np.float32(192.0) else r
 
 
 @nb.njit(nogil=True, cache=True, inline="always")

@@ -629,6 +629,127 @@ def fma4_i(typingctx, acc, v, s):
 
 
 @intrinsic
+def fmadd_im(typingctx, acc, v, a, off):
+    """acc + f32(v) * a[off] (f32x8, fused; a float32 array): the scale is a broadcast load, which
+    AVX-512 folds into the FMA as an embedded-broadcast operand (no shuffle uop)."""
+    _check_array(a, (types.float32,))
+    sig = v8f(acc, v, a, off)
+
+    def cg(context, builder, sig, args):
+        f = _fn(builder, "llvm.fma.v8f32", _V8F, [_V8F, _V8F, _V8F])
+        s = builder.load(_ptr(context, builder, sig.args[2], args[2], args[3], _f32), align=4)
+        return builder.call(f, [builder.sitofp(args[1], _V8F), _splat(builder, s, _V8F), args[0]])
+
+    return sig, cg
+
+
+@intrinsic
+def store_f32x4(typingctx, a, off, v):
+    """a[off:off + 4] = v (float32 array, f32x4)."""
+    _check_array(a, (types.float32,))
+    sig = types.void(a, off, v)
+
+    def cg(context, builder, sig, args):
+        builder.store(args[2], _ptr(context, builder, sig.args[0], args[0], args[1], _V4F), align=4)
+        return context.get_dummy_value()
+
+    return sig, cg
+
+
+# ----------------------------------------------------------------------------- rows-in-lanes (one lane per row)
+@intrinsic
+def bcast_b4(typingctx, a, off):
+    """The 4 bytes at byte ``off`` of a uint8/int8 array repeated in all 8 dwords (a broadcast load:
+    an embedded-broadcast operand of vpdpbusd on AVX-512)."""
+    _check_array(a, _BYTES)
+    sig = v32b(a, off)
+
+    def cg(context, builder, sig, args):
+        v = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], _i32), align=1)
+        return builder.bitcast(_splat(builder, v, _V8I), _V32B)
+
+    return sig, cg
+
+
+@intrinsic
+def bcast_i32(typingctx, a, off):
+    """a[off] (int32 array) in all 8 lanes."""
+    _check_array(a, (types.int32,))
+    sig = v8i(a, off)
+
+    def cg(context, builder, sig, args):
+        v = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], _i32), align=4)
+        return _splat(builder, v, _V8I)
+
+    return sig, cg
+
+
+@intrinsic
+def madd16(typingctx, mode, acc, a, b):
+    """acc + pmaddwd(a, b): per i32 lane, lo16(a)*lo16(b) + hi16(a)*hi16(b) (vpdpwssd on VNNI)."""
+    m = _mode(mode)
+    sig = v8i(mode, acc, a, b)
+
+    def cg(context, builder, sig, args):
+        acc, a, b = args[1], builder.bitcast(args[2], _V16S), builder.bitcast(args[3], _V16S)
+        if m == VNNI:
+            return builder.call(_fn(builder, "llvm.x86.avx512.vpdpwssd.256", _V8I, [_V8I, _V16S, _V16S]), [acc, a, b])
+        return builder.add(acc, builder.call(_fn(builder, "llvm.x86.avx2.pmadd.wd", _V8I, [_V16S, _V16S]), [a, b]))
+
+    return sig, cg
+
+
+@intrinsic
+def i_mul(typingctx, a, b):
+    sig = v8i(a, b)
+    return sig, lambda context, builder, sig, args: builder.mul(args[0], args[1])
+
+
+@intrinsic
+def fmadd_v(typingctx, acc, v, s):
+    """acc + f32(v) * s (f32x8, fused; s an f32x8 of per-lane scales)."""
+    sig = v8f(acc, v, s)
+
+    def cg(context, builder, sig, args):
+        f = _fn(builder, "llvm.fma.v8f32", _V8F, [_V8F, _V8F, _V8F])
+        return builder.call(f, [builder.sitofp(args[1], _V8F), args[2], args[0]])
+
+    return sig, cg
+
+
+@intrinsic
+def fma_sv(typingctx, acc, v, dv, s):
+    """acc + (f32(v) * dv) * s: the product f32(v) * dv rounded per lane, then fused with scalar s."""
+    sig = v8f(acc, v, dv, types.float32)
+
+    def cg(context, builder, sig, args):
+        f = _fn(builder, "llvm.fma.v8f32", _V8F, [_V8F, _V8F, _V8F])
+        t = builder.fmul(builder.sitofp(args[1], _V8F), args[2])
+        return builder.call(f, [t, _splat(builder, args[3], _V8F), args[0]])
+
+    return sig, cg
+
+
+@intrinsic
+def f_scale(typingctx, v, s):
+    """v * s per lane (f32x8, each product rounded once)."""
+    sig = v8f(v, types.float32)
+    return sig, lambda context, builder, sig, args: builder.fmul(args[0], _splat(builder, args[1], _V8F))
+
+
+@intrinsic
+def f_sub(typingctx, a, b):
+    sig = v8f(a, b)
+    return sig, lambda context, builder, sig, args: builder.fsub(args[0], args[1])
+
+
+@intrinsic
+def f_lane(typingctx, v, j):
+    sig = types.float32(v, j)
+    return sig, lambda context, builder, sig, args: builder.extract_element(args[0], _to_i32(builder, args[1]))
+
+
+@intrinsic
 def f4_sub(typingctx, a, b):
     sig = v4f(a, b)
     return sig, lambda context, builder, sig, args: builder.fsub(args[0], args[1])
