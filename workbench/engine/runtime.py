@@ -41,6 +41,7 @@ CHUNK_ALIGN = 64  # rows
 # one-token products go through the crew (workers waiting in compiled code) in chunks of at
 # least this many weight bytes; NUMAWB_CREW=0 turns the crew off (Python hand-offs, as before)
 CREW_CHUNK_BYTES = 96 << 10
+CAUSAL_ROWS = 64  # prompt: query rows per attention piece (each piece stops at its last visible key)
 CREW_KEYS = 128  # key positions per chunk of a one-token attention's scores
 CREW_DIMS = 32   # value dimensions per chunk of its weighted sum
 USE_CREW = os.environ.get("NUMAWB_CREW", "1") != "0"
@@ -420,6 +421,10 @@ class Runtime:
         # exps add exactly 0 to the sums); on one owner slot j holds position j
         base = window_start(0, 64) if decode and no == 1 and SKIP_SLID_VALUES else 0
 
+        def visible(o: int, r1: int) -> int:
+            """Owner o's slots that query rows < r1 can see (causal: up to token (r1 - 1) // group)."""
+            return min(filled_slots(pos0 + (r1 - 1) // group + 1, o, no), n_slots[o])
+
         def scores_rows(o: int, r0: int, r1: int) -> None:
             ns = n_slots[o]
             if not ns or r1 <= r0:
@@ -434,8 +439,10 @@ class Runtime:
                 if decode:
                     for r in range(r0, r1 if lo < ns else r0):
                         kernels.matvec(F16, keys, (xq[h, r],), sc[r], lo, ns)
-                else:
-                    kernels.matmat(F16, keys, (xq[h, r0:r1],), sc[r0:r1], 0, ns)
+                else:  # the prompt, in pieces of rows: no dots for keys in a piece's future
+                    for a in range(r0, r1, CAUSAL_ROWS):
+                        b = min(a + CAUSAL_ROWS, r1)
+                        kernels.matmat(F16, keys, (xq[h, a:b],), sc[a:b], 0, visible(o, b))
             softmax_stats(scores[o][:, r0:r1, base:], o, no, ns - base, pos0 - base, group, window, scale,
                           mxs[o][:, r0:r1], sms[o][:, r0:r1], r0)
 
@@ -474,7 +481,13 @@ class Runtime:
                     for r in range(r1 - r0):
                         kernels.matvec(F16, values, (xp[h, r, lo - base:],), out[r0 + r], 0, hdv)
                 else:
-                    kernels.matmat(F16, values, (xp[h],), out[r0:r1], 0, hdv)
+                    # per piece of rows, the sums stop at the last visible key's 16-slot step:
+                    # the dropped terms are 0 x v added last to accumulators that are never -0
+                    for a in range(r0, r1, CAUSAL_ROWS):
+                        b = min(a + CAUSAL_ROWS, r1)
+                        width = min(-(-visible(o, b) // 16) * 16, kp)
+                        x = np.ascontiguousarray(xp[h, a - r0:b - r0, :width])
+                        kernels.matmat(F16, values, (x,), out[a:b], 0, hdv)
 
         spread = sum(n_slots) * rows > SPREAD_ATTENTION and not crewed
         self._attention_pass(kv, rows, spread, scores_rows)
@@ -498,19 +511,17 @@ class Runtime:
         return keys, values
 
     def _attention_pass(self, kv: KVCache, rows: int, spread: bool, fn: Callable[[int, int, int], None]) -> None:
-        """fn(owner, r0, r1) for every owner; spread: each worker takes its share of its node's rows."""
+        """fn(owner, r0, r1) over every owner's rows; spread: the owner's workers take turns at
+        pieces of CAUSAL_ROWS rows (later rows see more keys: taking turns keeps the work even)."""
         if not spread or self.n_workers == 1:
             for o in range(kv.n_workers):
                 fn(o, 0, rows)
             return
-        shares: dict[int, tuple[int, int, int]] = {}
-        for o, ws in enumerate(kv.owner_workers):
-            for i, (r0, r1) in enumerate(self._row_split(rows, len(ws)) if rows >= len(ws) else
-                                         [(0, rows)] + [(rows, rows)] * (len(ws) - 1)):
-                shares[ws[i]] = (o, r0, r1)
+        pieces = [(a, min(a + CAUSAL_ROWS, rows)) for a in range(0, rows, CAUSAL_ROWS)]
+        shares = {w: [(o, a, b) for a, b in pieces[i::len(ws)]]
+                  for o, ws in enumerate(kv.owner_workers) for i, w in enumerate(ws)}
 
         def work(w: int) -> None:
-            share = shares.get(w)
-            if share is not None:
+            for share in shares.get(w, ()):
                 fn(*share)
         self.each_worker(work)
