@@ -9,8 +9,9 @@ Runs, interleaved per thread count so that drift from a shared machine hits both
      ``-d``), built by ``benchmarks/llamacpp_build.sh`` unless ``--llama-bench`` is given;
   3. ``numawb bench`` with the same settings, in a fresh process.
 Prints a markdown table with the ratios numawb/llama.cpp, the issue's targets, and the share of the
-bandwidth limit reached in decode (weight bytes streamed per token x tokens/s / probe GB/s), with
-the machine and date, and writes it to ``--out``.
+bandwidth limit reached in decode (weight bytes streamed per token x tokens/s / probe GB/s), numawb's
+start-up times and peak memory (target: within 1.2 x the file size plus the KV cache), with the
+machine and date, and writes it to ``--out``.
 """
 from __future__ import annotations
 
@@ -162,6 +163,7 @@ def machine_line() -> str:
 
 
 def build_report(args, facts, bw, lcpp, numa, notes, version) -> str:
+    from workbench.bench import format_memory
     bpt = facts["bytes_per_token"]
     tmax = max(args.threads)
     lines = [f"# numawb vs llama.cpp ({time.strftime('%Y-%m-%d %H:%M %Z')})", "",
@@ -211,6 +213,10 @@ def build_report(args, facts, bw, lcpp, numa, notes, version) -> str:
         if tt.get("ok"):
             parts.append(f"time to first token of a fresh process {tt['wall_s']:.2f} s ({tt.get('method', '')})")
         lines.append("numawb start-up: " + "; ".join(parts) + ".")
+        mem = st.get("memory") or {"ok": False, "error": "not measured"}
+        lines.append(f"numawb {format_memory(mem)}.")
+        if mem.get("ok"):
+            summary.append(bool(mem["met"]))
     if summary:
         lines.append(f"Targets met: {sum(summary)} of {len(summary)}.")
     lines += [""] + [f"Note: {n}" for n in notes]
@@ -275,7 +281,7 @@ def main() -> int:
     def run_ours(t: int, startup: bool) -> None:
         d = run_numawb(args.model, t, args.n_prompt, args.n_gen, 0, args.reps, startup=startup)
         if startup:
-            numa["_startup"] = {"load": d["load"], "ttft": d["ttft"]}
+            numa["_startup"] = {"load": d["load"], "ttft": d["ttft"], "memory": d.get("memory")}
         for r in d["results"]:
             keep(numa, (r["test"], t), r)
         if args.depth:

@@ -17,15 +17,15 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
-import threading
 import time
-from collections import defaultdict
 
-from workbench.engine import Engine
-from workbench.engine import kernels, ops
-from workbench.engine.engine import Placement
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from profiling import Timers, print_ab, run_ab, serve, wrap_engine  # noqa: E402
+
+from workbench.engine import Engine  # noqa: E402
+from workbench.engine import kernels  # noqa: E402
+from workbench.engine.engine import Placement  # noqa: E402
 
 PROMPT = "The capital of France is"
 
@@ -41,60 +41,15 @@ def decode_tps(session, n: int) -> float:
     return n / (time.perf_counter() - t)
 
 
-class Timers:
-    """Exclusive wall-clock time per wrapped function, per thread."""
-
-    def __init__(self) -> None:
-        self.total: dict[tuple[str, str], float] = defaultdict(float)
-        self.calls: dict[tuple[str, str], int] = defaultdict(int)
-        self.local = threading.local()
-        self.undo: list[tuple[object, str, object]] = []
-
-    def wrap(self, owner: object, attr: str, label: str) -> None:
-        fn = getattr(owner, attr)
-        local, total, calls = self.local, self.total, self.calls
-
-        def timed(*a, **k):
-            stack = getattr(local, "stack", None)
-            if stack is None:
-                stack = local.stack = []
-            thread = threading.current_thread().name
-            t0 = time.perf_counter()
-            stack.append(0.0)
-            try:
-                return fn(*a, **k)
-            finally:
-                dt = time.perf_counter() - t0
-                inner = stack.pop()
-                total[(thread, label)] += dt - inner
-                calls[(thread, label)] += 1
-                if stack:
-                    stack[-1] += dt
-        self.undo.append((owner, attr, fn))
-        setattr(owner, attr, timed)
-
-    def restore(self) -> None:
-        for owner, attr, fn in reversed(self.undo):
-            setattr(owner, attr, fn)
-
-
 def profile(engine, session, n: int) -> None:
-    rt = engine.rt
     timers = Timers()
-    for name in ("linear", "gated", "attention", "rows", "f32"):
-        if hasattr(rt, name):
-            timers.wrap(rt, name, f"rt.{name}")
-    for name in dir(ops):
-        if not name.startswith("_") and hasattr(getattr(ops, name), "py_func"):
-            timers.wrap(ops, name, f"ops.{name}")
     for name in ("prepare", "matvec", "matmat"):
         timers.wrap(kernels, name, f"kernels.{name}")
-    timers.wrap(engine.model, "forward", "forward (rest)")
+    wrap_engine(timers, engine, ("linear", "gated", "attention", "rows", "f32"))
     try:
         session.reset()
         session.eval(engine.tokenizer.encode(PROMPT))
-        timers.total.clear()
-        timers.calls.clear()
+        timers.clear()
         t = time.perf_counter()
         for i in range(n):
             session.eval([300 + i])
@@ -102,10 +57,8 @@ def profile(engine, session, n: int) -> None:
     finally:
         timers.restore()
     print(f"  per token: {wall * 1e3:.2f} ms wall (profiled run)")
-    rows = sorted(timers.total.items(), key=lambda kv: -kv[1])
-    for (thread, label), tot in rows:
-        c = timers.calls[(thread, label)] / n
-        print(f"  {thread:16s} {label:24s} {tot / n * 1e3:7.3f} ms/token  {c:6.1f} calls/token")
+    for thread, label, tot, calls in timers.rows():
+        print(f"  {thread:16s} {label:24s} {tot / n * 1e3:7.3f} ms/token  {calls / n:6.1f} calls/token")
 
 
 def child(threads: int, n: int) -> None:
@@ -113,37 +66,12 @@ def child(threads: int, n: int) -> None:
     engine = Engine.load(placement=Placement(threads=threads))
     session = engine.new_session(512)
     decode_tps(session, 4)
-    print("ready", flush=True)
-    for _ in sys.stdin:
-        print(f"{decode_tps(session, n):.3f}", flush=True)
-    engine.close()
+    serve(engine, lambda: decode_tps(session, n))
 
 
 def ab(trees: list[str], threads: list[int], n: int, reps: int) -> None:
-    procs = {}
-    for nt in threads:
-        for tree in trees:
-            env = dict(os.environ, PYTHONPATH=tree)
-            p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child", str(nt), "-n", str(n)],
-                                 cwd=tree, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-            procs[(nt, tree)] = p
-            if p.stdout.readline().strip() != "ready":
-                raise SystemExit(f"{tree}: child failed to start")
-    results: dict[tuple[int, str], list[float]] = {k: [] for k in procs}
-    loads = []
-    for _ in range(reps):
-        for key, p in procs.items():
-            p.stdin.write("go\n")
-            p.stdin.flush()
-            results[key].append(float(p.stdout.readline()))
-        loads.append(os.getloadavg()[0])
-    for p in procs.values():
-        p.stdin.close()
-        p.wait()
-    print(f"load average during the runs: {min(loads):.2f}-{max(loads):.2f}")
-    for (nt, tree), tps in results.items():
-        print(f"threads={nt} {tree:30s} decode {statistics.median(tps):6.1f} t/s "
-              f"(median of {reps}; min {min(tps):.1f}, max {max(tps):.1f})")
+    results = run_ab(__file__, trees, threads, ["-n", str(n)], reps)
+    print_ab(results, "decode", reps)
 
 
 def main() -> None:

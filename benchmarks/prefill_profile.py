@@ -18,18 +18,18 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
-import threading
 import time
-from collections import defaultdict
 
 import numpy as np
 
-from workbench.engine import Engine
-from workbench.engine import kernels, ops
-from workbench.engine import runtime as _runtime
-from workbench.engine.engine import Placement
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from profiling import Timers, print_ab, run_ab, serve, wrap_engine  # noqa: E402
+
+from workbench.engine import Engine  # noqa: E402
+from workbench.engine import kernels  # noqa: E402
+from workbench.engine import runtime as _runtime  # noqa: E402
+from workbench.engine.engine import Placement  # noqa: E402
 
 TYPE_NAMES = dict(kernels.SUPPORTED_TYPES)
 
@@ -46,48 +46,6 @@ def prefill_tps(session, ids: list[int]) -> float:
     return len(ids) / (time.perf_counter() - t)
 
 
-class Timers:
-    """Exclusive wall-clock time per wrapped function (label may depend on the arguments), per thread."""
-
-    def __init__(self) -> None:
-        self.total: dict[tuple[str, str], float] = defaultdict(float)
-        self.calls: dict[tuple[str, str], int] = defaultdict(int)
-        self.flops: dict[tuple[str, str], float] = defaultdict(float)
-        self.local = threading.local()
-        self.undo: list[tuple[object, str, object]] = []
-
-    def wrap(self, owner: object, attr: str, label, flops=None) -> None:
-        """label: a string or label(*args); flops(*args): work of one call (for GFLOP/s)."""
-        fn = getattr(owner, attr)
-        local, total, calls = self.local, self.total, self.calls
-        name_of = label if callable(label) else (lambda *a: label)
-
-        def timed(*a, **k):
-            stack = getattr(local, "stack", None)
-            if stack is None:
-                stack = local.stack = []
-            key = (threading.current_thread().name, name_of(*a))
-            t0 = time.perf_counter()
-            stack.append(0.0)
-            try:
-                return fn(*a, **k)
-            finally:
-                dt = time.perf_counter() - t0
-                inner = stack.pop()
-                total[key] += dt - inner
-                calls[key] += 1
-                if flops is not None:
-                    self.flops[key] += flops(*a)
-                if stack:
-                    stack[-1] += dt
-        self.undo.append((owner, attr, fn))
-        setattr(owner, attr, timed)
-
-    def restore(self) -> None:
-        for owner, attr, fn in reversed(self.undo):
-            setattr(owner, attr, fn)
-
-
 def _by_type(what: str):
     return lambda t, *a: f"{what}.{TYPE_NAMES.get(t, t)}"
 
@@ -98,22 +56,15 @@ def _matmat_flops(t, w, xp, out, r0, r1) -> float:
 
 
 def profile(engine, session, ids: list[int]) -> None:
-    rt = engine.rt
     timers = Timers()
-    for name in ("linear", "gated", "attention", "rows", "f32", "_products", "_run"):
-        if hasattr(rt, name):
-            timers.wrap(rt, name, f"rt.{name}")
     for name in ("softmax_stats", "probabilities", "merge_stats"):
         if hasattr(_runtime, name):
             timers.wrap(_runtime, name, f"attention.{name}")
-    for name in dir(ops):
-        if not name.startswith("_") and hasattr(getattr(ops, name), "py_func"):
-            timers.wrap(ops, name, f"ops.{name}")
     for name in ("prepare", "matvec"):
         timers.wrap(kernels, name, _by_type(name))
     timers.wrap(kernels, "matmat", _by_type("matmat"), _matmat_flops)
     timers.wrap(kernels, "dequantize_rows", "kernels.dequantize_rows")
-    timers.wrap(engine.model, "forward", "forward (rest)")
+    wrap_engine(timers, engine, ("linear", "gated", "attention", "rows", "f32", "_products", "_run"))
     try:
         session.reset()
         t = time.perf_counter()
@@ -124,8 +75,7 @@ def profile(engine, session, ids: list[int]) -> None:
     tot = sum(timers.total.values())
     print(f"  one prefill of {len(ids)} tokens: {wall * 1e3:.1f} ms wall (profiled run, "
           f"{len(ids) / wall:.1f} t/s); per-thread sums {tot * 1e3:.1f} ms")
-    for (thread, label), t in sorted(timers.total.items(), key=lambda kv: -kv[1]):
-        c = timers.calls[(thread, label)]
+    for thread, label, t, c in timers.rows():
         fl = timers.flops.get((thread, label))
         rate = f"  {fl / t * 1e-9:6.1f} GFLOP/s" if fl else ""
         print(f"  {thread:16s} {label:28s} {t * 1e3:8.2f} ms {100 * t / wall:5.1f} %  {c:6d} calls{rate}")
@@ -137,42 +87,12 @@ def child(threads: int, n: int) -> None:
     session = engine.new_session(max(n, 512))
     ids = prompt_ids(engine, n)
     prefill_tps(session, ids)
-    print("ready", flush=True)
-    for _ in sys.stdin:
-        print(f"{prefill_tps(session, ids):.3f}", flush=True)
-    engine.close()
+    serve(engine, lambda: prefill_tps(session, ids))
 
 
 def ab(trees: list[str], threads: list[int], n: int, reps: int) -> None:
-    procs = {}
-    for nt in threads:
-        for tree in trees:
-            env = dict(os.environ, PYTHONPATH=tree)
-            p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child", str(nt), "-p", str(n)],
-                                 cwd=tree, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-            procs[(nt, tree)] = p
-            if p.stdout.readline().strip() != "ready":
-                raise SystemExit(f"{tree}: child failed to start")
-    results: dict[tuple[int, str], list[float]] = {k: [] for k in procs}
-    loads = []
-    for _ in range(reps):
-        for key, p in procs.items():
-            p.stdin.write("go\n")
-            p.stdin.flush()
-            results[key].append(float(p.stdout.readline()))
-        loads.append(os.getloadavg()[0])
-    for p in procs.values():
-        p.stdin.close()
-        p.wait()
-    print(f"load average during the runs: {min(loads):.2f}-{max(loads):.2f}")
-    for nt in threads:
-        base = None
-        for tree in trees:
-            tps = results[(nt, tree)]
-            med = statistics.median(tps)
-            base = base or med
-            print(f"threads={nt} {tree:30s} pp{n} {med:6.1f} t/s (median of {reps}; "
-                  f"min {min(tps):.1f}, max {max(tps):.1f})  x{med / base:.3f}")
+    results = run_ab(__file__, trees, threads, ["-p", str(n)], reps)
+    print_ab(results, f"pp{n}", reps, ratio=True)
 
 
 def main() -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 
@@ -73,6 +74,10 @@ def test_cli_json(tiny, capsys):
     for r in d["results"]:
         assert r["avg_ts"] > 0 and r["n_params"] > 0 and r["size_bytes"] > 0
     assert d["ttft"]["ok"] and d["ttft"]["wall_s"] > 0
+    mem = d["memory"]
+    assert mem["ok"], mem
+    assert mem["peak_rss_bytes"] >= mem["baseline_rss_bytes"] > 0
+    assert mem["file_bytes"] > 0 and mem["kv_bytes"] > 0 and mem["limit_bytes"] > mem["kv_bytes"]
 
 
 def test_bad_arguments(tiny, capsys):
@@ -89,3 +94,47 @@ def test_mode_lists():
     assert bench.parse_int_list("0,4096", "-d") == [0, 4096]
     assert bench.test_name(512, 0, 4096) == "pp512 @ d4096"
     assert bench.test_name(0, 128, 0) == "tg128"
+
+
+RAW_MEMORY = {"baseline_rss": 175_000_000, "peak_rss": 581_000_000, "end_rss": 580_000_000,
+              "file_bytes": 253_113_024, "kv_bytes": 75_497_472, "n_ctx": 4096, "n_gen": 4}
+
+
+def test_memory_summary_and_format(report):
+    mem = bench.memory_summary(RAW_MEMORY)
+    assert mem["ok"] and mem["n_ctx"] == 4096 and mem["n_gen"] == 4
+    assert mem["attributable_bytes"] == 581_000_000 - 175_000_000
+    assert mem["limit_bytes"] == int(1.2 * 253_113_024) + 75_497_472
+    assert mem["met"] is False
+    line = bench.format_memory(mem)
+    assert "peak RSS 554.1 MiB" in line and "166.9 MiB Python runtime" in line
+    assert "387.2 MiB model-attributable" in line and "= 361.7 MiB" in line and line.endswith(": not met")
+
+    ok = bench.memory_summary(dict(RAW_MEMORY, peak_rss=500_000_000))
+    assert ok["met"] and bench.format_memory(ok).endswith(": met")
+
+    bad = bench.memory_summary({"baseline_rss": 1})
+    assert not bad["ok"] and "peak_rss" in bad["error"]
+    assert "failed" in bench.format_memory(bad)
+
+    assert "peak memory" not in bench.format_markdown(report)  # not measured: no line
+    md = bench.format_markdown(dataclasses.replace(report, memory=mem))
+    assert line in md
+    assert json.loads(json.dumps(dataclasses.replace(report, memory=mem).as_dict()))["memory"]["met"] is False
+
+
+def test_fresh_process_memory_default_model():
+    """One fresh process on the default model (a few seconds): the fields are there and sane."""
+    try:
+        from workbench.engine.engine import default_model_path
+        path = default_model_path()
+    except Exception as e:  # pragma: no cover - the model package is missing
+        pytest.skip(f"default model unavailable: {e}")
+    mem = bench.fresh_process_memory(path)
+    assert mem["ok"], mem
+    for key in ("peak_rss_bytes", "baseline_rss_bytes", "file_bytes", "kv_bytes", "attributable_bytes",
+                "limit_bytes"):
+        assert mem[key] > 0, key
+    assert mem["peak_rss_bytes"] >= mem["baseline_rss_bytes"]
+    assert mem["n_ctx"] == 4096 and isinstance(mem["met"], bool)
+    assert mem["peak_rss_bytes"] - mem["baseline_rss_bytes"] >= mem["file_bytes"] * 0.8  # the weights are in

@@ -12,7 +12,10 @@ deviation).
 
 Also reported: model load time with a cold page cache for the model file (its pages evicted with
 ``posix_fadvise(DONTNEED)``; if that cannot be verified the row says so) and with a warm one, and
-the time to first token of a fresh process (``python -m workbench generate -n 1``).
+the time to first token of a fresh process (``python -m workbench generate -n 1``), and the peak
+resident memory of a fresh process that loads the model with a 4096-token context and generates a
+few tokens, against the target "peak RSS within 1.2 x the file size plus the KV cache" (judged on
+the memory the model adds to the Python runtime, see ``fresh_process_memory``).
 """
 from __future__ import annotations
 
@@ -79,10 +82,11 @@ class BenchReport:
     load: dict
     ttft: dict
     results: list[TestResult]
+    memory: dict = field(default_factory=lambda: {"ok": False, "error": "not measured"})
 
     def as_dict(self) -> dict:
         return {"machine": self.machine, "model_file": self.model_file, "load": self.load,
-                "ttft": self.ttft, "results": [r.as_dict() for r in self.results]}
+                "ttft": self.ttft, "memory": self.memory, "results": [r.as_dict() for r in self.results]}
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -235,7 +239,8 @@ def fresh_process_ttft(model: str | None, timeout: float = 600.0) -> dict:
     return res
 
 
-def _time_process(cmd: list[str], timeout: float) -> dict:
+def _run_child(cmd: list[str], timeout: float) -> tuple[subprocess.CompletedProcess | None, float, str]:
+    """Run ``cmd`` from the repository root with it on PYTHONPATH: (process, wall seconds, error)."""
     env = dict(os.environ)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -243,15 +248,104 @@ def _time_process(cmd: list[str], timeout: float) -> dict:
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=root)
     except subprocess.TimeoutExpired:
-        return {"ok": False, "error": f"timed out after {timeout:.0f} s"}
+        return None, timeout, f"timed out after {timeout:.0f} s"
     wall = time.perf_counter() - t0
     if p.returncode != 0:
-        return {"ok": False, "wall_s": wall, "error": (p.stderr.strip().splitlines() or ["?"])[-1]}
+        return p, wall, (p.stderr.strip().splitlines() or ["?"])[-1]
+    return p, wall, ""
+
+
+def _last_json(p: subprocess.CompletedProcess) -> dict:
     try:
-        d = json.loads(p.stdout.strip().splitlines()[-1])
+        return json.loads(p.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        d = {}
-    return {"ok": True, "wall_s": wall, "in_process_ttft_s": d.get("ttft")}
+        return {}
+
+
+def _time_process(cmd: list[str], timeout: float) -> dict:
+    p, wall, error = _run_child(cmd, timeout)
+    if p is None:
+        return {"ok": False, "error": error}
+    if error:
+        return {"ok": False, "wall_s": wall, "error": error}
+    return {"ok": True, "wall_s": wall, "in_process_ttft_s": _last_json(p).get("ttft")}
+
+
+# ----------------------------------------------------------------------------- peak memory
+MEMORY_FACTOR = 1.2   # target: peak RSS within 1.2 x the model file size plus the KV cache
+MEMORY_CTX = 4096
+MEMORY_TOKENS = 4
+
+_MEMORY_SNIPPET = """
+import json, os, sys
+
+def status():
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                out[key] = int(value.split()[0]) * 1024
+    return out
+
+from workbench.engine import Engine, SamplingParams
+path, n_ctx, n_gen = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+baseline = status()["VmRSS"]
+eng = Engine.load(path)
+s = eng.new_session(n_ctx)
+ids = eng.tokenizer.encode("hi", add_bos=None)
+n = 0
+for ev in s.generate(ids, SamplingParams(temperature=0.0), n_gen):
+    n += 1
+end = status()
+print(json.dumps({"baseline_rss": baseline, "peak_rss": end["VmHWM"], "end_rss": end["VmRSS"],
+                  "file_bytes": os.path.getsize(path), "kv_bytes": s.kv.nbytes, "n_ctx": s.n_ctx,
+                  "n_gen": n_gen}))
+"""
+
+
+def memory_summary(raw: dict, factor: float = MEMORY_FACTOR) -> dict:
+    """The memory target from a fresh process's raw numbers (``_MEMORY_SNIPPET``'s JSON, bytes).
+
+    ``attributable_bytes`` = peak RSS - the RSS after imports (interpreter, numpy, numba, the
+    engine's modules: not the model's); the target is met when it is within
+    ``factor`` x the file size + the KV cache bytes of the session (``limit_bytes``).
+    """
+    keys = ("baseline_rss", "peak_rss", "file_bytes", "kv_bytes")
+    missing = [k for k in keys if not isinstance(raw.get(k), int)]
+    if missing:
+        return {"ok": False, "error": "no " + ", ".join(missing) + " in the child's output"}
+    attributable = raw["peak_rss"] - raw["baseline_rss"]
+    limit = int(factor * raw["file_bytes"]) + raw["kv_bytes"]
+    return {"ok": True, "n_ctx": raw.get("n_ctx"), "n_gen": raw.get("n_gen"),
+            "peak_rss_bytes": raw["peak_rss"], "baseline_rss_bytes": raw["baseline_rss"],
+            "end_rss_bytes": raw.get("end_rss"), "file_bytes": raw["file_bytes"], "kv_bytes": raw["kv_bytes"],
+            "attributable_bytes": attributable, "limit_factor": factor, "limit_bytes": limit,
+            "met": attributable <= limit}
+
+
+def format_memory(mem: dict) -> str:
+    """One line: peak RSS, the runtime baseline, the model-attributable part against the limit."""
+    if not mem.get("ok"):
+        return f"peak memory, fresh process: failed ({mem.get('error')})"
+    mib = lambda n: f"{n / 2**20:.1f} MiB"  # noqa: E731
+    return (f"peak memory, fresh process (context {mem['n_ctx']}, {mem['n_gen']} tokens): peak RSS "
+            f"{mib(mem['peak_rss_bytes'])} = {mib(mem['baseline_rss_bytes'])} Python runtime after imports "
+            f"(not the model's) + {mib(mem['attributable_bytes'])} model-attributable; target <= "
+            f"{mem['limit_factor']:g} x file {mib(mem['file_bytes'])} + KV {mib(mem['kv_bytes'])} = "
+            f"{mib(mem['limit_bytes'])}: {'met' if mem['met'] else 'not met'}")
+
+
+def fresh_process_memory(model: str, n_ctx: int = MEMORY_CTX, n_gen: int = MEMORY_TOKENS,
+                         timeout: float = 600.0) -> dict:
+    """Peak resident memory (VmHWM) of a new process that loads ``model`` with the default placement,
+    opens a session of ``n_ctx`` tokens and generates ``n_gen`` tokens; see ``memory_summary``."""
+    p, wall, error = _run_child([sys.executable, "-c", _MEMORY_SNIPPET, model, str(n_ctx), str(n_gen)], timeout)
+    if p is None or error:
+        return {"ok": False, "error": error}
+    mem = memory_summary(_last_json(p))
+    mem["wall_s"] = wall
+    return mem
 
 
 # ----------------------------------------------------------------------------- the runs
@@ -385,12 +479,17 @@ def run_bench(model: str | None = None, threads: Sequence[int] = (1,), n_prompts
     finally:
         eng.close()
     ttft = {"ok": False, "error": "not measured"}
+    memory = {"ok": False, "error": "not measured"}
     if measure_startup:
         progress("time to first token of a fresh process ...")
         ttft = fresh_process_ttft(path)
         if ttft.get("ok"):
             progress(f"fresh process: first token after {ttft['wall_s']:.2f} s", final=True)
-    return BenchReport(machine_info(), path, load, ttft, results)
+        progress(f"peak memory of a fresh process (context {MEMORY_CTX}) ...")
+        memory = fresh_process_memory(path)
+        if memory.get("ok"):
+            progress(f"fresh process: peak RSS {memory['peak_rss_bytes'] / 2**20:.1f} MiB", final=True)
+    return BenchReport(machine_info(), path, load, ttft, results, memory)
 
 
 # ----------------------------------------------------------------------------- output
@@ -427,6 +526,8 @@ def format_markdown(rep: BenchReport) -> str:
                    + f" [{rep.ttft.get('method', '')}]")
     elif rep.ttft.get("error") != "not measured":
         out.append(f"time to first token, fresh process: failed ({rep.ttft.get('error')})")
+    if rep.memory.get("ok") or rep.memory.get("error") != "not measured":
+        out.append(format_memory(rep.memory))
     m = rep.machine
     out.append(f"machine: {m['cpu']}, {m['cores']} cores, kernels {m['kernel_path']}, {m['date']}")
     return "\n".join(out)
@@ -457,7 +558,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="weight placement modes (mirror, interleave, slice, none, auto; all)")
     p.add_argument("--kv", default="first-touch", metavar="MODES|all",
                    help="KV placement modes (first-touch, interleave, node:N; all)")
-    p.add_argument("--no-startup", action="store_true", help="skip load-time and first-token measurements")
+    p.add_argument("--no-startup", action="store_true", help="skip load-time, first-token and peak-memory measurements")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--json", action="store_true", help="print one JSON object")

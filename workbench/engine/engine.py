@@ -123,7 +123,8 @@ class Engine:
         self.placement = Placement()
         self._sessions: weakref.WeakSet[Session] = weakref.WeakSet()
         md = gguf.metadata
-        vocab = set(tokenizer.tokens) if hasattr(tokenizer, "tokens") else set()
+        # membership tests only: the tokenizer's own table rather than a 262k-entry set (12 MB at load)
+        vocab = tokenizer.vocab if hasattr(tokenizer, "vocab") else set(getattr(tokenizer, "tokens", ()))
         self.chat_format = ChatFormatter(md.get("tokenizer.chat_template"), cfg.arch, vocab,
                                          tokenizer.token_text(tokenizer.bos_id) if tokenizer.bos_id is not None else "",
                                          tokenizer.token_text(tokenizer.eos_id) if tokenizer.eos_id is not None else "")

@@ -32,6 +32,7 @@ from __future__ import annotations
 import heapq
 import re
 import unicodedata
+from array import array
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -456,13 +457,15 @@ class Tokenizer:
         self.tokens = tokens
         self._t2i = t2i
 
+        # scores as float32 (like llama.cpp), read back as Python floats: 4 bytes a token instead of a
+        # list of float objects (~32 bytes a token, 8 MB for a 262k vocabulary)
         if scores is None:
-            self._scores = [0.0] * n
+            self._scores = array("f", bytes(4 * n))
         else:
             sc = np.asarray(scores)
             if len(sc) < n:
                 raise ValueError(f"tokenizer.ggml.scores has {len(sc)} entries for {n} tokens")
-            self._scores = sc[:n].astype(np.float32).astype(np.float64).tolist()
+            self._scores = array("f", sc[:n].astype(np.float32).tobytes())
         if token_types is None:
             attr = np.full(n, A_NORMAL, dtype=np.int32)
         else:
@@ -574,7 +577,7 @@ class Tokenizer:
                 t = t2i.get(s)
                 if t is not None:
                     attr[t] = (attr[t] | A_RSTRIP) if on else (attr[t] & ~A_RSTRIP)
-        self._attr = attr.tolist()
+        self._attr = array("i", attr.astype(np.int32).tobytes())  # read back as ints; 4 bytes a token
         self._special = special
         self._special_all = [(t, tokens[t], self._attr[t]) for t in special]
 
@@ -661,6 +664,11 @@ class Tokenizer:
     @property
     def add_eos(self) -> bool:
         return self._add_eos
+
+    @property
+    def vocab(self):
+        """Every token text, as a set-like view of the token -> id table (no copy)."""
+        return self._t2i.keys()
 
     def token_text(self, tid: int) -> str:
         return self.tokens[tid]

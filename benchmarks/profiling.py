@@ -1,0 +1,145 @@
+"""Shared machinery of the profiling benchmarks (decode_profile.py, prefill_profile.py).
+
+* :class:`Timers` wraps functions to time them (exclusive wall-clock time per thread);
+* :func:`wrap_engine` wraps the usual suspects: Runtime methods, every compiled ``ops`` function
+  and the model's forward;
+* :func:`serve` and :func:`run_ab` are the two halves of an ``--ab`` comparison: one child process
+  per source tree and thread count, all loaded at once and taking turns run by run, so every variant
+  sees the same background load.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from typing import Callable
+
+
+class Timers:
+    """Exclusive wall-clock time per wrapped function, per thread.
+
+    Time spent in a wrapped function called from another wrapped function counts for the inner one
+    only.  Keys are ``(thread name, label)``.
+    """
+
+    def __init__(self) -> None:
+        self.total: dict[tuple[str, str], float] = defaultdict(float)
+        self.calls: dict[tuple[str, str], int] = defaultdict(int)
+        self.flops: dict[tuple[str, str], float] = defaultdict(float)
+        self.local = threading.local()
+        self.undo: list[tuple[object, str, object]] = []
+
+    def wrap(self, owner: object, attr: str, label, flops=None) -> None:
+        """Replace ``owner.attr`` by a timed wrapper (until :meth:`restore`).
+
+        label: a string, or ``label(*args)`` giving one per call (e.g. per weight type);
+        flops: ``flops(*args)``, the work of one call (for GFLOP/s), or None.
+        """
+        fn = getattr(owner, attr)
+        local, total, calls, flop_sums = self.local, self.total, self.calls, self.flops
+        name_of = label if callable(label) else None
+
+        def timed(*a, **k):
+            stack = getattr(local, "stack", None)
+            if stack is None:
+                stack = local.stack = []
+            key = (threading.current_thread().name, name_of(*a) if name_of else label)
+            t0 = time.perf_counter()
+            stack.append(0.0)
+            try:
+                return fn(*a, **k)
+            finally:
+                dt = time.perf_counter() - t0
+                inner = stack.pop()
+                total[key] += dt - inner
+                calls[key] += 1
+                if flops is not None:
+                    flop_sums[key] += flops(*a)
+                if stack:
+                    stack[-1] += dt
+        self.undo.append((owner, attr, fn))
+        setattr(owner, attr, timed)
+
+    def restore(self) -> None:
+        """Put every wrapped function back."""
+        for owner, attr, fn in reversed(self.undo):
+            setattr(owner, attr, fn)
+        self.undo.clear()
+
+    def clear(self) -> None:
+        """Forget what was timed so far (the wrappers stay)."""
+        self.total.clear()
+        self.calls.clear()
+        self.flops.clear()
+
+    def rows(self) -> list[tuple[str, str, float, int]]:
+        """``(thread, label, seconds, calls)``, most time first."""
+        return [(thread, label, t, self.calls[(thread, label)])
+                for (thread, label), t in sorted(self.total.items(), key=lambda kv: -kv[1])]
+
+
+def wrap_engine(timers: Timers, engine, rt_methods: tuple[str, ...]) -> None:
+    """Wrap the Runtime methods ``rt_methods`` that exist ("rt.<name>"), every compiled function of
+    ``workbench.engine.ops`` ("ops.<name>") and the model's forward ("forward (rest)": the time not
+    spent in any other wrapped function)."""
+    from workbench.engine import ops
+    for name in rt_methods:
+        if hasattr(engine.rt, name):
+            timers.wrap(engine.rt, name, f"rt.{name}")
+    for name in dir(ops):
+        if not name.startswith("_") and hasattr(getattr(ops, name), "py_func"):
+            timers.wrap(ops, name, f"ops.{name}")
+    timers.wrap(engine.model, "forward", "forward (rest)")
+
+
+# ----------------------------------------------------------------------------- --ab
+def serve(engine, run: Callable[[], float]) -> None:
+    """--ab child process: print "ready", then one ``run()`` result a line per line read from stdin."""
+    print("ready", flush=True)
+    for _ in sys.stdin:
+        print(f"{run():.3f}", flush=True)
+    engine.close()
+
+
+def run_ab(script: str, trees: list[str], threads: list[int], child_args: list[str],
+           reps: int) -> dict[tuple[int, str], list[float]]:
+    """Start ``script --child <threads> *child_args`` once per thread count and tree (with that tree
+    on PYTHONPATH and as the working directory), then ask each for one result per repetition, in
+    turn.  Prints the load average over the runs; returns the results per (threads, tree)."""
+    procs = {}
+    for nt in threads:
+        for tree in trees:
+            env = dict(os.environ, PYTHONPATH=tree)
+            p = subprocess.Popen([sys.executable, os.path.abspath(script), "--child", str(nt), *child_args],
+                                 cwd=tree, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            procs[(nt, tree)] = p
+            if p.stdout.readline().strip() != "ready":
+                raise SystemExit(f"{tree}: child failed to start")
+    results: dict[tuple[int, str], list[float]] = {k: [] for k in procs}
+    loads = []
+    for _ in range(reps):
+        for key, p in procs.items():
+            p.stdin.write("go\n")
+            p.stdin.flush()
+            results[key].append(float(p.stdout.readline()))
+        loads.append(os.getloadavg()[0])
+    for p in procs.values():
+        p.stdin.close()
+        p.wait()
+    print(f"load average during the runs: {min(loads):.2f}-{max(loads):.2f}")
+    return results
+
+
+def print_ab(results: dict[tuple[int, str], list[float]], what: str, reps: int, ratio: bool = False) -> None:
+    """One line per (threads, tree): median t/s of ``what`` (e.g. "decode", "pp512"), min and max,
+    and with ``ratio`` its ratio to the first tree at the same thread count."""
+    base: dict[int, float] = {}
+    for (nt, tree), tps in results.items():
+        med = statistics.median(tps)
+        base.setdefault(nt, med)
+        print(f"threads={nt} {tree:30s} {what} {med:6.1f} t/s (median of {reps}; "
+              f"min {min(tps):.1f}, max {max(tps):.1f})" + (f"  x{med / base[nt]:.3f}" if ratio else ""))
