@@ -126,3 +126,49 @@ def _probs(v: np.ndarray, n: int, m: np.float32, il: np.float32, out: np.ndarray
         s = v[j]
         e = ggml_expf(s - m) * il
         out[j] = np.float32(0.0) if s == -np.inf else e
+
+
+_DECODERS: dict = {}
+
+
+def one_token_attention(lead):
+    """The whole one-token attention of one layer over a one-owner cache, compiled around the
+    crew's `lead` (crew.py): store k/v, queries to f16, scores as a crew job, softmax, merged
+    max/sum, probabilities to f16, weighted values as a crew job. The same functions in the same
+    order as `Runtime.attention`'s general path, in one call instead of some twenty."""
+    fn = _DECODERS.get(lead)
+    if fn is not None:
+        return fn
+    from .kernels.activations import round_to_f16
+    from .kv_cache import store_f16
+
+    @nb.njit(**_JIT)
+    def attend(ctl, n_workers, keys_job, values_job, q, k, v, kc, vc, pos0, window, scale, lo, base, cap):
+        """q [n_head, hd], k/v [n_kv, hd] of the token at pos0 -> (out [n_head, hdv], crew ok); keys
+        from slot lo (window), softmax and probabilities from slot base (lo's 64-slot boundary)."""
+        n_head, hd = q.shape
+        n_kv = kc.shape[0]
+        hdv = vc.shape[1]
+        rows = n_head // n_kv
+        store_f16(kc, vc, k.reshape(1, n_kv, hd), v.reshape(1, n_kv, v.shape[1]), pos0)
+        ns = pos0 + 1
+        xq = round_to_f16(q)
+        scores = np.empty((n_kv, rows, ns), dtype=np.float32)
+        kt, kch, kown = keys_job
+        ok = lead(ctl, n_workers, kt, kch, kown, (xq,), (xq,), (scores.reshape(n_kv * rows, ns),), lo, ns, 0)
+        mxs = np.full((1, n_kv, rows), -np.inf, dtype=np.float32)
+        sms = np.zeros((1, n_kv, rows), dtype=np.float64)
+        softmax_stats(scores[:, :, base:], 0, 1, ns - base, pos0 - base, rows, window, scale, mxs[0], sms[0], 0)
+        big_m = np.empty((n_kv, rows), dtype=np.float32)
+        inv_l = np.empty((n_kv, rows), dtype=np.float32)
+        merge_stats(mxs, sms, big_m, inv_l)
+        kp = min(-(-ns // 64) * 64, cap)
+        probs = probabilities(scores[:, :, base:], ns - base, kp - base, big_m, inv_l)
+        xp = round_to_f16(probs.reshape(n_kv * rows, kp - base))
+        out = np.zeros((n_kv * rows, hdv), dtype=np.float32)
+        vt, vch, vown = values_job
+        ok = lead(ctl, n_workers, vt, vch, vown, (xp,), (xp,), (out,), 0, 1 << 62, 2 * base) and ok
+        return out, ok
+
+    _DECODERS[lead] = attend
+    return attend

@@ -341,6 +341,7 @@ class Crew:
         self.ctl = np.zeros(ACK + 8 * max(n_workers, 1) + 8, dtype=np.int64)
         self.active = False
         self._serve, self._lead = _compiled()
+        self.lead = self._lead  # for compiled callers that post jobs themselves
 
     def start(self) -> None:
         """Send workers 1..N-1 into the loop (returns at once; the caller stands in for worker 0)."""

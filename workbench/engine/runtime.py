@@ -25,8 +25,8 @@ import numpy as np
 
 from . import kernels
 from . import ops
-from .crew import Crew, Job
-from .attention import merge_stats, probabilities, softmax_stats
+from .crew import Crew, CrewError, Job
+from .attention import merge_stats, one_token_attention, probabilities, softmax_stats
 from .gguf_file import GGUFFile, ModelLoadError, TensorInfo
 from .kv_cache import KVCache, filled_slots
 
@@ -134,6 +134,7 @@ class Runtime:
         self._groups: dict[tuple[str, ...], _Group] = {}
         self._leading = False
         self._crew: Crew | None = None
+        self._attend = self._attend_lead = None
         self.weights = {name: Weight(info) for name, info in gguf.tensors.items()}
 
     # -- weights -----------------------------------------------------------------
@@ -386,8 +387,10 @@ class Runtime:
         split between the node's workers, so each output is one worker's dot over the owner's
         positions in order. On one node that is exactly llama.cpp's order, whatever the threads.
         """
-        kv.store(il, k, v, pos0)
         n, n_head, hd = q.shape
+        if n == 1 and kv.n_workers == 1 and self._crewing:
+            return self._attend_one(q, k, v, kv, il, pos0, window, scale)
+        kv.store(il, k, v, pos0)
         n_kv = kv.cfg.n_head_kv
         group = n_head // n_kv
         rows = n * group
@@ -495,6 +498,29 @@ class Runtime:
         self._attention_pass(kv, rows, spread, values_rows)
         out = outs[0] if no == 1 else outs.sum(axis=0)
         return np.ascontiguousarray(out.reshape(n_kv, n, group, hdv).transpose(1, 0, 2, 3)).reshape(n, n_head, hdv)
+
+    def _attend_one(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, kv: KVCache, il: int, pos0: int,
+                    window: int, scale: float) -> np.ndarray:
+        """One token over a one-owner cache, with the crew: the general path's steps in one
+        compiled call (attention.one_token_attention)."""
+        crew = self._crew
+        if self._attend is None or self._attend_lead is not crew.lead:
+            self._attend, self._attend_lead = one_token_attention(crew.lead), crew.lead
+        jobs = kv.jobs.get(il)
+        if jobs is None:
+            jobs = kv.jobs[il] = self._attention_jobs(kv, il, q.shape[1] // kv.cfg.n_head_kv)
+        keys, values = jobs
+        # keys from the window's first slot; softmax, probabilities and values from its 64-slot
+        # boundary (see the general path); on one owner slot j holds position j
+        lo = max(pos0 - window + 1, 0) if window else 0
+        base = lo // 64 * 64 if SKIP_SLID_VALUES else 0
+        out, ok = self._attend(crew.ctl, crew.n_workers, (keys.tasks, keys.chunks, keys.n_owned),
+                               (values.tasks, values.chunks, values.n_owned), q[0], k[0], v[0],
+                               kv.k[il][0], kv.v[il][0], pos0, window, scale, lo, base, kv.cap)
+        if not ok:
+            crew.stop()
+            raise CrewError("a worker failed during attention")
+        return out.reshape(1, q.shape[1], -1)
 
     def _attention_jobs(self, kv: KVCache, il: int, rows: int) -> tuple[Job, Job]:
         """Crew jobs of a one-token attention over layer il of a one-owner cache: scores (query
