@@ -303,6 +303,34 @@ def _compiled() -> tuple:
     return fns
 
 
+_RUNNERS: dict = {}
+
+
+def product_runner(lead, prep_a, prep_b=None):
+    """A compiled call that prepares a one-token input x (prep_a's format for the tasks marked
+    0, prep_b's for those marked 1) and runs a product job: one call per group of products."""
+    key = (lead, prep_a, prep_b)
+    fn = _RUNNERS.get(key)
+    if fn is not None:
+        return fn
+    if prep_b is None:
+        @numba.njit(**_NB)
+        def fn(ctl, n_workers, tasks, chunks, n_owned, x, outs):
+            a = prep_a(x.reshape(1, -1))
+            xa = (a[0][0], a[1][0], a[2][0])
+            return lead(ctl, n_workers, tasks, chunks, n_owned, xa, xa, outs, 0, 1 << 62, 0)
+    else:
+        @numba.njit(**_NB)
+        def fn(ctl, n_workers, tasks, chunks, n_owned, x, outs):
+            a = prep_a(x.reshape(1, -1))
+            b = prep_b(x.reshape(1, -1))
+            xa = (a[0][0], a[1][0], a[2][0])
+            xb = (b[0][0], b[1][0], b[2][0])
+            return lead(ctl, n_workers, tasks, chunks, n_owned, xa, xb, outs, 0, 1 << 62, 0)
+    _RUNNERS[key] = fn
+    return fn
+
+
 class CrewError(RuntimeError):
     pass
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from . import kernels
 from . import ops
-from .crew import Crew, CrewError, Job
+from .crew import Crew, CrewError, Job, product_runner
 from .attention import merge_stats, one_token_attention, probabilities, softmax_stats
 from .gguf_file import GGUFFile, ModelLoadError, TensorInfo
 from .kv_cache import KVCache, filled_slots
@@ -117,6 +117,8 @@ class _Group:
     small: bool  # below SPLIT_BYTES
     chunks: list[tuple[int, int]] | None  # row ranges dealt to workers, when all read `whole`
     job: Job | None = None  # the crew's job for one token (built on first use)
+    runner: Callable | None = None  # compiled prepare + job for one token (None: not built yet)
+    runner_lead: Callable | None = None  # the crew `lead` the runner was built around
 
 
 class Runtime:
@@ -269,6 +271,10 @@ class Runtime:
     def linear(self, x: np.ndarray, names: tuple[str, ...]) -> list[np.ndarray]:
         """x [n, k] times each named weight; all products run in one dispatch over the workers."""
         group = self._group(names)
+        if x.shape[0] == 1 and self._crewing:
+            outs = self._one_token(group, x)
+            if outs is not None:
+                return outs
         outs, xps = self._products(group, x)
         self._run(group, xps, outs, x.shape[0] == 1, None)
         return outs
@@ -277,6 +283,16 @@ class Runtime:
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """act(x W_gate) * (x W_up), the activation applied by each worker to the rows it computed."""
         group = self._group((gate, up))
+        if x.shape[0] == 1 and self._crewing:
+            outs = self._one_token(group, x)
+            if outs is not None:
+                g, u = outs
+                a = np.empty_like(g)
+                if activation == "gelu":
+                    ops.gelu_mul(g, u, a, ops.GELU_F16)
+                else:
+                    ops.silu_mul(g, u, a)
+                return g, u, a
         outs, xps = self._products(group, x)
         g, u = outs
         a = np.empty_like(g)
@@ -288,6 +304,28 @@ class Runtime:
                 ops.silu_mul(g[:, lo:hi], u[:, lo:hi], a[:, lo:hi])
         self._run(group, xps, outs, x.shape[0] == 1, finish)
         return g, u, a
+
+    def _one_token(self, group: _Group, x: np.ndarray) -> list[np.ndarray] | None:
+        """A group's one-token products with the crew in one compiled call (input preparation
+        included); None when its inputs are not quantized (float weights take the general path)."""
+        crew = self._crew
+        if group.runner is None or group.runner_lead is not crew.lead:
+            preps = [kernels.preparer(t) for t in group.prep_types]
+            group.runner_lead = crew.lead
+            group.runner = False if None in preps or len(preps) > 2 else product_runner(crew.lead, *preps)
+        if group.runner is False:
+            return None
+        if x.shape[1] != group.ne0:
+            raise ValueError(f"input width {x.shape[1]} != row length {group.ne0}")
+        if group.job is None:
+            group.job = self._crew_job(group)
+        job = group.job
+        outs = [np.empty((1, rows), dtype=np.float32) for rows in group.rows]
+        if not group.runner(crew.ctl, crew.n_workers, job.tasks, job.chunks, job.n_owned,
+                            np.ascontiguousarray(x[0]), tuple([o[0] for o in outs])):
+            crew.stop()
+            raise CrewError("a worker failed during a product")
+        return outs
 
     def _products(self, group: _Group, x: np.ndarray) -> tuple[list[np.ndarray], list[tuple]]:
         """Fresh outputs of a group, and its inputs prepared (once per distinct vec_dot type)."""

@@ -30,7 +30,7 @@ from . import legacy_quants as _lq
 
 __all__ = [
     "SUPPORTED_TYPES", "is_supported", "prepare", "matvec", "matmat", "dequantize_rows",
-    "row_bytes", "matvec_kernels", "kernel_path", "set_kernel_path", "available_paths",
+    "row_bytes", "preparer", "matvec_kernels", "kernel_path", "set_kernel_path", "available_paths",
 ]
 
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30
@@ -157,6 +157,13 @@ def matvec(ggml_type: int, w: np.ndarray, xp: tuple, out: np.ndarray, r0: int, r
 def matmat(ggml_type: int, w: np.ndarray, xp: tuple, out: np.ndarray, r0: int, r1: int) -> None:
     """out[j, i] = dot(row i of w, X[j]) for all j and i in [r0, r1); xp from prepare() of a 2-D X."""
     _MATMAT[ggml_type](w, xp, out, r0, r1)
+
+
+def preparer(ggml_type: int):
+    """The compiled 2-D activation preparation of a quantized type (None for float types), for
+    compiled callers: X float32 [n, k] -> tuple of 2-D arrays, as `prepare` gives."""
+    fn = _PREPARE[ggml_type]
+    return fn if ggml_type not in (F32, F16, BF16) else None
 
 
 def matvec_kernels() -> dict:
