@@ -126,3 +126,24 @@ def test_launch_and_join(pool):
     with pytest.raises(ValueError):
         pool.join()
     pool.run(lambda i: None)  # still usable
+
+
+def test_waiting_is_not_counted_as_busy(pool, crew):
+    """Workers spin between jobs: the dashboard's busy % must count only the work."""
+    import time
+    rng = np.random.default_rng(3)
+    w = _matrix(K.Q8_0, 64, 256, rng)
+    xp = K.prepare(K.Q8_0, rng.standard_normal(256).astype(np.float32))
+    job = Job([(K.Q8_0, w, 0, 0, 0)], [(0, 0, 32, 0), (0, 32, 64, 1)], [])
+    out = np.empty(64, np.float32)
+    pool.busy_fraction()
+    with pool.lead():
+        crew.start()
+        try:
+            for _ in range(20):
+                crew.run(job, xp, xp, [out])
+                time.sleep(0.005)  # the caller does other things; worker 1 spins meanwhile
+        finally:
+            crew.stop()
+    busy = pool.busy_fraction()
+    assert 0.0 <= busy[1] < 0.3, busy  # it computed 32 rows 20 times in ~0.1 s

@@ -20,6 +20,7 @@ The waiting side spins with `pause`; after ~50 us without news it yields its CPU
 from __future__ import annotations
 
 import platform
+import time
 from typing import Sequence
 
 import numba
@@ -52,6 +53,7 @@ ROW_LO = 21      # chunk rows are offsets from ROW_LO, cut at ROW_HI (attention:
 ROW_HI = 22      # in-window key positions; products: 0 and no limit)
 W_SHIFT = 23     # bytes added to every weight address (attention: values seen from a later slot)
 FAILED = 24      # set by a worker whose loop raised (the caller stops waiting)
+WAITED = 25      # nanoseconds the caller spent waiting for acknowledgements (not working)
 ACK = 32         # ACK + 8 * w: last job worker w finished
 SPINS_BEFORE_YIELD = 2000
 
@@ -111,6 +113,24 @@ def yield_cpu(typingctx):
         builder.call(fn, [])
         return context.get_dummy_value()
     return types.void(), codegen
+
+
+@intrinsic
+def now_ns(typingctx):
+    """clock_gettime(CLOCK_MONOTONIC) in nanoseconds (vDSO: tens of nanoseconds)."""
+    def codegen(context, builder, sig, args):
+        i64 = ir.IntType(64)
+        fn = builder.module.globals.get("clock_gettime")
+        if fn is None:
+            fn = ir.Function(builder.module, ir.FunctionType(ir.IntType(32), [ir.IntType(32), i64.as_pointer()]),
+                             "clock_gettime")
+        ts = builder.alloca(ir.ArrayType(i64, 2))
+        p = builder.bitcast(ts, i64.as_pointer())
+        builder.call(fn, [ir.Constant(ir.IntType(32), 1), p])
+        sec = builder.load(p)
+        nsec = builder.load(builder.gep(p, [ir.Constant(ir.IntType(32), 1)]))
+        return builder.add(builder.mul(sec, ir.Constant(i64, 1_000_000_000)), nsec)
+    return types.int64(), codegen
 
 
 @intrinsic
@@ -236,7 +256,9 @@ def _build(mv: dict):
 
     @numba.njit(**_NB)
     def serve(ctl, me, seen):
-        """Worker `me` (>= 1): do every job posted after job `seen` until SEQ turns negative."""
+        """Worker `me` (>= 1): do every job posted after job `seen` until SEQ turns negative;
+        returns the nanoseconds spent working (the rest was waiting)."""
+        busy = 0
         while True:
             spins = 0
             seq = atomic_load(ctl, SEQ)
@@ -247,9 +269,11 @@ def _build(mv: dict):
                     yield_cpu()
                 seq = atomic_load(ctl, SEQ)
             if seq < 0:
-                return
+                return busy
             seen = seq
+            t0 = now_ns()
             work(ctl, me)
+            busy += now_ns() - t0
             atomic_store(ctl, ACK + 8 * me, seq)
 
     @numba.njit(**_NB)
@@ -287,7 +311,10 @@ def _build(mv: dict):
         seq = ctl[SEQ] + 1
         atomic_store(ctl, SEQ, seq)
         work(ctl, 0)
-        return wait_acks(ctl, n_workers, seq)
+        t0 = now_ns()
+        ok = wait_acks(ctl, n_workers, seq)
+        ctl[WAITED] += now_ns() - t0
+        return ok
 
     return serve, lead
 
@@ -381,12 +408,17 @@ class Crew:
             return
         serve, ctl = self._serve, self.ctl
 
+        pool = self.pool
+
         def body(w: int) -> None:
+            t0 = time.perf_counter()
             try:
-                serve(ctl, w, 0)
+                worked = serve(ctl, w, 0) * 1e-9
             except BaseException:
                 ctl[FAILED] = 1
                 raise
+            # the pool counts the whole loop as busy: give back the time spent waiting for jobs
+            pool.note_idle(w, max(time.perf_counter() - t0 - worked, 0.0))
         self.pool.launch(body, lead=True)
         self.active = True
 
@@ -398,7 +430,11 @@ class Crew:
         if self.n_workers < 2:
             return
         self.ctl[SEQ] = -1
-        self.pool.join()
+        try:
+            self.pool.join()
+        finally:
+            self.pool.note_idle(0, self.ctl[WAITED] * 1e-9)  # the caller's waits for acknowledgements
+            self.ctl[WAITED] = 0
 
     def run(self, job: Job, xa: tuple, xb: tuple, outs: Sequence[np.ndarray],
             rows: tuple[int, int] = (0, 1 << 62), w_shift: int = 0) -> None:

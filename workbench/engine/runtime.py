@@ -69,6 +69,8 @@ class Pool(Protocol):
 
     def join(self) -> None: ...
 
+    def note_idle(self, index: int, seconds: float) -> None: ...
+
 
 @dataclass
 class Weight:

@@ -265,12 +265,17 @@ class WorkerPool:
         self.workers = [i for i in infos if i is not None]
         return self.workers
 
+    def note_idle(self, index: int, seconds: float) -> None:
+        """Take back `seconds` of worker `index`'s busy time: a caller whose ``fn`` waited (e.g.
+        spun for work) knows better than the pool which part was work."""
+        self._w[index].busy -= seconds
+
     def busy_fraction(self) -> list[float]:
         """Share of wall time each worker spent inside ``fn`` since the last call."""
         now = time.perf_counter()
         wall = max(now - self._last_wall, 1e-9)
         busy = [w.busy for w in self._w]
-        out = [min(1.0, (b - a) / wall) for a, b in zip(self._last_busy, busy)]
+        out = [min(1.0, max(0.0, (b - a) / wall)) for a, b in zip(self._last_busy, busy)]
         self._last_wall, self._last_busy = now, busy
         return out
 
