@@ -259,19 +259,32 @@ def test_skipping_slid_out_values_changes_no_bit(model_path, eng, monkeypatch, t
             e.close()
 
 
-def test_two_kv_owners_decode_through_the_crew_fallback(model_path, eng, monkeypatch):
-    """Two KV owners (as on two nodes): one-token attention leaves the crew's compiled loop for
-    the per-owner Python work and comes back; results match one owner up to summation order."""
+def _decoders():
+    from workbench.engine import attention
+    return attention._DECODERS
+
+
+def test_two_kv_owners_decode_through_the_crew(model_path, eng, monkeypatch):
+    """Two KV owners (as on two nodes): one-token attention runs as crew chunks pinned to each
+    owner's workers; bit-identical to the general path (Python hand-offs), and equal to one
+    owner up to summation order."""
+    from workbench.engine import runtime
     from workbench.engine.engine import Engine as E
     monkeypatch.setattr(E, "_owners", lambda self: [[0], [1]])
     two = Engine.load(model_path, placement=Placement(threads=2))
     try:
         long = [2 + (i * 13) % 280 for i in range(200)]
-        a, b = eng.new_session(512), two.new_session(512)
-        assert b.kv.n_workers == 2
-        np.testing.assert_allclose(a.eval(long), b.eval(long), rtol=1e-3, atol=1e-3)
-        for t in (5, 9, 11, 40):
-            np.testing.assert_allclose(a.eval([t]), b.eval([t]), rtol=1e-3, atol=1e-3)
+        ref, crewed, plain = eng.new_session(512), two.new_session(512), two.new_session(512)
+        assert crewed.kv.n_workers == 2
+        np.testing.assert_allclose(ref.eval(long), crewed.eval(long), rtol=1e-3, atol=1e-3)
+        plain.eval(long)
+        for t in (5, 9, 11, 40, 7, 3):
+            a = crewed.eval([t])
+            np.testing.assert_allclose(ref.eval([t]), a, rtol=1e-3, atol=1e-3)
+            monkeypatch.setattr(runtime, "USE_CREW", False)
+            np.testing.assert_array_equal(plain.eval([t]), a)
+            monkeypatch.setattr(runtime, "USE_CREW", True)
         assert two.rt._crew is not None and not two.rt._crew.active  # left after each pass
+        assert two.rt._crew.lead in {key[1] for key in _decoders() if isinstance(key, tuple)}  # owners' path ran
     finally:
         two.close()

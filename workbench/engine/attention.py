@@ -172,3 +172,79 @@ def one_token_attention(lead):
 
     _DECODERS[lead] = attend
     return attend
+
+
+def owners_token_attention(lead):
+    """One token over a cache split between several owners (one per node), compiled around the
+    crew's `lead` like `one_token_attention`: each owner's scores and weighted values are chunks
+    pinned to that owner's workers (they read only their node's part of the cache); softmax
+    statistics are merged across owners and the owners' outputs added in order, as in
+    `Runtime.attention`'s general path."""
+    fn = _DECODERS.get(("owners", lead))
+    if fn is not None:
+        return fn
+    from .crew import T_HI, T_LO, T_WSHIFT, T_XLEN, T_XOFF
+    from .kernels.activations import round_to_f16
+    from .kv_cache import store_f16
+
+    @nb.njit(**_JIT)
+    def attend(ctl, n_workers, keys_job, values_job, q, k, v, kcs, vcs, pos0, owner, slot, window, scale,
+               ns, lo, lo64, cap):
+        """q [n_head, hd], k/v [n_kv, hd] of the token at pos0 (stored in `owner`'s `slot`);
+        per owner o: ns[o] filled slots, keys from lo[o], values from lo64[o] -> (out, ok)."""
+        n_head, hd = q.shape
+        no = len(kcs)
+        n_kv = kcs[0].shape[0]
+        hdv = vcs[0].shape[1]
+        rows = n_head // n_kv
+        per = n_kv * rows
+        store_f16(kcs[owner], vcs[owner], k.reshape(1, n_kv, hd), v.reshape(1, n_kv, hdv), slot)
+        xq = round_to_f16(q)
+        width = max(ns.max(), 1)
+        scores = np.empty((no * per, width), dtype=np.float32)
+        kt, kch, kown = keys_job
+        for o in range(no):
+            for t in range(o * per, (o + 1) * per):
+                kt[t, T_LO] = lo[o]
+                kt[t, T_HI] = ns[o]
+        ok = lead(ctl, n_workers, kt, kch, kown, (xq,), (xq,), (scores,), 0, -1, -1)
+        mxs = np.full((no, n_kv, rows), -np.inf, dtype=np.float32)
+        sms = np.zeros((no, n_kv, rows), dtype=np.float64)
+        for o in range(no):
+            if ns[o] > 0:
+                sc = scores[o * per:(o + 1) * per].reshape(n_kv, rows, width)
+                softmax_stats(sc, o, no, ns[o], pos0, rows, window, scale, mxs[o], sms[o], 0)
+        big_m = np.empty((n_kv, rows), dtype=np.float32)
+        inv_l = np.empty((n_kv, rows), dtype=np.float32)
+        merge_stats(mxs, sms, big_m, inv_l)
+        kp_max = min(-(-max(ns.max(), 1) // 64) * 64, cap)
+        probs = np.zeros((no * per, kp_max), dtype=np.float32)
+        vt, vch, vown = values_job
+        for o in range(no):
+            if ns[o] == 0:
+                continue
+            kp = min(-(-ns[o] // 64) * 64, cap)
+            sc = scores[o * per:(o + 1) * per].reshape(n_kv, rows, width)
+            probs[o * per:(o + 1) * per, :kp] = probabilities(sc, ns[o], kp, big_m, inv_l).reshape(per, kp)
+            for t in range(o * per, (o + 1) * per):
+                vt[t, T_XOFF] = lo64[o]
+                vt[t, T_XLEN] = kp - lo64[o]
+                vt[t, T_WSHIFT] = 2 * lo64[o]
+        xp = round_to_f16(probs)
+        outs = np.zeros((no * per, hdv), dtype=np.float32)
+        # owners without filled slots get no value products (their chunks see an empty range)
+        for o in range(no):
+            hi = NO_ROWS if ns[o] > 0 else 0
+            for t in range(o * per, (o + 1) * per):
+                vt[t, T_HI] = hi
+        ok = lead(ctl, n_workers, vt, vch, vown, (xp,), (xp,), (outs,), 0, -1, -1) and ok
+        out = outs[:per].copy()
+        for o in range(1, no):
+            out += outs[o * per:(o + 1) * per]
+        return out, ok
+
+    _DECODERS[("owners", lead)] = attend
+    return attend
+
+
+NO_ROWS = 1 << 62

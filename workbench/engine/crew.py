@@ -36,8 +36,14 @@ _X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
 
 # ---- task table: one row per (product, array) -------------------------------------------
 (T_TYPE, T_W, T_ROWS, T_ROWLEN, T_PREP, T_OUT, T_OUTOFF, T_XROW, T_OUTROW,
- T_X0, T_N0, T_X1, T_N1, T_X2, T_N2, T_OUTADDR) = range(16)
-TASK_FIELDS = 16
+ T_X0, T_N0, T_X1, T_N1, T_X2, T_N2, T_OUTADDR,
+ T_LO, T_HI, T_WSHIFT, T_XOFF, T_XLEN) = range(21)
+TASK_FIELDS = 21
+# T_LO, T_HI: a chunk's rows count from T_LO and stop at T_HI (attention: the filled, in-window
+# key positions; products: 0 and no limit); T_WSHIFT: bytes added to the weight address
+# (attention: values seen from a later slot); T_XOFF, T_XLEN: the input starts T_XOFF elements
+# into its row and is T_XLEN long (0: the whole row)
+NO_LIMIT = 1 << 62
 # ---- chunk table: one row per piece of work ----------------------------------------------
 C_TASK, C_LO, C_HI, C_OWNER, C_SPAN = range(5)  # tasks C_TASK.. C_TASK + C_SPAN - 1
 CHUNK_FIELDS = 5
@@ -49,9 +55,6 @@ CHUNKS = 17      # address of its chunk table
 N_OWNED = 18     # chunks [0, N_OWNED) are pinned to a worker; [N_OWNED, N_CHUNKS) are shared
 N_CHUNKS = 19
 N_TASKS = 20
-ROW_LO = 21      # chunk rows are offsets from ROW_LO, cut at ROW_HI (attention: the filled,
-ROW_HI = 22      # in-window key positions; products: 0 and no limit)
-W_SHIFT = 23     # bytes added to every weight address (attention: values seen from a later slot)
 FAILED = 24      # set by a worker whose loop raised (the caller stops waiting)
 WAITED = 25      # nanoseconds the caller spent waiting for acknowledgements (not working)
 ACK = 32         # ACK + 8 * w: last job worker w finished
@@ -173,7 +176,9 @@ def _set_inputs(tasks, t, xp):
 def _set_inputs_impl(tasks, t, xp):
     if len(xp) == 1:
         def one(tasks, t, xp):
-            tasks[t, T_X0], tasks[t, T_N0] = _row_address(xp[0], tasks[t, T_XROW])
+            a, n = _row_address(xp[0], tasks[t, T_XROW])
+            tasks[t, T_X0] = a + tasks[t, T_XOFF] * xp[0].itemsize
+            tasks[t, T_N0] = tasks[t, T_XLEN] if tasks[t, T_XLEN] > 0 else n - tasks[t, T_XOFF]
         return one
 
     def three(tasks, t, xp):
@@ -195,9 +200,9 @@ def _build(mv: dict):
     i8, i32, f32, u8 = np.int8, np.int32, np.float32, np.uint8
 
     @numba.njit(**_NB)
-    def run_chunk(tasks, t, lo, hi, w_shift):
+    def run_chunk(tasks, t, lo, hi):
         typ = tasks[t, T_TYPE]
-        w = numba.carray(_voidptr(tasks[t, T_W] + w_shift), (tasks[t, T_ROWS], tasks[t, T_ROWLEN]), u8)
+        w = numba.carray(_voidptr(tasks[t, T_W] + tasks[t, T_WSHIFT]), (tasks[t, T_ROWS], tasks[t, T_ROWLEN]), u8)
         out = _view(tasks[t, T_OUTADDR], tasks[t, T_ROWS], f32)
         x0, n0 = tasks[t, T_X0], tasks[t, T_N0]
         x1, n1, x2, n2 = tasks[t, T_X1], tasks[t, T_N1], tasks[t, T_X2], tasks[t, T_N2]
@@ -236,23 +241,25 @@ def _build(mv: dict):
         n_chunks = ctl[N_CHUNKS]
         chunks = numba.carray(_voidptr(ctl[CHUNKS]), (max(n_chunks, 1), CHUNK_FIELDS), np.int64)
         n_owned = ctl[N_OWNED]
-        row_lo, row_hi, w_shift = ctl[ROW_LO], ctl[ROW_HI], ctl[W_SHIFT]
+        # a chunk's tasks share the first one's row limits
         for c in range(n_owned):
             if chunks[c, C_OWNER] == me:
-                lo, hi = row_lo + chunks[c, C_LO], min(row_lo + chunks[c, C_HI], row_hi)
+                t0 = chunks[c, C_TASK]
+                lo, hi = tasks[t0, T_LO] + chunks[c, C_LO], min(tasks[t0, T_LO] + chunks[c, C_HI], tasks[t0, T_HI])
                 if lo < hi:
-                    for t in range(chunks[c, C_TASK], chunks[c, C_TASK] + chunks[c, C_SPAN]):
-                        run_chunk(tasks, t, lo, hi, w_shift)
+                    for t in range(t0, t0 + chunks[c, C_SPAN]):
+                        run_chunk(tasks, t, lo, hi)
         while True:
             c = n_owned + fetch_add(ctl, NEXT, 1)
             if c >= n_chunks:
                 break
-            lo, hi = row_lo + chunks[c, C_LO], min(row_lo + chunks[c, C_HI], row_hi)
-            if lo >= row_hi:  # shared chunks past ROW_HI come last (attention): none left
+            t0 = chunks[c, C_TASK]
+            lo, hi = tasks[t0, T_LO] + chunks[c, C_LO], min(tasks[t0, T_LO] + chunks[c, C_HI], tasks[t0, T_HI])
+            if lo >= tasks[t0, T_HI]:  # shared chunks past the limit come last (attention): none left
                 break
             if lo < hi:
-                for t in range(chunks[c, C_TASK], chunks[c, C_TASK] + chunks[c, C_SPAN]):
-                    run_chunk(tasks, t, lo, hi, w_shift)
+                for t in range(t0, t0 + chunks[c, C_SPAN]):
+                    run_chunk(tasks, t, lo, hi)
 
     @numba.njit(**_NB)
     def serve(ctl, me, seen):
@@ -291,8 +298,16 @@ def _build(mv: dict):
 
     @numba.njit(**_NB)
     def lead(ctl, n_workers, tasks, chunks, n_owned, xa, xb, outs, row_lo, row_hi, w_shift):
-        """Fill the job's input/output addresses, post it, do worker 0's part, wait for the rest."""
+        """Fill the job's input/output addresses, post it, do worker 0's part, wait for the rest.
+
+        row_hi >= 0: every task's rows are [row_lo, row_hi); w_shift >= 0: every task's weight
+        shift (negative: keep what the caller put in the task table)."""
         for t in range(tasks.shape[0]):
+            if row_hi >= 0:
+                tasks[t, T_LO] = row_lo
+                tasks[t, T_HI] = row_hi
+            if w_shift >= 0:
+                tasks[t, T_WSHIFT] = w_shift
             if tasks[t, T_PREP] == 0:
                 _set_inputs(tasks, t, xa)
             else:
@@ -304,9 +319,6 @@ def _build(mv: dict):
         ctl[N_TASKS] = tasks.shape[0]
         ctl[N_CHUNKS] = chunks.shape[0]
         ctl[N_OWNED] = n_owned
-        ctl[ROW_LO] = row_lo
-        ctl[ROW_HI] = row_hi
-        ctl[W_SHIFT] = w_shift
         atomic_store(ctl, NEXT, 0)
         seq = ctl[SEQ] + 1
         atomic_store(ctl, SEQ, seq)
@@ -345,7 +357,7 @@ def product_runner(lead, prep_a, prep_b=None):
         def fn(ctl, n_workers, tasks, chunks, n_owned, x, outs):
             a = prep_a(x.reshape(1, -1))
             xa = (a[0][0], a[1][0], a[2][0])
-            return lead(ctl, n_workers, tasks, chunks, n_owned, xa, xa, outs, 0, 1 << 62, 0)
+            return lead(ctl, n_workers, tasks, chunks, n_owned, xa, xa, outs, 0, NO_LIMIT, 0)
     else:
         @numba.njit(**_NB)
         def fn(ctl, n_workers, tasks, chunks, n_owned, x, outs):
@@ -353,7 +365,7 @@ def product_runner(lead, prep_a, prep_b=None):
             b = prep_b(x.reshape(1, -1))
             xa = (a[0][0], a[1][0], a[2][0])
             xb = (b[0][0], b[1][0], b[2][0])
-            return lead(ctl, n_workers, tasks, chunks, n_owned, xa, xb, outs, 0, 1 << 62, 0)
+            return lead(ctl, n_workers, tasks, chunks, n_owned, xa, xb, outs, 0, NO_LIMIT, 0)
     _RUNNERS[key] = fn
     return fn
 
@@ -368,7 +380,7 @@ class Job:
     `tasks`: (type, weight matrix, prepared input 0/1, output index, output offset[, input row,
     output row]); the input and output addresses are filled at each run. `owned` chunks:
     (task, lo, hi, worker); `shared` chunks: (task, lo, hi[, span]), rows lo..hi of tasks
-    task..task + span - 1, taken by whichever worker comes first.
+    task..task + span - 1, taken by whichever worker comes first (owned chunks may carry a span too).
     """
 
     def __init__(self, tasks: list[tuple[int, np.ndarray, int, int, int] | tuple[int, np.ndarray, int, int, int, int, int]],
@@ -379,9 +391,9 @@ class Job:
             if not w.flags.c_contiguous or w.ndim != 2:
                 raise ValueError("crew tasks need C-contiguous 2-D weight arrays")
             x_row, out_row = rows or (0, 0)
-            self.tasks[i, [T_TYPE, T_W, T_ROWS, T_ROWLEN, T_PREP, T_OUT, T_OUTOFF, T_XROW, T_OUTROW]] = (
-                typ, w.ctypes.data, w.shape[0], w.shape[1], prep, out, out_off, x_row, out_row)
-        rows = [(t, lo, hi, o, 1) for t, lo, hi, o in owned] + \
+            self.tasks[i, [T_TYPE, T_W, T_ROWS, T_ROWLEN, T_PREP, T_OUT, T_OUTOFF, T_XROW, T_OUTROW, T_HI]] = (
+                typ, w.ctypes.data, w.shape[0], w.shape[1], prep, out, out_off, x_row, out_row, NO_LIMIT)
+        rows = [(t, lo, hi, o, *(span or (1,))) for t, lo, hi, o, *span in owned] + \
             [(t, lo, hi, -1, *(span or (1,))) for t, lo, hi, *span in shared]
         self.chunks = np.array(rows, dtype=np.int64).reshape(-1, CHUNK_FIELDS)
         self.n_owned = len(owned)
@@ -437,7 +449,7 @@ class Crew:
             self.ctl[WAITED] = 0
 
     def run(self, job: Job, xa: tuple, xb: tuple, outs: Sequence[np.ndarray],
-            rows: tuple[int, int] = (0, 1 << 62), w_shift: int = 0) -> None:
+            rows: tuple[int, int] = (0, NO_LIMIT), w_shift: int = 0) -> None:
         """Run a job: prepared inputs `xa`, `xb` (tasks' prep 0 / 1) into outputs `outs`.
 
         Inputs and outputs are 1-D, or 2-D with the row given by the task. `rows`: chunk rows

@@ -165,6 +165,10 @@ class Engine:
             tokenizer = Tokenizer.from_metadata(g.metadata)
         except ValueError as e:
             raise ModelLoadError(f"{path}: {e}") from None
+        # the metadata's list of token strings (262k str objects, ~21 MiB for Gemma 3) is not kept
+        # beside the tokenizer's compact copy: the key now reads the tokenizer's id -> text sequence
+        if isinstance(g.metadata.get("tokenizer.ggml.tokens"), list):
+            g.metadata["tokenizer.ggml.tokens"] = tokenizer.tokens
         cfg = config_from_metadata(g.metadata, tokenizer.n_vocab)
         arch = ARCHITECTURES[cfg.arch]
         arch.configure(cfg, g.metadata)

@@ -26,9 +26,10 @@ import numpy as np
 from . import kernels
 from . import ops
 from .crew import Crew, CrewError, Job, product_runner
-from .attention import merge_stats, one_token_attention, probabilities, softmax_stats
+from .attention import (merge_stats, one_token_attention, owners_token_attention, probabilities,
+                        softmax_stats)
 from .gguf_file import GGUFFile, ModelLoadError, TensorInfo
-from .kv_cache import KVCache, filled_slots
+from .kv_cache import KVCache, filled_slots, owner_slots
 
 F32, F16, BF16 = 0, 1, 30
 SPREAD_ATTENTION = 2048  # key slots x query rows above which attention is spread over the workers
@@ -138,7 +139,6 @@ class Runtime:
         self._groups: dict[tuple[str, ...], _Group] = {}
         self._leading = False
         self._crew: Crew | None = None
-        self._attend = self._attend_lead = None
         self.weights = {name: Weight(info) for name, info in gguf.tensors.items()}
 
     # -- weights -----------------------------------------------------------------
@@ -428,8 +428,8 @@ class Runtime:
         positions in order. On one node that is exactly llama.cpp's order, whatever the threads.
         """
         n, n_head, hd = q.shape
-        if n == 1 and kv.n_workers == 1 and self._crewing:
-            return self._attend_one(q, k, v, kv, il, pos0, window, scale)
+        if n == 1 and self._crewing:
+            return self._attend_token(q, k, v, kv, il, pos0, window, scale)
         kv.store(il, k, v, pos0)
         n_kv = kv.cfg.n_head_kv
         group = n_head // n_kv
@@ -539,41 +539,59 @@ class Runtime:
         out = outs[0] if no == 1 else outs.sum(axis=0)
         return np.ascontiguousarray(out.reshape(n_kv, n, group, hdv).transpose(1, 0, 2, 3)).reshape(n, n_head, hdv)
 
-    def _attend_one(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, kv: KVCache, il: int, pos0: int,
-                    window: int, scale: float) -> np.ndarray:
-        """One token over a one-owner cache, with the crew: the general path's steps in one
-        compiled call (attention.one_token_attention)."""
+    def _attend_token(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, kv: KVCache, il: int, pos0: int,
+                      window: int, scale: float) -> np.ndarray:
+        """One token with the crew: the general path's steps in one compiled call around the
+        crew's jobs (attention.one_token_attention, or owners_token_attention for a cache split
+        between nodes, whose chunks run on each owner's own workers)."""
         crew = self._crew
-        if self._attend is None or self._attend_lead is not crew.lead:
-            self._attend, self._attend_lead = one_token_attention(crew.lead), crew.lead
         jobs = kv.jobs.get(il)
         if jobs is None:
             jobs = kv.jobs[il] = self._attention_jobs(kv, il, q.shape[1] // kv.cfg.n_head_kv)
-        keys, values = jobs
-        # keys from the window's first slot; softmax, probabilities and values from its 64-slot
-        # boundary (see the general path); on one owner slot j holds position j
-        lo = max(pos0 - window + 1, 0) if window else 0
-        base = lo // 64 * 64 if SKIP_SLID_VALUES else 0
-        out, ok = self._attend(crew.ctl, crew.n_workers, (keys.tasks, keys.chunks, keys.n_owned),
-                               (values.tasks, values.chunks, values.n_owned), q[0], k[0], v[0],
-                               kv.k[il][0], kv.v[il][0], pos0, window, scale, lo, base, kv.cap)
+        keys, values = ((job.tasks, job.chunks, job.n_owned) for job in jobs)
+        start = max(pos0 - window + 1, 0) if window else 0  # the window's first position
+        no = kv.n_workers
+        if no == 1:
+            # keys from the window's first slot; softmax, probabilities and values from its
+            # 64-slot boundary (see the general path); on one owner slot j holds position j
+            base = start // 64 * 64 if SKIP_SLID_VALUES else 0
+            out, ok = one_token_attention(crew.lead)(
+                crew.ctl, crew.n_workers, keys, values, q[0], k[0], v[0], kv.k[il][0], kv.v[il][0],
+                pos0, window, scale, start, base, kv.cap)
+        else:
+            owner, slot = (int(a[0]) for a in owner_slots(np.array([pos0]), no))
+            ns = np.array([filled_slots(pos0 + 1, o, no) for o in range(no)], dtype=np.int64)
+            lo = np.array([filled_slots(start, o, no) for o in range(no)], dtype=np.int64)
+            lo64 = lo // 64 * 64 if SKIP_SLID_VALUES else np.zeros_like(lo)
+            out, ok = owners_token_attention(crew.lead)(
+                crew.ctl, crew.n_workers, keys, values, q[0], k[0], v[0], tuple(kv.k[il]), tuple(kv.v[il]),
+                pos0, owner, slot, window, scale, ns, lo, lo64, kv.cap)
         if not ok:
             crew.stop()
             raise CrewError("a worker failed during attention")
         return out.reshape(1, q.shape[1], -1)
 
     def _attention_jobs(self, kv: KVCache, il: int, rows: int) -> tuple[Job, Job]:
-        """Crew jobs of a one-token attention over layer il of a one-owner cache: scores (query
-        row x key positions, chunks position-major so the filled ones come first) and values
-        (V^T rows = value dimensions)."""
+        """Crew jobs of a one-token attention over layer il: tasks per (owner, kv head, query
+        row) for the scores (key positions) and the weighted values (V^T rows = value
+        dimensions). A chunk is one piece of the keys or values for all query rows of a kv head:
+        read from memory once, then from the cache for the other rows. One owner: chunks are
+        shared, position-major so that the filled ones come first; several owners (nodes): an
+        owner's chunks are dealt in turn to that owner's workers, which read only its part."""
         n_kv, hdv = kv.cfg.n_head_kv, kv.cfg.head_dim_v
-        pairs = [(h, r) for h in range(n_kv) for r in range(rows)]
-        # a chunk is one piece of the keys (or values) for all query rows of a kv head: read
-        # from memory once, then from the cache for the other rows
-        keys = Job([(F16, kv.k_bytes[il][0][h], 0, 0, 0, h * rows + r, h * rows + r) for h, r in pairs], [],
-                   [(h * rows, lo, lo + CREW_KEYS, rows) for lo in range(0, kv.cap, CREW_KEYS) for h in range(n_kv)])
-        values = Job([(F16, kv.v_bytes[il][0][h], 0, 0, 0, h * rows + r, h * rows + r) for h, r in pairs], [],
-                     [(h * rows, lo, min(lo + CREW_DIMS, hdv), rows) for h in range(n_kv) for lo in range(0, hdv, CREW_DIMS)])
+        per = n_kv * rows
+        idx = [(o, h, r) for o in range(kv.n_workers) for h in range(n_kv) for r in range(rows)]
+
+        def chunks(step: int, end: int) -> tuple[list, list]:
+            pieces = [(lo, min(lo + step, end)) for lo in range(0, end, step)]
+            if kv.n_workers == 1:
+                return [], [(h * rows, lo, hi, rows) for lo, hi in pieces for h in range(n_kv)]
+            return [(o * per + h * rows, lo, hi, ws[p % len(ws)], rows) for o, ws in enumerate(kv.owner_workers)
+                    for p, (lo, hi) in enumerate(pieces) for h in range(n_kv)], []
+        keys = Job([(F16, kv.k_bytes[il][o][h], 0, 0, 0, h * rows + r, o * per + h * rows + r) for o, h, r in idx],
+                   *chunks(CREW_KEYS, kv.cap))
+        values = Job([(F16, kv.v_bytes[il][o][h], 0, 0, 0, o * per + h * rows + r, o * per + h * rows + r)
+                      for o, h, r in idx], *chunks(CREW_DIMS, hdv))
         return keys, values
 
     def _attention_pass(self, kv: KVCache, rows: int, spread: bool, fn: Callable[[int, int, int], None]) -> None:

@@ -37,6 +37,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from .vocab import build_vocab
+
 __all__ = ["Tokenizer", "StreamDecoder", "SUPPORTED_MODELS", "SUPPORTED_PRE"]
 
 # GGUF token types (tokenizer.ggml.token_type)
@@ -447,14 +449,15 @@ class Tokenizer:
         if n == 0:
             raise ValueError("tokenizer vocabulary (tokenizer.ggml.tokens) is empty")
         tokens = list(tokens)
-        # token -> id (a later duplicate wins, as in llama.cpp); empty texts renamed
-        t2i = dict(zip(tokens, range(n)))
-        if "" in t2i:
+        # empty texts renamed, as llama.cpp
+        if "" in tokens:
             for i, t in enumerate(tokens):
                 if t == "":
                     tokens[i] = f"[EMPTY_{i}]"
-            t2i = dict(zip(tokens, range(n)))
-        self.tokens = tokens
+        # id -> text and text -> id (a later duplicate wins, as in llama.cpp), kept compact: one UTF-8
+        # blob and a hash table (~9 MiB for a 262k vocabulary) rather than a list of str and a dict
+        # (~35 MiB); see vocab.py. ``tokens`` (a list) and its strings are dropped after __init__.
+        self.tokens, t2i = build_vocab(tokens)
         self._t2i = t2i
 
         # scores as float32 (like llama.cpp), read back as Python floats: 4 bytes a token instead of a
@@ -775,7 +778,7 @@ class Tokenizer:
         n = len(text)
         if n == 0:
             return
-        t2i = self._t2i
+        get = self._t2i.get
         scores = self._scores
         if n == 1:
             self._spm_emit(text, out)
@@ -788,7 +791,7 @@ class Tokenizer:
         push = heapq.heappush
         pop = heapq.heappop
         for i in range(n - 1):
-            tid = t2i.get(text[i:i + 2])
+            tid = get(text[i:i + 2])
             if tid is not None:
                 heap.append((-scores[tid], i, i + 1, 2))
         heapq.heapify(heap)
@@ -807,12 +810,12 @@ class Tokenizer:
             p = prev[left]
             if p >= 0:
                 s = length[p] + size
-                tid = t2i.get(text[p:p + s])
+                tid = get(text[p:p + s])
                 if tid is not None:
                     push(heap, (-scores[tid], p, left, s))
             if r_next >= 0:
                 s = size + length[r_next]
-                tid = t2i.get(text[left:left + s])
+                tid = get(text[left:left + s])
                 if tid is not None:
                     push(heap, (-scores[tid], left, r_next, s))
         i = 0
@@ -848,9 +851,9 @@ class Tokenizer:
             out.extend(ids)
 
     def _bpe_word(self, w: str) -> list[int]:
-        t2i = self._t2i
+        get = self._t2i.get
         if self._ignore_merges:
-            tid = t2i.get(w)
+            tid = get(w)
             if tid is not None:
                 return [tid]
         n = len(w)
@@ -895,7 +898,7 @@ class Tokenizer:
         i = 0 if n else -1
         while i != -1:
             piece = w[i:i + length[i]]
-            tid = t2i.get(piece)
+            tid = get(piece)
             if tid is not None:
                 out.append(tid)
             else:
@@ -903,7 +906,7 @@ class Tokenizer:
                 # one-byte token; only ASCII bytes can match
                 for b in piece.encode("utf-8"):
                     if b < 0x80:
-                        bt = t2i.get(chr(b))
+                        bt = get(chr(b))
                         if bt is not None:
                             out.append(bt)
             i = nxt[i]
