@@ -288,3 +288,24 @@ def test_two_kv_owners_decode_through_the_crew(model_path, eng, monkeypatch):
         assert two.rt._crew.lead in {key[1] for key in _decoders() if isinstance(key, tuple)}  # owners' path ran
     finally:
         two.close()
+
+
+def test_starved_crew_backs_off_to_python_hand_offs(eng, monkeypatch):
+    """When the caller mostly waits for the crew (another process holds a worker's CPU), the
+    next tokens run without spinning workers; outputs do not change."""
+    from workbench.engine import crew as crew_mod
+    from workbench.engine import runtime
+    ref = eng.new_session(256)
+    ref_logits = [ref.eval(PROMPT)] + [ref.eval([t]) for t in (5, 6, 7, 8, 9)]
+    orig = crew_mod.Crew.stop
+    monkeypatch.setattr(crew_mod.Crew, "stop", lambda self: orig(self) + 10.0)  # as if it waited 10 s
+    s = eng.new_session(256)
+    got = [s.eval(PROMPT)]
+    for i, t in enumerate((5, 6, 7, 8, 9)):
+        got.append(s.eval([t]))
+        if i < runtime.CREW_STARVED - 1:
+            assert eng.rt.crew_backoff == 0
+    assert eng.rt.crew_backoff == runtime.CREW_BACKOFF - 2  # backed off after 3, then 2 tokens without it
+    for a, b in zip(ref_logits, got):
+        np.testing.assert_array_equal(a, b)
+    eng.rt.crew_backoff = 0

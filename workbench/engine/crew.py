@@ -434,19 +434,22 @@ class Crew:
         self.pool.launch(body, lead=True)
         self.active = True
 
-    def stop(self) -> None:
-        """Release the workers back to the pool (and re-raise what one of them raised)."""
+    def stop(self) -> float:
+        """Release the workers back to the pool (and re-raise what one of them raised); returns
+        the seconds the caller spent waiting for the workers since `start`."""
         if not self.active:
-            return
+            return 0.0
         self.active = False
         if self.n_workers < 2:
-            return
+            return 0.0
         self.ctl[SEQ] = -1
+        waited = self.ctl[WAITED] * 1e-9
         try:
             self.pool.join()
         finally:
-            self.pool.note_idle(0, self.ctl[WAITED] * 1e-9)  # the caller's waits for acknowledgements
+            self.pool.note_idle(0, waited)  # the caller's waits for acknowledgements
             self.ctl[WAITED] = 0
+        return waited
 
     def run(self, job: Job, xa: tuple, xb: tuple, outs: Sequence[np.ndarray],
             rows: tuple[int, int] = (0, NO_LIMIT), w_shift: int = 0) -> None:

@@ -17,6 +17,7 @@ product whatever the split, so results do not depend on the thread count.
 from __future__ import annotations
 
 import os
+import time
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator, Protocol, Sequence
@@ -46,6 +47,12 @@ CAUSAL_ROWS = 64  # prompt: query rows per attention piece (each piece stops at 
 CREW_KEYS = 128  # key positions per chunk of a one-token attention's scores
 CREW_DIMS = 32   # value dimensions per chunk of its weighted sum
 USE_CREW = os.environ.get("NUMAWB_CREW", "1") != "0"
+# a pass whose caller waited for the crew's workers longer than this share of it is "starved":
+# another process holds a worker's CPU and the spinning only delays it. After CREW_STARVED such
+# passes in a row the next CREW_BACKOFF tokens use Python hand-offs (no spinning), then it retries
+CREW_STARVED_SHARE = 0.4
+CREW_STARVED = 3
+CREW_BACKOFF = 256
 # weight types whose products take the same prepared activations (ggml's vec_dot_type: Q8_0,
 # Q8_1, Q8_K) -> one representative type, so a group prepares each input once
 _VEC_DOT = {kernels.Q4_0: kernels.Q8_0, kernels.Q5_0: kernels.Q8_0, kernels.Q4_1: kernels.Q5_1,
@@ -139,6 +146,8 @@ class Runtime:
         self._groups: dict[tuple[str, ...], _Group] = {}
         self._leading = False
         self._crew: Crew | None = None
+        self.crew_backoff = 0  # one-token passes left without the crew (see _note_wait)
+        self._starved = 0
         self.weights = {name: Weight(info) for name, info in gguf.tensors.items()}
 
     # -- weights -----------------------------------------------------------------
@@ -221,16 +230,29 @@ class Runtime:
             self._leading = True
             crew = None
             if n_tokens == 1 and USE_CREW:
-                if self._crew is None:
-                    self._crew = Crew(self.pool, self.n_workers)
-                crew = self._crew
-                crew.start()
+                if self.crew_backoff > 0:
+                    self.crew_backoff -= 1
+                else:
+                    if self._crew is None:
+                        self._crew = Crew(self.pool, self.n_workers)
+                    crew = self._crew
+                    crew.start()
+            t0 = time.perf_counter()
             try:
                 yield
             finally:
                 self._leading = False
                 if crew is not None:
-                    crew.stop()
+                    self._note_wait(crew.stop(), time.perf_counter() - t0)
+
+    def _note_wait(self, waited: float, wall: float) -> None:
+        """Back off from the crew after CREW_STARVED passes in a row mostly spent waiting for it."""
+        if waited > CREW_STARVED_SHARE * wall:
+            self._starved += 1
+            if self._starved >= CREW_STARVED:
+                self.crew_backoff, self._starved = CREW_BACKOFF, 0
+        else:
+            self._starved = 0
 
     @property
     def _crewing(self) -> bool:
