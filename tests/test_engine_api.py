@@ -295,8 +295,10 @@ def test_starved_crew_backs_off_to_python_hand_offs(eng, monkeypatch):
     next tokens run without spinning workers; outputs do not change."""
     from workbench.engine import crew as crew_mod
     from workbench.engine import runtime
+    eng.rt.crew_backoff = 0
     ref = eng.new_session(256)
     ref_logits = [ref.eval(PROMPT)] + [ref.eval([t]) for t in (5, 6, 7, 8, 9)]
+    assert eng.rt.crew_backoff == 0  # a tiny model's short waits are not starvation
     orig = crew_mod.Crew.stop
     monkeypatch.setattr(crew_mod.Crew, "stop", lambda self: orig(self) + 10.0)  # as if it waited 10 s
     s = eng.new_session(256)

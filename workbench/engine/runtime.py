@@ -51,6 +51,7 @@ USE_CREW = os.environ.get("NUMAWB_CREW", "1") != "0"
 # another process holds a worker's CPU and the spinning only delays it. After CREW_STARVED such
 # passes in a row the next CREW_BACKOFF tokens use Python hand-offs (no spinning), then it retries
 CREW_STARVED_SHARE = 0.4
+CREW_STARVED_SECONDS = 0.002  # and longer than this (a scheduler time slice; tiny models wait us)
 CREW_STARVED = 3
 CREW_BACKOFF = 256
 # weight types whose products take the same prepared activations (ggml's vec_dot_type: Q8_0,
@@ -247,7 +248,7 @@ class Runtime:
 
     def _note_wait(self, waited: float, wall: float) -> None:
         """Back off from the crew after CREW_STARVED passes in a row mostly spent waiting for it."""
-        if waited > CREW_STARVED_SHARE * wall:
+        if waited > CREW_STARVED_SHARE * wall and waited > CREW_STARVED_SECONDS:
             self._starved += 1
             if self._starved >= CREW_STARVED:
                 self.crew_backoff, self._starved = CREW_BACKOFF, 0
