@@ -301,7 +301,7 @@ def test_starved_crew_backs_off_to_python_hand_offs(eng, monkeypatch):
     assert eng.rt.crew_backoff == 0  # a tiny model's short waits are not starvation
     orig = crew_mod.Crew.stop
     monkeypatch.setattr(crew_mod.Crew, "stop", lambda self: orig(self) + 10.0)  # as if it waited 10 s
-    s = eng.new_session(256)
+    s = eng.new_session(512)
     got = [s.eval(PROMPT)]
     for i, t in enumerate((5, 6, 7, 8, 9)):
         got.append(s.eval([t]))
@@ -310,4 +310,12 @@ def test_starved_crew_backs_off_to_python_hand_offs(eng, monkeypatch):
     assert eng.rt.crew_backoff == runtime.CREW_BACKOFF - 2  # backed off after 3, then 2 tokens without it
     for a, b in zip(ref_logits, got):
         np.testing.assert_array_equal(a, b)
-    eng.rt.crew_backoff = 0
+    # the retry starves again: twice as long a back-off
+    for t in range(runtime.CREW_BACKOFF - 2 + runtime.CREW_STARVED):
+        s.eval([10 + t % 50])
+    assert eng.rt.crew_backoff == 2 * runtime.CREW_BACKOFF
+    # a healthy pass after the back-off resets it
+    monkeypatch.setattr(crew_mod.Crew, "stop", orig)
+    for t in range(2 * runtime.CREW_BACKOFF + 1):
+        s.eval([10 + t % 50])
+    assert eng.rt.crew_backoff == 0 and eng.rt._backoff_next == runtime.CREW_BACKOFF

@@ -49,11 +49,14 @@ CREW_DIMS = 32   # value dimensions per chunk of its weighted sum
 USE_CREW = os.environ.get("NUMAWB_CREW", "1") != "0"
 # a pass whose caller waited for the crew's workers longer than this share of it is "starved":
 # another process holds a worker's CPU and the spinning only delays it. After CREW_STARVED such
-# passes in a row the next CREW_BACKOFF tokens use Python hand-offs (no spinning), then it retries
+# passes in a row the next tokens use Python hand-offs (no spinning), CREW_BACKOFF of them at
+# first, twice as many each time the retry starves again (up to CREW_BACKOFF_MAX): a burst of
+# other work costs a few tokens, steady contention finds the crew off nearly all the time
 CREW_STARVED_SHARE = 0.4
 CREW_STARVED_SECONDS = 0.002  # and longer than this (a scheduler time slice; tiny models wait us)
 CREW_STARVED = 3
-CREW_BACKOFF = 256
+CREW_BACKOFF = 16
+CREW_BACKOFF_MAX = 1024
 # weight types whose products take the same prepared activations (ggml's vec_dot_type: Q8_0,
 # Q8_1, Q8_K) -> one representative type, so a group prepares each input once
 _VEC_DOT = {kernels.Q4_0: kernels.Q8_0, kernels.Q5_0: kernels.Q8_0, kernels.Q4_1: kernels.Q5_1,
@@ -149,6 +152,7 @@ class Runtime:
         self._crew: Crew | None = None
         self.crew_backoff = 0  # one-token passes left without the crew (see _note_wait)
         self._starved = 0
+        self._backoff_next = CREW_BACKOFF
         self.weights = {name: Weight(info) for name, info in gguf.tensors.items()}
 
     # -- weights -----------------------------------------------------------------
@@ -251,9 +255,11 @@ class Runtime:
         if waited > CREW_STARVED_SHARE * wall and waited > CREW_STARVED_SECONDS:
             self._starved += 1
             if self._starved >= CREW_STARVED:
-                self.crew_backoff, self._starved = CREW_BACKOFF, 0
+                self.crew_backoff, self._starved = self._backoff_next, 0
+                self._backoff_next = min(2 * self._backoff_next, CREW_BACKOFF_MAX)
         else:
             self._starved = 0
+            self._backoff_next = CREW_BACKOFF
 
     @property
     def _crewing(self) -> bool:
