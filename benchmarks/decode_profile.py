@@ -14,18 +14,14 @@ every variant sees the same background load.
 """
 from __future__ import annotations
 
-import argparse
 import os
-import statistics
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from profiling import Timers, print_ab, run_ab, serve, wrap_engine  # noqa: E402
+from profiling import Timers, cli, wrap_engine  # noqa: E402
 
-from workbench.engine import Engine  # noqa: E402
 from workbench.engine import kernels  # noqa: E402
-from workbench.engine.engine import Placement  # noqa: E402
 
 PROMPT = "The capital of France is"
 
@@ -61,50 +57,10 @@ def profile(engine, session, n: int) -> None:
         print(f"  {thread:16s} {label:24s} {tot / n * 1e3:7.3f} ms/token  {calls / n:6.1f} calls/token")
 
 
-def child(threads: int, n: int) -> None:
-    """--ab worker process: one decode run per line read from stdin, its t/s printed."""
-    engine = Engine.load(placement=Placement(threads=threads))
-    session = engine.new_session(512)
+def runner(engine, session, n: int):
     decode_tps(session, 4)
-    serve(engine, lambda: decode_tps(session, n))
-
-
-def ab(trees: list[str], threads: list[int], n: int, reps: int) -> None:
-    results = run_ab(__file__, trees, threads, ["-n", str(n)], reps)
-    print_ab(results, "decode", reps)
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("-t", "--threads", default="1,2")
-    ap.add_argument("-n", "--tokens", type=int, default=32)
-    ap.add_argument("-r", "--reps", type=int, default=5)
-    ap.add_argument("--profile", action="store_true")
-    ap.add_argument("--ab", help="comma-separated source trees to compare side by side")
-    ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.child:
-        return child(args.child, args.tokens)
-    threads = [int(t) for t in args.threads.split(",")]
-    if args.ab:
-        return ab(args.ab.split(","), threads, args.tokens, args.reps)
-    engine = Engine.load(placement=Placement(threads=threads[0]))
-    try:
-        for nt in threads:
-            if nt != engine.pool.n_threads:
-                engine.switch(threads=nt)
-            session = engine.new_session(512)
-            decode_tps(session, 4)
-            tps = [decode_tps(session, args.tokens) for _ in range(args.reps)]
-            print(f"threads={nt}: decode {statistics.median(tps):.1f} t/s "
-                  f"(median of {args.reps}; min {min(tps):.1f}, max {max(tps):.1f}); "
-                  f"load average {os.getloadavg()[0]:.2f}")
-            if args.profile:
-                profile(engine, session, args.tokens)
-            session.close()
-    finally:
-        engine.close()
+    return lambda: decode_tps(session, n)
 
 
 if __name__ == "__main__":
-    main()
+    cli(__doc__, __file__, ("-n", "--tokens"), 32, lambda n: "decode", lambda n: 512, runner, profile)

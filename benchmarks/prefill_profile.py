@@ -15,21 +15,17 @@ the same background load.  Quote the ratio, not the absolute numbers: the machin
 """
 from __future__ import annotations
 
-import argparse
 import os
-import statistics
 import sys
 import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from profiling import Timers, print_ab, run_ab, serve, wrap_engine  # noqa: E402
+from profiling import Timers, cli, wrap_engine  # noqa: E402
 
-from workbench.engine import Engine  # noqa: E402
 from workbench.engine import kernels  # noqa: E402
 from workbench.engine import runtime as _runtime  # noqa: E402
-from workbench.engine.engine import Placement  # noqa: E402
 
 TYPE_NAMES = dict(kernels.SUPPORTED_TYPES)
 
@@ -81,52 +77,12 @@ def profile(engine, session, ids: list[int]) -> None:
         print(f"  {thread:16s} {label:28s} {t * 1e3:8.2f} ms {100 * t / wall:5.1f} %  {c:6d} calls{rate}")
 
 
-def child(threads: int, n: int) -> None:
-    """--ab worker process: one prefill per line read from stdin, its t/s printed."""
-    engine = Engine.load(placement=Placement(threads=threads))
-    session = engine.new_session(max(n, 512))
+def runner(engine, session, n: int):
     ids = prompt_ids(engine, n)
     prefill_tps(session, ids)
-    serve(engine, lambda: prefill_tps(session, ids))
-
-
-def ab(trees: list[str], threads: list[int], n: int, reps: int) -> None:
-    results = run_ab(__file__, trees, threads, ["-p", str(n)], reps)
-    print_ab(results, f"pp{n}", reps, ratio=True)
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("-t", "--threads", default="1,2")
-    ap.add_argument("-p", "--prompt", type=int, default=512)
-    ap.add_argument("-r", "--reps", type=int, default=5)
-    ap.add_argument("--profile", action="store_true")
-    ap.add_argument("--ab", help="comma-separated source trees to compare side by side")
-    ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.child:
-        return child(args.child, args.prompt)
-    threads = [int(t) for t in args.threads.split(",")]
-    if args.ab:
-        return ab(args.ab.split(","), threads, args.prompt, args.reps)
-    engine = Engine.load(placement=Placement(threads=threads[0]))
-    try:
-        ids = prompt_ids(engine, args.prompt)
-        for nt in threads:
-            if nt != engine.pool.n_threads:
-                engine.switch(threads=nt)
-            session = engine.new_session(max(args.prompt, 512))
-            prefill_tps(session, ids)
-            tps = [prefill_tps(session, ids) for _ in range(args.reps)]
-            print(f"threads={nt}: pp{args.prompt} {statistics.median(tps):.1f} t/s "
-                  f"(median of {args.reps}; min {min(tps):.1f}, max {max(tps):.1f}); "
-                  f"load average {os.getloadavg()[0]:.2f}; kernels {kernels.kernel_path()}")
-            if args.profile:
-                profile(engine, session, ids)
-            session.close()
-    finally:
-        engine.close()
+    return lambda: prefill_tps(session, ids)
 
 
 if __name__ == "__main__":
-    main()
+    cli(__doc__, __file__, ("-p", "--prompt"), 512, lambda n: f"pp{n}", lambda n: max(n, 512), runner,
+        lambda engine, session, n: profile(engine, session, prompt_ids(engine, n)), ratio=True)

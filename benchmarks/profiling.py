@@ -5,10 +5,12 @@
   and the model's forward;
 * :func:`serve` and :func:`run_ab` are the two halves of an ``--ab`` comparison: one child process
   per source tree and thread count, all loaded at once and taking turns run by run, so every variant
-  sees the same background load.
+  sees the same background load;
+* :func:`cli` is the command line both scripts share.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import subprocess
@@ -143,3 +145,47 @@ def print_ab(results: dict[tuple[int, str], list[float]], what: str, reps: int, 
         base.setdefault(nt, med)
         print(f"threads={nt} {tree:30s} {what} {med:6.1f} t/s (median of {reps}; "
               f"min {min(tps):.1f}, max {max(tps):.1f})" + (f"  x{med / base[nt]:.3f}" if ratio else ""))
+
+
+# ----------------------------------------------------------------------------- command line
+def cli(doc: str, script: str, size_flags: tuple[str, str], default: int, what: Callable[[int], str],
+        ctx: Callable[[int], int], runner: Callable, profile: Callable, ratio: bool = False) -> None:
+    """``-t 1,2``, the work size (``size_flags``), ``-r``, ``--profile`` and ``--ab`` (plus the
+    hidden ``--child`` of --ab). ``runner(engine, session, size)`` warms up and returns a function
+    that measures once (tokens/s); ``profile(engine, session, size)`` prints a breakdown;
+    ``what(size)`` names the measurement; ``ctx(size)`` is the context the session needs."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("-t", "--threads", default="1,2")
+    ap.add_argument(*size_flags, dest="size", type=int, default=default)
+    ap.add_argument("-r", "--reps", type=int, default=5)
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--ab", help="comma-separated source trees to compare side by side")
+    ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    from workbench.engine import Engine, kernels
+    from workbench.engine.engine import Placement
+    if args.child:
+        engine = Engine.load(placement=Placement(threads=args.child))
+        serve(engine, runner(engine, engine.new_session(ctx(args.size)), args.size))
+        return
+    threads = [int(t) for t in args.threads.split(",")]
+    if args.ab:
+        results = run_ab(script, args.ab.split(","), threads, [size_flags[0], str(args.size)], args.reps)
+        print_ab(results, what(args.size), args.reps, ratio=ratio)
+        return
+    engine = Engine.load(placement=Placement(threads=threads[0]))
+    try:
+        for nt in threads:
+            if nt != engine.pool.n_threads:
+                engine.switch(threads=nt)
+            session = engine.new_session(ctx(args.size))
+            once = runner(engine, session, args.size)
+            tps = [once() for _ in range(args.reps)]
+            print(f"threads={nt}: {what(args.size)} {statistics.median(tps):.1f} t/s "
+                  f"(median of {args.reps}; min {min(tps):.1f}, max {max(tps):.1f}); "
+                  f"load average {os.getloadavg()[0]:.2f}; kernels {kernels.kernel_path()}")
+            if args.profile:
+                profile(engine, session, args.size)
+            session.close()
+    finally:
+        engine.close()
