@@ -30,6 +30,7 @@ from numba import types
 from numba.extending import intrinsic, overload
 
 from . import kernels
+from .kernels.simd import _fn
 
 _NB = dict(nogil=True, cache=True)
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
@@ -98,10 +99,7 @@ def cpu_relax(typingctx):
     """The x86 `pause` hint inside a spin loop (nothing elsewhere)."""
     def codegen(context, builder, sig, args):
         if _X86:
-            fn = builder.module.globals.get("llvm.x86.sse2.pause")
-            if fn is None:
-                fn = ir.Function(builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse2.pause")
-            builder.call(fn, [])
+            builder.call(_fn(builder, "llvm.x86.sse2.pause", ir.VoidType(), []), [])
         return context.get_dummy_value()
     return types.void(), codegen
 
@@ -110,10 +108,7 @@ def cpu_relax(typingctx):
 def yield_cpu(typingctx):
     """sched_yield(2): let another runnable thread have this CPU."""
     def codegen(context, builder, sig, args):
-        fn = builder.module.globals.get("sched_yield")
-        if fn is None:
-            fn = ir.Function(builder.module, ir.FunctionType(ir.IntType(32), []), "sched_yield")
-        builder.call(fn, [])
+        builder.call(_fn(builder, "sched_yield", ir.IntType(32), []), [])
         return context.get_dummy_value()
     return types.void(), codegen
 
@@ -123,10 +118,7 @@ def now_ns(typingctx):
     """clock_gettime(CLOCK_MONOTONIC) in nanoseconds (vDSO: tens of nanoseconds)."""
     def codegen(context, builder, sig, args):
         i64 = ir.IntType(64)
-        fn = builder.module.globals.get("clock_gettime")
-        if fn is None:
-            fn = ir.Function(builder.module, ir.FunctionType(ir.IntType(32), [ir.IntType(32), i64.as_pointer()]),
-                             "clock_gettime")
+        fn = _fn(builder, "clock_gettime", ir.IntType(32), [ir.IntType(32), i64.as_pointer()])
         ts = builder.alloca(ir.ArrayType(i64, 2))
         p = builder.bitcast(ts, i64.as_pointer())
         builder.call(fn, [ir.Constant(ir.IntType(32), 1), p])
