@@ -443,15 +443,11 @@ class Crew:
             self.ctl[WAITED] = 0
         return waited
 
-    def run(self, job: Job, xa: tuple, xb: tuple, outs: Sequence[np.ndarray],
-            rows: tuple[int, int] = (0, NO_LIMIT), w_shift: int = 0) -> None:
-        """Run a job: prepared inputs `xa`, `xb` (tasks' prep 0 / 1) into outputs `outs`.
-
-        Inputs and outputs are 1-D, or 2-D with the row given by the task. `rows`: chunk rows
-        count from rows[0] and stop at rows[1]; `w_shift` moves every weight address.
-        """
+    def run(self, job: Job, xa: tuple, xb: tuple, outs: Sequence[np.ndarray]) -> None:
+        """Run a job: prepared inputs `xa`, `xb` (tasks' prep 0 / 1) into outputs `outs` (1-D,
+        or 2-D with the row given by the task)."""
         ok = self._lead(self.ctl, self.n_workers, job.tasks, job.chunks, job.n_owned, xa, xb, tuple(outs),
-                        rows[0], rows[1], w_shift)
+                        0, NO_LIMIT, 0)
         if not ok:
             self.stop()
             raise CrewError("a worker failed during a product")

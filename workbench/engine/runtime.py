@@ -477,14 +477,6 @@ class Runtime:
         # ggml_vec_dot_f16 for one: our F16 matmat / matvec follow those two summation orders
         decode = n == 1
 
-        # one token, one owner, workers in the crew: scores split by key positions, the weighted
-        # sum by value dimensions (every output is still one kernel call's dot, in order)
-        crewed = decode and no == 1 and self._crewing
-        if crewed:
-            jobs = kv.jobs.get(il)
-            if jobs is None:
-                jobs = kv.jobs[il] = self._attention_jobs(kv, il, rows)
-
         def window_start(o: int, align: int = 1) -> int:
             """One token: owner o's first slot inside the sliding window (rounded down to `align`)."""
             return filled_slots(max(pos0 - window + 1, 0), o, no) // align * align if decode and window else 0
@@ -503,10 +495,7 @@ class Runtime:
                 return
             # one token: no dots for keys that slid out of the window (softmax_stats masks them)
             lo = window_start(o)
-            if crewed:
-                xs = (xq.reshape(n_kv * rows, hd),)
-                self._crew.run(jobs[0], xs, xs, [scores[o].reshape(n_kv * rows, -1)], (lo, ns))
-            for h in range(n_kv if not crewed else 0):
+            for h in range(n_kv):
                 keys, sc = kb[o][h], scores[o][h]
                 if decode:
                     for r in range(r0, r1 if lo < ns else r0):
@@ -538,10 +527,6 @@ class Runtime:
             # product in the same accumulator lane, so the sum is the same to the bit
             # (xp starts at slot `base`; the values are read from slot `lo`)
             lo = window_start(o, 64) if SKIP_SLID_VALUES else 0
-            if crewed:
-                xs = (xp.reshape(n_kv * (r1 - r0), kp - base)[:, lo - base:],)
-                self._crew.run(jobs[1], xs, xs, [outs[o].reshape(n_kv * rows, hdv)], w_shift=2 * lo)
-                return
             for h in range(n_kv):
                 values, out = vb[o][h], outs[o][h]
                 if lo:
@@ -561,7 +546,7 @@ class Runtime:
                         x = np.ascontiguousarray(xp[h, a - r0:b - r0, :width])
                         kernels.matmat(F16, values, (x,), out[a:b], 0, hdv)
 
-        spread = sum(n_slots) * rows > SPREAD_ATTENTION and not crewed
+        spread = sum(n_slots) * rows > SPREAD_ATTENTION
         self._attention_pass(kv, rows, spread, scores_rows)
         merge_stats(mxs, sms, big_m, inv_l)
         self._attention_pass(kv, rows, spread, values_rows)
