@@ -97,3 +97,17 @@ def test_signals_end_generation_cleanly(tmp_path, sig, code):
         p.kill()
     assert p.returncode == code
     assert "Traceback" not in err
+
+
+def test_signal_wrapped_by_a_compiled_call_is_found():
+    """A signal's exception raised during a Numba call surfaces as SystemError with it as cause."""
+    from workbench.cli import _signal_exception
+    for sig in (KeyboardInterrupt(), SystemExit(143)):
+        try:
+            try:
+                raise sig
+            except BaseException as inner:
+                raise SystemError("CPUDispatcher(...) returned a result with an exception set") from inner
+        except SystemError as e:
+            assert _signal_exception(e) is sig
+    assert _signal_exception(SystemError("unrelated")) is None

@@ -284,6 +284,20 @@ def _terminate(signum, frame) -> None:
     raise SystemExit(128 + signum)  # unwinds: atexit hooks restore system settings, buffers are freed
 
 
+def _signal_exception(e: BaseException) -> BaseException | None:
+    """The KeyboardInterrupt / SystemExit (SIGTERM) behind `e`, if any. A signal's exception raised
+    while a compiled (Numba) call ran comes back wrapped in SystemError ("returned a result with
+    an exception set"), the signal's exception as its cause."""
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, (KeyboardInterrupt, SystemExit)):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     import signal
     if threading.current_thread() is threading.main_thread():
@@ -315,6 +329,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("numawb: interrupted", file=sys.stderr)
         return 130
+    except SystemError as e:
+        sig = _signal_exception(e)
+        if isinstance(sig, KeyboardInterrupt):
+            print("numawb: interrupted", file=sys.stderr)
+            return 130
+        if isinstance(sig, SystemExit):
+            return sig.code if isinstance(sig.code, int) else 1
+        raise
 
 
 if __name__ == "__main__":
