@@ -37,7 +37,7 @@ def _matmat_split(t, w, xp, n, splits):
 
 
 @pytest.mark.parametrize("t", [T.Q5_0, T.Q4_K, T.Q6_K])
-@pytest.mark.parametrize("n", [3, 4, 8, 9, 12, 17])
+@pytest.mark.parametrize("n", [3, 4, 8, 9, 12, 17, 32, 37])  # Q4_K/Q6_K regroup rows from 32 columns
 def test_quant_matmat_tiles(path, t, n):
     w = weights(t, rows=ROWS)
     xp = K.prepare(int(t), activations(n))

@@ -45,6 +45,9 @@ from .simd import (AVX2, VNNI, b_add, b_and, bf16_to_f32, b_or, b_shl, b_shr, do
 _NB = dict(nogil=True, cache=True)
 f32 = np.float32
 _MODES = {"avx2": AVX2, "avx512-vnni": VNNI}
+# Q4_K / Q6_K prompts regroup 8 weight rows per call (rows in vector lanes) from this many
+# columns on; fewer columns take the per-row code, whose float order is the same
+REGROUP_COLUMNS = 32
 
 
 # ============================================================================= legacy quants
@@ -933,9 +936,11 @@ def _kquants(mode):
     def q4_K_matmat(w, xp, out, r0, r1):
         n = xp[0].shape[0]
         r8 = r0 + (r1 - r0) // 8 * 8
-        if n >= 4:
+        if n >= REGROUP_COLUMNS:
             q4_K_gemm_rows8(w, xp, out, r0, r8)
             q4_K_gemm_rows(w, xp, out, r8, r1)
+        elif n >= 4:
+            q4_K_gemm_rows(w, xp, out, r0, r1)
         q4_K_gemv_rows(w, xp, out, r0, r1)
 
     # ---- Q6_K tiled order (n >= 8) with rows in lanes (_repack_q6_K, as for Q4_K): per column and
@@ -1019,7 +1024,7 @@ def _kquants(mode):
     @numba.njit(**_NB)
     def q6_K_matmat(w, xp, out, r0, r1):
         r8 = r0 + (r1 - r0) // 8 * 8
-        if xp[0].shape[0] >= 8:
+        if xp[0].shape[0] >= REGROUP_COLUMNS:
             q6_K_tiled_rows8(w, xp, out, r0, r8)
             q6_K_matmat_rows(w, xp, out, r8, r1)
         else:
