@@ -13,20 +13,12 @@ from gguf import GGMLQuantizationType as T
 
 from workbench.engine import kernels as K
 
-from test_kernels_exact import SIMD_PATHS, activations, emulate, weights
+from test_kernels_exact import SIMD_PATHS, activations, emulate, path, weights  # noqa: F401 (path: fixture)
 
 pytestmark = pytest.mark.skipif(not SIMD_PATHS, reason="no SIMD kernel path on this CPU")
 
 ROWS = 43
 SPLITS = [(0, ROWS), (0, 19), (19, ROWS)]  # (0, 19): two groups of 8 + 3; (19, 43): three of 8
-
-
-@pytest.fixture(params=SIMD_PATHS)
-def path(request):
-    prev = K.kernel_path()
-    K.set_kernel_path(request.param)
-    yield request.param
-    K.set_kernel_path(prev)
 
 
 def _matmat_split(t, w, xp, n, splits):

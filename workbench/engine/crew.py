@@ -399,8 +399,8 @@ class Crew:
         self.n_workers = n_workers
         self.ctl = np.zeros(ACK + 8 * max(n_workers, 1) + 8, dtype=np.int64)
         self.active = False
-        self._serve, self._lead = _compiled()
-        self.lead = self._lead  # for compiled callers that post jobs themselves
+        # `lead` is public for compiled callers that post jobs themselves (attention, runners)
+        self._serve, self.lead = _compiled()
 
     def start(self) -> None:
         """Send workers 1..N-1 into the loop (returns at once; the caller stands in for worker 0)."""
@@ -446,7 +446,7 @@ class Crew:
     def run(self, job: Job, xa: tuple, xb: tuple, outs: Sequence[np.ndarray]) -> None:
         """Run a job: prepared inputs `xa`, `xb` (tasks' prep 0 / 1) into outputs `outs` (1-D,
         or 2-D with the row given by the task)."""
-        ok = self._lead(self.ctl, self.n_workers, job.tasks, job.chunks, job.n_owned, xa, xb, tuple(outs),
+        ok = self.lead(self.ctl, self.n_workers, job.tasks, job.chunks, job.n_owned, xa, xb, tuple(outs),
                         0, NO_LIMIT, 0)
         if not ok:
             self.stop()
