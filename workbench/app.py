@@ -32,7 +32,8 @@ from .numa.layout import ProgressEvent
 from .settings import SamplingSettings, Settings, load_settings, save_settings
 from .telemetry import Sampler, Snapshot, Telemetry
 from .screens.chat import ChatPane, Reply
-from .screens.dashboard import WEIGHT_MODES, Controls, Dashboard, LoadPanel, kv_modes
+from .numa.modes import WEIGHT_MODES, kv_choices
+from .screens.dashboard import Controls, Dashboard, LoadPanel
 from .screens.dialogs import ErrorScreen, HelpScreen, OpenModelScreen, SamplingScreen
 from .screens.main import MainScreen
 from .screens.themes import Palette, load_themes
@@ -641,7 +642,7 @@ class WorkbenchApp(App[int]):
             yield SystemCommand(f"Weights: {m}", f"switch the weights to '{m}' live",
                                 (lambda m=m: self.request_switch(weights=m)))
         from .numa.topology import load_topology
-        for m in kv_modes(load_topology().node_ids):
+        for m in kv_choices(load_topology().node_ids):
             yield SystemCommand(f"KV cache: {m}", f"switch the KV cache to '{m}' live",
                                 (lambda m=m: self.request_switch(kv=m)))
         for name in self._themes:

@@ -101,29 +101,14 @@ def parse_int_list(s: str, what: str) -> list[int]:
 
 
 def weight_modes(spec: str) -> list[str]:
-    from .numa.layout import WEIGHT_MODES
-    if spec == "all":
-        return list(WEIGHT_MODES)
-    modes = [m.strip() for m in spec.split(",") if m.strip()]
-    for m in modes:
-        if m not in WEIGHT_MODES:
-            raise ValueError(f"unknown weights mode {m!r} (one of {', '.join(WEIGHT_MODES)}, all)")
-    return modes
+    from .numa.modes import parse_weights_list
+    return parse_weights_list(spec)
 
 
 def kv_modes(spec: str) -> list[str]:
-    if spec == "all":
-        from .numa.topology import load_topology
-        try:
-            nodes = [n.id for n in load_topology().nodes]
-        except Exception:  # pragma: no cover - topology unreadable
-            nodes = [0]
-        return ["first-touch", "interleave"] + [f"node:{n}" for n in nodes]
-    modes = [m.strip() for m in spec.split(",") if m.strip()]
-    for m in modes:
-        if not (m in ("first-touch", "interleave") or (m.startswith("node:") and m[5:].isdigit())):
-            raise ValueError(f"unknown KV mode {m!r} (first-touch, interleave, node:N, all)")
-    return modes
+    from .numa.modes import parse_kv_list
+    from .numa.topology import load_topology
+    return parse_kv_list(spec, load_topology().node_ids)
 
 
 def model_label(eng) -> str:

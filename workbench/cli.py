@@ -9,6 +9,8 @@ import sys
 import threading
 from typing import Sequence
 
+from .numa.modes import KV_MODE_HELP, WEIGHT_MODE_HELP
+
 
 class UserError(Exception):
     """A mistake in the user's input: reported as one line, exit status 2."""
@@ -18,9 +20,9 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", metavar="PATH", help="GGUF model file (default: Gemma 3 270M Q4_K_M)")
     p.add_argument("-t", "--threads", type=int, default=None, help="worker threads (default: all cores given)")
     p.add_argument("--weights", default="none", metavar="MODE",
-                   help="weight placement: mirror | interleave | slice | none | auto (default: none)")
+                   help="weight placement: " + WEIGHT_MODE_HELP + " (default: none)")
     p.add_argument("--kv", default="first-touch", metavar="MODE",
-                   help="KV cache placement: first-touch | interleave | node:N (default: first-touch)")
+                   help="KV cache placement: " + KV_MODE_HELP + " (default: first-touch)")
     p.add_argument("--numa", default="distribute", choices=["distribute", "isolate"],
                    help="worker spread: over all nodes, or on one node (default: distribute)")
     p.add_argument("--cpus", metavar="LIST", help="pin workers to these CPUs, e.g. 0-7,16-23")
@@ -36,20 +38,18 @@ def _add_model(p: argparse.ArgumentParser) -> None:
 
 def _placement(args: argparse.Namespace):
     from .engine.engine import Placement
-    from .numa.layout import WEIGHT_MODES
+    from .numa.modes import ModeError, parse_kv, parse_weights
     from .numa.topology import parse_cpulist
-    if args.weights not in WEIGHT_MODES:
-        raise UserError(f"unknown weights mode {args.weights!r} (one of {', '.join(WEIGHT_MODES)})")
-    if args.kv not in ("first-touch", "interleave") and not (args.kv.startswith("node:") and args.kv[5:].isdigit()):
-        raise UserError(f"unknown KV mode {args.kv!r} (first-touch, interleave, node:N)")
+    try:
+        parse_weights(args.weights)
+        parse_kv(args.kv)
+        if args.kv.startswith("node:"):
+            from .numa.topology import load_topology
+            parse_kv(args.kv, load_topology().node_ids)
+    except ModeError as e:
+        raise UserError(str(e)) from None
     if args.threads is not None and args.threads < 1:
         raise UserError(f"-t must be >= 1 (got {args.threads})")
-    if args.kv.startswith("node:"):
-        from .numa.topology import load_topology
-        nodes = load_topology().node_ids
-        if int(args.kv[5:]) not in nodes:
-            raise UserError(f"--kv {args.kv}: this machine has no node {args.kv[5:]} "
-                            f"(nodes: {', '.join(map(str, nodes))})")
     try:
         cpus = parse_cpulist(args.cpus) if args.cpus else None
     except ValueError:

@@ -24,14 +24,13 @@ import numpy as np
 
 from . import syscalls as sc
 from .budget import BudgetError, check_need, fmt_bytes, free_per_node
+from .modes import kv_node, parse_kv, parse_weights
 from .memory import DEFAULT, PAGE, THP_SIZE, PlacedBuffer, Policy, alloc, first_touch, migrate
 from .topology import Topology, load_topology
 
 if TYPE_CHECKING:
     from .workers import WorkerPool
 
-WEIGHT_MODES = ("mirror", "interleave", "slice", "none", "auto")
-KV_MODES = ("first-touch", "interleave", "node:N")
 ROW_ALIGN = 4
 PIECE_ALIGN = 64
 
@@ -148,8 +147,7 @@ def _add(need: dict[int, int], more: Mapping[int, int], sign: int = 1) -> None:
 def plan_weights(specs: Sequence[TensorSpec], mode: str, pool: "WorkerPool", topology: Topology,
                  free: Mapping[int, int] | None = None) -> tuple[dict[str, str], dict[int, int]]:
     """Placement per tensor and the bytes needed per node (``free`` only matters for auto)."""
-    if mode not in WEIGHT_MODES:
-        raise ValueError(f"unknown weights mode {mode!r} (one of {', '.join(WEIGHT_MODES)})")
+    parse_weights(mode)
     nw = pool.n_threads
     if mode == "slice":
         placement = {s.name: "slice" if sliceable(s, nw) else "mirror" for s in specs}
@@ -560,9 +558,7 @@ def _kv_sizes(b: int | Sequence[int], n: int) -> list[int]:
 
 
 def _kv_node(mode: str) -> int:
-    if not mode.startswith("node:") or not mode[5:].isdigit():
-        raise ValueError(f"unknown KV mode {mode!r} (first-touch, interleave, node:N)")
-    return int(mode[5:])
+    return kv_node(parse_kv(mode))
 
 
 class KVLayout:

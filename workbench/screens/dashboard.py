@@ -13,16 +13,11 @@ from textual.widget import Widget
 from textual.widgets import Button, DataTable, Input, Label, ProgressBar, Select, Sparkline, Static
 
 from ..numa.budget import fmt_bytes
+from ..numa.modes import POLICIES, WEIGHT_MODES, kv_choices
 from ..telemetry import Rates, Snapshot, empty_snapshot
 from .themes import Palette
 
-WEIGHT_MODES = ("none", "mirror", "interleave", "slice", "auto")
-POLICIES = ("distribute", "isolate")
 _BALANCING = {0: "off", 1: "on", 2: "on (tiering)", 3: "on (normal + tiering)"}
-
-
-def kv_modes(node_ids: tuple[int, ...] | list[int]) -> list[str]:
-    return ["first-touch", "interleave"] + [f"node:{n}" for n in node_ids]
 
 
 def fmt_short(n: float) -> str:
@@ -193,7 +188,7 @@ class Controls(Vertical):
                 yield Select([(m, m) for m in WEIGHT_MODES], value="none", allow_blank=False, id="weights")
             with Vertical(classes="control"):
                 yield Label("KV cache")
-                yield Select([(m, m) for m in kv_modes([0])], value="first-touch", allow_blank=False, id="kv")
+                yield Select([(m, m) for m in kv_choices([0])], value="first-touch", allow_blank=False, id="kv")
             with Vertical(classes="control"):
                 yield Label("threads policy")
                 yield Select([(m, m) for m in POLICIES], value="distribute", allow_blank=False, id="policy")
@@ -206,7 +201,7 @@ class Controls(Vertical):
     def set_nodes(self, node_ids: tuple[int, ...] | list[int]) -> None:
         sel = self.query_one("#kv", Select)
         cur = sel.value
-        modes = kv_modes(node_ids)
+        modes = kv_choices(node_ids)
         sel.set_options([(m, m) for m in modes])
         sel.value = cur if cur in modes else "first-touch"
 
