@@ -295,11 +295,14 @@ def test_starved_crew_backs_off_to_python_hand_offs(eng, monkeypatch):
     next tokens run without spinning workers; outputs do not change."""
     from workbench.engine import crew as crew_mod
     from workbench.engine import runtime
-    eng.rt.crew_backoff = 0
+    orig = crew_mod.Crew.stop
+    # waits are reported as none (healthy) or 10 s (starved), whatever this machine's load
+    healthy = lambda self: orig(self) * 0.0  # noqa: E731
+    monkeypatch.setattr(crew_mod.Crew, "stop", healthy)
+    eng.rt.crew_backoff, eng.rt._starved, eng.rt._backoff_next = 0, 0, runtime.CREW_BACKOFF
     ref = eng.new_session(256)
     ref_logits = [ref.eval(PROMPT)] + [ref.eval([t]) for t in (5, 6, 7, 8, 9)]
-    assert eng.rt.crew_backoff == 0  # a tiny model's short waits are not starvation
-    orig = crew_mod.Crew.stop
+    assert eng.rt.crew_backoff == 0
     monkeypatch.setattr(crew_mod.Crew, "stop", lambda self: orig(self) + 10.0)  # as if it waited 10 s
     s = eng.new_session(512)
     got = [s.eval(PROMPT)]
@@ -315,7 +318,7 @@ def test_starved_crew_backs_off_to_python_hand_offs(eng, monkeypatch):
         s.eval([10 + t % 50])
     assert eng.rt.crew_backoff == 2 * runtime.CREW_BACKOFF
     # a healthy pass after the back-off resets it
-    monkeypatch.setattr(crew_mod.Crew, "stop", orig)
+    monkeypatch.setattr(crew_mod.Crew, "stop", healthy)
     for t in range(2 * runtime.CREW_BACKOFF + 1):
         s.eval([10 + t % 50])
     assert eng.rt.crew_backoff == 0 and eng.rt._backoff_next == runtime.CREW_BACKOFF

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workbench.numa import (BudgetError, ProgressEvent, TensorSpec, WorkerPool, check_plan, load_topology,
-                            place_kv, place_weights, plan_weights, prove, read_into, row_split,
+from workbench.numa import (BudgetError, KVRequest, ProgressEvent, TensorSpec, WorkerPool, load_topology,
+                            make_plan, place_kv, place_weights, plan_for_pool, prove, read_into, row_split,
                             switch_weights)
 from workbench.numa.topology import fixture_path
 
@@ -81,7 +81,7 @@ def test_layout_mode_roundtrip(pool, mode):
 
 
 def test_slice_mirrors_small_tensors(pool):
-    placement, _ = plan_weights(SPECS, "slice", pool, pool.topology)
+    placement = {n: t.placement for n, t in plan_for_pool(SPECS, "slice", pool).tensors.items()}
     assert placement["blk.0.attn_norm"] == "mirror" and placement["tiny"] == "mirror"
     assert placement["blk.0.ffn_up"] == "slice"
 
@@ -110,21 +110,48 @@ def test_auto_fits_budget_by_slicing_big_tensors():
     """On the 8-node fixture (plan only): auto mirrors while it fits, then slices the biggest."""
     fake = load_topology(fixture_path("xeon-8node-smt"))
 
-    class FakePool:  # plan_weights needs only nodes/workers of a pool
-        topology = fake
-        n_threads = 32
-        nodes = list(range(8))
-        workers = [type("W", (), {"node": i // 4})() for i in range(32)]
-
+    workers = [(i, i // 4) for i in range(32)]  # (cpu, node): 4 workers on each of 8 nodes
     specs = [TensorSpec("big", 4096, 1 << 20), TensorSpec("mid", 4096, 1 << 14), TensorSpec("norm", 1, 4096)]
     total = sum(s.nbytes for s in specs)
-    placement, need = plan_weights(specs, "auto", FakePool, fake, {n: 2 * total for n in range(8)})
-    assert set(placement.values()) == {"mirror"}
-    placement, need = plan_weights(specs, "auto", FakePool, fake, {n: (1 << 30) for n in range(8)})
-    assert placement == {"big": "slice", "mid": "mirror", "norm": "mirror"}
-    assert all(v <= 1 << 30 for v in need.values())
+
+    def placement(plan):
+        return {n: t.placement for n, t in plan.tensors.items()}
+
+    plan = make_plan(specs, "auto", workers, fake, free={n: 2 * total for n in range(8)})
+    assert set(placement(plan).values()) == {"mirror"} and plan.fits
+    plan = make_plan(specs, "auto", workers, fake, free={n: (1 << 30) for n in range(8)})
+    assert placement(plan) == {"big": "slice", "mid": "mirror", "norm": "mirror"}
+    assert all(v <= 1 << 30 for v in plan.need().values()) and plan.fits
     with pytest.raises(BudgetError, match="node 5: need"):
-        check_plan(specs, "auto", FakePool, topology=fake)  # node 5 has ~150 MB free
+        make_plan(specs, "auto", workers, fake).check()  # node 5 has ~150 MB free
+
+
+def test_auto_plans_around_the_kv_cache_and_allocates_what_was_checked():
+    """Bug: auto was checked against free minus the KV cache but allocated against all free
+    memory, so it could mirror more than was checked. Now one plan is checked and executed."""
+    fake = load_topology(fixture_path("xeon-8node-smt"))
+    workers = [(i, i // 4) for i in range(32)]
+    specs = [TensorSpec("big", 4096, 1 << 20), TensorSpec("mid", 4096, 1 << 14)]
+    free = {n: 5 << 30 for n in range(8)}  # room to mirror everything (4.06 GiB) ...
+    kv = KVRequest(8, [(1 << 30) // 8 if i % 4 == 0 else 0 for i in range(32)])  # ... but not beside 1 GiB of KV
+    plan = make_plan(specs, "auto", workers, fake, free=free, kv=kv)
+    assert plan.tensors["big"].placement == "slice"
+    assert plan.kv_need() == {n: 1 << 30 for n in range(8)}
+    assert plan.fits and all(v <= free[n] for n, v in plan.need().items())
+    assert make_plan(specs, "auto", workers, fake, free=free).tensors["big"].placement == "mirror"
+
+
+def test_expert_tensors_slice_per_expert_and_experts_mode_owns_whole_experts():
+    fake = load_topology(fixture_path("xeon-8node-smt"))
+    workers = [(i, i // 4) for i in range(8)]  # 2 nodes x 4 workers
+    exps = TensorSpec("blk.0.ffn_up_exps.weight", 8 * 64, 32, groups=8)
+    plan = make_plan([exps], "slice", workers, fake, free={n: 1 << 30 for n in range(8)})
+    pieces = plan.tensors[exps.name].pieces
+    assert [(p.node, p.lo, p.hi, p.g0, p.g1) for p in pieces] == [(0, 0, 32, 0, 8), (1, 32, 64, 0, 8)]
+    assert plan.weights_need() == {0: exps.nbytes // 2, 1: exps.nbytes // 2}
+    plan = make_plan([exps], "experts", workers, fake, free={n: 1 << 30 for n in range(8)})
+    assert [(p.node, p.g0, p.g1) for p in plan.tensors[exps.name].pieces] == [(0, 0, 4), (1, 4, 8)]
+    assert plan.expert_node(exps.name, 5) == 1 and plan.weights_need() == {0: exps.nbytes // 2, 1: exps.nbytes // 2}
 
 
 def test_budget_refused_before_allocating(pool):
@@ -133,10 +160,10 @@ def test_budget_refused_before_allocating(pool):
         place_weights(specs, "mirror", pool)
     assert "node 0: need 1024.0 GiB, free" in str(e.value)
     with pytest.raises(BudgetError, match="KV 'first-touch'"):
-        check_plan(SPECS, "mirror", pool, n_layers=1000, kv_bytes_per_layer_per_worker=1 << 30)
+        plan_for_pool(SPECS, "mirror", pool, kv=KVRequest(1000, 1 << 30)).check()
     with pytest.raises(BudgetError):
         place_kv(1000, 1 << 30, "first-touch", pool)
-    assert check_plan(SPECS, "mirror", pool, n_layers=2, kv_bytes_per_layer_per_worker=4096)[0] > 0
+    assert plan_for_pool(SPECS, "mirror", pool, kv=KVRequest(2, 4096)).check().need[0] > 0
 
 
 def test_load_from_file_with_progress(pool, tmp_path):

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from .numa import syscalls as sc
-from .numa.layout import TensorSpec, kv_need, plan_weights
+from .numa.plan import KVRequest, TensorSpec, make_plan
 from .numa.proof import BufferProof, prove, read_numa_maps
 from .numa.topology import Topology, fixture_path, format_cpulist, load_topology
 from .numa.workers import plan_cpus
@@ -345,22 +345,18 @@ class Telemetry:
             p = eng.placement
             plan, plan_notes = plan_cpus(topo, p.threads, p.policy.split(":")[0] if p.policy else "distribute")
             notes.extend(plan_notes)
-            pool = _SimPool(topo, plan)
             specs = list(eng.layout.specs.values()) if hasattr(eng.layout, "specs") else \
                 [TensorSpec("weights", 1, wb)]
-            free = {n.id: n.mem_free for n in topo.nodes}
+            kv_total = sum(b.nbytes for b in eng.buffers() if b.kind == "kv")
+            per_worker = max(1, kv_total // max(1, len(plan) * eng.cfg.n_layer))
             try:
-                per_tensor, need_w = plan_weights(specs, p.weights, pool, topo, free)
+                sim = make_plan(specs, p.weights, plan, topo, free={n.id: n.mem_free for n in topo.nodes},
+                                kv=KVRequest(eng.cfg.n_layer, per_worker, p.kv) if kv_total else None)
+                per_tensor = {name: t.placement for name, t in sim.tensors.items()}
+                need_w, need_kv = sim.weights_need(), sim.kv_need()
             except ValueError as e:
                 notes.append(str(e))
                 per_tensor = {}
-            kv_total = sum(b.nbytes for b in eng.buffers() if b.kind == "kv")
-            if kv_total:
-                per_worker = max(1, kv_total // max(1, pool.n_threads * eng.cfg.n_layer))
-                try:
-                    need_kv = kv_need(eng.cfg.n_layer, per_worker, p.kv, pool)
-                except ValueError as e:
-                    notes.append(str(e))
             kinds = sorted(set(per_tensor.values()))
             for n in sorted(need_w):
                 label = f"weights {'+'.join(kinds)} node {n}" if p.weights != "none" else "weights none (OS default)"
@@ -381,26 +377,6 @@ class Telemetry:
                                  1.0 if (w or k) else None))
         return Snapshot(0, 0.0, self.source, True, model, placement, wb, tuple(nodes), tuple(buffers),
                         tuple(workers), topo=topo_info(topo, self._kernel), notes=tuple(notes))
-
-
-@dataclass(frozen=True)
-class _SimWorker:
-    index: int
-    cpu: int
-    node: int
-
-
-class _SimPool:
-    """The parts of WorkerPool the planners read, for a plan on a fixture topology."""
-
-    def __init__(self, topology: Topology, plan: list[tuple[int, int]]):
-        self.topology = topology
-        self.workers = [_SimWorker(i, c, n) for i, (c, n) in enumerate(plan)]
-        self.n_threads = len(self.workers)
-        seen: dict[int, None] = {}
-        for w in self.workers:
-            seen.setdefault(w.node, None)
-        self.nodes = list(seen)
 
 
 class Sampler:

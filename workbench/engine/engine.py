@@ -14,8 +14,8 @@ from . import kernels
 from .chat import ChatFormatter, Message
 from .config import ModelConfig, config_from_metadata
 from .gguf_file import GGUFFile, ModelLoadError, read_gguf
-from ..numa.layout import (KVLayout, ProgressEvent, TensorSpec, check_plan, place_kv, place_weights, row_split,
-                           switch_weights)
+from ..numa.layout import KVLayout, ProgressEvent, execute_weights, switch_weights
+from ..numa.plan import KVRequest, PlacementPlan, TensorSpec, plan_for_pool, row_split
 from ..numa.workers import WorkerPool
 from .kv_cache import KVCache, kv_bytes_per_layer_per_worker
 from .models import ARCHITECTURES
@@ -100,6 +100,26 @@ class SwitchReport:
     method: str = ""
 
 
+def tensor_specs(g: GGUFFile) -> list[TensorSpec]:
+    """What the placement plan needs of each tensor: rows, row bytes, experts stacked in it."""
+    return [TensorSpec(name, t.rows, t.row_bytes, t.shape[2] if len(t.shape) == 3 and "_exps" in name else 1)
+            for name, t in g.tensors.items()]
+
+
+def kv_owners(pool: WorkerPool) -> list[list[int]]:
+    """The KV cache's owners: one per node in use, each the list of that node's workers."""
+    return [pool.node_workers(n) for n in pool.nodes]
+
+
+def kv_sizes(cfg: ModelConfig, n_ctx: int, pool: WorkerPool, owners: list[list[int]] | None = None) -> list[int]:
+    """KV bytes per layer per worker: each owner's first worker holds the owner's positions
+    (and first-touches them); the other workers hold none."""
+    owners = owners if owners is not None else kv_owners(pool)
+    per_owner = kv_bytes_per_layer_per_worker(cfg, n_ctx, len(owners))
+    firsts = {ws[0] for ws in owners}
+    return [per_owner if w in firsts else 0 for w in range(pool.n_threads)]
+
+
 def check_supported(g: GGUFFile) -> None:
     if g.architecture not in ARCHITECTURES:
         raise ModelLoadError(
@@ -176,13 +196,13 @@ class Engine:
         if pool is None:
             pool = WorkerPool(placement.threads, placement.policy, placement.cpus, placement.smt)
         try:
-            specs = [TensorSpec(name, t.rows, t.row_bytes) for name, t in g.tensors.items()]
-            # weights and a default-size KV cache must fit together, checked before allocating either
-            check_plan(specs, placement.weights, pool, cfg.n_layer,
-                       kv_bytes_per_layer_per_worker(cfg, min(DEFAULT_CTX, cfg.n_ctx_train), pool.n_threads),
-                       placement.kv, budget=placement.budget)
-            layout = place_weights(specs, placement.weights, pool, budget=placement.budget, progress=progress,
-                                   hugetlb_kb=placement.hugepages_kb)
+            plan = plan_for_pool(tensor_specs(g), placement.weights, pool, budget=placement.budget,
+                                 kv=KVRequest(cfg.n_layer, kv_sizes(cfg, min(DEFAULT_CTX, cfg.n_ctx_train), pool),
+                                              placement.kv))
+            # weights and a default-size KV cache must fit together, checked before allocating
+            # either; the plan that was checked is the one allocated
+            plan.check()
+            layout = execute_weights(plan, pool, progress, hugetlb_kb=placement.hugepages_kb)
             layout.load(path, {name: t.offset for name, t in g.tensors.items()}, progress)
             rt = Runtime(g, layout, pool, row_split)
             model = arch(cfg, rt)
@@ -208,17 +228,21 @@ class Engine:
         return session
 
     def _owners(self) -> list[list[int]]:
-        return [self.pool.node_workers(n) for n in self.pool.nodes]
+        return kv_owners(self.pool)
+
+    @property
+    def plan(self) -> PlacementPlan:
+        """The placement plan the weights were allocated from."""
+        return self.layout.plan
 
     def make_kv(self, n_ctx: int, mode: str | None = None) -> tuple[KVCache, KVLayout]:
         mode = mode or self.placement.kv
         # one owner of position blocks per node in use; its first worker first-touches its pages
         owners = self._owners()
-        per_owner = kv_bytes_per_layer_per_worker(self.cfg, n_ctx, len(owners))
-        firsts = {ws[0] for ws in owners}
-        sizes = [per_owner if w in firsts else 0 for w in range(self.rt.n_workers)]
-        kvl = place_kv(self.cfg.n_layer, sizes, mode, self.pool, budget=self.placement.budget,
-                       hugetlb_kb=self.placement.hugepages_kb)
+        plan = plan_for_pool((), None, self.pool, budget=self.placement.budget,
+                             kv=KVRequest(self.cfg.n_layer, kv_sizes(self.cfg, n_ctx, self.pool, owners), mode))
+        plan.check()
+        kvl = KVLayout(plan.kv, self.pool, hugetlb_kb=self.placement.hugepages_kb)
         kv = KVCache(self.cfg, n_ctx, len(owners), lambda il, o, nbytes: kvl.array_for(il, owners[o][0])[:nbytes],
                      owners)
         return kv, kvl
@@ -240,7 +264,8 @@ class Engine:
             try:
                 if new_pool is not None or mode != p.weights:
                     t0 = time.perf_counter()
-                    layout = switch_weights(self.layout, mode, pool, progress, budget=p.budget)
+                    plan = plan_for_pool(list(self.layout.specs.values()), mode, pool, budget=p.budget)
+                    layout = switch_weights(self.layout, plan, pool, progress)
                     reports.append(SwitchReport(f"weights {p.weights} -> {mode}", time.perf_counter() - t0,
                                                 getattr(layout, "switch_method", "")))
                     old_pool = self.rt.pool

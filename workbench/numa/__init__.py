@@ -4,8 +4,9 @@ Imports only numpy, psutil, ctypes and the standard library, so it runs in a
 small VM and on any box (no Numba, no Textual).
 """
 from .budget import BudgetError, check_need, free_per_node
-from .layout import (KVLayout, ProgressEvent, TensorSpec, WeightLayout, check_plan, kv_need, node_ranges,
-                     place_kv, place_weights, plan_weights, read_into, row_split, switch_weights)
+from .layout import (KVLayout, ProgressEvent, WeightLayout, execute_weights, place_kv, place_weights, read_into,
+                     switch_weights)
+from .plan import KVRequest, PlacementPlan, TensorSpec, make_plan, plan_for_pool, row_split
 from .memory import PlacedBuffer, Policy, alloc, first_touch, migrate
 from .proof import BufferProof, format_proof, process_numastat, prove
 from .system import disable_numa_balancing, drop_page_cache, numa_balancing
@@ -15,9 +16,9 @@ from .workers import WorkerInfo, WorkerPool, plan_cpus
 
 __all__ = [
     "BudgetError", "BufferProof", "KVLayout", "PlacedBuffer", "Policy", "ProgressEvent", "TensorSpec",
-    "Topology", "WeightLayout", "WorkerInfo", "WorkerPool", "alloc", "check_need", "check_plan",
+    "Topology", "WeightLayout", "WorkerInfo", "WorkerPool", "alloc", "check_need", "execute_weights", "KVRequest", "make_plan", "PlacementPlan", "plan_for_pool",
     "disable_numa_balancing", "drop_page_cache", "first_touch", "fixture_names", "fixture_path",
-    "format_numastat", "format_proof", "format_topo", "free_per_node", "kv_need", "load_topology",
-    "migrate", "node_ranges", "numa_balancing", "place_kv", "place_weights", "plan_cpus",
-    "plan_weights", "process_numastat", "prove", "read_into", "row_split", "switch_weights", "topo_json",
+    "format_numastat", "format_proof", "format_topo", "free_per_node", "load_topology",
+    "migrate", "numa_balancing", "place_kv", "place_weights", "plan_cpus",
+    "process_numastat", "prove", "read_into", "row_split", "switch_weights", "topo_json",
 ]

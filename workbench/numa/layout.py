@@ -1,20 +1,12 @@
-"""Weight and KV-cache placement modes, the row split shared with the engine, and loading.
+"""Executing a placement plan: weight and KV-cache arenas, loading, live switches.
 
-Per tensor, a placement is one of:
-  mirror     - a full copy in every node's arena (each bound to its node)
-  slice      - each node's arena holds the rows its own workers compute (``row_split``)
-  interleave - one copy, pages round-robin over the nodes in use
-  none       - one copy, OS default policy (first touch by the loader)
-Weight modes set every tensor to one placement (``slice`` mirrors tensors too small
-to split); ``auto`` picks per tensor within a memory budget: everything mirrored if it
-fits, else the biggest tensors sliced first, then small leftovers interleaved.
-
-Memory comes in a few big arenas (one per node, plus one interleaved and one default)
-instead of one mapping per tensor; each tensor is a 64-byte aligned piece of an arena.
+``workbench.numa.plan`` decides where every tensor's rows and the KV cache go and
+checks that it fits; the classes here allocate exactly that plan. Memory comes in
+a few big arenas (one per node, plus one interleaved and one default) instead of
+one mapping per tensor; each tensor is a 64-byte aligned piece of an arena.
 """
 from __future__ import annotations
 
-import math
 import os
 import time
 from dataclasses import dataclass
@@ -23,29 +15,16 @@ from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 import numpy as np
 
 from . import syscalls as sc
-from .budget import BudgetError, check_need, fmt_bytes, free_per_node
-from .modes import kv_node, parse_kv, parse_weights
+from .budget import BudgetError, check_need, fmt_bytes
 from .memory import DEFAULT, PAGE, THP_SIZE, PlacedBuffer, Policy, alloc, first_touch, migrate
-from .topology import Topology, load_topology
+from .modes import kv_node
+from .plan import (KVPlan, KVRequest, Piece, PlacementPlan, TensorPlan, TensorSpec, free_memory, make_plan,
+                   plan_for_pool, row_split, sliceable)
 
 if TYPE_CHECKING:
     from .workers import WorkerPool
 
-ROW_ALIGN = 4
 PIECE_ALIGN = 64
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """One weight tensor: ``rows`` output rows of ``row_bytes`` bytes (GGUF block layout)."""
-
-    name: str
-    rows: int
-    row_bytes: int
-
-    @property
-    def nbytes(self) -> int:
-        return self.rows * self.row_bytes
 
 
 @dataclass(frozen=True)
@@ -60,193 +39,39 @@ class ProgressEvent:
 Progress = Callable[[ProgressEvent], None]
 
 
-def row_split(rows: int, workers: int | Sequence[float]) -> list[tuple[int, int]]:
-    """Split ``rows`` into consecutive ranges, one per worker, in worker order.
-
-    ``workers`` is a count (equal shares) or relative weights. Boundaries fall on
-    multiples of 4 rows when every worker can get at least 4; ranges may be empty
-    when rows < workers. Since the pool numbers the workers of one node
-    consecutively, each node's rows form one consecutive block. The engine calls
-    ``row_split(rows, pool.n_threads)``; slice mode places rows with the same call.
-    """
-    weights = [1.0] * workers if isinstance(workers, int) else [float(w) for w in workers]
-    n = len(weights)
-    if n == 0:
-        raise ValueError("row_split needs at least one worker")
-    if rows < 0 or any(w < 0 for w in weights):
-        raise ValueError("rows and weights must be >= 0")
-    total = sum(weights) or float(n)
-    if not sum(weights):
-        weights = [1.0] * n
-    align = ROW_ALIGN if rows >= ROW_ALIGN * n else 1
-    blocks = rows // align  # the last worker also takes the rows % align leftover
-    bounds = [0]
-    acc = 0.0
-    for w in weights[:-1]:
-        acc += w
-        b = int(round(blocks * acc / total)) * align
-        bounds.append(min(rows, max(bounds[-1], b)))
-    bounds.append(rows)
-    return list(zip(bounds[:-1], bounds[1:]))
-
-
-def node_ranges(rows: int, pool: "WorkerPool") -> dict[int, tuple[int, int]]:
-    """The consecutive row block each node's workers compute under ``row_split``."""
-    split = row_split(rows, pool.n_threads)
-    out: dict[int, tuple[int, int]] = {}
-    for w, (lo, hi) in zip(pool.workers, split):
-        a, b = out.get(w.node, (lo, hi))
-        out[w.node] = (min(a, lo), max(b, hi))
-    return out
-
-
-def sliceable(spec: TensorSpec, n_workers: int) -> bool:
-    """Big enough that every worker gets whole 4-row blocks; smaller tensors are mirrored."""
-    return spec.rows > 1 and spec.rows >= ROW_ALIGN * n_workers
-
-
-# ---------------------------------------------------------------------------
-# planning and budget
-
-
-def _live(topology: Topology) -> Topology:
-    """Fresh free-memory numbers for the live machine; fixtures stay as they are."""
-    return load_topology() if topology.root == "/" else topology
-
-
-def _budget_free(topology: Topology, budget: int | Mapping[int, int] | None) -> dict[int, int]:
-    if budget is None:
-        return free_per_node(_live(topology))
-    if isinstance(budget, int):
-        return {n.id: budget for n in topology.nodes}
-    return dict(budget)
-
-
-def _loader_node(topology: Topology) -> int:
-    r = sc.getcpu()
-    return topology.node_of(r.value[0]) if r else topology.nodes[0].id
-
-
-def _tensor_need(spec: TensorSpec, placement: str, pool: "WorkerPool", topology: Topology) -> dict[int, int]:
-    nodes = pool.nodes
-    if placement == "mirror":
-        return {n: spec.nbytes for n in nodes}
-    if placement == "slice":
-        return {n: (hi - lo) * spec.row_bytes for n, (lo, hi) in node_ranges(spec.rows, pool).items()}
-    if placement == "interleave":
-        share = math.ceil(spec.nbytes / len(nodes))
-        return {n: share for n in nodes}
-    return {_loader_node(topology): spec.nbytes}
-
-
-def _add(need: dict[int, int], more: Mapping[int, int], sign: int = 1) -> None:
-    for k, v in more.items():
-        need[k] = need.get(k, 0) + sign * v
-
-
-def plan_weights(specs: Sequence[TensorSpec], mode: str, pool: "WorkerPool", topology: Topology,
-                 free: Mapping[int, int] | None = None) -> tuple[dict[str, str], dict[int, int]]:
-    """Placement per tensor and the bytes needed per node (``free`` only matters for auto)."""
-    parse_weights(mode)
-    nw = pool.n_threads
-    if mode == "slice":
-        placement = {s.name: "slice" if sliceable(s, nw) else "mirror" for s in specs}
-    elif mode == "auto":
-        placement = {s.name: "mirror" for s in specs}
-    else:
-        placement = {s.name: mode for s in specs}
-    need: dict[int, int] = {}
-    for s in specs:
-        _add(need, _tensor_need(s, placement[s.name], pool, topology))
-    if mode == "auto":
-        free = free if free is not None else free_per_node(_live(topology))
-        fits = lambda: all(v <= free.get(k, 0) for k, v in need.items())  # noqa: E731
-        steps = [(s, "slice") for s in sorted(specs, key=lambda s: -s.nbytes) if sliceable(s, nw)]
-        steps += [(s, "interleave") for s in sorted(specs, key=lambda s: -s.nbytes) if not sliceable(s, nw)]
-        for s, new in steps:
-            if fits():
-                break
-            _add(need, _tensor_need(s, placement[s.name], pool, topology), -1)
-            placement[s.name] = new
-            _add(need, _tensor_need(s, new, pool, topology))
-    return placement, need
-
-
-def kv_need(n_layers: int, bytes_per_layer_per_worker: int | Sequence[int], mode: str,
-            pool: "WorkerPool") -> dict[int, int]:
-    """Bytes of KV cache per node for ``mode``."""
-    per_worker = _kv_sizes(bytes_per_layer_per_worker, pool.n_threads)
-    total = n_layers * sum(per_worker)
-    if mode == "first-touch":
-        need: dict[int, int] = {}
-        for w, b in zip(pool.workers, per_worker):
-            need[w.node] = need.get(w.node, 0) + n_layers * b
-        return need
-    if mode == "interleave":
-        return {n: math.ceil(total / len(pool.nodes)) for n in pool.nodes}
-    return {_kv_node(mode): total}
-
-
-def check_plan(specs: Sequence[TensorSpec], weights_mode: str, pool: "WorkerPool",
-               n_layers: int = 0, kv_bytes_per_layer_per_worker: int | Sequence[int] = 0,
-               kv_mode: str = "first-touch", topology: Topology | None = None,
-               budget: int | Mapping[int, int] | None = None) -> dict[int, int]:
-    """Check weights + KV together before allocating either; returns need per node."""
-    topo = topology or pool.topology
-    free = _budget_free(topo, budget)
-    kv = kv_need(n_layers, kv_bytes_per_layer_per_worker, kv_mode, pool) if n_layers else {}
-    room = {k: v - kv.get(k, 0) for k, v in free.items()}
-    _, need = plan_weights(specs, weights_mode, pool, topo, room)
-    _add(need, kv)
-    check_need(need, topo, f"weights '{weights_mode}' + KV '{kv_mode}'", free=free)
-    return need
-
-
 # ---------------------------------------------------------------------------
 # weights
 
 
 @dataclass(frozen=True)
-class _Piece:
-    arena: str       # 'node<N>' | 'interleave' | 'default'
-    node: int | None  # node whose workers read this piece (None: everyone)
-    lo: int
-    hi: int
+class _Placed:
+    """A plan piece at its offset in its arena."""
+    piece: Piece
     offset: int
 
 
 class WeightLayout:
-    """Where every weight tensor lives; ``array_for`` gives a worker its local copy."""
+    """A placement plan's weights in memory; ``array_for`` gives a worker its local copy."""
 
-    def __init__(self, specs: Sequence[TensorSpec], mode: str, placement: Mapping[str, str],
-                 pool: "WorkerPool", thp: bool = True, hugetlb_kb: int | None = None):
-        self.mode = mode
-        self.specs = {s.name: s for s in specs}
-        self.placement = dict(placement)
+    def __init__(self, plan: PlacementPlan, pool: "WorkerPool", thp: bool = True,
+                 hugetlb_kb: int | None = None):
+        self.plan = plan
+        self.mode = plan.weights_mode
+        self.specs = {name: t.spec for name, t in plan.tensors.items()}
+        self.placement = {name: t.placement for name, t in plan.tensors.items()}
         self.pool = pool
         self.nodes = pool.nodes
         self.worker_node = [w.node for w in pool.workers]
         self.thp, self.hugetlb_kb = thp, hugetlb_kb
         self.switch_seconds: float | None = None
         self.switch_method = ""
-        self._pieces: dict[str, list[_Piece]] = {}
+        self._pieces: dict[str, list[_Placed]] = {}
         sizes: dict[str, int] = {}
-
-        def put(arena: str, node: int | None, spec: TensorSpec, lo: int, hi: int) -> None:
-            off = sizes.get(arena, 0)
-            self._pieces.setdefault(spec.name, []).append(_Piece(arena, node, lo, hi, off))
-            sizes[arena] = off + (-(-(hi - lo) * spec.row_bytes // PIECE_ALIGN)) * PIECE_ALIGN
-
-        for s in specs:
-            p = self.placement[s.name]
-            if p == "mirror":
-                for n in self.nodes:
-                    put(f"node{n}", n, s, 0, s.rows)
-            elif p == "slice":
-                for n, (lo, hi) in node_ranges(s.rows, pool).items():
-                    put(f"node{n}", n, s, lo, hi)
-            else:
-                put("interleave" if p == "interleave" else "default", None, s, 0, s.rows)
+        for name, t in plan.tensors.items():
+            for p in t.pieces:
+                off = sizes.get(p.arena, 0)
+                self._pieces.setdefault(name, []).append(_Placed(p, off))
+                sizes[p.arena] = off + (-(-p.nbytes(t.spec) // PIECE_ALIGN)) * PIECE_ALIGN
         self._arenas: dict[str, PlacedBuffer] = {}
         for key, size in sizes.items():
             self._arenas[key] = alloc(size, self._arena_policy(key), label=self._arena_label(key),
@@ -267,38 +92,60 @@ class WeightLayout:
         if key == "default":
             return "weights none (OS default)"
         n = int(key[4:])
-        kinds = {self.placement[name] for name, ps in self._pieces.items() for p in ps if p.arena == key}
+        kinds = {self.placement[name] for name, ps in self._pieces.items() for p in ps if p.piece.arena == key}
         if kinds == {"mirror"}:
             return f"weights mirror replica {self.nodes.index(n)} (node {n})"
         if kinds == {"slice"} or self.mode == "slice":
             return f"weights slice node {n}"
         return f"weights {'+'.join(sorted(kinds))} node {n}"
 
+    def _view(self, name: str, pl: _Placed) -> np.ndarray:
+        """The piece as uint8 [experts, rows, row_bytes]."""
+        p, s = pl.piece, self.specs[name]
+        n = p.nbytes(s)
+        a = self._arenas[p.arena].array
+        return a[pl.offset:pl.offset + n].reshape(p.g1 - p.g0, p.hi - p.lo, s.row_bytes)
+
     def _index(self) -> None:
         """Cache (view, first row) per tensor and node so array_for is two dict lookups."""
         self._views: dict[str, dict[int | None, tuple[np.ndarray, int]]] = {}
+        self._experts: dict[str, dict[int | None, tuple[np.ndarray, int, int]]] = {}
         for name, pieces in self._pieces.items():
             s = self.specs[name]
             d: dict[int | None, tuple[np.ndarray, int]] = {}
-            for p in pieces:
-                a = self._arenas[p.arena].array
-                n = (p.hi - p.lo) * s.row_bytes
-                d[p.node] = (a[p.offset:p.offset + n].reshape(p.hi - p.lo, s.row_bytes), p.lo)
+            g: dict[int | None, tuple[np.ndarray, int, int]] = {}
+            for pl in pieces:
+                v = self._view(name, pl)
+                p = pl.piece
+                d[p.node] = (v.reshape(-1, s.row_bytes), p.lo)
+                g[p.node] = (v, p.lo, p.g0)
             self._views[name] = d
+            self._experts[name] = g
 
     # ---- engine API ----------------------------------------------------
     def array_for(self, name: str, worker: int) -> tuple[np.ndarray, int]:
-        """uint8 [rows_held, row_bytes] that ``worker`` reads, and the first row it holds."""
+        """uint8 [rows_held, row_bytes] that ``worker`` reads, and the first row it holds
+        (dense tensors; expert tensors are read through ``expert_rows``)."""
         d = self._views[name]
         v = d.get(None)
         return v if v is not None else d[self.worker_node[worker]]
 
+    def expert_rows(self, name: str, worker: int, expert: int) -> tuple[np.ndarray, int]:
+        """uint8 [rows, row_bytes] of ``expert`` that ``worker`` reads, and the first row (within
+        the expert) they start at: the worker's node's copy when it has one, else the owner's."""
+        d = self._experts[name]
+        v = d.get(None) or d.get(self.worker_node[worker])
+        if v is None or not (v[2] <= expert < v[2] + v[0].shape[0]):
+            v = next(x for x in d.values() if x[2] <= expert < x[2] + x[0].shape[0])
+        arr, lo, g0 = v
+        return arr[expert - g0], lo
+
     def full_array(self, name: str) -> np.ndarray | None:
         """A complete copy (the caller's node's replica when mirrored), else None."""
         d = self._views[name]
-        rows = self.specs[name].rows
         if None in d:
             return d[None][0]
+        rows = self.specs[name].rows
         r = sc.getcpu()
         here = self.pool.topology.node_of(r.value[0]) if r else None
         for node in ([here] if here in d else []) + list(d):
@@ -307,17 +154,27 @@ class WeightLayout:
                 return arr
         return None
 
+    def _segments(self, name: str, row_lo: int, row_hi: int):
+        """(destination view, source row offset from row_lo) for every copy of rows [row_lo, row_hi)."""
+        s = self.specs[name]
+        gr = s.group_rows
+        for pl in self._pieces[name]:
+            v = self._view(name, pl)
+            p = pl.piece
+            for e in range(p.g0, p.g1):
+                a, b = max(row_lo, e * gr + p.lo), min(row_hi, e * gr + p.hi)
+                if a < b:
+                    yield v[e - p.g0, a - e * gr - p.lo:b - e * gr - p.lo], a - row_lo, pl
+
     def rows(self, name: str, lo: int, hi: int) -> np.ndarray:
-        """Rows [lo, hi) from whichever copy holds them (a view when one piece has them all)."""
+        """Rows [lo, hi) (of the tensor viewed as 2-D) from whichever copies hold them."""
         full = self.full_array(name)
         if full is not None:
             return full[lo:hi]
-        parts = []
-        for arr, first in sorted(self._views[name].values(), key=lambda t: t[1]):
-            a, b = max(lo, first), min(hi, first + arr.shape[0])
-            if a < b:
-                parts.append(arr[a - first:b - first])
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+        out = np.empty((hi - lo, self.specs[name].row_bytes), dtype=np.uint8)
+        for view, at, _ in self._segments(name, lo, hi):
+            out[at:at + view.shape[0]] = view
+        return out
 
     def write_rows(self, name: str, row_lo: int, data: np.ndarray) -> None:
         """Write rows [row_lo, row_lo+n) into every copy that holds them."""
@@ -326,29 +183,42 @@ class WeightLayout:
         row_hi = row_lo + src.shape[0]
         if row_lo < 0 or row_hi > s.rows:
             raise ValueError(f"{name}: rows [{row_lo}, {row_hi}) outside [0, {s.rows})")
-        for arr, first in self._views[name].values():
-            a, b = max(row_lo, first), min(row_hi, first + arr.shape[0])
-            if a < b:
-                arr[a - first:b - first] = src[a - row_lo:b - row_lo]
+        for view, at, _ in self._segments(name, row_lo, row_hi):
+            view[:] = src[at:at + view.shape[0]]
 
-    def dest_views(self, name: str) -> list[tuple[int, np.ndarray]]:
-        """(first row, view) the loader fills from the file; other replicas follow by ``replicate``."""
-        seen: set[tuple[int, int]] = set()
+    def _primaries(self, name: str) -> list[_Placed]:
+        """One piece per distinct part of the tensor: the loader fills these, ``replicate`` the rest."""
+        seen: set[tuple[int, int, int, int]] = set()
         out = []
-        for arr, first in self._views[name].values():
-            key = (first, first + arr.shape[0])
-            if key not in seen and arr.shape[0]:
+        for pl in self._pieces[name]:
+            p = pl.piece
+            key = (p.lo, p.hi, p.g0, p.g1)
+            if key not in seen and p.hi > p.lo and p.g1 > p.g0:
                 seen.add(key)
-                out.append((first, arr))
+                out.append(pl)
         return out
 
     def replicate(self, name: str) -> None:
-        """Copy the loaded primary into the other replicas (memory to memory)."""
-        primaries = {id(a) for _, a in self.dest_views(name)}
-        src = {first: a for first, a in self.dest_views(name)}
-        for arr, first in self._views[name].values():
-            if id(arr) not in primaries and arr.shape[0]:
-                np.copyto(arr, src[first])
+        """Copy the loaded primaries into the other replicas (memory to memory)."""
+        prim = {(pl.piece.lo, pl.piece.hi, pl.piece.g0, pl.piece.g1): pl for pl in self._primaries(name)}
+        for pl in self._pieces[name]:
+            p = pl.piece
+            src = prim.get((p.lo, p.hi, p.g0, p.g1))
+            if src is not None and src is not pl:
+                np.copyto(self._view(name, pl), self._view(name, src))
+
+    def fill_from(self, name: str, read: Callable[[int, int, np.ndarray], None]) -> None:
+        """Fill every copy of ``name``: ``read(row_lo, row_hi, dest)`` writes rows of the 2-D tensor
+        into ``dest`` (one call per expert piece), then replicas are copied from memory."""
+        gr = self.specs[name].group_rows
+        for pl in self._primaries(name):
+            p, v = pl.piece, self._view(name, pl)
+            if p.lo == 0 and p.hi == gr:  # whole experts: one contiguous run of rows
+                read(p.g0 * gr, p.g1 * gr, v.reshape(-1, v.shape[-1]))
+            else:
+                for e in range(p.g0, p.g1):
+                    read(e * gr + p.lo, e * gr + p.hi, v[e - p.g0])
+        self.replicate(name)
 
     def load(self, path: str | os.PathLike[str], offsets: Mapping[str, int],
              progress: Progress | None = None) -> float:
@@ -368,9 +238,8 @@ class WeightLayout:
         fd = os.open(path, os.O_RDONLY)
         try:
             for name, s in self.specs.items():
-                for first, view in self.dest_views(name):
-                    read_into(fd, offsets[name] + first * s.row_bytes, view, step)
-                self.replicate(name)
+                self.fill_from(name, lambda lo, hi, dest, s=s, name=name:
+                               read_into(fd, offsets[name] + lo * s.row_bytes, dest, step))
         finally:
             os.close(fd)
         return time.perf_counter() - t0
@@ -396,13 +265,14 @@ class WeightLayout:
 
     def close(self) -> None:
         self._views = {}
+        self._experts = {}
         for b in self._arenas.values():
             b.close()
         self._arenas = {}
 
 
 def place_weights(specs: Sequence[TensorSpec], mode: str, pool: "WorkerPool",
-                  topology: Topology | None = None, budget: int | Mapping[int, int] | None = None,
+                  topology: "Topology | None" = None, budget: int | Mapping[int, int] | None = None,
                   progress: Progress | None = None, *, thp: bool = True,
                   hugetlb_kb: int | None = None) -> WeightLayout:
     """Plan, check the budget per node (refusing before allocating), and allocate.
@@ -410,13 +280,17 @@ def place_weights(specs: Sequence[TensorSpec], mode: str, pool: "WorkerPool",
     ``budget``: bytes per node (int or {node: bytes}); default: free memory per node.
     Memory is not touched here; ``WeightLayout.load``/``write_rows`` fill it.
     """
-    topo = topology or pool.topology
-    free = _budget_free(topo, budget)
-    placement, need = plan_weights(specs, mode, pool, topo, free)
-    check_need(need, topo, f"weights mode '{mode}'", free=free)
-    layout = WeightLayout(specs, mode, placement, pool, thp=thp, hugetlb_kb=hugetlb_kb)
+    plan = plan_for_pool(specs, mode, pool, budget=budget, topology=topology)
+    plan.check(f"weights mode '{mode}'")
+    return execute_weights(plan, pool, progress, thp=thp, hugetlb_kb=hugetlb_kb)
+
+
+def execute_weights(plan: PlacementPlan, pool: "WorkerPool", progress: Progress | None = None, *,
+                    thp: bool = True, hugetlb_kb: int | None = None) -> WeightLayout:
+    """Allocate the weights of an already checked plan, exactly as planned."""
+    layout = WeightLayout(plan, pool, thp=thp, hugetlb_kb=hugetlb_kb)
     if progress:
-        progress(ProgressEvent("plan", 0, sum(need.values()), message=layout.summary()))
+        progress(ProgressEvent("plan", 0, sum(plan.weights_need().values()), message=layout.summary()))
     return layout
 
 
@@ -429,19 +303,23 @@ def _single_copy_arena(layout: WeightLayout) -> str | None:
     return None
 
 
-def switch_weights(layout: WeightLayout, new_mode: str, pool: "WorkerPool | None" = None,
+def switch_weights(layout: WeightLayout, new: "str | PlacementPlan", pool: "WorkerPool | None" = None,
                    progress: Progress | None = None, budget: int | Mapping[int, int] | None = None
                    ) -> WeightLayout:
-    """Change the weights mode without touching the disk; the old layout is closed.
+    """Change the weights to a new mode (or a ready plan) without touching the disk; the old
+    layout is closed.
 
     Fast path (same pool, target none/interleave/mirror from a layout with one full
     copy): migrate that copy's pages in place (mbind MPOL_MF_MOVE) and build or drop
-    replicas from memory. Otherwise: allocate the new layout and copy from the old.
+    replicas from memory; only the new replicas are checked against free memory. Otherwise
+    the whole new plan is checked, allocated and filled from the old copy, which is freed after.
     ``switch_seconds`` and ``switch_method`` on the result report what happened.
     """
     pool = pool or layout.pool
     topo = pool.topology
     specs = list(layout.specs.values())
+    plan = new if isinstance(new, PlacementPlan) else plan_for_pool(specs, new, pool, budget=budget)
+    new_mode = plan.weights_mode
     t0 = time.perf_counter()
     src_key = _single_copy_arena(layout)
     same_pool = pool is layout.pool
@@ -450,25 +328,27 @@ def switch_weights(layout: WeightLayout, new_mode: str, pool: "WorkerPool | None
         layout.switch_seconds, layout.switch_method = 0.0, "unchanged"
         return layout
     if same_pool and src_key and new_mode in ("none", "interleave", "mirror"):
-        placement = {s.name: new_mode for s in specs}
-        new = WeightLayout.__new__(WeightLayout)
-        new.mode, new.specs, new.placement, new.pool = new_mode, layout.specs, placement, pool
-        new.nodes, new.worker_node = layout.nodes, layout.worker_node
-        new.thp, new.hugetlb_kb = layout.thp, layout.hugetlb_kb
-        src = layout._arenas[src_key]
         key = {"none": "default", "interleave": "interleave"}.get(new_mode, f"node{layout.nodes[0]}")
+        src = layout._arenas[src_key]
         extra = {n: src.map_len for n in layout.nodes[1:]} if new_mode == "mirror" else {}
         if extra:
-            check_need(extra, topo, f"weights switch to '{new_mode}'", free=_budget_free(topo, budget))
-        new._pieces = {name: [_Piece(key, None if new_mode != "mirror" else layout.nodes[0], p.lo, p.hi,
-                                     p.offset)]
-                       for name, ps in layout._pieces.items() for p in ps if p.arena == src_key}
-        new._arenas = {}
-        res = migrate(src, new._arena_policy(key), intended=() if new_mode == "none" else None)
+            check_need(extra, topo, f"weights switch to '{new_mode}'", free=plan.free)
+        out = WeightLayout.__new__(WeightLayout)
+        out.plan, out.mode, out.specs, out.pool = plan, new_mode, layout.specs, pool
+        out.placement = {name: t.placement for name, t in plan.tensors.items()}
+        out.nodes, out.worker_node = layout.nodes, layout.worker_node
+        out.thp, out.hugetlb_kb = layout.thp, layout.hugetlb_kb
+        # the old single copy keeps its offsets; it becomes the new arena `key`
+        old_off = {name: next(pl.offset for pl in ps if pl.piece.arena == src_key)
+                   for name, ps in layout._pieces.items()}
+        out._pieces = {name: [_Placed(p, old_off[name]) for p in t.pieces if p.arena == key]
+                       for name, t in plan.tensors.items()}
+        out._arenas = {}
+        res = migrate(src, out._arena_policy(key), intended=() if new_mode == "none" else None)
         if not res.ok:
             src.note = res.reason
-        new._arenas[key] = src
-        src.label = new._arena_label(key)
+        out._arenas[key] = src
+        src.label = out._arena_label(key)
         method = [f"{res.method} migrate {fmt_bytes(src.nbytes)} in place ({res.seconds:.3f} s)"]
         if new_mode == "mirror":
             for k, n in enumerate(layout.nodes[1:], start=1):
@@ -476,10 +356,9 @@ def switch_weights(layout: WeightLayout, new_mode: str, pool: "WorkerPool | None
                 b = alloc(src.nbytes, Policy("bind", (n,)), label=f"weights mirror replica {k} (node {n})",
                           kind="weights", thp=layout.thp, hugetlb_kb=layout.hugetlb_kb, topology=topo)
                 np.copyto(b.array, src.array)
-                new._arenas[nk] = b
-                for name in new._pieces:
-                    p0 = new._pieces[name][0]
-                    new._pieces[name].append(_Piece(nk, n, p0.lo, p0.hi, p0.offset))
+                out._arenas[nk] = b
+                for name, t in plan.tensors.items():
+                    out._pieces[name] += [_Placed(p, old_off[name]) for p in t.pieces if p.arena == nk]
                 if progress:
                     progress(ProgressEvent("switch", k * src.nbytes, (len(layout.nodes) - 1) * src.nbytes))
             method.append(f"copied {len(layout.nodes) - 1} replica(s) from memory")
@@ -488,29 +367,26 @@ def switch_weights(layout: WeightLayout, new_mode: str, pool: "WorkerPool | None
                 b.close()
         layout._arenas = {}
         layout._views = {}
-        new._index()
+        out._index()
     else:
-        free = _budget_free(topo, budget)
-        placement, need = plan_weights(specs, new_mode, pool, topo, free)
-        check_need(need, topo, f"weights switch to '{new_mode}' (old copy is freed after)", free=free)
-        new = WeightLayout(specs, new_mode, placement, pool, thp=layout.thp, hugetlb_kb=layout.hugetlb_kb)
+        plan.check(f"weights switch to '{new_mode}' (old copy is freed after)")
+        out = WeightLayout(plan, pool, thp=layout.thp, hugetlb_kb=layout.hugetlb_kb)
         done = 0
         for s in specs:
-            for first, view in new.dest_views(s.name):
-                np.copyto(view, layout.rows(s.name, first, first + view.shape[0]))
-                done += view.nbytes
-            new.replicate(s.name)
+            out.fill_from(s.name, lambda lo, hi, dest, name=s.name: np.copyto(
+                dest, layout.rows(name, lo, hi).reshape(dest.shape)))
+            done += s.nbytes
             if progress:
                 progress(ProgressEvent("switch", done, total))
         layout.close()
         method = [f"copied {fmt_bytes(total)} from memory into a new '{new_mode}' layout"]
-    new.switch_seconds = time.perf_counter() - t0
-    new.switch_method = "; ".join(method)
+    out.switch_seconds = time.perf_counter() - t0
+    out.switch_method = "; ".join(method)
     if progress:
         progress(ProgressEvent("switch", total, total,
-                               message=f"{layout.mode} -> {new_mode} in {new.switch_seconds:.3f} s: "
-                                       + new.switch_method))
-    return new
+                               message=f"{layout.mode} -> {new_mode} in {out.switch_seconds:.3f} s: "
+                                       + out.switch_method))
+    return out
 
 
 # ---------------------------------------------------------------------------
@@ -550,32 +426,23 @@ def read_into(src: int | str | os.PathLike[str], offset: int, dest: np.ndarray,
 # KV cache
 
 
-def _kv_sizes(b: int | Sequence[int], n: int) -> list[int]:
-    sizes = [int(b)] * n if isinstance(b, int) else [int(x) for x in b]
-    if len(sizes) != n:
-        raise ValueError(f"{len(sizes)} KV sizes for {n} workers")
-    return sizes
-
-
-def _kv_node(mode: str) -> int:
-    return kv_node(parse_kv(mode))
-
-
 class KVLayout:
-    """KV cache: each worker owns a contiguous region holding its part of every layer.
+    """A planned KV cache in memory: each worker owns a contiguous region holding its part of
+    every layer (only the first worker of each node owns positions; the others hold 0 bytes).
 
     ``first-touch``: one arena per node with default policy; each worker zero-fills its
     own region (region starts are huge-page aligned so a THP never spans two owners).
     ``interleave`` / ``node:N``: one arena with that policy.
     """
 
-    def __init__(self, n_layers: int, bytes_per_layer_per_worker: int | Sequence[int], mode: str,
-                 pool: "WorkerPool", thp: bool = True, hugetlb_kb: int | None = None):
+    def __init__(self, kv: KVPlan, pool: "WorkerPool", thp: bool = True, hugetlb_kb: int | None = None):
+        mode, n_layers = kv.mode, kv.n_layers
+        self.plan = kv
         self.mode, self.n_layers, self.pool = mode, n_layers, pool
-        self.sizes = _kv_sizes(bytes_per_layer_per_worker, pool.n_threads)
+        self.sizes = list(kv.sizes)
+        if len(self.sizes) != pool.n_threads:
+            raise ValueError(f"{len(self.sizes)} KV sizes for {pool.n_threads} workers")
         gran = hugetlb_kb * 1024 if hugetlb_kb else (THP_SIZE if thp else PAGE)
-        if mode != "first-touch" and mode != "interleave":
-            _kv_node(mode)
         # region offsets inside each arena
         groups: dict[str, list[int]] = {}
         for w in pool.workers:
@@ -596,7 +463,7 @@ class KVLayout:
                 policy = Policy("interleave", tuple(pool.nodes))
                 intended, label = policy.nodes, f"kv interleave (nodes {','.join(map(str, pool.nodes))})"
             else:
-                policy = Policy("bind", (_kv_node(mode),))
+                policy = Policy("bind", (kv_node(mode),))
                 intended, label = policy.nodes, f"kv node {policy.nodes[0]}"
             self._arenas[key] = alloc(max(off, 1), policy, label=label, kind="kv", thp=thp,
                                       hugetlb_kb=hugetlb_kb, intended=intended, topology=pool.topology)
@@ -636,14 +503,14 @@ class KVLayout:
 def place_kv(n_layers: int, bytes_per_layer_per_worker: int | Sequence[int], mode: str,
              pool: "WorkerPool", *, budget: int | Mapping[int, int] | None = None, thp: bool = True,
              hugetlb_kb: int | None = None) -> KVLayout:
-    """Check the KV need per node against the budget, then allocate (and first-touch) it."""
-    need = kv_need(n_layers, bytes_per_layer_per_worker, mode, pool)
-    check_need(need, pool.topology, f"KV cache '{mode}'", free=_budget_free(pool.topology, budget))
-    return KVLayout(n_layers, bytes_per_layer_per_worker, mode, pool, thp=thp, hugetlb_kb=hugetlb_kb)
+    """Plan the KV cache alone, check it per node against the budget, then allocate (and
+    first-touch) it."""
+    plan = plan_for_pool((), None, pool, kv=KVRequest(n_layers, bytes_per_layer_per_worker, mode), budget=budget)
+    plan.check()
+    return KVLayout(plan.kv, pool, thp=thp, hugetlb_kb=hugetlb_kb)
 
 
 __all__ = [
-    "BudgetError", "KVLayout", "ProgressEvent", "TensorSpec", "WeightLayout", "check_plan", "kv_need",
-    "node_ranges", "place_kv", "place_weights", "plan_weights", "read_into", "row_split", "sliceable",
-    "switch_weights",
+    "BudgetError", "KVLayout", "ProgressEvent", "TensorSpec", "WeightLayout", "execute_weights", "place_kv",
+    "place_weights", "read_into", "row_split", "sliceable", "switch_weights",
 ]

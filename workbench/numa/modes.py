@@ -9,7 +9,9 @@ from typing import Iterable, Sequence
 
 #: weights modes, in the order menus and ``--weights all`` list them
 WEIGHT_MODES: tuple[str, ...] = ("none", "interleave", "mirror", "slice", "auto")
-WEIGHT_MODE_HELP = "none | interleave | mirror | slice | auto"
+#: modes that only mean something for a mixture-of-experts model (whole experts owned by nodes)
+EXPERT_MODES: tuple[str, ...] = ("experts",)
+WEIGHT_MODE_HELP = "none | interleave | mirror | slice | auto | experts (MoE)"
 #: KV modes that need no node number; ``node:N`` binds the cache to node N
 KV_FIXED: tuple[str, ...] = ("first-touch", "interleave")
 KV_MODE_HELP = "first-touch | interleave | node:N"
@@ -24,8 +26,8 @@ class ModeError(ValueError):
 def parse_weights(text: str) -> str:
     """A weights mode name, checked."""
     mode = str(text).strip()
-    if mode not in WEIGHT_MODES:
-        raise ModeError(f"unknown weights mode {text!r} (one of {', '.join(WEIGHT_MODES)})")
+    if mode not in WEIGHT_MODES + EXPERT_MODES:
+        raise ModeError(f"unknown weights mode {text!r} (one of {', '.join(WEIGHT_MODES + EXPERT_MODES)})")
     return mode
 
 
