@@ -20,16 +20,10 @@ import math
 import numba as nb
 import numpy as np
 
+from .kv_cache import BLOCK, slot_position, store_f16  # noqa: F401  (the cache owns its slot layout)
 from .ops import ggml_expf, tree16
 
-BLOCK = 32
 _JIT = dict(nogil=True, cache=True)
-
-
-@nb.njit(**_JIT)
-def slot_position(j: int, w: int, n_workers: int) -> int:
-    """Global position held in slot j of worker w."""
-    return ((j // BLOCK) * n_workers + w) * BLOCK + j % BLOCK
 
 
 @nb.njit(**_JIT)
@@ -140,7 +134,6 @@ def one_token_attention(lead):
     if fn is not None:
         return fn
     from .kernels.activations import round_to_f16
-    from .kv_cache import store_f16
 
     @nb.njit(**_JIT)
     def attend(ctl, n_workers, keys_job, values_job, q, k, v, kc, vc, pos0, window, scale, lo, base, cap):
@@ -185,7 +178,6 @@ def owners_token_attention(lead):
         return fn
     from .crew import T_HI, T_LO, T_WSHIFT, T_XLEN, T_XOFF
     from .kernels.activations import round_to_f16
-    from .kv_cache import store_f16
 
     @nb.njit(**_JIT)
     def attend(ctl, n_workers, keys_job, values_job, q, k, v, kcs, vcs, pos0, owner, slot, window, scale,

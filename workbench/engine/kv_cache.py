@@ -1,6 +1,6 @@
 """The KV cache: f16 keys and values (as uint16 bits, which Numba handles), per layer and worker.
 
-Positions are dealt to workers in blocks of `attention.BLOCK`, round robin:
+Positions are dealt to workers in blocks of `BLOCK`, round robin:
 worker w owns blocks w, w+W, w+2W, ... and keeps them contiguously in its own
 region (which the NUMA layer can place on the worker's node by first touch).
 """
@@ -12,9 +12,16 @@ from typing import Callable
 import numba as nb
 import numpy as np
 
-from .attention import BLOCK
 from .config import ModelConfig
 from .ops import f16_bits
+
+BLOCK = 32  # positions per block dealt round robin to the cache's owners
+
+
+@nb.njit(nogil=True, cache=True)
+def slot_position(j: int, w: int, n_workers: int) -> int:
+    """Global position held in slot j of worker w."""
+    return ((j // BLOCK) * n_workers + w) * BLOCK + j % BLOCK
 
 # (layer, worker, nbytes) -> uint8 buffer for that worker's part of that layer
 KVRegionFn = Callable[[int, int, int], np.ndarray]
