@@ -31,10 +31,8 @@ def aio(fn):
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("models") / "tiny-llama.gguf"
-    write_tiny_model(path, TinySpec(n_ctx=512))
-    return str(path)
+def tiny(tiny_model, warm_kernels) -> str:
+    return tiny_model
 
 
 @pytest.fixture(scope="module")
