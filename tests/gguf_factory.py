@@ -50,6 +50,11 @@ class TinySpec:
     sliding_window: int = 8  # gemma3 only; small so that tests cross it
     tied: bool = True
     seed: int = 0
+    # mixture of experts (qwen3moe; llama with experts = Mixtral style)
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
+    router_scale: float = 0.25
 
 
 WORDS = ["▁the", "▁a", "▁cat", "▁dog", "▁sat", "▁on", "▁mat", "▁hello", "▁world", "ing", "ed", "er",
@@ -87,6 +92,11 @@ def write_tiny_model(path: str | os.PathLike, spec: TinySpec) -> dict[str, np.nd
     w.add_float32(f"{a}.rope.freq_base", 10000.0)
     if a == "gemma3":
         w.add_uint32(f"{a}.attention.sliding_window", spec.sliding_window)
+    if spec.n_expert:
+        w.add_uint32(f"{a}.expert_count", spec.n_expert)
+        w.add_uint32(f"{a}.expert_used_count", spec.n_expert_used)
+        if a == "qwen3moe":
+            w.add_uint32(f"{a}.expert_feed_forward_length", spec.n_ff_exp)
     w.add_string("tokenizer.ggml.model", "llama")
     w.add_string("tokenizer.ggml.pre", "default")
     w.add_array("tokenizer.ggml.tokens", tokens)
@@ -104,6 +114,12 @@ def write_tiny_model(path: str | os.PathLike, spec: TinySpec) -> dict[str, np.nd
         data = random_tensor(qtype, rows, ne0, rng, scale)
         w.add_tensor(name, data, raw_dtype=qtype if qtype not in (T.F32, T.F16) else None)
         ref[name] = dequant(data, qtype).reshape(rows, ne0)
+
+    def experts(name: str, n_exp: int, rows: int, ne0: int, qtype: T = spec.qtype, scale: float = 0.05) -> None:
+        """A 3-D expert tensor: GGUF shape [ne0, rows, n_exp] (numpy [n_exp, rows, ne0])."""
+        data = random_tensor(qtype, n_exp * rows, ne0, rng, scale)
+        w.add_tensor(name, data.reshape(n_exp, rows, -1), raw_dtype=qtype if qtype not in (T.F32, T.F16) else None)
+        ref[name] = dequant(data, qtype).reshape(n_exp, rows, ne0)
 
     def vec(name: str, n: int, base: float = 1.0) -> None:
         data = (base + rng.standard_normal(n) * 0.1).astype(np.float32)
@@ -123,13 +139,20 @@ def write_tiny_model(path: str | os.PathLike, spec: TinySpec) -> dict[str, np.nd
         mat(p + "attn_v.weight", spec.n_head_kv * hd, d)
         mat(p + "attn_output.weight", d, spec.n_head * hd)
         vec(p + "ffn_norm.weight", d)
-        mat(p + "ffn_gate.weight", spec.n_ff, d)
-        mat(p + "ffn_up.weight", spec.n_ff, d)
-        mat(p + "ffn_down.weight", d, spec.n_ff)
+        if spec.n_expert:
+            n_ff = spec.n_ff_exp if a == "qwen3moe" else spec.n_ff
+            mat(p + "ffn_gate_inp.weight", spec.n_expert, d, T.F32, scale=spec.router_scale)
+            experts(p + "ffn_gate_exps.weight", spec.n_expert, n_ff, d)
+            experts(p + "ffn_up_exps.weight", spec.n_expert, n_ff, d)
+            experts(p + "ffn_down_exps.weight", spec.n_expert, d, n_ff)
+        else:
+            mat(p + "ffn_gate.weight", spec.n_ff, d)
+            mat(p + "ffn_up.weight", spec.n_ff, d)
+            mat(p + "ffn_down.weight", d, spec.n_ff)
         if a == "qwen2":
             for t, n in (("q", spec.n_head * hd), ("k", spec.n_head_kv * hd), ("v", spec.n_head_kv * hd)):
                 vec(p + f"attn_{t}.bias", n, base=0.0)
-        if a in ("gemma3", "qwen3"):
+        if a in ("gemma3", "qwen3", "qwen3moe"):
             vec(p + "attn_q_norm.weight", hd)
             vec(p + "attn_k_norm.weight", hd)
         if a == "gemma3":

@@ -42,8 +42,33 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x / (1 + np.exp(-x))
 
 
+def softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def moe_ffn(W: dict[str, np.ndarray], p: str, h: np.ndarray, k: int, info: dict | None = None) -> np.ndarray:
+    """Routed experts (Mixtral / Qwen3-MoE): softmax over the router, the k best, their weights
+    renormalised, each expert a SwiGLU FFN. `info["margin"]` keeps the smallest gap between the
+    k-th and the next probability (a tiny gap would make the choice fragile)."""
+    probs = softmax(h @ W[p + "ffn_gate_inp.weight"].T)
+    out = np.zeros_like(h)
+    for t in range(h.shape[0]):
+        order = np.argsort(-probs[t])
+        chosen = order[:k]
+        if info is not None:
+            gap = probs[t, order[k - 1]] - probs[t, order[k]] if k < len(order) else 1.0
+            info["margin"] = min(info.get("margin", 1.0), gap)
+        wts = probs[t, chosen] / probs[t, chosen].sum()
+        for e, wt in zip(chosen, wts):
+            g = W[p + "ffn_gate_exps.weight"][e] @ h[t]
+            u = W[p + "ffn_up_exps.weight"][e] @ h[t]
+            out[t] += wt * (W[p + "ffn_down_exps.weight"][e] @ (silu(g) * u))
+    return out
+
+
 def forward(W: dict[str, np.ndarray], arch: str, ids: list[int], n_head: int, n_head_kv: int, head_dim: int,
-            n_layer: int, window: int = 0) -> np.ndarray:
+            n_layer: int, window: int = 0, n_expert_used: int = 0, info: dict | None = None) -> np.ndarray:
     """Logits [n, vocab] for every position of `ids` (positions 0..n-1)."""
     n = len(ids)
     x = W["token_embd.weight"][ids].copy()
@@ -61,7 +86,7 @@ def forward(W: dict[str, np.ndarray], arch: str, ids: list[int], n_head: int, n_
         q = q.reshape(n, n_head, head_dim)
         k = k.reshape(n, n_head_kv, head_dim)
         v = v.reshape(n, n_head_kv, head_dim)
-        if arch in ("gemma3", "qwen3"):
+        if arch in ("gemma3", "qwen3", "qwen3moe"):
             q = rms(q, W[p + "attn_q_norm.weight"])
             k = rms(k, W[p + "attn_k_norm.weight"])
         local = arch == "gemma3" and il % 6 < 5
@@ -85,6 +110,9 @@ def forward(W: dict[str, np.ndarray], arch: str, ids: list[int], n_head: int, n_
             o = rms(o, W[p + "post_attention_norm.weight"])
         x = x + o
         h = rms(x, W[p + "ffn_norm.weight"])
+        if p + "ffn_gate_inp.weight" in W:
+            x = x + moe_ffn(W, p, h, n_expert_used, info)
+            continue
         g = h @ W[p + "ffn_gate.weight"].T
         u = h @ W[p + "ffn_up.weight"].T
         a = (gelu_tanh(g) if arch == "gemma3" else silu(g)) * u

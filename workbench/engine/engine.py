@@ -18,7 +18,7 @@ from ..numa.layout import (KVLayout, ProgressEvent, TensorSpec, check_plan, plac
                            switch_weights)
 from ..numa.workers import WorkerPool
 from .kv_cache import KVCache, kv_bytes_per_layer_per_worker
-from .models import ARCHITECTURES
+from .models import ARCHITECTURES, model_class
 from .models.common import Decoder
 from .runtime import Runtime
 
@@ -170,13 +170,14 @@ class Engine:
         if isinstance(g.metadata.get("tokenizer.ggml.tokens"), list):
             g.metadata["tokenizer.ggml.tokens"] = tokenizer.tokens
         cfg = config_from_metadata(g.metadata, tokenizer.n_vocab)
-        arch = ARCHITECTURES[cfg.arch]
+        arch = model_class(cfg.arch, g.tensors)
         arch.configure(cfg, g.metadata)
         own_pool = pool is None
         if pool is None:
             pool = WorkerPool(placement.threads, placement.policy, placement.cpus, placement.smt)
         try:
-            specs = [TensorSpec(name, t.rows, t.row_bytes) for name, t in g.tensors.items()]
+            specs = [TensorSpec(name, t.rows, t.row_bytes, t.shape[2] if len(t.shape) == 3 else 1)
+                     for name, t in g.tensors.items()]
             # weights and a default-size KV cache must fit together, checked before allocating either
             check_plan(specs, placement.weights, pool, cfg.n_layer,
                        kv_bytes_per_layer_per_worker(cfg, min(DEFAULT_CTX, cfg.n_ctx_train), pool.n_threads),

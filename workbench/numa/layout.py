@@ -42,6 +42,7 @@ class TensorSpec:
     name: str
     rows: int
     row_bytes: int
+    experts: int = 1  # a 3-D expert tensor: ``rows`` = experts x rows per expert (expert e first)
 
     @property
     def nbytes(self) -> int:
@@ -293,6 +294,35 @@ class WeightLayout:
         v = d.get(None)
         return v if v is not None else d[self.worker_node[worker]]
 
+    def expert_rows(self, name: str, worker: int, expert: int) -> tuple[np.ndarray, int]:
+        """uint8 [rows, row_bytes]: the rows of ``expert`` (rows [e*n, (e+1)*n) of the tensor
+        viewed as 2-D, n = rows per expert) that ``worker`` reads, and the index within the
+        expert of the first one. The runtime has worker w compute rows ``row_split(n,
+        n_workers)[w]`` of every routed expert; the array returned must hold them.
+
+        Today's body serves the whole expert from the worker's own copy when it holds it, else
+        from any copy that does (a tensor-wide slice may put the expert on another node, or split
+        it between two: then a joined copy, made once per layout).
+        """
+        s = self.specs[name]
+        per = s.rows // max(s.experts, 1)
+        lo, hi = expert * per, (expert + 1) * per
+        if not 0 <= expert < max(s.experts, 1):
+            raise IndexError(f"{name}: expert {expert} outside [0, {s.experts})")
+        arr, first = self.array_for(name, worker)
+        if first <= lo and hi <= first + arr.shape[0]:
+            return arr[lo - first:hi - first], 0
+        for arr, first in self._views[name].values():
+            if first <= lo and hi <= first + arr.shape[0]:
+                return arr[lo - first:hi - first], 0
+        joined = getattr(self, "_joined", None)
+        if joined is None:
+            joined = self._joined = {}
+        key = (name, expert)
+        if key not in joined:
+            joined[key] = np.ascontiguousarray(self.rows(name, lo, hi))
+        return joined[key], 0
+
     def full_array(self, name: str) -> np.ndarray | None:
         """A complete copy (the caller's node's replica when mirrored), else None."""
         d = self._views[name]
@@ -396,6 +426,7 @@ class WeightLayout:
 
     def close(self) -> None:
         self._views = {}
+        self._joined = {}
         for b in self._arenas.values():
             b.close()
         self._arenas = {}
