@@ -50,6 +50,8 @@ class ModelConfig:
     # multi-head latent attention (DeepSeek 2/3)
     q_lora_rank: int = 0
     kv_lora_rank: int = 0
+    head_dim_k_mla: int = 0         # per-head query/key size after decompression (nope + rope)
+    head_dim_v_mla: int = 0         # per-head value size after decompression
     rope_yarn_log_mul: float = 0.0
 
     def layer_window(self, il: int) -> int:
@@ -135,6 +137,8 @@ def config_from_metadata(md: dict[str, Any], n_vocab: int) -> ModelConfig:
     cfg.n_group_used = int(get("expert_group_used_count", 0) or 0)
     cfg.q_lora_rank = int(get("attention.q_lora_rank", 0) or 0)
     cfg.kv_lora_rank = int(get("attention.kv_lora_rank", 0) or 0)
+    cfg.head_dim_k_mla = int(get("attention.key_length_mla", 0) or 0)
+    cfg.head_dim_v_mla = int(get("attention.value_length_mla", 0) or 0)
     cfg.rope_yarn_log_mul = float(get("rope.scaling.yarn_log_multiplier", 0.0) or 0.0)
     scaling = str(get("rope.scaling.type", "none"))
     factor = float(get("rope.scaling.factor", 0.0) or 0.0)

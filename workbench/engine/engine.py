@@ -17,7 +17,7 @@ from .gguf_file import GGUFFile, ModelLoadError, read_gguf
 from ..numa.layout import (KVLayout, ProgressEvent, TensorSpec, check_plan, place_kv, place_weights, row_split,
                            switch_weights)
 from ..numa.workers import WorkerPool
-from .kv_cache import KVCache, kv_bytes_per_layer_per_worker
+from .kv_cache import KVCache, kv_bytes_per_layer_per_worker, make_cache
 from .models import ARCHITECTURES, model_class
 from .models.common import Decoder
 from .runtime import Runtime
@@ -220,7 +220,7 @@ class Engine:
         sizes = [per_owner if w in firsts else 0 for w in range(self.rt.n_workers)]
         kvl = place_kv(self.cfg.n_layer, sizes, mode, self.pool, budget=self.placement.budget,
                        hugetlb_kb=self.placement.hugepages_kb)
-        kv = KVCache(self.cfg, n_ctx, len(owners), lambda il, o, nbytes: kvl.array_for(il, owners[o][0])[:nbytes],
+        kv = make_cache(self.cfg, n_ctx, len(owners), lambda il, o, nbytes: kvl.array_for(il, owners[o][0])[:nbytes],
                      owners)
         return kv, kvl
 

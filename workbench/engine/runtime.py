@@ -632,8 +632,18 @@ class Runtime:
         else:
             self.pool.run(fn, lead=self._leading)
 
+    def mla_attention(self, q: np.ndarray, rows: np.ndarray, kv, il: int, pos0: int, scale: float) -> np.ndarray:
+        """Multi-head latent attention with the absorption (llama.cpp's MQA form): q [n, n_head,
+        kv_lora + n_rot] against the cache's rows [latent, rotary key], values = the latent.
+        Stores `rows` [n, kv_lora + n_rot] at pos0.. first; returns [n, n_head, kv_lora]."""
+        n = q.shape[0]
+        kv.store(il, rows, pos0)
+        view = kv.attention_view(il, pos0 + n)
+        return self.attention(q, rows.reshape(n, 1, -1), rows.reshape(n, 1, -1), view, il, pos0, 0, scale,
+                              compiled=False)
+
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, kv: KVCache, il: int, pos0: int,
-                  window: int, scale: float) -> np.ndarray:
+                  window: int, scale: float, compiled: bool = True) -> np.ndarray:
         """Store K/V at pos0.. and attend; each node's workers read only their node's part of the cache.
 
         The cache is split between owners (one per node); within an owner, the query rows are
@@ -641,7 +651,7 @@ class Runtime:
         positions in order. On one node that is exactly llama.cpp's order, whatever the threads.
         """
         n, n_head, hd = q.shape
-        if n == 1 and self._crewing:
+        if n == 1 and self._crewing and compiled:
             return self._attend_token(q, k, v, kv, il, pos0, window, scale)
         kv.store(il, k, v, pos0)
         n_kv = kv.cfg.n_head_kv

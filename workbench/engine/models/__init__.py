@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Container
 
+from .deepseek2 import DeepSeek2
 from .gemma3 import Gemma3
 from .llama import Llama
 from .llama_moe import LlamaMoE
@@ -11,7 +12,7 @@ from .qwen2 import Qwen2
 from .qwen3 import Qwen3
 from .qwen3moe import Qwen3MoE
 
-ARCHITECTURES = {cls.arch: cls for cls in (Gemma3, Llama, Qwen2, Qwen3, Qwen3MoE)}
+ARCHITECTURES = {cls.arch: cls for cls in (DeepSeek2, Gemma3, Llama, Qwen2, Qwen3, Qwen3MoE)}
 
 
 def model_class(arch: str, tensor_names: Container[str]) -> type:
