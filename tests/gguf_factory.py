@@ -129,12 +129,15 @@ def spm_vocab() -> tuple[list[str], list[float], list[int]]:
     return tokens, scores, types
 
 
-def write_tiny_model(path: str | os.PathLike, spec: TinySpec) -> dict[str, np.ndarray]:
-    """Write the model; returns the float64 weights (dequantized) for a reference forward pass."""
+def write_tiny_model(path: str | os.PathLike, spec: TinySpec, split_max_tensors: int = 0) -> dict[str, np.ndarray]:
+    """Write the model; returns the float64 weights (dequantized) for a reference forward pass.
+
+    split_max_tensors > 0: a split model as llama.cpp's gguf-split writes it (gguf-py's shard
+    writer), `<stem>-00001-of-0000N.gguf` ... next to `path`, metadata in the first part."""
     rng = np.random.default_rng(spec.seed)
     tokens, scores, types = spm_vocab()
     n_vocab = len(tokens)
-    w = gguf.GGUFWriter(os.fspath(path), spec.arch)
+    w = gguf.GGUFWriter(os.fspath(path), spec.arch, split_max_tensors=split_max_tensors)
     a = spec.arch
     w.add_name(f"tiny-{a}")
     w.add_uint32(f"{a}.context_length", spec.n_ctx)

@@ -134,6 +134,11 @@ class Engine:
         return self.gguf.path
 
     @property
+    def files(self) -> tuple[str, ...]:
+        """The model's files: the parts of a split model, else the one file."""
+        return self.gguf.parts or (self.gguf.path,)
+
+    @property
     def weight_bytes(self) -> int:
         return sum(t.nbytes for t in self.gguf.tensors.values())
 
@@ -184,7 +189,7 @@ class Engine:
                        placement.kv, budget=placement.budget)
             layout = place_weights(specs, placement.weights, pool, budget=placement.budget, progress=progress,
                                    hugetlb_kb=placement.hugepages_kb)
-            layout.load(path, {name: t.offset for name, t in g.tensors.items()}, progress)
+            layout.load(path, {name: (t.path or path, t.offset) for name, t in g.tensors.items()}, progress)
             rt = Runtime(g, layout, pool, row_split)
             model = arch(cfg, rt)
         except BaseException:

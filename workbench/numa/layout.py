@@ -380,10 +380,12 @@ class WeightLayout:
             if id(arr) not in primaries and arr.shape[0]:
                 np.copyto(arr, src[first])
 
-    def load(self, path: str | os.PathLike[str], offsets: Mapping[str, int],
+    def load(self, path: str | os.PathLike[str], offsets: Mapping[str, int | tuple[str, int]],
              progress: Progress | None = None) -> float:
         """Read every tensor from ``path`` (tensor data at ``offsets[name]``) with large
-        sequential reads straight into its placed memory; returns seconds taken."""
+        sequential reads straight into its placed memory; returns seconds taken.
+        ``offsets[name]`` may be ``(file, offset)`` for a tensor in another file (a split model's
+        part): each tensor is read straight from its own file."""
         total = sum(s.nbytes for s in self.specs.values())
         t0 = time.perf_counter()
         done = 0
@@ -395,14 +397,19 @@ class WeightLayout:
                 dt = time.perf_counter() - t0
                 progress(ProgressEvent("load", done, total, done / dt if dt > 0 else 0.0))
 
-        fd = os.open(path, os.O_RDONLY)
+        fds = {os.fspath(path): os.open(path, os.O_RDONLY)}
         try:
             for name, s in self.specs.items():
+                where = offsets[name]
+                file, off = (os.fspath(where[0]), where[1]) if isinstance(where, tuple) else (os.fspath(path), where)
+                if file not in fds:
+                    fds[file] = os.open(file, os.O_RDONLY)
                 for first, view in self.dest_views(name):
-                    read_into(fd, offsets[name] + first * s.row_bytes, view, step)
+                    read_into(fds[file], off + first * s.row_bytes, view, step)
                 self.replicate(name)
         finally:
-            os.close(fd)
+            for fd in fds.values():
+                os.close(fd)
         return time.perf_counter() - t0
 
     def buffers(self) -> list[PlacedBuffer]:
