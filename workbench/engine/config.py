@@ -36,6 +36,23 @@ class ModelConfig:
     swa_layers: list[bool] = field(default_factory=list)
     attn_scale: float = 0.0
     name: str = ""
+    # mixture of experts (0 experts: a dense model)
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0               # rows of one routed expert's gate/up
+    n_expert_shared: int = 0
+    n_layer_dense_lead: int = 0     # leading layers with a dense FFN (DeepSeek)
+    expert_weights_norm: bool = False
+    expert_weights_scale: float = 0.0  # 0 or 1: no scaling
+    expert_gating: int = 1          # llama.cpp's expert_gating_func: 1 softmax, 2 sigmoid
+    n_expert_groups: int = 0
+    n_group_used: int = 0
+    # multi-head latent attention (DeepSeek 2/3)
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    head_dim_k_mla: int = 0         # per-head query/key size after decompression (nope + rope)
+    head_dim_v_mla: int = 0         # per-head value size after decompression
+    rope_yarn_log_mul: float = 0.0
 
     def layer_window(self, il: int) -> int:
         return self.sliding_window if self.swa_layers and self.swa_layers[il] else 0
@@ -106,6 +123,23 @@ def config_from_metadata(md: dict[str, Any], n_vocab: int) -> ModelConfig:
         name=str(md.get("general.name", arch)),
     )
     cfg.attn_scale = 1.0 / math.sqrt(head_dim)
+    cfg.n_expert = int(get("expert_count", 0) or 0)
+    cfg.n_expert_used = int(get("expert_used_count", 0) or 0)
+    if cfg.n_expert and not 0 < cfg.n_expert_used <= cfg.n_expert:
+        raise ModelLoadError(f"{arch}.expert_used_count = {cfg.n_expert_used} is not in 1..{cfg.n_expert} experts")
+    cfg.n_ff_exp = int(_per_layer_first(get("expert_feed_forward_length", 0)) or 0)
+    cfg.n_expert_shared = int(get("expert_shared_count", 0) or 0)
+    cfg.n_layer_dense_lead = int(get("leading_dense_block_count", 0) or 0)
+    cfg.expert_weights_norm = bool(get("expert_weights_norm", False))
+    cfg.expert_weights_scale = float(get("expert_weights_scale", 0.0) or 0.0)
+    cfg.expert_gating = int(get("expert_gating_func", 0) or 0)
+    cfg.n_expert_groups = int(get("expert_group_count", 0) or 0)
+    cfg.n_group_used = int(get("expert_group_used_count", 0) or 0)
+    cfg.q_lora_rank = int(get("attention.q_lora_rank", 0) or 0)
+    cfg.kv_lora_rank = int(get("attention.kv_lora_rank", 0) or 0)
+    cfg.head_dim_k_mla = int(get("attention.key_length_mla", 0) or 0)
+    cfg.head_dim_v_mla = int(get("attention.value_length_mla", 0) or 0)
+    cfg.rope_yarn_log_mul = float(get("rope.scaling.yarn_log_multiplier", 0.0) or 0.0)
     scaling = str(get("rope.scaling.type", "none"))
     factor = float(get("rope.scaling.factor", 0.0) or 0.0)
     if scaling in ("linear", "yarn") and factor > 0:

@@ -17,8 +17,8 @@ from .gguf_file import GGUFFile, ModelLoadError, read_gguf
 from ..numa.layout import KVLayout, ProgressEvent, execute_weights, switch_weights
 from ..numa.plan import KVRequest, PlacementPlan, TensorSpec, plan_for_pool, row_split
 from ..numa.workers import WorkerPool
-from .kv_cache import KVCache, kv_bytes_per_layer_per_worker
-from .models import ARCHITECTURES
+from .kv_cache import KVCache, kv_bytes_per_layer_per_worker, make_cache
+from .models import ARCHITECTURES, model_class
 from .models.common import Decoder
 from .runtime import Runtime
 
@@ -101,8 +101,9 @@ class SwitchReport:
 
 
 def tensor_specs(g: GGUFFile) -> list[TensorSpec]:
-    """What the placement plan needs of each tensor: rows, row bytes, experts stacked in it."""
-    return [TensorSpec(name, t.rows, t.row_bytes, t.shape[2] if len(t.shape) == 3 and "_exps" in name else 1)
+    """What the placement plan needs of each tensor: rows, row bytes, and the matrices stacked
+    in a 3-D tensor (routed experts, MLA's per-head attn_k_b/attn_v_b)."""
+    return [TensorSpec(name, t.rows, t.row_bytes, t.shape[2] if len(t.shape) == 3 else 1)
             for name, t in g.tensors.items()]
 
 
@@ -154,6 +155,11 @@ class Engine:
         return self.gguf.path
 
     @property
+    def files(self) -> tuple[str, ...]:
+        """The model's files: the parts of a split model, else the one file."""
+        return self.gguf.parts or (self.gguf.path,)
+
+    @property
     def weight_bytes(self) -> int:
         return sum(t.nbytes for t in self.gguf.tensors.values())
 
@@ -190,7 +196,7 @@ class Engine:
         if isinstance(g.metadata.get("tokenizer.ggml.tokens"), list):
             g.metadata["tokenizer.ggml.tokens"] = tokenizer.tokens
         cfg = config_from_metadata(g.metadata, tokenizer.n_vocab)
-        arch = ARCHITECTURES[cfg.arch]
+        arch = model_class(cfg.arch, g.tensors)
         arch.configure(cfg, g.metadata)
         own_pool = pool is None
         if pool is None:
@@ -203,7 +209,7 @@ class Engine:
             # either; the plan that was checked is the one allocated
             plan.check()
             layout = execute_weights(plan, pool, progress, hugetlb_kb=placement.hugepages_kb)
-            layout.load(path, {name: t.offset for name, t in g.tensors.items()}, progress)
+            layout.load(path, {name: (t.path or path, t.offset) for name, t in g.tensors.items()}, progress)
             rt = Runtime(g, layout, pool, row_split)
             model = arch(cfg, rt)
         except BaseException:
@@ -243,7 +249,7 @@ class Engine:
                              kv=KVRequest(self.cfg.n_layer, kv_sizes(self.cfg, n_ctx, self.pool, owners), mode))
         plan.check()
         kvl = KVLayout(plan.kv, self.pool, hugetlb_kb=self.placement.hugepages_kb)
-        kv = KVCache(self.cfg, n_ctx, len(owners), lambda il, o, nbytes: kvl.array_for(il, owners[o][0])[:nbytes],
+        kv = make_cache(self.cfg, n_ctx, len(owners), lambda il, o, nbytes: kvl.array_for(il, owners[o][0])[:nbytes],
                      owners)
         return kv, kvl
 

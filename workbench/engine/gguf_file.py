@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import re
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,7 @@ class TensorInfo:
     ggml_type: int
     offset: int  # absolute file offset of the data
     nbytes: int
+    path: str = ""  # the file holding the data (a split model's part); "" = the model's file
 
     @property
     def type_name(self) -> str:
@@ -76,6 +78,7 @@ class GGUFFile:
     tensors: dict[str, TensorInfo]
     data_offset: int
     file_size: int
+    parts: tuple[str, ...] = ()  # a split model's files, first part first (else empty)
 
     @property
     def architecture(self) -> str:
@@ -143,9 +146,55 @@ def _check_path(path: str) -> int:
     return os.path.getsize(path)
 
 
+SPLIT_NAME = re.compile(r"^(?P<prefix>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+
+def split_part_path(first: str, no: int, count: int) -> str:
+    """llama.cpp's name of part `no` (1-based) of `count`, next to the first part."""
+    m = SPLIT_NAME.match(first)
+    prefix = m.group("prefix") if m else first[:-5] if first.endswith(".gguf") else first
+    return f"{prefix}-{no:05d}-of-{count:05d}.gguf"
+
+
 def read_gguf(path: str | os.PathLike) -> GGUFFile:
-    """Parse and validate a GGUF file's header and tensor table."""
-    path = os.fspath(path)
+    """Parse and validate a GGUF file's header and tensor table; a split model (split.count > 1)
+    is read from its first part, the others found next to it and checked (count, order, missing
+    part), each tensor remembering the part that holds it."""
+    g = _read_one(os.fspath(path))
+    count = int(g.metadata.get("split.count", 1) or 1)
+    if count <= 1:
+        return g
+    no = int(g.metadata.get("split.no", 0))
+    if no != 0:
+        raise ModelLoadError(f"{g.path} is part {no + 1} of a {count}-part split model: "
+                             f"pass the first part ({os.path.basename(split_part_path(g.path, 1, count))})")
+    tensors = dict(g.tensors)
+    parts = [g.path]
+    size = g.file_size
+    for i in range(1, count):
+        part = split_part_path(g.path, i + 1, count)
+        if not os.path.exists(part):
+            raise ModelLoadError(f"split model part {i + 1} of {count} is missing: {part}")
+        pg = _read_one(part)
+        pc, pn = int(pg.metadata.get("split.count", 1) or 1), int(pg.metadata.get("split.no", -1))
+        if pc != count:
+            raise ModelLoadError(f"{part} belongs to a {pc}-part split, not to this {count}-part one")
+        if pn != i:
+            raise ModelLoadError(f"{part} says it is part {pn + 1}, expected part {i + 1} (parts out of order)")
+        for name, t in pg.tensors.items():
+            if name in tensors:
+                raise ModelLoadError(f"{part}: tensor {name!r} is also in an earlier part")
+            tensors[name] = t
+        parts.append(part)
+        size += pg.file_size
+    want = g.metadata.get("split.tensors.count")
+    if want is not None and int(want) != len(tensors):
+        raise ModelLoadError(f"split model has {len(tensors)} tensors in its {count} parts, "
+                             f"its first part says {int(want)}")
+    return GGUFFile(g.path, g.version, g.metadata, tensors, g.data_offset, size, tuple(parts))
+
+
+def _read_one(path: str) -> GGUFFile:
     size = _check_path(path)
     if size < 24:
         raise ModelLoadError(f"{path}: not a GGUF file (only {size} bytes)")
@@ -218,7 +267,7 @@ def _parse(buf: mmap.mmap, size: int, path: str) -> GGUFFile:
             raise ModelLoadError(
                 f"{path}: tensor {name!r} data ends at byte {start + nbytes} past the end of the file "
                 f"({size} bytes; file truncated?)")
-        tensors[name] = TensorInfo(name, shape, ggml_type, start, nbytes)
+        tensors[name] = TensorInfo(name, shape, ggml_type, start, nbytes, path)
 
     spans = sorted((t.offset, t.offset + t.nbytes, t.name) for t in tensors.values())
     for (a0, a1, an), (b0, _b1, bn) in zip(spans, spans[1:]):

@@ -47,6 +47,8 @@ def slots_per_worker(n_ctx: int, n_workers: int) -> int:
 
 
 def kv_bytes_per_layer_per_worker(cfg: ModelConfig, n_ctx: int, n_workers: int) -> int:
+    if cfg.kv_lora_rank:  # MLA: one latent + rotary key row per position
+        return slots_per_worker(n_ctx, n_workers) * (cfg.kv_lora_rank + cfg.rope_dims) * 2
     return slots_per_worker(n_ctx, n_workers) * cfg.n_head_kv * (cfg.head_dim + cfg.head_dim_v) * 2
 
 
@@ -151,3 +153,103 @@ class KVCache:
                     didx[axis] = ds[sel]
                     dst[w][tuple(didx)] = full[tuple(idx)]
         self.n = n
+
+
+class _HeadsView:
+    """The few cache fields the runtime's general attention reads (see MLACache.attention_view)."""
+
+    def __init__(self, n_head_kv: int, head_dim_v: int):
+        self.n_head_kv, self.head_dim_v = n_head_kv, head_dim_v
+
+
+class MLAView:
+    """One layer of an MLA cache seen as a one-head (MQA) K/V cache: keys are the stored rows
+    (latent + rotary key), values the latent transposed into a scratch copy for this step, as
+    llama.cpp's non-flash attention does (ggml_cont(ggml_transpose(view of K))). Nothing is
+    stored through it: `store` is a no-op (the caller stored the rows already)."""
+
+    def __init__(self, cache: "MLACache", il: int, n_positions: int):
+        self.cfg = _HeadsView(1, cache.kv_lora)
+        self.n_workers, self.owner_workers, self.cap = cache.n_workers, cache.owner_workers, cache.cap
+        self.k_bytes: dict[int, list[list[np.ndarray]]] = {il: [[k.view(np.uint8)] for k in cache.k[il]]}
+        vs = []
+        for o, lat in enumerate(cache.k[il]):
+            ns = filled_slots(n_positions, o, cache.n_workers)
+            kp = min(-(-ns // 64) * 64, cache.cap)  # the attention reads values up to this slot
+            vt = np.zeros((cache.kv_lora, cache.cap), dtype=np.uint16)
+            vt[:, :kp] = lat[:kp, :cache.kv_lora].T
+            vs.append([vt.view(np.uint8)])
+        self.v_bytes = {il: vs}
+
+    def store(self, il: int, k: np.ndarray, v: np.ndarray, pos0: int) -> None:
+        pass
+
+
+class MLACache:
+    """Multi-head latent attention cache (DeepSeek 2/3): per position what llama.cpp stores, the
+    normalised latent (kv_lora_rank) followed by the roped key part (n_rot), f16 -- not per-head
+    keys and values. Positions are dealt to owners in blocks like `KVCache` (first touch per node).
+    """
+
+    def __init__(self, cfg: ModelConfig, n_ctx: int, n_workers: int = 1, region: KVRegionFn | None = None,
+                 owner_workers: list[list[int]] | None = None):
+        self.cfg = cfg
+        self.n_ctx = n_ctx
+        self.n_workers = n_workers
+        self.owner_workers = owner_workers or [[o] for o in range(n_workers)]
+        self.n = 0
+        self.kv_lora = cfg.kv_lora_rank
+        self.width = cfg.kv_lora_rank + cfg.rope_dims
+        self.cap = cap = slots_per_worker(n_ctx, n_workers)
+        nb = cap * self.width * 2
+        # [layer][owner]: rows [slot, latent + rotary key] as f16 bits
+        self.k: list[list[np.ndarray]] = []
+        for il in range(cfg.n_layer):
+            self.k.append([(region(il, w, nb) if region else np.zeros(nb, dtype=np.uint8))[:nb]
+                           .view(np.uint16).reshape(cap, self.width) for w in range(n_workers)])
+        self.jobs: dict = {}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for layer in self.k for a in layer)
+
+    def store(self, il: int, rows: np.ndarray, pos0: int) -> None:
+        """Write [n, kv_lora_rank + n_rot] float32 rows at positions pos0.. (rounded to f16)."""
+        n = rows.shape[0]
+        r16 = np.ascontiguousarray(rows, dtype=np.float32).astype(np.float16).view(np.uint16)
+        owners, slots = owner_slots(np.arange(pos0, pos0 + n), self.n_workers)
+        for w in range(self.n_workers):
+            sel = owners == w
+            if sel.any():
+                self.k[il][w][slots[sel]] = r16[sel]
+
+    def attention_view(self, il: int, n_positions: int) -> MLAView:
+        return MLAView(self, il, n_positions)
+
+    def clear(self) -> None:
+        self.n = 0
+
+    def truncate(self, n: int) -> None:
+        self.n = min(self.n, max(n, 0))
+
+    def copy_from(self, other: "MLACache") -> None:
+        n = min(other.n, self.n_ctx)
+        pos = np.arange(n)
+        so, ss = owner_slots(pos, other.n_workers)
+        do, ds = owner_slots(pos, self.n_workers)
+        for il in range(self.cfg.n_layer):
+            full = np.empty((n, self.width), dtype=np.uint16)
+            for w in range(other.n_workers):
+                sel = so == w
+                full[sel] = other.k[il][w][ss[sel]]
+            for w in range(self.n_workers):
+                sel = do == w
+                self.k[il][w][ds[sel]] = full[sel]
+        self.n = n
+
+
+def make_cache(cfg: ModelConfig, n_ctx: int, n_workers: int = 1, region: KVRegionFn | None = None,
+               owner_workers: list[list[int]] | None = None) -> "KVCache | MLACache":
+    """The cache a model needs: the latent cache for MLA models, else per-head keys and values."""
+    cls = MLACache if cfg.kv_lora_rank else KVCache
+    return cls(cfg, n_ctx, n_workers, region, owner_workers)

@@ -26,7 +26,7 @@ import numpy as np
 
 from . import kernels
 from . import ops
-from .crew import Crew, CrewError, Job, product_runner
+from .crew import C_TASK, T_OUTOFF, Crew, CrewError, Job, product_runner
 from .attention import (merge_stats, one_token_attention, owners_token_attention, probabilities,
                         softmax_stats)
 from .gguf_file import GGUFFile, ModelLoadError, TensorInfo
@@ -43,6 +43,7 @@ CHUNK_ALIGN = 64  # rows
 # one-token products go through the crew (workers waiting in compiled code) in chunks of at
 # least this many weight bytes; NUMAWB_CREW=0 turns the crew off (Python hand-offs, as before)
 CREW_CHUNK_BYTES = 96 << 10
+EXPERT_ROWS = 32  # prompt: expert rows per piece, read once from memory for all of its tokens
 CAUSAL_ROWS = 64  # prompt: query rows per attention piece (each piece stops at its last visible key)
 CREW_KEYS = 128  # key positions per chunk of a one-token attention's scores
 CREW_DIMS = 32   # value dimensions per chunk of its weighted sum
@@ -68,6 +69,8 @@ class Layout(Protocol):
     def array_for(self, name: str, worker: int) -> tuple[np.ndarray, int]: ...
 
     def full_array(self, name: str) -> np.ndarray | None: ...
+
+    def expert_rows(self, name: str, worker: int, expert: int) -> tuple[np.ndarray, int]: ...
 
 
 class Pool(Protocol):
@@ -99,6 +102,13 @@ class Weight:
     @property
     def ne0(self) -> int:
         return self.info.shape[0]
+
+
+class _Table:
+    """A crew job's tables composed per call (routed experts): the `Job` fields `Crew.run` reads."""
+
+    def __init__(self, tasks: np.ndarray, chunks: np.ndarray):
+        self.tasks, self.chunks, self.n_owned = tasks, chunks, len(chunks)
 
 
 def _chunks(rows: int, min_rows: int, n_workers: int) -> list[tuple[int, int]]:
@@ -148,6 +158,8 @@ class Runtime:
         self._small: dict[str, np.ndarray] = {}
         self._plans: dict[str, list[tuple[np.ndarray, int, int, int]]] = {}
         self._groups: dict[tuple[str, ...], _Group] = {}
+        self._eplans: dict[tuple[str, int], list[tuple[np.ndarray, int, int, int]]] = {}
+        self._eblocks: dict[tuple, Job] = {}
         self._leading = False
         self._crew: Crew | None = None
         self.crew_backoff = 0  # one-token passes left without the crew (see _note_wait)
@@ -206,6 +218,8 @@ class Runtime:
         self._plans.clear()
         self._groups.clear()
         self._small.clear()
+        self._eplans.clear()
+        self._eblocks.clear()
 
     # -- products ----------------------------------------------------------------
     @contextmanager
@@ -435,6 +449,176 @@ class Runtime:
                         tasks.append((qtype, arr, p, j, first))
         return Job(tasks, owned, shared)
 
+    # -- experts (3-D tensors: sub-matrix e = rows [e*n, (e+1)*n) of the tensor as 2-D) -------------
+    def n_sub(self, name: str) -> int:
+        """Sub-matrices of a 3-D tensor (experts, or heads of MLA's attn_k_b/attn_v_b); 1 for 2-D."""
+        shape = self.weights[name].info.shape
+        return int(shape[2]) if len(shape) >= 3 else 1
+
+    def _expert_plan(self, name: str, e: int) -> list[tuple[np.ndarray, int, int, int]]:
+        """Per worker: (rows of sub-matrix e it reads, index in e of their first, lo, hi): worker w
+        computes rows row_split(n, n_workers)[w] of every sub-matrix, read through the layout's
+        `expert_rows` (so a placement that gives each node its rows of every expert is local)."""
+        key = (name, e)
+        plan = self._eplans.get(key)
+        if plan is None:
+            w = self.weights[name]
+            per = w.rows // self.n_sub(name)
+            plan = []
+            for wk, (lo, hi) in enumerate(self._row_split(per, self.n_workers)):
+                arr, first = self.layout.expert_rows(name, wk, e)
+                arr = arr.reshape(arr.shape[0], -1) if arr.ndim != 2 else arr
+                if hi > lo and not (first <= lo and hi <= first + arr.shape[0]):
+                    raise ValueError(f"{name}: worker {wk}'s copy of expert {e} holds rows "
+                                     f"[{first}, {first + arr.shape[0]}), it computes [{lo}, {hi})")
+                plan.append((arr, first, lo, hi))
+            self._eplans[key] = plan
+        return plan
+
+    def moe(self, x: np.ndarray, gate: str, up: str, down: str, experts: np.ndarray, weights: np.ndarray,
+            activation: str = "silu") -> np.ndarray:
+        """The routed experts' gated FFN: x [n, n_embd] float32, experts [n, k] (ids, in slot order),
+        weights [n, k] float32 -> [n, n_embd] = sum over slots i (in order) of
+        weights[:, i] * down_e(act(gate_e x) * up_e x), e = experts[:, i].
+
+        As ggml's mul_mat_id: tokens are grouped by expert so each routed expert's rows are read once
+        per call (only the routed experts are read); every output is one vec_dot per (row, token)
+        whatever the grouping and thread count; each worker computes its `row_split` range of every
+        expert it is given (see `_expert_plan`). The weighting and the sum over slots are f32, in
+        slot order, as llama.cpp's ggml_mul and chain of ggml_add.
+        """
+        n, k = experts.shape
+        ids = np.asarray(experts, dtype=np.int64)
+        n_exp = self.n_sub(up)
+        if ids.size and (ids.min() < 0 or ids.max() >= n_exp):
+            raise ValueError(f"expert ids outside [0, {n_exp})")
+        # (expert, input rows, output rows): gate/up read token t, write row t*k + i
+        groups = []
+        flat = ids.reshape(-1)
+        order = np.argsort(flat, kind="stable")
+        bounds = np.flatnonzero(np.diff(flat[order])) + 1
+        for part in np.split(order, bounds):
+            if len(part):
+                groups.append((int(flat[part[0]]), part // k, part))
+        g, u = self._expert_products((gate, up), x, groups, n * k)
+        a = np.empty_like(g)
+        if activation == "gelu":
+            ops.gelu_mul(g, u, a, ops.GELU_F16)
+        else:
+            ops.silu_mul(g, u, a)
+        # down reads the activation row of each (token, slot)
+        (d,) = self._expert_products((down,), a, [(e, rows, rows) for e, _, rows in groups], n * k)
+        d = d.reshape(n, k, -1)
+        w = np.asarray(weights, dtype=np.float32)
+        out = d[:, 0] * w[:, 0:1]
+        for i in range(1, k):
+            out = out + d[:, i] * w[:, i:i + 1]
+        return np.ascontiguousarray(out, dtype=np.float32)
+
+    def _expert_products(self, names: tuple[str, ...], x: np.ndarray, groups: list, m_out: int
+                         ) -> list[np.ndarray]:
+        """outs[j][out_rows] = x[in_rows] times sub-matrix e of names[j]^T, per (e, in_rows, out_rows)
+        of `groups`: x is prepared once per vec_dot type (ggml quantizes src1 once), each product
+        row is a matvec (one vec_dot per row and token, mul_mat_id's order)."""
+        ws = [self.weights[nm] for nm in names]
+        ne0 = ws[0].ne0
+        if x.shape[1] != ne0:
+            raise ValueError(f"input width {x.shape[1]} != row length {ne0}")
+        keys = [_VEC_DOT.get(w.ggml_type, w.ggml_type) for w in ws]
+        prep = list(dict.fromkeys(keys))
+        prep_types = [next(w.ggml_type for w, kk in zip(ws, keys) if kk == key) for key in prep]
+        pidx = [prep.index(kk) for kk in keys]
+        per = [w.rows // self.n_sub(nm) for w, nm in zip(ws, names)]
+        outs = [np.empty((m_out, r), dtype=np.float32) for r in per]
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        xps = [kernels.prepare(t, x) for t in prep_types]
+        if self._crewing and x.shape[0] <= 16:
+            self._expert_crew(names, ws, pidx, per, xps, groups, outs)
+            return outs
+        rows_in = [[tuple(a[r] for a in xp) for r in range(x.shape[0])] for xp in xps]
+
+        def work(wk: int) -> None:
+            for e, ins, outr in groups:
+                for j, nm in enumerate(names):
+                    arr, first, lo, hi = self._expert_plan(nm, e)[wk]
+                    if hi <= lo:
+                        continue
+                    qtype, xr, out = ws[j].ggml_type, rows_in[pidx[j]], outs[j]
+                    # pieces of rows that stay in cache while every token of the expert passes
+                    for c0 in range(lo, hi, EXPERT_ROWS):
+                        c1 = min(c0 + EXPERT_ROWS, hi)
+                        for ri, ro in zip(ins, outr):
+                            kernels.matvec(qtype, arr, xr[ri], out[ro, first:first + arr.shape[0]],
+                                           c0 - first, c1 - first)
+        self.each_worker(work)
+        return outs
+
+    def _expert_block(self, name: str, qtype: int, e: int, p: int, j: int) -> Job:
+        """The crew task/chunk rows of sub-matrix e of `name` (each worker its own row range of its
+        own copy), into output j with prepared input p; cached per layout."""
+        key = (name, e, p, j)
+        blk = self._eblocks.get(key)
+        if blk is None:
+            tasks, owned = [], []
+            for wk, (arr, first, lo, hi) in enumerate(self._expert_plan(name, e)):
+                if hi > lo:
+                    owned.append((len(tasks), lo - first, hi - first, wk))
+                    tasks.append((qtype, np.ascontiguousarray(arr), p, j, first))
+            blk = self._eblocks[key] = Job(tasks, owned, [])
+        return blk
+
+    def _expert_crew(self, names, ws, pidx, per, xps, groups, outs) -> None:
+        """A few input rows with the crew: one job per input row, holding every expert that reads it
+        (one token's gate and up: one job; its down products: one per slot)."""
+        by_row: dict[int, list[tuple[int, int]]] = {}
+        for e, ins, outr in groups:
+            for ri, ro in zip(ins, outr):
+                by_row.setdefault(int(ri), []).append((e, int(ro)))
+        flat = [o.reshape(-1) for o in outs]
+        for ri, items in by_row.items():
+            tasks, chunks = [], []
+            n_t = 0
+            for e, ro in items:
+                for j, nm in enumerate(names):
+                    blk = self._expert_block(nm, ws[j].ggml_type, e, pidx[j], j)
+                    t = blk.tasks.copy()
+                    t[:, T_OUTOFF] += ro * per[j]
+                    c = blk.chunks.copy()
+                    c[:, C_TASK] += n_t
+                    n_t += len(t)
+                    tasks.append(t)
+                    chunks.append(c)
+            job = _Table(np.concatenate(tasks), np.concatenate(chunks))
+            xa = tuple(a[ri] for a in xps[0])
+            xb = tuple(a[ri] for a in xps[-1])
+            self._crew.run(job, xa, xb, flat)
+
+    def sub_products(self, name: str, x: np.ndarray) -> np.ndarray:
+        """x [m, n, ne0] -> [m, n, rows] with sub-matrix i of 3-D tensor `name` applied to x[i]
+        (ggml_mul_mat of a 3-D weight: MLA's per-head attn_k_b / attn_v_b); one token is a
+        matvec per row (vec_dot), more are a matmat (ggml's mul_mat for >= 2 columns)."""
+        w = self.weights[name]
+        m, n, k = x.shape
+        if m != self.n_sub(name) or k != w.ne0:
+            raise ValueError(f"{name}: input {list(x.shape)} does not fit shape {list(w.info.shape)}")
+        rows = w.rows // m
+        out = np.empty((m, n, rows), dtype=np.float32)
+        xps = [kernels.prepare(w.ggml_type, np.ascontiguousarray(x[i] if n > 1 else x[i, 0])) for i in range(m)]
+
+        def work(wk: int) -> None:
+            for i in range(m):
+                arr, first, lo, hi = self._expert_plan(name, i)[wk]
+                if hi <= lo:
+                    continue
+                if n == 1:
+                    kernels.matvec(w.ggml_type, arr, xps[i], out[i, 0, first:first + arr.shape[0]],
+                                   lo - first, hi - first)
+                else:
+                    kernels.matmat(w.ggml_type, arr, xps[i], out[i, :, first:first + arr.shape[0]],
+                                   lo - first, hi - first)
+        self.each_worker(work)
+        return out
+
     def each_worker(self, fn: Callable[[int], None]) -> None:
         """fn(w) on every worker; a single worker runs inline (no hand-off cost)."""
         if self.n_workers == 1:
@@ -448,8 +632,18 @@ class Runtime:
         else:
             self.pool.run(fn, lead=self._leading)
 
+    def mla_attention(self, q: np.ndarray, rows: np.ndarray, kv, il: int, pos0: int, scale: float) -> np.ndarray:
+        """Multi-head latent attention with the absorption (llama.cpp's MQA form): q [n, n_head,
+        kv_lora + n_rot] against the cache's rows [latent, rotary key], values = the latent.
+        Stores `rows` [n, kv_lora + n_rot] at pos0.. first; returns [n, n_head, kv_lora]."""
+        n = q.shape[0]
+        kv.store(il, rows, pos0)
+        view = kv.attention_view(il, pos0 + n)
+        return self.attention(q, rows.reshape(n, 1, -1), rows.reshape(n, 1, -1), view, il, pos0, 0, scale,
+                              compiled=False)
+
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, kv: KVCache, il: int, pos0: int,
-                  window: int, scale: float) -> np.ndarray:
+                  window: int, scale: float, compiled: bool = True) -> np.ndarray:
         """Store K/V at pos0.. and attend; each node's workers read only their node's part of the cache.
 
         The cache is split between owners (one per node); within an owner, the query rows are
@@ -457,7 +651,7 @@ class Runtime:
         positions in order. On one node that is exactly llama.cpp's order, whatever the threads.
         """
         n, n_head, hd = q.shape
-        if n == 1 and self._crewing:
+        if n == 1 and self._crewing and compiled:
             return self._attend_token(q, k, v, kv, il, pos0, window, scale)
         kv.store(il, k, v, pos0)
         n_kv = kv.cfg.n_head_kv

@@ -134,6 +134,8 @@ class WeightLayout:
         """uint8 [rows, row_bytes] of ``expert`` that ``worker`` reads, and the first row (within
         the expert) they start at: the worker's node's copy when it has one, else the owner's."""
         d = self._experts[name]
+        if not 0 <= expert < self.specs[name].groups:
+            raise IndexError(f"{name}: expert {expert} outside [0, {self.specs[name].groups})")
         v = d.get(None) or d.get(self.worker_node[worker])
         if v is None or not (v[2] <= expert < v[2] + v[0].shape[0]):
             v = next(x for x in d.values() if x[2] <= expert < x[2] + x[0].shape[0])
@@ -220,10 +222,12 @@ class WeightLayout:
                     read(e * gr + p.lo, e * gr + p.hi, v[e - p.g0])
         self.replicate(name)
 
-    def load(self, path: str | os.PathLike[str], offsets: Mapping[str, int],
+    def load(self, path: str | os.PathLike[str], offsets: Mapping[str, int | tuple[str, int]],
              progress: Progress | None = None) -> float:
         """Read every tensor from ``path`` (tensor data at ``offsets[name]``) with large
-        sequential reads straight into its placed memory; returns seconds taken."""
+        sequential reads straight into its placed memory; returns seconds taken.
+        ``offsets[name]`` may be ``(file, offset)`` for a tensor in another file (a split model's
+        part): each tensor is read straight from its own file."""
         total = sum(s.nbytes for s in self.specs.values())
         t0 = time.perf_counter()
         done = 0
@@ -235,13 +239,18 @@ class WeightLayout:
                 dt = time.perf_counter() - t0
                 progress(ProgressEvent("load", done, total, done / dt if dt > 0 else 0.0))
 
-        fd = os.open(path, os.O_RDONLY)
+        fds = {os.fspath(path): os.open(path, os.O_RDONLY)}
         try:
             for name, s in self.specs.items():
-                self.fill_from(name, lambda lo, hi, dest, s=s, name=name:
-                               read_into(fd, offsets[name] + lo * s.row_bytes, dest, step))
+                where = offsets[name]
+                file, off = (os.fspath(where[0]), where[1]) if isinstance(where, tuple) else (os.fspath(path), where)
+                if file not in fds:
+                    fds[file] = os.open(file, os.O_RDONLY)
+                self.fill_from(name, lambda lo, hi, dest, fd=fds[file], off=off, s=s:
+                               read_into(fd, off + lo * s.row_bytes, dest, step))
         finally:
-            os.close(fd)
+            for fd in fds.values():
+                os.close(fd)
         return time.perf_counter() - t0
 
     def buffers(self) -> list[PlacedBuffer]:
