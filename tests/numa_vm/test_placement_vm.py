@@ -220,3 +220,36 @@ def test_interleave_includes_memory_only_nodes(topo, record):
     record("alloc", p)
     assert p.share >= OK and p.spread >= 0.8
     buf.close()
+
+
+# ---- mixture-of-experts tensors: experts per node -------------------------------------------
+
+N_EXP, EXP_ROWS, EXP_ROW_BYTES = 8, 128, 4096  # 4 MiB of routed experts
+
+
+def test_experts_sliced_and_owned_per_node(pool, record):
+    """slice: every node holds its rows of every expert; experts: whole experts per node. Each
+    expert's rows read back through expert_rows, and the pages are proven on their nodes."""
+    spec = TensorSpec("blk.0.ffn_up_exps.weight", N_EXP * EXP_ROWS, EXP_ROW_BYTES, groups=N_EXP)
+    rng = np.random.default_rng(5)
+    data = rng.integers(0, 256, (spec.rows, spec.row_bytes), dtype=np.uint8)
+    nodes = pool.nodes
+    for mode in ("slice", "experts"):
+        layout = place_weights([spec], mode, pool)
+        layout.write_rows(spec.name, 0, data)
+        pieces = layout.plan.tensors[spec.name].pieces
+        assert sorted(p.node for p in pieces) == sorted(nodes)
+        if mode == "slice":
+            assert all((p.g0, p.g1) == (0, N_EXP) for p in pieces)
+        else:
+            assert all((p.lo, p.hi) == (0, EXP_ROWS) for p in pieces)
+            assert sum(p.g1 - p.g0 for p in pieces) == N_EXP
+        for w in range(pool.n_threads):
+            for e in range(N_EXP):
+                arr, first = layout.expert_rows(spec.name, w, e)
+                np.testing.assert_array_equal(arr, data[e * EXP_ROWS + first:e * EXP_ROWS + first + arr.shape[0]])
+        for b in layout.buffers():
+            p = prove_buffer(b)
+            record(f"{mode} experts {b.label}", p)
+            assert p.share >= OK
+        layout.close()

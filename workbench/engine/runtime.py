@@ -465,7 +465,17 @@ class Runtime:
             w = self.weights[name]
             per = w.rows // self.n_sub(name)
             plan = []
-            for wk, (lo, hi) in enumerate(self._row_split(per, self.n_workers)):
+            # an expert owned whole by one node (weights mode `experts`) is computed by that node's
+            # workers alone, from their own node's memory; otherwise every worker takes its range
+            lp = getattr(self.layout, "plan", None)
+            owner = lp.expert_node(name, e) if lp is not None and name in lp.tensors else None
+            if owner is None:
+                split = self._row_split(per, self.n_workers)
+            else:
+                mine = [wk for wk in range(self.n_workers) if lp.workers[wk].node == owner]
+                parts = iter(self._row_split(per, len(mine)))
+                split = [next(parts) if wk in mine else (0, 0) for wk in range(self.n_workers)]
+            for wk, (lo, hi) in enumerate(split):
                 arr, first = self.layout.expert_rows(name, wk, e)
                 arr = arr.reshape(arr.shape[0], -1) if arr.ndim != 2 else arr
                 if hi > lo and not (first <= lo and hi <= first + arr.shape[0]):

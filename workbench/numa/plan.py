@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from .budget import BudgetCheck, BudgetError, check_need, fmt_bytes, free_per_node
-from .modes import kv_node, parse_kv, parse_weights
+from .modes import ModeError, kv_node, parse_kv, parse_weights
 from .topology import Topology, load_topology
 
 ROW_ALIGN = 4
@@ -48,6 +48,11 @@ class TensorSpec:
     @property
     def group_rows(self) -> int:
         return self.rows // self.groups
+
+    @property
+    def routed(self) -> bool:
+        """A mixture-of-experts layer's routed experts (GGUF names them ``*_exps``)."""
+        return self.groups > 1 and "_exps" in self.name
 
 
 @dataclass(frozen=True)
@@ -345,8 +350,8 @@ def make_plan(specs: Sequence[TensorSpec], weights_mode: str | None, workers: It
               free: Mapping[int, int] | None = None) -> PlacementPlan:
     """Plan weights (``weights_mode``; None plans the KV cache alone) and a KV cache together.
 
-    ``auto`` decides per tensor within the memory left after the KV cache: everything
-    mirrored if it fits (routed experts start sliced), else the biggest tensors sliced
+    ``auto`` decides per tensor within the memory left after the KV cache: routed experts
+    sliced, everything else mirrored if it fits, else the biggest tensors sliced
     first, then small leftovers interleaved. Nothing is allocated or checked here:
     call ``check()`` (or read ``fits``).
     """
@@ -361,13 +366,17 @@ def make_plan(specs: Sequence[TensorSpec], weights_mode: str | None, workers: It
         return plan
     nodes, nw = plan.nodes, len(ws)
 
+    if mode == "experts" and not any(s.routed for s in specs):
+        raise ModeError("weights mode 'experts' needs a mixture-of-experts model (this one has no routed "
+                        "experts); use slice, mirror, interleave or auto")
+
     def first_choice(s: TensorSpec) -> str:
-        if mode in ("slice", "auto") and s.groups > 1 and sliceable(s, nw):
+        if mode in ("slice", "auto") and s.routed and sliceable(s, nw):
             return "slice"
         if mode == "slice":
             return "slice" if sliceable(s, nw) else "mirror"
         if mode == "experts":
-            return "experts" if s.groups > 1 else "mirror"
+            return "experts" if s.routed else "mirror"
         if mode == "auto":
             return "mirror"
         return mode
