@@ -129,7 +129,8 @@ def spm_vocab() -> tuple[list[str], list[float], list[int]]:
     return tokens, scores, types
 
 
-def write_tiny_model(path: str | os.PathLike, spec: TinySpec, split_max_tensors: int = 0) -> dict[str, np.ndarray]:
+def write_tiny_model(path: str | os.PathLike, spec: TinySpec, split_max_tensors: int = 0,
+                     reference: bool = True) -> dict[str, np.ndarray]:
     """Write the model; returns the float64 weights (dequantized) for a reference forward pass.
 
     split_max_tensors > 0: a split model as llama.cpp's gguf-split writes it (gguf-py's shard
@@ -203,13 +204,15 @@ def write_tiny_model(path: str | os.PathLike, spec: TinySpec, split_max_tensors:
     def mat(name: str, rows: int, ne0: int, qtype: T = spec.qtype, scale: float = 0.05) -> None:
         data = random_tensor(qtype, rows, ne0, rng, scale)
         w.add_tensor(name, data, raw_dtype=qtype if qtype not in (T.F32, T.F16) else None)
-        ref[name] = dequant(data, qtype).reshape(rows, ne0)
+        if reference:
+            ref[name] = dequant(data, qtype).reshape(rows, ne0)
 
     def experts(name: str, n_exp: int, rows: int, ne0: int, qtype: T = spec.qtype, scale: float = 0.05) -> None:
         """A 3-D expert tensor: GGUF shape [ne0, rows, n_exp] (numpy [n_exp, rows, ne0])."""
         data = random_tensor(qtype, n_exp * rows, ne0, rng, scale)
         w.add_tensor(name, data.reshape(n_exp, rows, -1), raw_dtype=qtype if qtype not in (T.F32, T.F16) else None)
-        ref[name] = dequant(data, qtype).reshape(n_exp, rows, ne0)
+        if reference:  # (benchmark-sized files skip the float64 copy)
+            ref[name] = dequant(data, qtype).reshape(n_exp, rows, ne0)
 
     def vec(name: str, n: int, base: float = 1.0) -> None:
         data = (base + rng.standard_normal(n) * 0.1).astype(np.float32)
