@@ -456,7 +456,7 @@ class Scheduler:
         if self._emit(req, req._decoder.feed(nxt), now):
             self._finish(slot, reason="stop")
             return
-        if len(slot.session.tokens) + 1 >= self.n_ctx:
+        if len(slot.session.tokens) >= self.n_ctx:
             self._finish(slot, reason="context")
             return
         if len(req.out) >= req.n_predict:
