@@ -105,6 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .bench import add_arguments as _bench_args
     _bench_args(sub.add_parser("bench", help="llama-bench-style throughput per placement mode"))
+    from .server import add_arguments as _serve_args
+    _serve_args(sub.add_parser("serve", help="OpenAI-compatible HTTP server with continuous batching"))
     return ap
 
 
@@ -312,6 +314,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_placement(args)
         if args.cmd == "topo":
             return cmd_topo(args)
+        if args.cmd == "serve":
+            from .server import main as serve_main
+            return serve_main(args)
         if args.cmd == "bench":
             from .bench import main as bench_main
             try:

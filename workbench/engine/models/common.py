@@ -108,7 +108,8 @@ class Decoder:
         tap = self.tap
         if tap:
             tap("inp_scaled", x)
-        positions = np.arange(pos0, pos0 + n, dtype=np.int64)
+        # a batch of sequences (engine/batch.py) gives each row its own position
+        positions = kv.positions(n) if hasattr(kv, "positions") else np.arange(pos0, pos0 + n, dtype=np.int64)
         ropes: dict[float, np.ndarray] = {}
         h = self.norm(x, "blk.0.attn_norm.weight")
         for il in range(c.n_layer):

@@ -1,0 +1,527 @@
+"""Batched decoding: several sequences, each with its own KV cache, advance one token per pass.
+
+`decode_batch` runs one forward pass for N sequences (one new token each): the products
+are matrix-matrix over the N rows, so the weights are read once for all of them. A
+sequence's numbers must not depend on what else is in the batch, and ggml's multi-column
+products (which ours follow) take other float orders than its one-column ones for some types
+(`EXACT_COLUMNS`): those products are cut into pieces small enough to keep the one-column
+order. Attention is per sequence (its own cache and position), by the one-token path. So a
+greedy sequence decoded in any batch gives `Session.generate`'s tokens, to the bit.
+
+`Scheduler` is continuous batching over that pass: up to `n_parallel` slots (one `Session`
+each), a bounded queue, requests that join and leave between passes, prompts processed in
+the same 512-token pieces as `Session.prefill`, sampling per request, stop strings, and
+cancellation at the next pass. It knows nothing about HTTP (the server builds on it).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from . import kernels, ops
+from .engine import ContextFullError, DoneEvent, Engine, Session, Stats, TokenEvent
+from .kv_cache import KVCache
+from .sampling import Sampler, SamplingParams
+from .tokenizer import StreamDecoder
+
+PREFILL_BATCH = 512  # prompt tokens per forward pass (Session.prefill's batch, so the same numbers)
+
+
+# ----------------------------------------------------------------------------- the batched pass
+# Most types' matrix-matrix kernels give each column exactly the one-column (matvec) result;
+# these take other float orders from some column count on (ggml's, which ours follow): Q4_K
+# the gemm for whole tiles of 4 columns, Q6_K the tiled matmul from 8 columns, F16 tinyBLAS
+# from 1. A batch is cut into pieces of at most this many rows for them (F16: row by row,
+# which takes the one-token path). tests/test_server_batch.py checks the table on every type.
+EXACT_COLUMNS = {kernels.Q4_K: 3, kernels.Q6_K: 7, kernels.F16: 0}
+
+
+def exact_columns(types) -> int:
+    """Rows a product over weights of these types may take at once and stay per-row exact
+    (0: one row at a time)."""
+    return min([EXACT_COLUMNS.get(int(t), 1 << 30) for t in types])
+
+
+class _BatchRuntime:
+    """The runtime as `Decoder._forward` sees it during a batched pass: products through
+    `_Products`, attention per row on that row's own cache; everything else is the runtime's."""
+
+    def __init__(self, rt, caches: list[KVCache]):
+        self._rt, self._caches = rt, caches
+
+    def __getattr__(self, name: str):
+        return getattr(self._rt, name)
+
+    def linear(self, x: np.ndarray, names: tuple[str, ...]) -> list[np.ndarray]:
+        rt = self._rt
+        n = x.shape[0]
+        step = max(exact_columns(rt.weights[name].ggml_type for name in names), 1)
+        if step >= n:
+            return rt.linear(x, names)
+        parts = [rt.linear(np.ascontiguousarray(x[a:a + step]), names) for a in range(0, n, step)]
+        return [np.concatenate([p[j] for p in parts]) for j in range(len(names))]
+
+    def gated(self, x: np.ndarray, gate: str, up: str, activation: str):
+        g, u = self.linear(x, (gate, up))
+        a = np.empty_like(g)
+        if activation == "gelu":
+            ops.gelu_mul(g, u, a, ops.GELU_F16)
+        else:
+            ops.silu_mul(g, u, a)
+        return g, u, a
+
+    def attention(self, q, k, v, kv, il, pos0, window, scale):
+        rt = self._rt
+        return np.concatenate([rt.attention(q[i:i + 1], k[i:i + 1], v[i:i + 1], c, il, c.n, window, scale)
+                               for i, c in enumerate(self._caches)])
+
+
+class _BatchKV:
+    """Stands in for the cache in `Decoder._forward`: row i is at its own cache's position;
+    the forward's final `kv.n = pos0 + n` advances every cache by its one token."""
+
+    n_ctx = 1 << 62
+
+    def __init__(self, caches: list[KVCache]):
+        self.caches = caches
+
+    def positions(self, n: int) -> np.ndarray:
+        return np.array([c.n for c in self.caches], dtype=np.int64)
+
+    @property
+    def n(self) -> int:
+        return 0
+
+    @n.setter
+    def n(self, value: int) -> None:
+        assert value == len(self.caches)
+        for c in self.caches:
+            c.n += 1
+
+
+def decode_batch(engine: Engine, sessions: list[Session], tokens: list[int]) -> np.ndarray:
+    """Append one token to each session's cache in one forward pass; logits [n, n_vocab].
+
+    Row i's logits are those `sessions[i].eval([tokens[i]])` gives, to the bit, whatever the
+    other rows. The caller holds `engine.lock` (one pass at a time).
+    """
+    if len(sessions) != len(tokens) or not sessions:
+        raise ValueError("one token per session, at least one session")
+    for s in sessions:
+        if s.kv.n + 1 > s.kv.n_ctx:
+            raise ContextFullError(f"context full: {s.kv.n} + 1 tokens exceed n_ctx {s.kv.n_ctx}")
+    if len(sessions) == 1:
+        return sessions[0].eval([int(tokens[0])])[None]
+    model, rt = engine.model, engine.rt
+    caches = [s.kv for s in sessions]
+    view = copy.copy(model)
+    view.rt = _BatchRuntime(rt, caches)
+    ids = np.asarray(tokens, dtype=np.int64)
+    with rt.step(len(ids)):
+        logits = view._forward(ids, _BatchKV(caches), slice(0, len(ids)))
+    for s, t in zip(sessions, tokens):
+        s.tokens.append(int(t))
+    return logits
+
+
+# ----------------------------------------------------------------------------- requests
+@dataclass
+class ErrorEvent:
+    message: str
+
+
+class QueueFullError(RuntimeError):
+    """Every slot is busy and the queue is full: try again later."""
+
+
+class ShuttingDownError(RuntimeError):
+    """The scheduler no longer accepts requests."""
+
+
+@dataclass
+class Request:
+    """One generation: prompt ids, sampling, limits; events go to `on_event` (from the
+    scheduler's thread: TokenEvent with new text, then exactly one DoneEvent or ErrorEvent)."""
+
+    prompt: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    n_predict: int = -1                  # -1: until the context is full
+    stop: list[str] = field(default_factory=list)
+    stop_ids: set[int] | None = None     # default: the model's end-of-generation ids
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    on_event: Callable[[object], None] = lambda ev: None
+    id: str = ""
+    cancel: threading.Event = field(default_factory=threading.Event)
+    # -- state (scheduler thread)
+    slot: int = -1
+    state: str = "queued"                # queued | prompt | decode | done
+    out: list[int] = field(default_factory=list)
+    stats: Stats = field(default_factory=Stats)
+    t_submit: float = 0.0
+    t_first: float = 0.0
+    reused: int = 0                      # prompt tokens found in the slot's cache
+    kv_nodes: tuple[int, ...] = ()
+    _fed: int = 0                        # prompt tokens in the cache so far
+    _next: int = -1                      # sampled token to feed at the next pass
+    _sampler: Sampler | None = None
+    _history: list[int] = field(default_factory=list)
+    _decoder: StreamDecoder | None = None
+    _sent: str = ""                      # text given out
+    _held: str = ""                      # text held back: it may be the start of a stop string
+    _logits: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class ActiveRequest:
+    """What a dashboard shows about one request (see `Scheduler.active`)."""
+
+    id: str
+    state: str
+    slot: int
+    prompt_tokens: int
+    reused_tokens: int
+    tokens: int
+    tps: float
+    kv_nodes: tuple[int, ...]
+    age: float
+
+
+@dataclass
+class _Slot:
+    index: int
+    session: Session
+    request: Request | None = None
+    prompt: list[int] = field(default_factory=list)  # the last request's prompt (for reuse)
+    used: float = 0.0
+
+
+class Scheduler:
+    """Continuous batching over `n_parallel` slots; `submit` from any thread.
+
+    One thread runs the loop: take queued requests into free slots, process one piece of one
+    prompt, then one batched pass for every slot that is decoding; requests leave between passes.
+    A request that continues a slot's previous request (its prompt starts with that whole
+    prompt) reuses the slot's cache; any other prompt is processed in full, so its numbers are
+    those of `Session.generate` on a fresh session.
+    """
+
+    def __init__(self, engine: Engine, n_parallel: int = 4, n_ctx: int = 4096, max_queue: int = 64):
+        if n_parallel < 1:
+            raise ValueError(f"n_parallel must be >= 1 (got {n_parallel})")
+        self.engine = engine
+        self.n_ctx = min(n_ctx, engine.cfg.n_ctx_train)
+        self.max_queue = max_queue
+        self.slots = [_Slot(i, engine.new_session(self.n_ctx)) for i in range(n_parallel)]
+        self._queue: deque[Request] = deque()
+        self._cv = threading.Condition()
+        self._accepting = True
+        self._stop = False
+        self._ids = itertools.count(1)
+        self._rr = 0
+        # counters (read by metrics; ints and floats written by the loop thread only)
+        self.requests_done = 0
+        self.requests_failed = 0
+        self.requests_cancelled = 0
+        self.prompt_tokens_total = 0
+        self.decode_tokens_total = 0
+        self.passes = 0
+        self.pass_rows = 0
+        self.busy_seconds = 0.0
+        self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of recent passes
+        self._thread = threading.Thread(target=self._run, name="numawb-scheduler", daemon=True)
+        self._thread.start()
+
+    # -- public, any thread ------------------------------------------------------
+    @property
+    def n_parallel(self) -> int:
+        return len(self.slots)
+
+    def submit(self, req: Request) -> Request:
+        """Queue a request; raises QueueFullError, ShuttingDownError or ContextFullError."""
+        if not req.prompt:
+            raise ValueError("empty prompt: nothing to continue from")
+        if len(req.prompt) >= self.n_ctx:
+            raise ContextFullError(f"the prompt ({len(req.prompt)} tokens) does not fit the context "
+                                   f"of {self.n_ctx} tokens per slot")
+        req.params.validate()
+        with self._cv:
+            if not self._accepting:
+                raise ShuttingDownError("the server is shutting down")
+            if len(self._queue) >= self.max_queue:
+                raise QueueFullError(f"all {self.n_parallel} slots are busy and {len(self._queue)} "
+                                     "requests are waiting")
+            if not req.id:
+                req.id = f"req-{next(self._ids)}"
+            req.t_submit = time.perf_counter()
+            self._queue.append(req)
+            self._cv.notify()
+        return req
+
+    def cancel(self, req: Request) -> None:
+        """Stop a request at the next pass (its slot is freed then)."""
+        req.cancel.set()
+        with self._cv:
+            self._cv.notify()
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    @property
+    def running(self) -> int:
+        return sum(1 for s in self.slots if s.request is not None)
+
+    def decode_rate(self, window: float = 5.0) -> float:
+        """Tokens per second generated over the last `window` seconds (all requests)."""
+        now = time.perf_counter()
+        recent = [(t, n) for t, n in list(self._recent) if now - t <= window]
+        if not recent:
+            return 0.0
+        span = max(now - recent[0][0], 1e-3)
+        return sum(n for _, n in recent) / span
+
+    def active(self) -> list[ActiveRequest]:
+        """A thread-safe snapshot of the requests in slots and in the queue, for dashboards."""
+        now = time.perf_counter()
+        out = []
+        with self._cv:
+            reqs = [s.request for s in self.slots if s.request is not None] + list(self._queue)
+        for r in reqs:
+            st = r.stats
+            dt = now - r.t_first if r.t_first else 0.0
+            tps = (len(r.out) - 1) / dt if dt > 0 and len(r.out) > 1 else 0.0
+            out.append(ActiveRequest(r.id, r.state, r.slot, len(r.prompt), r.reused, len(r.out), tps,
+                                     r.kv_nodes, now - r.t_submit))
+        return out
+
+    def stop_accepting(self) -> None:
+        with self._cv:
+            self._accepting = False
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop accepting; let requests finish for up to `timeout` seconds, cancel the rest."""
+        self.stop_accepting()
+        deadline = time.perf_counter() + timeout
+        while (self.running or self.queued) and time.perf_counter() < deadline and self._thread.is_alive():
+            time.sleep(0.02)
+        with self._cv:
+            for r in list(self._queue) + [s.request for s in self.slots if s.request is not None]:
+                r.cancel.set()
+            self._stop = True
+            self._cv.notify()
+        self._thread.join(timeout=30)
+
+    # -- the loop ----------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stop and not self._queue and all(s.request is None for s in self.slots):
+                    self._cv.wait()
+                if self._stop and not self._queue and all(s.request is None for s in self.slots):
+                    return
+                self._admit()
+            try:
+                self._iteration()
+            except Exception as e:  # noqa: BLE001 - a failed pass fails its requests, not the server
+                msg = f"{type(e).__name__}: {e}"
+                for s in self.slots:
+                    if s.request is not None:
+                        self._finish(s, error=msg)
+
+    def _admit(self) -> None:
+        """Queued requests into free slots (under the lock); cancelled queued ones leave."""
+        for r in [r for r in self._queue if r.cancel.is_set()]:
+            self._queue.remove(r)
+            r.state = "done"
+            r.stats.stop_reason = "cancelled"
+            self.requests_cancelled += 1
+            r.on_event(DoneEvent(r.stats, [], ""))
+        while self._queue:
+            free = [s for s in self.slots if s.request is None]
+            if not free:
+                break
+            req = self._queue.popleft()
+            slot = max(free, key=lambda s: (self._reusable(s, req.prompt), -s.used))
+            self._start(slot, req)
+
+    @staticmethod
+    def _common(a: list[int], b: list[int]) -> int:
+        n = 0
+        for x, y in zip(a, b):
+            if x != y:
+                break
+            n += 1
+        return n
+
+    def _reusable(self, slot: _Slot, prompt: list[int]) -> int:
+        """Cached tokens a prompt may reuse: only when it continues the slot's last request."""
+        if not slot.prompt or len(prompt) < len(slot.prompt) or prompt[:len(slot.prompt)] != slot.prompt:
+            return 0
+        return min(self._common(slot.session.tokens, prompt), len(prompt) - 1)
+
+    def _start(self, slot: _Slot, req: Request) -> None:
+        s = slot.session
+        keep = self._reusable(slot, req.prompt)
+        s.kv.truncate(keep)
+        del s.tokens[keep:]
+        req.slot, req.state, req.reused, req._fed = slot.index, "prompt", keep, keep
+        req._sampler = Sampler(req.params)
+        req._history = list(req.prompt)
+        req._decoder = StreamDecoder(self.engine.tokenizer)
+        if req.stop_ids is None:
+            req.stop_ids = set(self.engine.tokenizer.eot_ids)
+        budget = self.n_ctx - len(req.prompt)
+        req.n_predict = budget if req.n_predict < 0 else min(req.n_predict, budget)
+        req.stats.prompt_tokens = len(req.prompt) - keep
+        req.kv_nodes = tuple(sorted({n for b in s.kv_layout.buffers() for n in b.intended}))
+        slot.request, slot.prompt, slot.used = req, list(req.prompt), time.perf_counter()
+
+    def _iteration(self) -> None:
+        eng = self.engine
+        # cancelled requests leave first
+        for s in self.slots:
+            if s.request is not None and s.request.cancel.is_set():
+                self._finish(s, reason="cancelled")
+        # one piece of one prompt (round robin), so decoding sequences wait at most one piece
+        prompts = [s for s in self.slots if s.request is not None and s.request.state == "prompt"]
+        if prompts:
+            slot = prompts[self._rr % len(prompts)]
+            self._rr += 1
+            req = slot.request
+            t0 = time.perf_counter()
+            piece = req.prompt[req._fed:req._fed + PREFILL_BATCH]
+            with eng.lock:
+                logits = slot.session.eval(piece, batch=PREFILL_BATCH)
+            req._fed += len(piece)
+            dt = time.perf_counter() - t0
+            req.stats.prompt_seconds += dt
+            self.busy_seconds += dt
+            if req._fed >= len(req.prompt):
+                self.prompt_tokens_total += req.stats.prompt_tokens
+                req.state = "decode"
+                req._logits = logits
+                self._sample(slot)
+        # one pass for every sequence with a token to feed
+        rows = [s for s in self.slots if s.request is not None and s.request.state == "decode"
+                and s.request._next >= 0]
+        if rows:
+            t0 = time.perf_counter()
+            with eng.lock:
+                logits = decode_batch(eng, [s.session for s in rows], [s.request._next for s in rows])
+            dt = time.perf_counter() - t0
+            now = time.perf_counter()
+            self.busy_seconds += dt
+            self.passes += 1
+            self.pass_rows += len(rows)
+            self.decode_tokens_total += len(rows)
+            self._recent.append((now, len(rows)))
+            while self._recent and now - self._recent[0][0] > 30:
+                self._recent.popleft()
+            for s, lg in zip(rows, logits):
+                r = s.request
+                r.stats.decode_seconds += dt
+                r._logits = lg
+                r._next = -1
+                self._sample(s)
+
+    def _sample(self, slot: _Slot) -> None:
+        """Sample the next token of a slot's request from its logits; emit, or finish."""
+        req = slot.request
+        logits = req._logits
+        if req.frequency_penalty or req.presence_penalty:
+            logits = np.array(logits, dtype=np.float32)
+            recent = req._history[-req.params.repeat_last_n:] if req.params.repeat_last_n > 0 else []
+            if recent:
+                ids, counts = np.unique(np.asarray(recent, dtype=np.int64), return_counts=True)
+                logits[ids] -= (counts * req.frequency_penalty + req.presence_penalty).astype(np.float32)
+        nxt = req._sampler.sample(logits, req._history)
+        now = time.perf_counter()
+        if not req.out:
+            req.stats.ttft = now - req.t_submit
+            req.t_first = now
+        if nxt in req.stop_ids:
+            self._finish(slot, reason="eos")
+            return
+        req.out.append(nxt)
+        req._history.append(nxt)
+        if self._emit(req, req._decoder.feed(nxt), now):
+            self._finish(slot, reason="stop")
+            return
+        if len(slot.session.tokens) >= self.n_ctx:
+            self._finish(slot, reason="context")
+            return
+        if len(req.out) >= req.n_predict:
+            self._finish(slot, reason="length")
+            return
+        req._next = nxt
+
+    def _emit(self, req: Request, piece: str, now: float) -> bool:
+        """Give out new text, holding back what may begin a stop string; True when one was hit."""
+        if not piece:
+            return False
+        if not req.stop:
+            req._sent += piece
+            req.on_event(TokenEvent(req.out[-1] if req.out else -1, piece, now))
+            return False
+        text = req._held + piece
+        start = max(0, len(req._sent) - max(len(s) for s in req.stop))
+        full = req._sent + text
+        hits = [i for i in (full.find(s, start) for s in req.stop) if i >= 0]
+        if hits:
+            cut = min(hits)
+            out = full[len(req._sent):cut]
+            req._held = ""
+            if out:
+                req._sent += out
+                req.on_event(TokenEvent(req.out[-1], out, now))
+            return True
+        hold = 0
+        for s in req.stop:
+            for k in range(min(len(s) - 1, len(full)), 0, -1):
+                if full.endswith(s[:k]):
+                    hold = max(hold, k)
+                    break
+        hold = min(hold, len(text))
+        out, req._held = text[:len(text) - hold], text[len(text) - hold:]
+        if out:
+            req._sent += out
+            req.on_event(TokenEvent(req.out[-1], out, now))
+        return False
+
+    def _finish(self, slot: _Slot, reason: str = "", error: str = "") -> None:
+        req = slot.request
+        slot.request = None
+        slot.used = time.perf_counter()
+        if req._fed < len(req.prompt):  # an unfinished prompt: nothing in the cache to reuse
+            slot.prompt = []
+        req.state = "done"
+        if error:
+            self.requests_failed += 1
+            req.on_event(ErrorEvent(error))
+            return
+        tail = ""
+        if reason not in ("cancelled",) and req._decoder is not None:
+            tail = req._decoder.flush()
+            if reason != "stop":
+                tail = req._held + tail
+                req._held = ""
+        if tail and reason != "stop":
+            req._sent += tail
+            req.on_event(TokenEvent(-1, tail, time.perf_counter()))
+        st = req.stats
+        st.stop_reason = reason
+        st.decode_tokens = max(len(req.out) - 1, 0)
+        if reason == "cancelled":
+            self.requests_cancelled += 1
+        else:
+            self.requests_done += 1
+        req.on_event(DoneEvent(st, list(req.out), req._sent))
