@@ -356,9 +356,22 @@ class ModelCost:
         per_layer = self.attn_flops_per_key / self.n_layer
         return float(sum(per_layer * (min(depth, w) if w else depth) for w in self.kv_window))
 
+    @property
+    def output_name(self) -> str:
+        """The output (logits) matrix: ``output.weight``, or the embedding when they are tied."""
+        names = {t.name for t in self.tensors}
+        return "output.weight" if "output.weight" in names else "token_embd.weight"
+
+    def prompt_share(self, name: str, n_prompt: int) -> float:
+        """Share of a tensor's per-token product a prompt token pays: the output matrix is
+        multiplied for the batch's last token only (logits of the other positions are not needed)."""
+        return 1.0 / max(n_prompt, 1) if name == self.output_name else 1.0
+
     def prompt_flops_per_token(self, n_prompt: int, depth: int = 0) -> float:
         """Average FLOPs per prompt token of an ``n_prompt`` batch after ``depth`` cached positions."""
-        return self.matmul_flops_per_token() + self.attn_flops(depth + n_prompt // 2)
+        out = next((t for t in self.tensors if t.name == self.output_name), None)
+        skip = 2.0 * out.n_elements * (1 - self.prompt_share(out.name, n_prompt)) if out is not None else 0.0
+        return self.matmul_flops_per_token() - skip + self.attn_flops(depth + n_prompt // 2)
 
     def kv_cache_bytes(self, n_ctx: int) -> int:
         """Size of a full KV cache of ``n_ctx`` positions (every layer holds every position)."""

@@ -187,7 +187,7 @@ class EngineModel:
     have none: no overhead, and compute bounded only by the fixture's stated FLOP/s per core."""
 
     overhead: dict[int, tuple[float, float]] = field(default_factory=dict)  # threads -> (a, b)
-    decode_rate: dict[int, float] = field(default_factory=dict)             # type -> bytes/s per thread
+    decode_rate: dict[int, float] = field(default_factory=dict)             # type -> streamed bytes/s per thread
     prompt_rate: dict[int, float] = field(default_factory=dict)             # type -> FLOP/s per thread
     flops_per_core: float = 0.0
 
@@ -199,7 +199,8 @@ class EngineModel:
         over_all = eng.get("overhead", {})
         over = over_all.get(arch) or over_all.get("llama") or {}
         return cls(overhead={int(k): (float(v[0]), float(v[1])) for k, v in over.items()},
-                   decode_rate={ids[n]: float(v["decode_bytes_per_s"]) for n, v in kern.items() if n in ids},
+                   decode_rate={ids[n]: float(v.get("stream_bytes_per_s", v["decode_bytes_per_s"]))
+                                for n, v in kern.items() if n in ids},
                    prompt_rate={ids[n]: float(v["prompt_flops_per_s"]) for n, v in kern.items() if n in ids},
                    flops_per_core=prof.flops_per_core)
 
@@ -252,7 +253,7 @@ def _prompt_time(cost: ModelCost, by_type: Mapping[int, Mapping[int, float]], B:
         if len(t.shape) == 1 or (t.name == "token_embd.weight" and cost.read_fraction[t.name] < 1.0):
             continue
         flops_by_type[t.ggml_type] = flops_by_type.get(t.ggml_type, 0.0) + \
-            2.0 * t.n_elements * cost.read_fraction[t.name]
+            2.0 * t.n_elements * cost.read_fraction[t.name] * cost.prompt_share(t.name, n_prompt)
     worst = 0.0
     for i in pool.nodes:
         n_i = per_node[i]
