@@ -107,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     _bench_args(sub.add_parser("bench", help="llama-bench-style throughput per placement mode"))
     from .server import add_arguments as _serve_args
     _serve_args(sub.add_parser("serve", help="OpenAI-compatible HTTP server with continuous batching"))
+    from .advisor.cli import add_advise_arguments, add_probe_arguments
+    add_probe_arguments(sub.add_parser("probe", help="measure node-to-node memory bandwidth and latency"))
+    add_advise_arguments(sub.add_parser("advise", help="predict every placement mode for a model, recommend one"))
     return ap
 
 
@@ -321,6 +324,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .bench import main as bench_main
             try:
                 return bench_main(args)
+            except ValueError as e:
+                raise UserError(str(e)) from None
+        if args.cmd in ("probe", "advise"):
+            from .advisor.cli import run_advise, run_probe
+            try:
+                return run_probe(args) if args.cmd == "probe" else run_advise(args)
             except ValueError as e:
                 raise UserError(str(e)) from None
         from .app import run_app

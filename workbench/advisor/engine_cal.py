@@ -1,0 +1,227 @@
+"""The engine's own constants, measured on this machine (Numba; imported only when measuring).
+
+* **per-token overhead**: decode time of tiny models (a few KiB of weights, so the time is the
+  engine's dispatch, Python and synchronisation work, not memory traffic) with two layer counts,
+  fitted as ``a + b x layers`` per thread count and architecture;
+* **kernel rates** per GGML type, one thread: one-token products streamed from memory (bytes/s:
+  what a decoding thread reaches, its work and its memory waits overlapping only in part), the
+  same on a matrix in the L2 cache (for reference), and prompt products of 64 columns (FLOP/s).
+
+Measured lazily, for the types, architecture and thread counts a prediction needs, and kept in the
+machine's cached profile (``MemoryProfile.engine``) next to the memory matrices.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from typing import Callable
+
+import numpy as np
+
+from .probe import MemoryProfile
+
+TINY_LAYERS = (2, 8)
+Progress = Callable[[str], None]
+
+
+def _bench(fn: Callable[[], None], min_time: float = 0.15, reps: int = 5) -> float:
+    """Best time of ``fn`` (best-of: other processes on a shared box only ever add time)."""
+    fn()
+    best = float("inf")
+    t_end = time.perf_counter() + min_time
+    n = 0
+    while n < reps or time.perf_counter() < t_end:
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+        n += 1
+    return best
+
+
+def _matrix(ggml_type: int, rows: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    from ..engine import kernels as K
+    bs, ts = K.BLOCK_SIZES[ggml_type]
+    if ggml_type in (K.F32, K.F16, K.BF16):
+        x = (rng.standard_normal((rows, k)) * 0.05).astype(np.float32)
+        if ggml_type == K.F32:
+            return x.view(np.uint8)
+        if ggml_type == K.F16:
+            return x.astype(np.float16).view(np.uint8)
+        return (x.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+    w = rng.integers(0, 256, (rows, k // bs, ts), dtype=np.uint8)
+    scale = np.array([0.01], np.float16).view(np.uint8)
+    offs = {K.Q4_K: (0, 2), K.Q5_K: (0, 2), K.Q6_K: (208,), K.Q4_1: (0, 2), K.Q5_1: (0, 2)}.get(ggml_type, (0,))
+    for off in offs:
+        w[..., off:off + 2] = scale
+    return w.reshape(rows, -1)
+
+
+def measure_kernel(ggml_type: int) -> dict[str, float]:
+    """One thread: one-token product bytes/s on an L2-resident matrix and streamed from memory,
+    prompt FLOP/s with 64 columns."""
+    from ..engine import kernels as K
+    rng = np.random.default_rng(0)
+    k = 2048
+    w = _matrix(ggml_type, 128, k, rng)             # 128 rows: 32-512 KiB whatever the type
+    x = rng.standard_normal(k).astype(np.float32)
+    xp = K.prepare(ggml_type, x)
+    out = np.empty(w.shape[0], np.float32)
+    t = _bench(lambda: K.matvec(ggml_type, w, xp, out, 0, w.shape[0]))
+    # the same product streamed from memory (64 MiB): what one thread reaches in decode, where
+    # the kernel's work and its waits for memory overlap only in part
+    big = _matrix(ggml_type, max(128, (64 << 20) // w.shape[1]), k, rng)
+    big_out = np.empty(big.shape[0], np.float32)
+    ts = _bench(lambda: K.matvec(ggml_type, big, xp, big_out, 0, big.shape[0]), min_time=0.3)
+    X = rng.standard_normal((64, k)).astype(np.float32)
+    Xp = K.prepare(ggml_type, X)
+    O = np.empty((64, w.shape[0]), np.float32)
+    tm = _bench(lambda: K.matmat(ggml_type, w, Xp, O, 0, w.shape[0]))
+    return {"decode_bytes_per_s": w.nbytes / t, "stream_bytes_per_s": big.nbytes / ts,
+            "prompt_flops_per_s": 2.0 * 64 * w.shape[0] * k / tm}
+
+
+# ---- tiny models --------------------------------------------------------------------------------
+
+
+def write_model(path: str, arch: str, n_layer: int, *, d: int = 64, ff: int = 128, n_head: int = 4,
+                n_head_kv: int = 2, head_dim: int = 16, qtype: int = 0, seed: int = 1) -> None:
+    """A random model of ``arch`` with a 300-token vocabulary: matrices of GGML type ``qtype``
+    (F32, F16 or Q8_0; quantized blocks are random bytes with small scales), norms in F32.
+    Tiny by default (the overhead calibration); larger shapes give a validation model."""
+    import gguf
+    from gguf import GGMLQuantizationType as Q
+    rng = np.random.default_rng(seed)
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>"] + [f"<0x{i:02X}>" for i in range(256)] + \
+             [f"\u2581w{i}" for i in range(40)]
+    types = [3, 3, 3, 2] + [6] * 256 + [1] * 40
+    w = gguf.GGUFWriter(path, arch)
+    for key, val in (("context_length", 8192), ("embedding_length", d), ("block_count", n_layer),
+                     ("feed_forward_length", ff), ("attention.head_count", n_head),
+                     ("attention.head_count_kv", n_head_kv), ("attention.key_length", head_dim),
+                     ("attention.value_length", head_dim)):
+        w.add_uint32(f"{arch}.{key}", val)
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
+    w.add_float32(f"{arch}.rope.freq_base", 10000.0)
+    if arch == "gemma3":
+        w.add_uint32(f"{arch}.attention.sliding_window", 64)
+    w.add_string("tokenizer.ggml.model", "llama")
+    w.add_string("tokenizer.ggml.pre", "default")
+    w.add_array("tokenizer.ggml.tokens", tokens)
+    w.add_array("tokenizer.ggml.scores", [0.0] * 260 + [-float(i) for i in range(40)])
+    w.add_array("tokenizer.ggml.token_type", types)
+    w.add_uint32("tokenizer.ggml.bos_token_id", 2)
+    w.add_uint32("tokenizer.ggml.eos_token_id", 1)
+    w.add_uint32("tokenizer.ggml.unknown_token_id", 3)
+
+    def mat(name: str, rows: int, cols: int) -> None:
+        if qtype == 8:  # Q8_0: 32 int8 values behind one f16 scale per block
+            blocks = rng.integers(-64, 64, (rows, cols // 32, 34), dtype=np.int8).view(np.uint8)
+            blocks[..., 0:2] = np.array([0.002], np.float16).view(np.uint8)
+            w.add_tensor(name, blocks.reshape(rows, -1), raw_dtype=Q.Q8_0)
+            return
+        a = (rng.standard_normal((rows, cols), dtype=np.float32) * 0.05)
+        w.add_tensor(name, a.astype(np.float16) if qtype == 1 else a)
+
+    def vec(name: str, n: int, base: float = 1.0) -> None:
+        w.add_tensor(name, (base + rng.standard_normal(n) * 0.1).astype(np.float32))
+
+    mat("token_embd.weight", len(tokens), d)
+    vec("output_norm.weight", d)
+    nh, nkv, hd = n_head, n_head_kv, head_dim
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        vec(p + "attn_norm.weight", d)
+        mat(p + "attn_q.weight", nh * hd, d)
+        mat(p + "attn_k.weight", nkv * hd, d)
+        mat(p + "attn_v.weight", nkv * hd, d)
+        mat(p + "attn_output.weight", d, nh * hd)
+        vec(p + "ffn_norm.weight", d)
+        mat(p + "ffn_gate.weight", ff, d)
+        mat(p + "ffn_up.weight", ff, d)
+        mat(p + "ffn_down.weight", d, ff)
+        if arch == "qwen2":
+            for t, n in (("q", nh * hd), ("k", nkv * hd), ("v", nkv * hd)):
+                vec(p + f"attn_{t}.bias", n, 0.0)
+        if arch in ("gemma3", "qwen3"):
+            vec(p + "attn_q_norm.weight", hd)
+            vec(p + "attn_k_norm.weight", hd)
+        if arch == "gemma3":
+            vec(p + "post_attention_norm.weight", d)
+            vec(p + "post_ffw_norm.weight", d)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def decode_seconds(path: str, threads: int, n_tokens: int = 24, rounds: int = 3) -> float:
+    """Best per-token decode time of the model at ``path`` (like bench's tg: one eval per token)."""
+    from ..engine import Engine
+    from ..engine.engine import Placement
+    eng = Engine.load(path, placement=Placement(threads=threads))
+    try:
+        s = eng.new_session(256)
+        s.eval([2, 270, 271, 272])
+        best = float("inf")
+        for _ in range(rounds):
+            s.kv.truncate(4)
+            del s.tokens[4:]
+            times = []
+            for i in range(n_tokens):
+                t0 = time.perf_counter()
+                s.eval([280 + i % 16])
+                times.append(time.perf_counter() - t0)
+            best = min(best, statistics.median(times))
+        return best
+    finally:
+        eng.close()
+
+
+def measure_overhead(arch: str, threads: int) -> tuple[float, float]:
+    """(a, b): per-token engine overhead ``a + b x layers`` seconds, from two tiny models."""
+    with tempfile.TemporaryDirectory(prefix="numawb-cal-") as d:
+        ts = []
+        for n in TINY_LAYERS:
+            p = os.path.join(d, f"tiny-{arch}-{n}.gguf")
+            write_model(p, arch, n)
+            ts.append(decode_seconds(p, threads))
+    (l0, l1), (t0, t1) = TINY_LAYERS, ts
+    b = max(0.0, (t1 - t0) / (l1 - l0))
+    return max(0.0, t0 - b * l0), b
+
+
+TINY_ARCHS = ("llama", "gemma3", "qwen2", "qwen3")
+
+
+def ensure_engine(profile: MemoryProfile, types: list[int], arch: str, threads: list[int],
+                  progress: Progress | None = None) -> bool:
+    """Measure what ``profile.engine`` lacks for these types, architecture and thread counts;
+    returns True when something was added (the caller saves the profile)."""
+    from ..engine import kernels as K
+    eng = profile.engine
+    if eng.get("kernel_path") not in (None, K.kernel_path()):
+        eng.clear()  # another kernel path: the old constants do not apply
+    eng["kernel_path"] = K.kernel_path()
+    kern = eng.setdefault("kernels", {})
+    over = eng.setdefault("overhead", {})
+    changed = False
+    for t in sorted(set(types) | {K.F16}):
+        name = K.SUPPORTED_TYPES.get(t)
+        if name is None or "stream_bytes_per_s" in kern.get(name, {}):
+            continue
+        if progress:
+            progress(f"measuring the {name} kernels ...")
+        kern[name] = measure_kernel(t)
+        changed = True
+    tiny = arch if arch in TINY_ARCHS else "llama"
+    per = over.setdefault(tiny, {})
+    for n in threads:
+        if str(n) in per:
+            continue
+        if progress:
+            progress(f"measuring the engine's per-token overhead ({tiny}, {n} thread{'s' if n > 1 else ''}) ...")
+        per[str(n)] = list(measure_overhead(tiny, n))
+        changed = True
+    return changed

@@ -1,0 +1,402 @@
+"""Predict every placement: memory per node, decode and prompt tokens/s, and recommend one.
+
+For each candidate (threads on a node set x weights mode x KV mode):
+
+* **memory per node** comes from the NUMA layer's own planner (``plan_memory`` below, the one
+  place that calls it), checked against free memory per node;
+* **bytes read per token** ``B[i][j]``: what node i's workers read from node j's memory. Each
+  worker computes its ``row_split`` share of every product (as the engine does), so node i's
+  share of a tensor is its workers' rows; where that share lives follows the tensor's placement
+  (mirror/slice: node i; interleave: evenly over the nodes in use; none: the loader's node).
+  The KV cache is split between nodes (one owner per node) and read where its mode put it;
+* **decode time per token** = the slowest of: each node's reads ``sum_j B[i][j] / bw(i, j, n_i)``
+  (the probed matrix, scaled by the node's thread curve) or its kernels' compute time, and each
+  source node's total ``sum_i B[i][j]`` over what its memory can serve; plus the engine's measured
+  per-token overhead;
+* **prompt time per token** = FLOPs per token over the measured kernel throughput of the threads.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from ..numa.budget import free_per_node
+from ..numa.plan import KVRequest, TensorSpec, make_plan, row_split
+from ..numa.modes import KV_FIXED, WEIGHT_MODES, kv_choices
+from ..numa.topology import Topology
+from ..numa.workers import plan_cpus
+from .cost import ModelCost
+from .probe import GB, MemoryProfile
+
+GiB = 1 << 30
+KV_BLOCK = 32          # the engine deals cache positions to owners in blocks of this many
+PROMPT_BATCH = 512     # the engine's prompt batch (weights are read once per batch)
+TYPE_NAMES = {0: "F32", 1: "F16", 30: "BF16", 8: "Q8_0", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1",
+              12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
+
+
+# ------------------------------------------------------------------------------------ the planner
+
+
+@dataclass(frozen=True)
+class _PlanWorker:
+    index: int
+    cpu: int | None
+    node: int
+
+
+class PlanPool:
+    """The workers a ``WorkerPool`` would start (CPU and node each), without starting threads:
+    what the NUMA layer's planners need, on the live machine or on a fixture topology."""
+
+    def __init__(self, topology: Topology, n_threads: int | None, policy: str = "distribute"):
+        plan, self.notes = plan_cpus(topology, n_threads, policy)
+        self.topology = topology
+        self.policy = policy
+        self.workers = [_PlanWorker(i, c, n) for i, (c, n) in enumerate(plan)]
+
+    @property
+    def n_threads(self) -> int:
+        return len(self.workers)
+
+    @property
+    def nodes(self) -> list[int]:
+        out: list[int] = []
+        for w in self.workers:
+            if w.node not in out:
+                out.append(w.node)
+        return out
+
+    def node_workers(self, node: int) -> list[int]:
+        return [w.index for w in self.workers if w.node == node]
+
+
+def plan_memory(cost: ModelCost, weights: str, kv: str, pool: PlanPool, topology: Topology,
+                n_ctx: int, free: Mapping[int, int]) -> tuple[dict[str, str], dict[int, int], dict[int, int]]:
+    """(placement per tensor, weight bytes per node, KV bytes per node) from the NUMA layer's
+    placement plan: the same object the engine checks and allocates from."""
+    specs = [TensorSpec(t.name, t.rows, t.row_bytes, t.shape[2] if len(t.shape) == 3 else 1)
+             for t in cost.tensors]
+    owners = pool.nodes  # one KV owner per node, its first worker holds the node's part
+    per_owner = -(-(-(-n_ctx // KV_BLOCK)) // len(owners)) * KV_BLOCK * cost.kv_bytes_per_position
+    firsts = {pool.node_workers(n)[0] for n in owners}
+    sizes = [per_owner if w.index in firsts else 0 for w in pool.workers]
+    plan = make_plan(specs, weights, pool.workers, topology, free=free, kv=KVRequest(1, sizes, kv))
+    placement = {name: t.placement for name, t in plan.tensors.items()}
+    return placement, plan.weights_need(), plan.kv_need()
+
+
+# ------------------------------------------------------------------------------------ candidates
+
+
+@dataclass
+class Candidate:
+    weights: str
+    kv: str
+    threads: int
+    nodes: list[int]                      # nodes the workers run on
+    policy: str
+    memory_per_node: dict[int, int]       # weights + KV, bytes
+    weights_per_node: dict[int, int]
+    kv_per_node: dict[int, int]
+    fits: bool
+    reads: dict[int, dict[int, float]]    # worker node -> source node -> bytes per token
+    bytes_per_token: float
+    remote_share: float
+    predicted_decode_tps: float
+    predicted_prompt_tps: float
+    decode_limit: str                     # what bounds decode: "memory node 0", "compute", ...
+    same_as: list[str] = field(default_factory=list)
+    placement_counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"{self.weights}/{self.kv}/t{self.threads}@{','.join(map(str, self.nodes))}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"weights": self.weights, "kv": self.kv, "threads": self.threads, "nodes": self.nodes,
+                "policy": self.policy, "predicted_decode_tps": self.predicted_decode_tps,
+                "predicted_prompt_tps": self.predicted_prompt_tps, "bytes_per_token": self.bytes_per_token,
+                "memory_per_node": {str(k): v for k, v in self.memory_per_node.items()},
+                "weights_per_node": {str(k): v for k, v in self.weights_per_node.items()},
+                "kv_per_node": {str(k): v for k, v in self.kv_per_node.items()},
+                "fits": self.fits, "remote_share": self.remote_share,
+                "reads_per_token": {str(i): {str(j): v for j, v in row.items()} for i, row in self.reads.items()},
+                "decode_limit": self.decode_limit, "same_as": self.same_as,
+                "placement_counts": self.placement_counts}
+
+
+def _shares(rows: int, pool: PlanPool) -> dict[int, float]:
+    """Share of a tensor's rows each node's workers compute (``row_split`` over the workers)."""
+    if rows <= 0:
+        return {n: 0.0 for n in pool.nodes}
+    out: dict[int, float] = {}
+    for w, (lo, hi) in zip(pool.workers, row_split(rows, len(pool.workers))):
+        out[w.node] = out.get(w.node, 0.0) + (hi - lo) / rows
+    return out
+
+
+def reads_per_token(cost: ModelCost, placement: Mapping[str, str], kv: str, pool: PlanPool,
+                    depth: int, loader_node: int) -> tuple[dict[int, dict[int, float]], dict[int, dict[int, float]]]:
+    """(B[i][j] weight+KV bytes node i's workers read from node j per token, bytes by type per node)."""
+    nodes = pool.nodes
+    B: dict[int, dict[int, float]] = {i: {} for i in nodes}
+    by_type: dict[int, dict[int, float]] = {i: {} for i in nodes}
+
+    def add(i: int, j: int, v: float) -> None:
+        B[i][j] = B[i].get(j, 0.0) + v
+
+    for t in cost.tensors:
+        r = t.nbytes * cost.read_fraction[t.name]
+        if r <= 0:
+            continue
+        p = placement.get(t.name, "none")
+        if t.name == "token_embd.weight" and cost.read_fraction[t.name] < 1.0:
+            shares = {nodes[0]: 1.0}  # a lookup of one row, on the calling thread
+        else:
+            shares = _shares(t.rows, pool)
+        for i, s in shares.items():
+            if s <= 0:
+                continue
+            by_type[i][t.ggml_type] = by_type[i].get(t.ggml_type, 0.0) + r * s
+            if p in ("mirror", "slice", "experts"):  # experts: each owner computes its own, locally
+                add(i, i, r * s)
+            elif p == "interleave":
+                for j in nodes:
+                    add(i, j, r * s / len(nodes))
+            else:
+                add(i, loader_node, r * s)
+    kv_total = cost.kv_read_bytes(depth)
+    if kv_total > 0:
+        for i in nodes:
+            part = kv_total / len(nodes)
+            by_type[i][1] = by_type[i].get(1, 0.0) + part  # f16 cache
+            if kv == "first-touch":
+                add(i, i, part)
+            elif kv == "interleave":
+                for j in nodes:
+                    add(i, j, part / len(nodes))
+            else:
+                add(i, int(kv[5:]), part)
+    return B, by_type
+
+
+@dataclass
+class EngineModel:
+    """What the predicted engine adds to the memory traffic: per-token overhead and kernel limits.
+
+    ``from_profile`` uses this machine's measured constants; fixtures (published llama.cpp runs)
+    have none: no overhead, and compute bounded only by the fixture's stated FLOP/s per core."""
+
+    overhead: dict[int, tuple[float, float]] = field(default_factory=dict)  # threads -> (a, b)
+    decode_rate: dict[int, float] = field(default_factory=dict)             # type -> streamed bytes/s per thread
+    prompt_rate: dict[int, float] = field(default_factory=dict)             # type -> FLOP/s per thread
+    flops_per_core: float = 0.0
+
+    @classmethod
+    def from_profile(cls, prof: MemoryProfile, arch: str) -> "EngineModel":
+        eng = prof.engine or {}
+        ids = {v: k for k, v in TYPE_NAMES.items()}
+        kern = eng.get("kernels", {})
+        over_all = eng.get("overhead", {})
+        over = over_all.get(arch) or over_all.get("llama") or {}
+        return cls(overhead={int(k): (float(v[0]), float(v[1])) for k, v in over.items()},
+                   decode_rate={ids[n]: float(v.get("stream_bytes_per_s", v["decode_bytes_per_s"]))
+                                for n, v in kern.items() if n in ids},
+                   prompt_rate={ids[n]: float(v["prompt_flops_per_s"]) for n, v in kern.items() if n in ids},
+                   flops_per_core=prof.flops_per_core)
+
+    def overhead_s(self, threads: int, n_layer: int) -> float:
+        if not self.overhead:
+            return 0.0
+        k = min(self.overhead, key=lambda t: (abs(t - threads), -t))
+        a, b = self.overhead[k]
+        return a + b * n_layer
+
+
+def _decode_time(B: Mapping[int, Mapping[int, float]], by_type: Mapping[int, Mapping[int, float]],
+                 pool: PlanPool, prof: MemoryProfile, eng: EngineModel, cost: ModelCost,
+                 depth: int) -> tuple[float, str]:
+    worst, why = 0.0, ""
+    per_node = {n: len(pool.node_workers(n)) for n in pool.nodes}
+    total_flops = cost.matmul_flops_per_token() + cost.attn_flops(depth)
+    sum_bytes = sum(sum(row.values()) for row in by_type.values()) or 1.0
+    for i, row in B.items():
+        n_i = per_node[i]
+        t_mem = sum(v / max(prof.bw(i, j, n_i), 1.0) for j, v in row.items())
+        if t_mem > worst:
+            worst, why = t_mem, f"memory reads of node {i}"
+        t_cmp = 0.0
+        if eng.decode_rate:
+            t_cmp = sum(v / (n_i * eng.decode_rate.get(t, min(eng.decode_rate.values())))
+                        for t, v in by_type[i].items())
+        elif eng.flops_per_core:
+            share = sum(by_type[i].values()) / sum_bytes
+            t_cmp = total_flops * share / (n_i * eng.flops_per_core)
+        if t_cmp > worst:
+            worst, why = t_cmp, f"compute on node {i}"
+    for j in prof.nodes:
+        served = sum(row.get(j, 0.0) for row in B.values())
+        cap = prof.capacity(j)
+        if served and cap and served / cap > worst:
+            worst, why = served / cap, f"node {j}'s memory (all readers together)"
+    return worst + eng.overhead_s(pool.n_threads, cost.n_layer), why
+
+
+def _prompt_time(cost: ModelCost, by_type: Mapping[int, Mapping[int, float]], B: Mapping[int, Mapping[int, float]],
+                 pool: PlanPool, prof: MemoryProfile, eng: EngineModel, depth: int, n_prompt: int) -> float:
+    """Seconds per prompt token in a batch of ``n_prompt`` (max over nodes of compute and the
+    weights read once per batch)."""
+    per_node = {n: len(pool.node_workers(n)) for n in pool.nodes}
+    wbytes = sum(sum(r.values()) for r in by_type.values()) or 1.0
+    attn = cost.attn_flops(depth + n_prompt // 2)
+    flops_by_type: dict[int, float] = {}
+    for t in cost.tensors:
+        if len(t.shape) == 1 or (t.name == "token_embd.weight" and cost.read_fraction[t.name] < 1.0):
+            continue
+        flops_by_type[t.ggml_type] = flops_by_type.get(t.ggml_type, 0.0) + \
+            2.0 * t.n_elements * cost.read_fraction[t.name] * cost.prompt_share(t.name, n_prompt)
+    worst = 0.0
+    for i in pool.nodes:
+        n_i = per_node[i]
+        share = sum(by_type[i].values()) / wbytes
+        if eng.prompt_rate:
+            fallback = min(eng.prompt_rate.values())
+            t_cmp = sum(f * share / (n_i * eng.prompt_rate.get(t, fallback)) for t, f in flops_by_type.items())
+            t_cmp += attn * share / (n_i * eng.prompt_rate.get(1, fallback))
+        elif eng.flops_per_core:
+            t_cmp = (sum(flops_by_type.values()) + attn) * share / (n_i * eng.flops_per_core)
+        else:
+            return 0.0
+        t_mem = sum(v / max(prof.bw(i, j, n_i), 1.0) for j, v in B[i].items()) / n_prompt
+        worst = max(worst, t_cmp, t_mem)
+    return worst
+
+
+def _loader_node(topology: Topology, pool: PlanPool) -> int:
+    """Where 'none' puts everything: the loading thread's node (on a fixture: the first CPU node)."""
+    if topology.root == "/":
+        from ..numa import syscalls as sc
+        r = sc.getcpu()
+        if r:
+            return topology.node_of(r.value[0])
+    return pool.nodes[0]
+
+
+def thread_configs(topology: Topology, threads: Sequence[int] | None = None) -> list[tuple[int | None, str]]:
+    """(threads, policy) pairs to predict: every CPU node's physical cores together, and one node's
+    alone when there are several; on one node, 1 thread and all cores (bench's default)."""
+    cpu_nodes = list(topology.cpu_node_ids)
+    if threads:
+        out: list[tuple[int | None, str]] = [(t, "distribute") for t in threads]
+        if len(cpu_nodes) > 1:
+            out += [(t, f"isolate:{cpu_nodes[0]}") for t in threads
+                    if t <= len(topology.physical_cpus(list(topology.node(cpu_nodes[0]).cpus)))]
+        return out
+    n_all = len(topology.physical_cpus(list(topology.allowed_cpus)))
+    if len(cpu_nodes) == 1:
+        return [(t, "distribute") for t in sorted({1, n_all})]
+    return [(None, "distribute"), (None, f"isolate:{cpu_nodes[0]}")]
+
+
+def kv_modes_for(topology: Topology, pool_nodes: Sequence[int], all_modes: bool = False) -> list[str]:
+    """first-touch, interleave (several nodes), node:N of memory-only nodes (every node with ``all_modes``)."""
+    out = ["first-touch"] + (["interleave"] if len(pool_nodes) > 1 else [])
+    mem_only = [n.id for n in topology.nodes if n.memory_only]
+    if all_modes:
+        out = kv_choices(topology.node_ids)
+    else:
+        out += [f"node:{n}" for n in mem_only]
+    return [m for m in out if m in KV_FIXED or m.startswith("node:")]
+
+
+def predict(cost: ModelCost, topology: Topology, profile: MemoryProfile, *, n_ctx: int = 4096,
+            depth: int = 0, n_prompt: int = PROMPT_BATCH, threads: Sequence[int] | None = None,
+            weights: Sequence[str] | None = None, kvs: Sequence[str] | None = None,
+            engine: EngineModel | None = None, free: Mapping[int, int] | None = None) -> list[Candidate]:
+    """Every candidate placement with its memory per node and predicted rates (see module doc)."""
+    eng = engine if engine is not None else EngineModel.from_profile(profile, cost.arch)
+    free = dict(free) if free is not None else free_per_node(topology)
+    out: list[Candidate] = []
+    seen: dict[tuple, Candidate] = {}
+    for n_threads, policy in thread_configs(topology, threads):
+        pool = PlanPool(topology, n_threads, policy)
+        loader = _loader_node(topology, pool)
+        if loader not in pool.nodes and policy.startswith("isolate"):
+            loader = pool.nodes[0]
+        for wm in (weights or WEIGHT_MODES):
+            for kv in (kvs or kv_modes_for(topology, pool.nodes)):
+                if kv.startswith("node:") and int(kv[5:]) not in topology.node_ids:
+                    continue
+                placement, wneed, kvneed = plan_memory(cost, wm, kv, pool, topology, n_ctx, free)
+                if wm == "none":  # the planner asks the live CPU; the prediction's loader decides
+                    total = sum(wneed.values())
+                    wneed = {loader: total}
+                mem = dict(wneed)
+                for k, v in kvneed.items():
+                    mem[k] = mem.get(k, 0) + v
+                fits = all(v <= free.get(k, 0) for k, v in mem.items() if v > 0)
+                B, by_type = reads_per_token(cost, placement, kv, pool, depth, loader)
+                total_b = sum(sum(r.values()) for r in B.values())
+                remote = sum(v for i, r in B.items() for j, v in r.items() if j != i)
+                t_dec, why = _decode_time(B, by_type, pool, profile, eng, cost, depth)
+                t_pp = _prompt_time(cost, by_type, B, pool, profile, eng, depth, n_prompt)
+                counts: dict[str, int] = {}
+                for p in placement.values():
+                    counts[p] = counts.get(p, 0) + 1
+                c = Candidate(weights=wm, kv=kv, threads=pool.n_threads, nodes=pool.nodes, policy=policy,
+                              memory_per_node=mem, weights_per_node=wneed, kv_per_node=kvneed, fits=fits,
+                              reads=B, bytes_per_token=total_b, remote_share=remote / total_b if total_b else 0.0,
+                              predicted_decode_tps=1.0 / t_dec if t_dec > 0 else 0.0,
+                              predicted_prompt_tps=1.0 / t_pp if t_pp > 0 else 0.0,
+                              decode_limit=why, placement_counts=counts)
+                sig = (pool.n_threads, tuple(pool.nodes), tuple(sorted(mem.items())),
+                       tuple((i, tuple(sorted((j, round(v)) for j, v in r.items()))) for i, r in sorted(B.items())))
+                if sig in seen:
+                    seen[sig].same_as.append(f"{wm}/{kv}")
+                    continue
+                seen[sig] = c
+                out.append(c)
+    return out
+
+
+def recommend(cands: Sequence[Candidate]) -> tuple[int | None, str]:
+    """Index of the fastest candidate that fits (ties: less memory), and one line saying why."""
+    fitting = [i for i, c in enumerate(cands) if c.fits]
+    if not fitting:
+        smallest = min(range(len(cands)), key=lambda i: max(cands[i].memory_per_node.values() or [0]))
+        c = cands[smallest]
+        return None, (f"nothing fits: the smallest plan ({c.weights}) needs "
+                      f"{_need_text(c)} and free memory is short")
+    best = max(fitting, key=lambda i: (round(cands[i].predicted_decode_tps, 6),
+                                       -sum(cands[i].memory_per_node.values())))
+    c = cands[best]
+    # compare with the best fitting candidate of another weights mode, interleave first
+    others = [i for i in fitting if cands[i].weights != c.weights and not _same_mode(cands[i], c.weights)]
+    ref = None
+    inter = [i for i in others if cands[i].weights == "interleave" and cands[i].threads == c.threads]
+    pool = inter or others
+    if pool:
+        ref = max(pool, key=lambda i: cands[i].predicted_decode_tps)
+    if ref is not None and cands[ref].predicted_decode_tps > 0:
+        gain = (c.predicted_decode_tps / cands[ref].predicted_decode_tps - 1) * 100
+        vs = f"{gain:+.0f} % over {cands[ref].weights}"
+    else:
+        vs = "every weights mode predicts the same here"
+    where = (f"{c.threads} thread{'s' if c.threads > 1 else ''} on node{'s' if len(c.nodes) > 1 else ''} "
+             f"{','.join(map(str, c.nodes))}")
+    return best, f"{c.weights} (kv {c.kv}, {where}): {vs}, needs {_need_text(c)}: fits"
+
+
+def _same_mode(c: Candidate, mode: str) -> bool:
+    return any(s.split("/")[0] == mode for s in c.same_as)
+
+
+def _need_text(c: Candidate) -> str:
+    vals = [v for v in c.memory_per_node.values() if v > 0]
+    if not vals:
+        return "nothing"
+    if len(vals) > 1 and max(vals) - min(vals) <= 0.02 * max(vals):
+        return f"{len(vals)} x {max(vals) / GiB:.1f} GiB"
+    return " + ".join(f"{v / GiB:.1f} GiB" for v in vals)
+
