@@ -172,3 +172,30 @@ def test_moe_generation_identical_in_every_weights_mode_and_across_live_switches
             assert _greedy_ids(eng) == ref, f"after switch to {mode}"
     finally:
         eng.close()
+
+
+def test_routing_statistics_count_routed_experts_and_their_nodes(moe_file):
+    eng = Engine.load(moe_file, placement=Placement(weights="slice", threads=2))
+    try:
+        s = eng.new_session(128)
+        s.eval(IDS)
+        for t in IDS[:5]:
+            s.eval([t])
+        snap = eng.routing()
+        k = eng.cfg.n_expert_used
+        assert snap.layers == tuple(range(eng.cfg.n_layer))
+        # every token routes to k experts in every layer (the last layer of a prompt finishes only
+        # the row whose logits are wanted, as llama.cpp does)
+        assert all(int(snap.hits[il].sum()) == (len(IDS) + 5) * k for il in snap.layers[:-1])
+        assert int(snap.hits[snap.layers[-1]].sum()) == (1 + 5) * k
+        assert snap.window == len(IDS) + 5
+        # one node here: every expert byte is read from it; a decode token reads k experts' 3 matrices
+        assert set(snap.node_bytes) == {0} and snap.imbalance == 1.0
+        per_expert = sum(eng.gguf.tensors[f"blk.0.ffn_{m}_exps.weight"].nbytes for m in ("gate", "up", "down")) \
+            / eng.cfg.n_expert
+        assert snap.node_bytes[0] <= eng.cfg.n_layer * k * per_expert + 1e-6
+        assert snap.as_dict()["node_shares"] == {"0": 1.0}
+        eng.switch(weights="mirror")
+        assert eng.routing().node_bytes == {}  # cleared: reads now come from other copies
+    finally:
+        eng.close()

@@ -20,6 +20,7 @@ from ..numa.workers import WorkerPool
 from .kv_cache import KVCache, kv_bytes_per_layer_per_worker, make_cache
 from .models import ARCHITECTURES, model_class
 from .models.common import Decoder
+from .routing import RoutingSnapshot, RoutingStats
 from .runtime import Runtime
 
 ProgressFn = Callable[[ProgressEvent], None]
@@ -217,6 +218,9 @@ class Engine:
                 pool.close()
             raise
         eng = cls(g, cfg, tokenizer, model, rt, time.perf_counter() - t0)
+        if cfg.n_expert:
+            rt.routing = RoutingStats(cfg.n_layer, cfg.n_expert,
+                                      bytes_by_node=lambda name, e: eng.plan.expert_read_bytes(name, e))
         eng.placement = placement
         return eng
 
@@ -276,6 +280,8 @@ class Engine:
                                                 getattr(layout, "switch_method", "")))
                     old_pool = self.rt.pool
                     self.rt.set_layout(layout, pool)
+                    if self.rt.routing is not None:  # reads now come from other nodes
+                        self.rt.routing.clear()
                     if new_pool is not None:
                         old_pool.close()
                         new_pool = None
@@ -295,6 +301,11 @@ class Engine:
                 reports.append(SwitchReport(f"kv {p.kv} -> {kv_mode}", time.perf_counter() - t0, "copy"))
                 p.kv = kv_mode
         return reports
+
+    def routing(self) -> RoutingSnapshot | None:
+        """Expert hits per layer over the last tokens and the nodes their bytes came from
+        (None for a dense model)."""
+        return self.rt.routing.snapshot() if self.rt.routing is not None else None
 
     def buffers(self) -> list:
         """Every placed buffer (weights, then each session's KV cache), for proofs and telemetry."""

@@ -162,6 +162,7 @@ class Runtime:
         self._eblocks: dict[tuple, Job] = {}
         self._leading = False
         self._crew: Crew | None = None
+        self.routing = None  # RoutingStats of a mixture-of-experts model (set by the engine)
         self.crew_backoff = 0  # one-token passes left without the crew (see _note_wait)
         self._starved = 0
         self._backoff_next = CREW_BACKOFF
@@ -502,6 +503,8 @@ class Runtime:
         n_exp = self.n_sub(up)
         if ids.size and (ids.min() < 0 or ids.max() >= n_exp):
             raise ValueError(f"expert ids outside [0, {n_exp})")
+        if self.routing is not None:
+            self.routing.record(gate, ids, (gate, up, down))
         # (expert, input rows, output rows): gate/up read token t, write row t*k + i
         groups = []
         flat = ids.reshape(-1)

@@ -211,6 +211,20 @@ class PlacementPlan:
                 return p.node
         return None
 
+    def expert_read_bytes(self, name: str, expert: int) -> dict[int, float]:
+        """Bytes of one expert of ``name`` read per use, by the node whose memory serves them."""
+        t = self.tensors[name]
+        rb = t.spec.row_bytes
+        owner = self.expert_node(name, expert)
+        if owner is not None:
+            return {owner: float(t.spec.group_rows * rb)}
+        if t.placement in ("mirror", "slice"):  # each node's workers read their rows locally
+            return {n: float((hi - lo) * rb) for n, (lo, hi) in self.node_rows(t.spec.group_rows).items()}
+        total = float(t.spec.group_rows * rb)
+        if t.placement == "interleave":
+            return {n: total / len(self.nodes) for n in self.nodes}
+        return {self.loader_node: total}
+
     # ---- how much ---------------------------------------------------------
     @property
     def kv_mode(self) -> str | None:

@@ -1,0 +1,114 @@
+"""Where a mixture-of-experts model's tokens go: expert hits per layer over a sliding window, and
+which node's memory the routed experts' bytes were read from.
+
+The runtime records every routed token as it computes it; the dashboard, ``--record`` and
+``numawb bench`` read ``snapshot()``. Figures are counted, not estimated: the node of each
+expert read is the placement plan's (the owner node for ``experts``, every node's own rows for
+``slice``, the replica of the reading worker's node for ``mirror``).
+"""
+from __future__ import annotations
+
+import re
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+_LAYER = re.compile(r"blk\.(\d+)\.")
+
+
+@dataclass(frozen=True)
+class RoutingSnapshot:
+    window: int                      # tokens counted (per layer, at most the window size)
+    hits: np.ndarray                 # [n_layer, n_expert] routed hits in the window
+    node_bytes: dict[int, float]     # expert bytes read from each node, per token (window mean)
+    layers: tuple[int, ...] = field(default=())  # the MoE layers
+
+    @property
+    def node_shares(self) -> dict[int, float]:
+        total = sum(self.node_bytes.values())
+        return {n: v / total for n, v in self.node_bytes.items()} if total else {}
+
+    @property
+    def imbalance(self) -> float:
+        """Busiest node's expert bytes over the mean across nodes (1.0: even)."""
+        vals = list(self.node_bytes.values())
+        mean = sum(vals) / len(vals) if vals else 0.0
+        return max(vals) / mean if mean else 1.0
+
+    def hottest(self, layer: int, k: int = 4) -> list[tuple[int, int]]:
+        row = self.hits[layer]
+        idx = np.argsort(-row, kind="stable")[:k]
+        return [(int(e), int(row[e])) for e in idx if row[e] > 0]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"window": self.window, "layers": list(self.layers),
+                "hits": {str(il): [int(v) for v in self.hits[il]] for il in self.layers},
+                "node_bytes_per_token": {str(n): v for n, v in sorted(self.node_bytes.items())},
+                "node_shares": {str(n): v for n, v in sorted(self.node_shares.items())},
+                "imbalance": self.imbalance}
+
+
+class RoutingStats:
+    """Counts routed experts per layer over the last ``window`` tokens, thread-safe."""
+
+    def __init__(self, n_layer: int, n_expert: int, window: int = 256,
+                 bytes_by_node: Callable[[str, int], dict[int, float]] | None = None):
+        self.n_layer, self.n_expert, self.window = n_layer, n_expert, window
+        self._hits = np.zeros((n_layer, n_expert), dtype=np.int64)
+        self._recent: list[deque] = [deque() for _ in range(n_layer)]
+        self._bytes: deque = deque()    # (token count, {node: bytes}) per recorded call
+        self._bytes_by_node = bytes_by_node
+        self._lock = threading.Lock()
+        self._layers: set[int] = set()
+
+    def record(self, tensor: str, experts: np.ndarray, tensors: tuple[str, ...] = ()) -> None:
+        """Tokens' routed experts [n, k] of the layer that ``tensor`` (``blk.N.…``) belongs to;
+        ``tensors``: the expert tensors read for them (their bytes per node are counted)."""
+        m = _LAYER.search(tensor)
+        if m is None:
+            return
+        il = int(m.group(1))
+        ids = np.asarray(experts, dtype=np.int64)
+        per_node: dict[int, float] = {}
+        if self._bytes_by_node is not None:
+            for e in np.unique(ids):
+                for name in tensors:
+                    for n, b in self._bytes_by_node(name, int(e)).items():
+                        per_node[n] = per_node.get(n, 0.0) + b
+        with self._lock:
+            self._layers.add(il)
+            q = self._recent[il]
+            for row in ids:
+                q.append(row)
+                np.add.at(self._hits[il], row, 1)
+                if len(q) > self.window:
+                    np.subtract.at(self._hits[il], q.popleft(), 1)
+            if per_node:
+                self._bytes.append((len(ids), il, per_node))
+                while len(self._bytes) > self.window * max(1, len(self._layers)):
+                    self._bytes.popleft()
+
+    def snapshot(self) -> RoutingSnapshot:
+        with self._lock:
+            hits = self._hits.copy()
+            window = max((len(q) for q in self._recent), default=0)
+            tot: dict[int, float] = {}
+            tokens_per_layer: dict[int, int] = {}
+            for n_tok, il, per_node in self._bytes:
+                tokens_per_layer[il] = tokens_per_layer.get(il, 0) + n_tok
+                for n, b in per_node.items():
+                    tot[n] = tot.get(n, 0.0) + b
+            layers = tuple(sorted(self._layers))
+        n_tokens = max(tokens_per_layer.values(), default=0)
+        node_bytes = {n: b / n_tokens for n, b in tot.items()} if n_tokens else {}
+        return RoutingSnapshot(window, hits, node_bytes, layers)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._hits[:] = 0
+            for q in self._recent:
+                q.clear()
+            self._bytes.clear()
