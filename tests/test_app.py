@@ -410,16 +410,17 @@ async def test_pause_and_refresh_rate(xdg):
     async with app.run_test(size=SIZE) as pilot:
         app.dashboard.focus()
         await pilot.press("p")
-        assert app.sampler.paused and "paused" in app.sub_title
+        assert app.source.kind == "live"
+        assert app.source.paused and "paused" in app.sub_title
         seq = app.dashboard.snapshot.seq
         await pilot.pause(1.3)
         assert app.dashboard.snapshot.seq == seq
         await pilot.press("f8")
-        assert not app.sampler.paused
+        assert not app.source.paused
         await pilot.press("plus")
-        assert app.sampler.interval == 0.5
+        assert app.source.interval == 0.5
         await pilot.press("minus", "minus")
-        assert app.sampler.interval == 2.0 and "refresh 2 s" in app.sub_title
+        assert app.source.interval == 2.0 and "refresh 2 s" in app.sub_title
     assert load_settings(xdg).refresh == 2.0
 
 
@@ -530,8 +531,42 @@ def test_record_script_and_replay(tmp_path, tiny):
             await until(pilot, lambda: app.dashboard.snapshot.source == "replay", 10)
             await until(pilot, lambda: app.dashboard.snapshot.model == "tiny-llama.gguf", 20)
             await until(pilot, lambda: len(app.chat_pane.query(UserMessage)) >= 1, 20)
-            assert app.engine is None
+            assert app.engine is None and app.source.kind == "replay" and "REPLAY" in app.sub_title
+            await pilot.press("f8")  # pause works on a replay as on live telemetry
+            assert app.source.paused and "paused" in app.sub_title
+            pos = app.source.position
+            await pilot.pause(1.3)
+            assert app.source.position == pos
+            await pilot.press("f8")
+            app.source.set_interval(0.25)
+            await until(pilot, lambda: app.source.finished, 60)
+            await until(pilot, lambda: "replay finished" in str(app.chat_pane.query_one("#chat-status").render()), 10)
+            assert len(app.chat_pane.query(UserMessage)) == 2  # both recorded turns were played
     asyncio.run(replay())
+
+
+def test_replay_refuses_a_bad_recording_in_one_line(tmp_path):
+    from workbench.errors import UserError
+    from workbench.replay import Recording
+    bad = tmp_path / "events.jsonl"
+    bad.write_text('{"kind": "snapshot", "data": {}}\nnot json\n')
+    with pytest.raises(UserError, match="events.jsonl:2: not a JSON line"):
+        Recording.load(str(bad))
+    with pytest.raises(UserError, match="no such recording"):
+        Recording.load(str(tmp_path / "missing.jsonl"))
+
+
+@aio
+async def test_a_frozen_snapshot_never_changes():
+    from workbench.telemetry import Telemetry
+    frozen = Telemetry(None, simulate="epyc-2socket").sample(now=0.0)
+    app = make_app(None, autoload=False, frozen=frozen)
+    async with app.run_test(size=SIZE) as pilot:
+        assert app.source.kind == "frozen" and app.dashboard.snapshot == frozen
+        app.sample_now()
+        await pilot.press("f8")
+        await pilot.pause(1.2)
+        assert app.dashboard.snapshot == frozen and app.engine is None
 
 
 def test_record_reports_a_failed_step(tmp_path):
