@@ -48,6 +48,10 @@ def test_placement_json_proves_pages(tiny):
     node0 = out["nodes"]["0"]
     assert node0["weights_bytes"] > 0 and node0["kv_bytes"] > 0
     assert node0["weights_share_in_place"] >= 0.99 and node0["kv_share_in_place"] >= 0.99
+    w0, rest = out["workers"][0], out["workers"][1:]
+    assert w0["thread"] == "caller" and w0["node"] == w0["wanted_node"]  # where worker 0's share runs
+    assert all(w["thread"] == "pool" for w in rest)
+    assert out["placement"]["weights"] == "mirror" and out["placement"]["threads"] == len(out["workers"])
 
 
 @pytest.mark.parametrize("fixture, nodes", [("xeon-8node-smt", 8), ("epyc-2socket", 2), ("cxl-memory-only", 2)])
