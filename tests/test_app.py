@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -128,6 +129,23 @@ async def test_chat_streams_reply_with_stats_line(tiny):
         line = stats_text(reply)
         assert "tokens" in line and "decode" in line and "weights none" in line
         assert app.dashboard.snapshot.rates.decode_tps or app.telemetry.rates.rates().decode_tps
+
+
+@aio
+async def test_worker_table_shows_the_thread_that_runs_worker_zero(tiny):
+    """Worker 0's share runs on the app's generating thread, not on the pool's thread 0."""
+    app = make_app(tiny)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(app, pilot)
+        await chat_once(app, pilot)
+        app.sample_now()
+        await until(pilot, lambda: app.dashboard.snapshot.workers and
+                    app.dashboard.snapshot.workers[0].actual_cpu is not None)
+        w0 = app.dashboard.snapshot.workers[0]
+        assert w0.thread == "caller" and w0.actual_cpu in os.sched_getaffinity(0)
+        assert all(w.thread == "pool" for w in app.dashboard.snapshot.workers[1:])
+        table = app.dashboard.query_one("#workers")
+        assert str(table.get_row_at(0)[1]) == "caller" and str(table.get_row_at(0)[2]) == str(w0.actual_cpu)
 
 
 @aio

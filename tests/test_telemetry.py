@@ -210,6 +210,8 @@ def test_worker_zero_shows_the_thread_that_ran_its_share(tmp_path):
     write_tiny_model(path, TinySpec(n_ctx=128))
     eng = Engine.load(str(path), placement=Placement(threads=1, cpus=[first]))
     tel = Telemetry(eng)
+    before = tel.sample().workers[0]  # no thread has run a pass for it yet: unknown, not the pool's
+    assert (before.thread, before.actual_cpu, before.actual_node, before.misplaced) == ("caller", None, None, False)
     done, leave = threading.Event(), threading.Event()
     errors: list[BaseException] = []
 

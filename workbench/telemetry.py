@@ -10,7 +10,8 @@ when there are spare ones) every ``interval`` seconds; it can be paused.
 Worker 0's share of a forward pass does not run on the pool's thread 0: the thread that
 calls the engine runs it, pinned to worker 0's node for the pass (``WorkerPool.lead``). That
 thread tells the telemetry who it is (``Telemetry.note_caller``) and worker 0's row shows
-where it last ran (the kernel's record of the thread's CPU), marked ``thread="caller"``.
+where it last ran (the kernel's record of the thread's CPU), marked ``thread="caller"``; until
+a thread has said so, worker 0's CPU and node are unknown (None), not the idle pool thread's.
 
 With a fixture topology (``--simulate-topology``) the memory and worker figures are
 *simulated*: computed deterministically from the fixture, the engine's tensors and the
@@ -356,9 +357,10 @@ class Telemetry:
             for i, w in enumerate(pool.workers):
                 b = busy[i] if i < len(busy) else 0.0
                 uses = worker_uses(w.node, weight_bufs)
-                if i == 0 and caller is not None:  # worker 0's share runs on the calling thread
-                    rows.append(WorkerRow(0, w.cpu, w.node, caller.cpu, caller.node, uses, b,
-                                          caller.node is not None and caller.node != w.node, "caller"))
+                if i == 0:  # worker 0's share runs on the calling thread (unknown until it says so)
+                    cpu, node = (caller.cpu, caller.node) if caller is not None else (None, None)
+                    rows.append(WorkerRow(0, w.cpu, w.node, cpu, node, uses, b,
+                                          node is not None and node != w.node, "caller"))
                 else:
                     rows.append(WorkerRow(w.index, w.cpu, w.node, w.actual_cpu, w.actual_node, uses, b,
                                           w.misplaced))
