@@ -103,6 +103,35 @@ def find_llama_bench(explicit: str | None) -> str | None:
     return p.stdout.strip().splitlines()[-1]
 
 
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's model name as /proc/cpuinfo gives it (platform.processor() as a fallback)."""
+    try:
+        with open(cpuinfo) as f:
+            return next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown CPU"
+
+
+def llama_build_info(exe: str) -> dict[str, str]:
+    """How the peer binary was built: its build-info.txt (written by llamacpp_build.sh: cpu, amx
+    decision, extra flags), else this machine's AMX check (``llamacpp_build.sh --amx-check``)."""
+    info_file = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(exe))), "build-info.txt")
+    text, origin = "", "build-info.txt"
+    try:
+        with open(info_file) as f:
+            text = f.read()
+    except OSError:
+        p = subprocess.run(["bash", os.path.join(HERE, "llamacpp_build.sh"), "--amx-check"],
+                           capture_output=True, text=True)
+        text, origin = p.stdout, "not built by llamacpp_build.sh; this machine's --amx-check"
+    out = {"origin": origin}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            out[key.strip()] = value.strip()
+    return out
+
+
 def llama_bench_supports_depth(exe: str) -> bool:
     p = subprocess.run([exe, "--help"], capture_output=True, text=True)
     return "--n-depth" in (p.stdout + p.stderr) or "-d, --n-depth" in (p.stdout + p.stderr)
@@ -124,6 +153,9 @@ def run_llama_bench(exe: str, model: str, threads: int, p: int, n: int, depth: i
         cmd += ["-d", str(depth)]
     log("llama.cpp: " + " ".join(cmd[1:]))
     r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode == -4:  # SIGILL: an instruction this CPU (or its hypervisor) does not allow
+        raise RuntimeError("llama-bench died with SIGILL (illegal instruction): rebuild it with "
+                           "benchmarks/llamacpp_build.sh, which turns AMX off where the tiles fault")
     if r.returncode != 0:
         raise RuntimeError(f"llama-bench failed: {r.stderr.strip()[-500:]}")
     out = []
@@ -152,21 +184,19 @@ def run_numawb(model: str, threads: int, p: int, n: int, depth: int, reps: int, 
 
 # ----------------------------------------------------------------------------- report
 def machine_line() -> str:
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    cpu = cpu_model()
     from workbench.engine.kernels import kernel_path
     return (f"{cpu}, {len(os.sched_getaffinity(0))} cores, {os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / 2**30:.0f} GiB, "
             f"Linux {platform.release()}, Python {platform.python_version()}, numawb kernels {kernel_path()}")
 
 
-def build_report(args, facts, bw, lcpp, numa, notes, version, local: dict | None = None) -> str:
+def build_report(args, facts, bw, lcpp, numa, notes, version, local: dict | None = None,
+                 build: dict | None = None) -> str:
     """The markdown report; `local[(pass, threads)]`: mean bandwidth probed around that pass's runs
-    (the limit a decode is judged against; `bw`, the best probe of the run, when missing)."""
+    (the limit a decode is judged against; `bw`, the best probe of the run, when missing);
+    `build`: `llama_build_info` of the peer binary."""
     local = local or {}
+    build = build or {}
 
     def limit(rec: dict, t: int) -> float | None:
         v = local.get((rec.get("_pass", 0), t))
@@ -179,7 +209,10 @@ def build_report(args, facts, bw, lcpp, numa, notes, version, local: dict | None
              f"- machine: {machine_line()}",
              f"- model: `{os.path.basename(facts['path'])}` ({facts['file_bytes'] / 1e6:.0f} MB file, "
              f"{bpt / 1e6:.0f} MB of weights streamed per decoded token)",
+             f"- CPU: {cpu_model()}",
              f"- llama.cpp: {version}",
+             f"- llama.cpp build: built on {build.get('cpu', 'unknown CPU')}; AMX {build.get('amx', 'unknown')}; "
+             f"extra flags {build.get('extra flags', 'unknown')} ({build.get('origin', 'no build info')})",
              "- bandwidth probe (Numba streaming read, 1 GiB): best seen "
              + ", ".join(f"{t} thread{'s' if t > 1 else ''} {bw[t]:.1f} GB/s" for t in sorted(bw))
              + ("; each decode's % of the limit uses the probes taken just before and after its own "
@@ -265,9 +298,11 @@ def main() -> int:
     facts = model_facts(args.model)
     exe = None if args.skip_llama else find_llama_bench(args.llama_bench)
     version = "not run"
+    build: dict[str, str] = {}
     depth_ok = False
     if exe:
         version = llama_bench_version(exe)
+        build = llama_build_info(exe)
         depth_ok = llama_bench_supports_depth(exe)
         if args.depth and not depth_ok:
             notes.append(f"this llama-bench has no -d/--n-depth: tg at depth {args.depth} was not measured "
@@ -350,7 +385,7 @@ def main() -> int:
         pass
 
     local = {key: statistics.mean(v) for key, v in near.items()}
-    md = build_report(args, facts, bw, lcpp, numa, notes, version, local)
+    md = build_report(args, facts, bw, lcpp, numa, notes, version, local, build)
     print(md)
     with open(args.out, "w") as f:
         f.write(md)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -126,6 +127,23 @@ async def test_chat_streams_reply_with_stats_line(tiny):
         line = stats_text(reply)
         assert "tokens" in line and "decode" in line and "weights none" in line
         assert app.dashboard.snapshot.rates.decode_tps or app.telemetry.rates.rates().decode_tps
+
+
+@aio
+async def test_worker_table_shows_the_thread_that_runs_worker_zero(tiny):
+    """Worker 0's share runs on the app's generating thread, not on the pool's thread 0."""
+    app = make_app(tiny)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(app, pilot)
+        await chat_once(app, pilot)
+        app.sample_now()
+        await until(pilot, lambda: app.dashboard.snapshot.workers and
+                    app.dashboard.snapshot.workers[0].actual_cpu is not None)
+        w0 = app.dashboard.snapshot.workers[0]
+        assert w0.thread == "caller" and w0.actual_cpu in os.sched_getaffinity(0)
+        assert all(w.thread == "pool" for w in app.dashboard.snapshot.workers[1:])
+        table = app.dashboard.query_one("#workers")
+        assert str(table.get_row_at(0)[1]) == "caller" and str(table.get_row_at(0)[2]) == str(w0.actual_cpu)
 
 
 @aio
@@ -408,16 +426,17 @@ async def test_pause_and_refresh_rate(xdg):
     async with app.run_test(size=SIZE) as pilot:
         app.dashboard.focus()
         await pilot.press("p")
-        assert app.sampler.paused and "paused" in app.sub_title
+        assert app.source.kind == "live"
+        assert app.source.paused and "paused" in app.sub_title
         seq = app.dashboard.snapshot.seq
         await pilot.pause(1.3)
         assert app.dashboard.snapshot.seq == seq
         await pilot.press("f8")
-        assert not app.sampler.paused
+        assert not app.source.paused
         await pilot.press("plus")
-        assert app.sampler.interval == 0.5
+        assert app.source.interval == 0.5
         await pilot.press("minus", "minus")
-        assert app.sampler.interval == 2.0 and "refresh 2 s" in app.sub_title
+        assert app.source.interval == 2.0 and "refresh 2 s" in app.sub_title
     assert load_settings(xdg).refresh == 2.0
 
 
@@ -528,8 +547,42 @@ def test_record_script_and_replay(tmp_path, tiny):
             await until(pilot, lambda: app.dashboard.snapshot.source == "replay", 10)
             await until(pilot, lambda: app.dashboard.snapshot.model == "tiny-llama.gguf", 20)
             await until(pilot, lambda: len(app.chat_pane.query(UserMessage)) >= 1, 20)
-            assert app.engine is None
+            assert app.engine is None and app.source.kind == "replay" and "REPLAY" in app.sub_title
+            await pilot.press("f8")  # pause works on a replay as on live telemetry
+            assert app.source.paused and "paused" in app.sub_title
+            pos = app.source.position
+            await pilot.pause(1.3)
+            assert app.source.position == pos
+            await pilot.press("f8")
+            app.source.set_interval(0.25)
+            await until(pilot, lambda: app.source.finished, 60)
+            await until(pilot, lambda: "replay finished" in str(app.chat_pane.query_one("#chat-status").render()), 10)
+            assert len(app.chat_pane.query(UserMessage)) == 2  # both recorded turns were played
     asyncio.run(replay())
+
+
+def test_replay_refuses_a_bad_recording_in_one_line(tmp_path):
+    from workbench.errors import UserError
+    from workbench.replay import Recording
+    bad = tmp_path / "events.jsonl"
+    bad.write_text('{"kind": "snapshot", "data": {}}\nnot json\n')
+    with pytest.raises(UserError, match="events.jsonl:2: not a JSON line"):
+        Recording.load(str(bad))
+    with pytest.raises(UserError, match="no such recording"):
+        Recording.load(str(tmp_path / "missing.jsonl"))
+
+
+@aio
+async def test_a_frozen_snapshot_never_changes():
+    from workbench.telemetry import Telemetry
+    frozen = Telemetry(None, simulate="epyc-2socket").sample(now=0.0)
+    app = make_app(None, autoload=False, frozen=frozen)
+    async with app.run_test(size=SIZE) as pilot:
+        assert app.source.kind == "frozen" and app.dashboard.snapshot == frozen
+        app.sample_now()
+        await pilot.press("f8")
+        await pilot.pause(1.2)
+        assert app.dashboard.snapshot == frozen and app.engine is None
 
 
 def test_record_reports_a_failed_step(tmp_path):

@@ -30,7 +30,8 @@ def frozen_snapshot() -> Snapshot:
                                       system=max(0, n.total - n.free - WEIGHTS - 9 * MiB), in_place=1.0)
                   for n in base.nodes)
     workers = tuple(WorkerRow(i, i, i // 4, i if i != 13 else 45, i // 4 if i != 13 else 7,
-                              f"mirror replica {i // 4} (node {i // 4})", ((i * 7) % 50 + 40) / 100, i == 13)
+                              f"mirror replica {i // 4} (node {i // 4})", ((i * 7) % 50 + 40) / 100, i == 13,
+                              "caller" if i == 0 else "pool")
                     for i in range(32))
     buffers = tuple(BufferShare(f"weights mirror replica {n} (node {n})", "weights", (n,), WEIGHTS, 1.0, "")
                     for n in range(8)) + (BufferShare("kv first-touch node 0", "kv", (0,), 9 * MiB, 0.97, ""),)

@@ -48,6 +48,10 @@ def test_placement_json_proves_pages(tiny):
     node0 = out["nodes"]["0"]
     assert node0["weights_bytes"] > 0 and node0["kv_bytes"] > 0
     assert node0["weights_share_in_place"] >= 0.99 and node0["kv_share_in_place"] >= 0.99
+    w0, rest = out["workers"][0], out["workers"][1:]
+    assert w0["thread"] == "caller" and w0["node"] == w0["wanted_node"]  # where worker 0's share runs
+    assert all(w["thread"] == "pool" for w in rest)
+    assert out["placement"]["weights"] == "mirror" and out["placement"]["threads"] == len(out["workers"])
 
 
 @pytest.mark.parametrize("fixture, nodes", [("xeon-8node-smt", 8), ("epyc-2socket", 2), ("cxl-memory-only", 2)])
@@ -111,3 +115,89 @@ def test_signal_wrapped_by_a_compiled_call_is_found():
         except SystemError as e:
             assert _signal_exception(e) is sig
     assert _signal_exception(SystemError("unrelated")) is None
+
+
+# ---- options on either side of the subcommand (issue 10, bug 1) ----------------------------
+
+def placement_reached(tiny: str, *args: str) -> dict:
+    """The placement the engine ran with, from `generate --json`."""
+    r = numawb(*args, timeout=900)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["placement"]
+
+
+def test_placement_options_before_the_subcommand_reach_the_engine(tiny):
+    got = placement_reached(tiny, "-t", "1", "--weights", "mirror", "--kv", "interleave", "--cpus", "1",
+                            "generate", "-m", tiny, "-p", "the cat", "-n", "1", "--temp", "0", "--json")
+    assert (got["weights"], got["kv"], got["threads"], got["cpus"]) == ("mirror", "interleave", 1, [1])
+
+
+def test_placement_options_after_the_subcommand_reach_the_engine(tiny):
+    got = placement_reached(tiny, "-m", tiny, "generate", "-p", "the cat", "-n", "1", "--temp", "0", "--json",
+                            "-t", "1", "--weights", "interleave", "--cpus", "0")
+    assert (got["weights"], got["kv"], got["threads"], got["cpus"]) == ("interleave", "first-touch", 1, [0])
+
+
+@pytest.mark.parametrize("argv, expect", [
+    ("-t 2 --weights mirror generate -p hi", {"threads": "2", "weights": "mirror", "kv": "first-touch"}),
+    ("generate -p hi -t 2 --weights mirror", {"threads": "2", "weights": "mirror", "kv": "first-touch"}),
+    ("--kv interleave -m a.gguf generate --weights slice -p hi",
+     {"kv": "interleave", "model": "a.gguf", "weights": "slice", "threads": None}),
+    ("--smt --numa isolate --cpus 0-3 perplexity -f x",
+     {"smt": True, "numa": "isolate", "cpus": "0-3", "weights": "none"}),
+    ("-t 2 generate -t 3 -p hi", {"threads": "3"}),  # given twice: the last one, as argparse does
+    ("-t 1,2 --weights all bench", {"threads": "1,2", "weights": "all", "kv": "first-touch"}),
+    ("bench --kv all", {"threads": None, "weights": "none", "kv": "all"}),
+    ("--weights auto -t 4", {"cmd": None, "weights": "auto", "threads": "4", "numa": "distribute"}),
+    ("--hugepages 2M placement", {"hugepages": "2M", "prompt": "The capital of France is"}),
+])
+def test_every_option_is_read_on_either_side(argv, expect):
+    from workbench.cli import parse_args
+    args = vars(parse_args(argv.split()))
+    assert {k: args[k] for k in expect} == expect
+
+
+def test_the_placement_built_from_either_side_is_the_same():
+    from workbench.cli import build_placement, parse_args
+    before = build_placement(parse_args("-t 2 --weights mirror --kv interleave --smt generate -p hi".split()))
+    after = build_placement(parse_args("generate -p hi -t 2 --weights mirror --kv interleave --smt".split()))
+    assert before == after
+    assert (before.threads, before.weights, before.kv, before.smt) == (2, "mirror", "interleave", True)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["-t", "2", "topo"], "-t/--threads does not apply to 'numawb topo'"),
+    (["--numa", "isolate", "bench"], "--numa does not apply to 'numawb bench'"),
+    (["--record", "out", "generate", "-p", "hi"], "--record is an option of the app"),
+    (["generate", "-p", "hi", "--replay", "x.jsonl"], "--replay is an option of the app"),
+    (["-n", "5", "generate", "-p", "hi"], "-n is an option of generate / placement / bench: put it after"),
+    (["--temp", "0", "generate", "-p", "hi"], "--temp is an option of generate: put it after"),
+    (["--json", "topo"], "--json is an option of"),
+    (["--script", "s.txt"], "--script needs --record DIR"),
+    (["-t", "x", "generate", "-p", "hi"], "-t must be a whole number >= 1 (got 'x')"),
+    (["generate", "-p", "hi", "-t", "0"], "-t must be >= 1 (got 0)"),
+    (["--replay", "/nonexistent/events.jsonl"], "no such recording"),
+    (["topo", "--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_misplaced_options_are_refused_in_one_line(args, message):
+    r = numawb(*args)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and ": error: " in lines[0] and message in lines[0], r.stderr
+    assert r.stdout == ""
+
+
+# ---- topo and --help stay light (issue 10, structure 2) --------------------------------------
+
+@pytest.mark.parametrize("argv", [["topo"], ["topo", "--json"], ["topo", "--root", "epyc-2socket"], ["--help"],
+                                  ["generate", "--help"]])
+def test_topo_and_help_load_neither_numba_nor_the_kernels(argv):
+    probe = ("import json, sys\nfrom workbench.cli import main\n"
+             "try:\n    rc = main(sys.argv[1:])\nexcept SystemExit as e:\n    rc = e.code\n"
+             "print(json.dumps([rc, sorted(sys.modules)]), file=sys.stderr)")
+    r = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, timeout=300)
+    rc, mods = json.loads(r.stderr.strip().splitlines()[-1])
+    assert rc in (0, None), r.stderr
+    assert [m for m in mods if m == "numba" or m.startswith("numba.")] == []
+    assert [m for m in mods if m.startswith("workbench.engine")] == []
+    assert [m for m in mods if m == "textual" or m.startswith("textual.")] == []

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import threading
 import time
 
@@ -169,3 +170,73 @@ def test_settings_roundtrip_and_bad_files(tmp_path, monkeypatch):
     loaded = load_settings()
     assert loaded.theme == "numawb" and loaded.refresh == 1.0
     assert loaded.sampling.top_k == 40 and loaded.sampling.temperature == 0.0
+
+
+# ---- worker 0 runs on the calling thread (issue 10, bug 5) -----------------------------------
+
+def test_thread_cpu_reads_where_a_thread_runs():
+    from workbench.telemetry import thread_cpu
+    cpus = sorted(os.sched_getaffinity(0))
+    seen: dict[int, int | None] = {}
+    ready, leave = threading.Event(), threading.Event()
+
+    def pinned(cpu: int) -> None:
+        os.sched_setaffinity(0, {cpu})
+        sum(range(100_000))  # run a little there
+        seen["tid"] = threading.get_native_id()
+        ready.set()
+        leave.wait(10)
+    t = threading.Thread(target=pinned, args=(cpus[-1],))
+    t.start()
+    try:
+        assert ready.wait(10)
+        assert thread_cpu(seen["tid"]) == cpus[-1]
+    finally:
+        leave.set()
+        t.join()
+    end = time.monotonic() + 10  # join returns a moment before the kernel task is gone
+    while thread_cpu(seen["tid"]) is not None and time.monotonic() < end:
+        time.sleep(0.01)
+    assert thread_cpu(seen["tid"]) is None
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_worker_zero_shows_the_thread_that_ran_its_share(tmp_path):
+    """One worker pinned to the first CPU; the engine is driven from a thread on the last CPU.
+    Worker 0's share runs on that calling thread, so its row must say the last CPU (the pool's
+    own thread 0, which the old row showed, never ran a pass)."""
+    first, last = min(os.sched_getaffinity(0)), max(os.sched_getaffinity(0))
+    path = tmp_path / "tiny.gguf"
+    write_tiny_model(path, TinySpec(n_ctx=128))
+    eng = Engine.load(str(path), placement=Placement(threads=1, cpus=[first]))
+    tel = Telemetry(eng)
+    before = tel.sample().workers[0]  # no thread has run a pass for it yet: unknown, not the pool's
+    assert (before.thread, before.actual_cpu, before.actual_node, before.misplaced) == ("caller", None, None, False)
+    done, leave = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def drive() -> None:
+        try:
+            os.sched_setaffinity(0, {last})
+            tel.note_caller()
+            for _ in Chat(eng, n_ctx=128).send("the cat", SamplingParams(seed=1), n_predict=3):
+                pass
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+        done.set()
+        leave.wait(30)
+    t = threading.Thread(target=drive)
+    t.start()
+    try:
+        assert done.wait(600) and not errors, errors
+        assert eng.pool.workers[0].actual_cpu == first  # the pool's thread 0 sits on the first CPU
+        w0 = tel.sample().workers[0]
+        assert (w0.thread, w0.actual_cpu) == ("caller", last)
+        assert w0.actual_node == eng.pool.topology.node_of(last) and w0.cpu == first
+        assert roundtrip(tel.sample()).workers[0] == tel.sample().workers[0]
+    finally:
+        leave.set()
+        t.join()
+        w0_after = tel.sample().workers[0]
+        eng.close()
+    assert (w0_after.thread, w0_after.actual_cpu) == ("caller", last)  # kept: where it last ran

@@ -1,14 +1,15 @@
 """The numawb Textual app: drives the engine from thread workers and shows live NUMA telemetry.
 
 The UI never blocks: model loads, placement switches and generation run in thread workers
-that report back with messages; telemetry comes from its own sampler thread. Widgets live in
-``workbench/screens/``; this module is the only UI code that talks to the engine.
+that report back with messages. The dashboard is fed by one snapshot source: live telemetry
+(its own sampler thread), a frozen snapshot (screenshots) or a replayed recording
+(``workbench.replay``). Widgets live in ``workbench/screens/``; this module is the only UI code
+that talks to the engine. It receives a ready ``Placement`` and never reads the command line
+(``workbench.cli`` is the front door).
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import os
 import threading
 import time
@@ -30,7 +31,8 @@ from .engine.engine import Placement, SwitchReport
 from .numa.budget import fmt_bytes
 from .numa.layout import ProgressEvent
 from .settings import SamplingSettings, Settings, load_settings, save_settings
-from .telemetry import Sampler, Snapshot, Telemetry
+from .replay import FINISHED, Recording, ReplaySource
+from .telemetry import FrozenSource, Sampler, Snapshot, SnapshotSource, Telemetry
 from .screens.chat import ChatPane, Reply
 from .numa.modes import WEIGHT_MODES, kv_choices
 from .screens.dashboard import Controls, Dashboard, LoadPanel
@@ -78,6 +80,14 @@ class SnapshotReady(Message):
     def __init__(self, snapshot: Snapshot) -> None:
         super().__init__()
         self.snapshot = snapshot
+
+
+class ReplayEvent(Message):
+    """A recorded chat turn, switch or load, played back (see ``workbench.replay``)."""
+
+    def __init__(self, kind: str, data: dict) -> None:
+        super().__init__()
+        self.kind, self.data = kind, data
 
 
 class ReplyDone(Message):
@@ -133,8 +143,11 @@ class WorkbenchApp(App[int]):
     def __init__(self, model: str | None = None, *, placement: Placement | None = None,
                  simulate: str | None = None, autoload: bool = True, settings: Settings | None = None,
                  settings_file: Path | None = None, persist: bool = True, frozen: Snapshot | None = None,
-                 replay: str | None = None, recorder: Recorder | None = None, theme: str | None = None,
+                 replay: Recording | str | None = None, recorder: Recorder | None = None, theme: str | None = None,
                  sample_on_start: bool = True, history: ChatHistory | None = None) -> None:
+        """``placement``: the placement the first load uses (built and checked by the caller).
+        The dashboard's source: ``frozen`` (a fixed snapshot), ``replay`` (a recording or its
+        path), else live telemetry of the loaded engine (``simulate``: a fixture topology)."""
         super().__init__()
         self.history = history  # saved conversation (interactive runs only)
         self.settings_file = settings_file
@@ -142,7 +155,7 @@ class WorkbenchApp(App[int]):
         self.persist = persist
         self.model_path = model
         self.placement_req = placement or Placement()
-        self.simulate, self.autoload, self.frozen, self.replay_file = simulate, autoload, frozen, replay
+        self.simulate, self.autoload = simulate, autoload
         self.recorder = recorder
         self.engine: Any = None
         self.chat: Chat | None = None
@@ -151,15 +164,13 @@ class WorkbenchApp(App[int]):
         self.last_switch: list[SwitchReport] = []
         self.last_error: str = ""
         self.telemetry = Telemetry(None, simulate)
-        self.sampler: Sampler | None = None
+        self.source: SnapshotSource = self._make_source(frozen, replay)
         self.sample_on_start = sample_on_start
         self._cancel = threading.Event()
         self._stream_lock = threading.Lock()
         self._pending: list[str] = []
         self._reply: Reply | None = None
         self._last_progress = 0.0
-        self._replay_events: list[dict] = []
-        self._replay_pos = 0
         self._t0 = time.time()
         self._themes = load_themes()
         for th, _ in self._themes.values():
@@ -168,6 +179,20 @@ class WorkbenchApp(App[int]):
         self.theme = wanted if wanted in self._themes else "numawb"
 
     # ---- plumbing -------------------------------------------------------
+    def _make_source(self, frozen: Snapshot | None, replay: Recording | str | None) -> SnapshotSource:
+        """The one place that decides what feeds the dashboard."""
+        if frozen is not None:
+            return FrozenSource(frozen)
+        if replay is not None:
+            rec = replay if isinstance(replay, Recording) else Recording.load(replay)
+            return ReplaySource(rec, self._on_sample, self._replayed_event, self.settings.refresh)
+        return Sampler(self.telemetry, self._on_sample, self.settings.refresh)
+
+    @property
+    def live(self) -> bool:
+        """Whether the dashboard shows this process (the chat and controls drive a model)."""
+        return self.source.kind == "live"
+
     def get_default_screen(self) -> Screen:
         return MainScreen(id="main")
 
@@ -205,25 +230,23 @@ class WorkbenchApp(App[int]):
         self.controls.set_values(self.placement_req.weights, self.placement_req.kv, self.placement_req.policy,
                                  self.placement_req.threads)
         self.query_one(LoadPanel).display = False
-        if self.frozen is not None:
-            self.dashboard.snapshot = self.frozen
-        elif self.replay_file:
-            self._start_replay(self.replay_file)
-        else:
-            self.sampler = Sampler(self.telemetry, self._on_sample, self.settings.refresh)
-            self.sampler.start()
-            if self.autoload:
-                self.load_model(self.model_path)
+        if self.source.current is not None:  # a frozen snapshot is shown at once
+            self.dashboard.snapshot = self.source.current
+        self.source.start()
+        if isinstance(self.source, ReplaySource):
+            rec = self.source.recording
+            self.chat_pane.set_status(f"replaying {rec.path}: {len(rec.events)} events")
+        if self.live and self.autoload:
+            self.load_model(self.model_path)
         self._update_subtitle()
         self.chat_pane.prompt.focus()
-        if self.frozen is not None:  # deterministic screenshots: no blinking cursor
+        if self.source.kind == "frozen":  # deterministic screenshots: no blinking cursor
             for inp in self.screen_stack[0].query(Input):
                 inp.cursor_blink = False
 
     def on_unmount(self) -> None:
         self._cancel.set()
-        if self.sampler is not None:
-            self.sampler.stop()
+        self.source.stop()
         eng, self.engine = self.engine, None
         if eng is not None:
             with eng.lock:
@@ -234,13 +257,13 @@ class WorkbenchApp(App[int]):
         self.post_message(SnapshotReady(snap))
 
     def on_snapshot_ready(self, msg: SnapshotReady) -> None:
-        if self.frozen is None and self.screen_stack:  # a late sample can arrive while the app exits
+        if self.screen_stack:  # a late sample can arrive while the app exits
             self.dashboard.snapshot = msg.snapshot
 
     def sample_now(self) -> None:
         """Take a telemetry sample at once (after a load or a switch)."""
-        if self.sampler is not None:
-            self.run_worker(self.sampler.sample_now, thread=True, group="sample", exit_on_error=False)
+        if self.live:
+            self.run_worker(self.source.sample_now, thread=True, group="sample", exit_on_error=False)
 
     def _update_subtitle(self) -> None:
         parts = []
@@ -250,11 +273,9 @@ class WorkbenchApp(App[int]):
             parts.append("loading…")
         if self.simulate:
             parts.append(f"SIMULATED {self.simulate}")
-        if self.replay_file:
-            parts.append("REPLAY")
-        if self.sampler is not None or self.replay_file:
-            paused = self.sampler.paused if self.sampler else self._replay_paused
-            parts.append("telemetry paused" if paused else f"refresh {self.settings.refresh:g} s")
+        status = self.source.status()
+        if status:
+            parts.append(status)
         self.sub_title = " · ".join(parts)
 
     # ---- loading --------------------------------------------------------
@@ -459,6 +480,7 @@ class WorkbenchApp(App[int]):
     def _generate(self, chat: Chat, text: str, params: SamplingParams, n_predict: int,
                   cancel: threading.Event) -> None:
         eng = chat.engine
+        self.telemetry.note_caller()  # this thread runs worker 0's share of every pass
         try:
             for ev in chat.send(text, params, n_predict, cancel):
                 if isinstance(ev, TokenEvent):
@@ -573,20 +595,15 @@ class WorkbenchApp(App[int]):
         self.notify(f"theme {name}")
 
     def action_pause(self) -> None:
-        if self.sampler is not None:
-            self.sampler.pause(not self.sampler.paused)
-            self.notify("telemetry paused" if self.sampler.paused else "telemetry resumed")
-        elif self.replay_file:
-            self._replay_paused = not self._replay_paused
+        src = self.source
+        src.pause(not src.paused)
+        if src.kind != "frozen":
+            self.notify("telemetry paused" if src.paused else "telemetry resumed")
         self._update_subtitle()
 
     def _set_refresh(self, interval: float) -> None:
         self.settings.refresh = Sampler.clamp(interval)
-        if self.sampler is not None:
-            self.sampler.set_interval(self.settings.refresh)
-        if self.replay_file and self._replay_timer is not None:
-            self._replay_timer.stop()
-            self._replay_timer = self.set_interval(self.settings.refresh, self._replay_step)
+        self.source.set_interval(self.settings.refresh)
         self.save()
         self._update_subtitle()
 
@@ -649,68 +666,19 @@ class WorkbenchApp(App[int]):
             yield SystemCommand(f"Theme: {name}", "use this theme (saved)", (lambda n=name: self.set_theme(n)))
 
     # ---- replay ---------------------------------------------------------
-    _replay_paused = False
-    _replay_timer: Any = None
+    def _replayed_event(self, kind: str, data: dict) -> None:  # replay thread
+        self.post_message(ReplayEvent(kind, data))
 
-    def _start_replay(self, path: str) -> None:
-        try:
-            with open(path, encoding="utf-8") as f:
-                self._replay_events = [json.loads(line) for line in f if line.strip()]
-        except (OSError, ValueError) as e:
-            self.push_screen(ErrorScreen("cannot replay", f"{path}: {e}"))
+    async def on_replay_event(self, msg: ReplayEvent) -> None:
+        kind, data = msg.kind, msg.data
+        if not self.screen_stack:
             return
-        self.chat_pane.set_status(f"replaying {path}: {len(self._replay_events)} events")
-        self._replay_timer = self.set_interval(self.settings.refresh, self._replay_step)
-        self.call_later(self._replay_step)
-
-    async def _replay_step(self) -> None:
-        """Play events up to and including the next telemetry snapshot."""
-        if self._replay_paused:
-            return
-        while self._replay_pos < len(self._replay_events):
-            ev = self._replay_events[self._replay_pos]
-            self._replay_pos += 1
-            kind, data = ev.get("kind"), ev.get("data", {})
-            if kind == "snapshot":
-                snap = Snapshot.from_json(data)
-                self.dashboard.snapshot = dataclasses.replace(
-                    snap, source="replay" if not snap.simulated else snap.source)
-                return
-            if kind == "chat.user":
-                await self.chat_pane.add_user(data.get("text", ""))
-            elif kind == "reply.done":
-                await self.chat_pane.start_reply(data.get("text", ""), f"{data.get('decode_tokens', 0)} tokens · "
-                                                 f"decode {data.get('decode_tps', 0):,.1f} t/s · {data.get('placement', '')}")
-            elif kind in ("switch.done", "switch.refused", "load.done", "load.error"):
-                self.controls.set_status(f"{kind}: {data.get('reports') or data.get('error') or data.get('path', '')}")
-        self.chat_pane.set_status("replay finished")
-        if self._replay_timer is not None:
-            self._replay_timer.stop()
-
-
-def run_app(args: argparse.Namespace) -> int:
-    """Entry point from ``numawb`` with no subcommand (``--record`` and ``--replay`` included)."""
-    from .cli import UserError, _placement, _system_knobs
-    simulate = getattr(args, "simulate_topology", None)
-    if simulate:
-        from .numa.topology import fixture_names
-        if simulate not in fixture_names():
-            raise UserError(f"{simulate}: not a known topology fixture ({', '.join(fixture_names())})")
-    if args.replay and not os.path.isfile(args.replay):
-        raise UserError(f"{args.replay}: no such recording")
-    placement = _placement(args)
-    _system_knobs(args)
-    if args.record:
-        from .record import run_record
-        return run_record(args.record, script=args.script, model=args.model, placement=placement,
-                          simulate=simulate)
-    history = None
-    if not args.replay:
-        from .history import ChatHistory
-        history = ChatHistory.default()
-        if args.new_chat:
-            history.start_new()
-    app = WorkbenchApp(args.model, placement=placement, simulate=simulate, replay=args.replay,
-                       theme=getattr(args, "theme", None), autoload=not args.replay, history=history)
-    app.run()
-    return 0
+        if kind == "chat.user":
+            await self.chat_pane.add_user(data.get("text", ""))
+        elif kind == "reply.done":
+            await self.chat_pane.start_reply(data.get("text", ""), f"{data.get('decode_tokens', 0)} tokens · "
+                                             f"decode {data.get('decode_tps', 0):,.1f} t/s · {data.get('placement', '')}")
+        elif kind == FINISHED:
+            self.chat_pane.set_status("replay finished")
+        else:
+            self.controls.set_status(f"{kind}: {data.get('reports') or data.get('error') or data.get('path', '')}")

@@ -1,4 +1,10 @@
-"""The `numawb` command line: the app by default, plus generate/perplexity/topo/placement/bench."""
+"""The `numawb` command line, the front door: it parses the request, builds the Placement, and
+starts a command or the app (the app never imports this module).
+
+Every option works before or after the subcommand (``numawb -t 2 generate -p hi`` and
+``numawb generate -t 2 -p hi`` are the same request) or is refused with one line: an option
+is never silently dropped. User errors (``workbench.errors``) end with one line and status 2.
+"""
 
 from __future__ import annotations
 
@@ -7,18 +13,47 @@ import json
 import os
 import sys
 import threading
-from typing import Sequence
+from typing import Any, Sequence
 
+from .errors import EXIT_USER_ERROR, UserError, format_error, is_user_error
 from .numa.modes import KV_MODE_HELP, WEIGHT_MODE_HELP
 
+#: subcommands that load a model and take every model/placement option
+MODEL_COMMANDS = ("generate", "perplexity", "placement")
+#: options of the app alone (no subcommand), by dest
+APP_ONLY = ("record", "script", "replay", "simulate_topology", "new_chat", "theme")
 
-class UserError(Exception):
-    """A mistake in the user's input: reported as one line, exit status 2."""
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with the project's one-line errors (no usage block)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.refuse(f"{message} (see {self.prog} --help)")
+
+    def refuse(self, message: str) -> None:
+        """Print ``<prog>: error: message`` and exit with status 2."""
+        print(format_error(message, self.prog), file=sys.stderr)
+        sys.exit(EXIT_USER_ERROR)
+
+
+class _Refuse(argparse.Action):
+    """An option that belongs elsewhere: refused with a line saying where it goes."""
+
+    def __init__(self, option_strings: list[str], dest: str, where: str = "", **kw: Any) -> None:
+        super().__init__(option_strings, dest=argparse.SUPPRESS, nargs="?", default=argparse.SUPPRESS,
+                         help=argparse.SUPPRESS)
+        self.where = where
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        assert isinstance(parser, _Parser)
+        parser.refuse(f"{option_string} {self.where}")
 
 
 def _add_model(p: argparse.ArgumentParser) -> None:
+    """The model and placement options, shared by the app and the model commands."""
     p.add_argument("-m", "--model", metavar="PATH", help="GGUF model file (default: Gemma 3 270M Q4_K_M)")
-    p.add_argument("-t", "--threads", type=int, default=None, help="worker threads (default: all cores given)")
+    p.add_argument("-t", "--threads", metavar="N", help="worker threads (default: all cores given)")
     p.add_argument("--weights", default="none", metavar="MODE",
                    help="weight placement: " + WEIGHT_MODE_HELP + " (default: none)")
     p.add_argument("--kv", default="first-touch", metavar="MODE",
@@ -36,29 +71,6 @@ def _add_model(p: argparse.ArgumentParser) -> None:
                    help="drop the page cache before loading, for a cold load (root)")
 
 
-def _placement(args: argparse.Namespace):
-    from .engine.engine import Placement
-    from .numa.modes import ModeError, parse_kv, parse_weights
-    from .numa.topology import parse_cpulist
-    try:
-        parse_weights(args.weights)
-        parse_kv(args.kv)
-        if args.kv.startswith("node:"):
-            from .numa.topology import load_topology
-            parse_kv(args.kv, load_topology().node_ids)
-    except ModeError as e:
-        raise UserError(str(e)) from None
-    if args.threads is not None and args.threads < 1:
-        raise UserError(f"-t must be >= 1 (got {args.threads})")
-    try:
-        cpus = parse_cpulist(args.cpus) if args.cpus else None
-    except ValueError:
-        raise UserError(f"--cpus {args.cpus!r} is not a CPU list like 0-7,16") from None
-    return Placement(weights=args.weights, kv=args.kv, threads=args.threads, policy=args.numa,
-                     cpus=cpus, smt=args.smt,
-                     hugepages_kb={"2M": 2048, "1G": 1 << 20}.get(getattr(args, "hugepages", None) or ""))
-
-
 def _add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate")
     p.add_argument("--temp", type=float, default=0.8, help="temperature; 0 is greedy")
@@ -70,53 +82,164 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size in tokens")
 
 
+def _option_actions(p: argparse.ArgumentParser) -> list[argparse.Action]:
+    return [a for a in p._actions if a.option_strings and a.dest not in ("help", argparse.SUPPRESS)]
+
+
+def _flag(a: argparse.Action) -> str:
+    return "/".join(a.option_strings)
+
+
+class CommandLine:
+    """The parser plus what it needs to resolve options given on either side of the subcommand.
+
+    Options the app and a subcommand share (model and placement) are defined on both parsers
+    with no default: whichever side gives one wins, and the defaults are filled in afterwards
+    from the parser of the command that runs. An option the running command does not take is
+    refused, wherever it was given.
+    """
+
+    def __init__(self) -> None:
+        ap = _Parser(prog="numawb", description="NUMA workbench for GGUF language models on CPUs")
+        ap.add_argument("--record", metavar="DIR", help="run a scripted session headless and record it")
+        ap.add_argument("--script", metavar="FILE", help="session script for --record")
+        ap.add_argument("--replay", metavar="FILE", help="show a recorded events.jsonl in the dashboard")
+        ap.add_argument("--simulate-topology", metavar="FIXTURE", help="show a fixture topology (simulated)")
+        ap.add_argument("--new-chat", action="store_true", help="start a fresh conversation")
+        ap.add_argument("--theme", metavar="NAME", help="app theme from themes/ (saved for next time)")
+        _add_model(ap)
+        sub = ap.add_subparsers(dest="cmd", metavar="COMMAND")
+
+        g = sub.add_parser("generate", help="complete a prompt")
+        _add_model(g)
+        g.add_argument("-p", "--prompt", required=True)
+        _add_sampling(g)
+        g.add_argument("--json", action="store_true", help="print one JSON object")
+
+        pp = sub.add_parser("perplexity", help="llama-perplexity's estimate over a text file")
+        _add_model(pp)
+        pp.add_argument("-f", "--file", required=True)
+        pp.add_argument("--ctx", "-c", type=int, default=512)
+        pp.add_argument("--json", action="store_true")
+
+        pl = sub.add_parser("placement", help="load, place, generate a little, and prove where pages and threads are")
+        _add_model(pl)
+        pl.add_argument("-p", "--prompt", default="The capital of France is")
+        pl.add_argument("-n", "--n-predict", type=int, default=8)
+        pl.add_argument("--json", action="store_true")
+
+        tp = sub.add_parser("topo", help="NUMA topology, like numactl --hardware")
+        tp.add_argument("--root", metavar="PATH_OR_FIXTURE", help="read a sysfs tree or a named fixture")
+        tp.add_argument("--json", action="store_true")
+
+        from .bench import add_arguments as _bench_args
+        _bench_args(sub.add_parser("bench", help="llama-bench-style throughput per placement mode"))
+        from .server import add_arguments as _serve_args
+        _serve_args(sub.add_parser("serve", help="OpenAI-compatible HTTP server with continuous batching"))
+        from .advisor.cli import add_advise_arguments, add_probe_arguments
+        add_probe_arguments(sub.add_parser("probe", help="measure node-to-node memory bandwidth and latency"))
+        add_advise_arguments(sub.add_parser("advise", help="predict every placement mode for a model, "
+                                                           "recommend one"))
+
+        self.parser = ap
+        self.commands: dict[str, argparse.ArgumentParser] = dict(sub.choices)
+        top_shared = {a.dest for a in _option_actions(ap)} - set(APP_ONLY)
+        #: per command (None: the app), the defaults of the shared options it takes
+        self.defaults: dict[str | None, dict[str, Any]] = {}
+        #: flag text per dest, for messages
+        self.flags: dict[str, str] = {a.dest: _flag(a) for a in _option_actions(ap)}
+        for name, p in [(None, ap), *self.commands.items()]:
+            self.defaults[name] = {}
+            for a in _option_actions(p):
+                if a.dest in top_shared:
+                    self.defaults[name][a.dest] = a.default
+                    a.default = argparse.SUPPRESS  # absent unless given, on whichever side
+        # an option of a subcommand given before it, or an app option given after one: one line
+        owners: dict[str, list[str]] = {}
+        for name, p in self.commands.items():
+            for a in _option_actions(p):
+                if a.dest not in top_shared:
+                    for s in a.option_strings:
+                        owners.setdefault(s, []).append(name)
+        for s, names in owners.items():
+            ap.add_argument(s, action=_Refuse,
+                            where=f"is an option of {' / '.join(names)}: put it after the subcommand "
+                                  f"(numawb {names[0]} {s} ...)")
+        app_flags = [s for a in _option_actions(ap) if a.dest in APP_ONLY for s in a.option_strings]
+        for name, p in self.commands.items():
+            for s in app_flags:
+                p.add_argument(s, action=_Refuse,
+                               where=f"is an option of the app (numawb without a subcommand), not of {name}")
+
+    def parse(self, argv: Sequence[str] | None = None) -> argparse.Namespace:
+        """Parse ``argv``; refuse (one line, exit 2) what the chosen command does not take."""
+        args = self.parser.parse_args(argv)
+        cmd = args.cmd
+        taken = self.defaults[cmd]
+        given_shared = [d for d in self.defaults[None] if hasattr(args, d)]
+        for d in given_shared:
+            if d not in taken:
+                self.parser.refuse(f"{self.flags[d]} does not apply to 'numawb {cmd}'")
+        if cmd is not None:
+            for d in APP_ONLY:
+                if getattr(args, d, None) not in (None, False):
+                    self.parser.refuse(f"{self.flags[d]} is an option of the app (numawb without a "
+                                      f"subcommand), not of {cmd}")
+        for d, default in taken.items():
+            if not hasattr(args, d):
+                setattr(args, d, default)
+        return args
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="numawb", description="NUMA workbench for GGUF language models on CPUs")
-    ap.add_argument("--record", metavar="DIR", help="run a scripted session headless and record it")
-    ap.add_argument("--script", metavar="FILE", help="session script for --record")
-    ap.add_argument("--replay", metavar="FILE", help="show a recorded events.jsonl in the dashboard")
-    ap.add_argument("--simulate-topology", metavar="FIXTURE", help="show a fixture topology (simulated)")
-    ap.add_argument("--new-chat", action="store_true", help="start a fresh conversation")
-    ap.add_argument("--theme", metavar="NAME", help="app theme from themes/ (saved for next time)")
-    _add_model(ap)
-    sub = ap.add_subparsers(dest="cmd")
+    """The argparse parser (for --help and docs); `parse_args` is what resolves a request."""
+    return CommandLine().parser
 
-    g = sub.add_parser("generate", help="complete a prompt")
-    _add_model(g)
-    g.add_argument("-p", "--prompt", required=True)
-    _add_sampling(g)
-    g.add_argument("--json", action="store_true", help="print one JSON object")
 
-    pp = sub.add_parser("perplexity", help="llama-perplexity's estimate over a text file")
-    _add_model(pp)
-    pp.add_argument("-f", "--file", required=True)
-    pp.add_argument("--ctx", "-c", type=int, default=512)
-    pp.add_argument("--json", action="store_true")
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The request on the command line, with every option resolved (see `CommandLine`)."""
+    return CommandLine().parse(argv)
 
-    pl = sub.add_parser("placement", help="load, place, generate a little, and prove where pages and threads are")
-    _add_model(pl)
-    pl.add_argument("-p", "--prompt", default="The capital of France is")
-    pl.add_argument("-n", "--n-predict", type=int, default=8)
-    pl.add_argument("--json", action="store_true")
 
-    tp = sub.add_parser("topo", help="NUMA topology, like numactl --hardware")
-    tp.add_argument("--root", metavar="PATH_OR_FIXTURE", help="read a sysfs tree or a named fixture")
-    tp.add_argument("--json", action="store_true")
+def _count(text: Any, flag: str) -> int | None:
+    """A positive whole number given as ``flag`` (None when not given)."""
+    if text is None:
+        return None
+    try:
+        n = int(str(text).strip())
+    except ValueError:
+        raise UserError(f"{flag} must be a whole number >= 1 (got {text!r})") from None
+    if n < 1:
+        raise UserError(f"{flag} must be >= 1 (got {n})")
+    return n
 
-    from .bench import add_arguments as _bench_args
-    _bench_args(sub.add_parser("bench", help="llama-bench-style throughput per placement mode"))
-    from .server import add_arguments as _serve_args
-    _serve_args(sub.add_parser("serve", help="OpenAI-compatible HTTP server with continuous batching"))
-    from .advisor.cli import add_advise_arguments, add_probe_arguments
-    add_probe_arguments(sub.add_parser("probe", help="measure node-to-node memory bandwidth and latency"))
-    add_advise_arguments(sub.add_parser("advise", help="predict every placement mode for a model, recommend one"))
-    return ap
+
+def build_placement(args: argparse.Namespace):
+    """The Placement the engine and the app receive, checked: mode names, threads, CPU list."""
+    from .engine.engine import Placement
+    from .numa.modes import parse_kv, parse_weights
+    from .numa.topology import parse_cpulist
+    weights = parse_weights(args.weights)
+    kv = parse_kv(args.kv)
+    if kv.startswith("node:"):
+        from .numa.topology import load_topology
+        parse_kv(kv, load_topology().node_ids)
+    threads = _count(args.threads, "-t")
+    try:
+        cpus = parse_cpulist(args.cpus) if args.cpus else None
+    except ValueError:
+        raise UserError(f"--cpus {args.cpus!r} is not a CPU list like 0-7,16") from None
+    return Placement(weights=weights, kv=kv, threads=threads, policy=args.numa, cpus=cpus, smt=args.smt,
+                     hugepages_kb={"2M": 2048, "1G": 1 << 20}.get(args.hugepages or ""))
 
 
 _guards: list = []  # kept alive for the process: restore system settings at exit
 
 
 def _system_knobs(args: argparse.Namespace) -> None:
+    """--no-numa-balancing and --drop-caches (root), before anything is loaded."""
+    if not (getattr(args, "no_numa_balancing", False) or getattr(args, "drop_caches", False)):
+        return
     from .numa.system import disable_numa_balancing, drop_page_cache
     try:
         if getattr(args, "no_numa_balancing", False):
@@ -130,9 +253,8 @@ def _system_knobs(args: argparse.Namespace) -> None:
 def _load_engine(args: argparse.Namespace, quiet: bool = False):
     from .engine import Engine
     from .engine.gguf_file import ModelLoadError
-    from .numa.budget import BudgetError
 
-    placement = _placement(args)
+    placement = build_placement(args)
     _system_knobs(args)
 
     def progress(ev) -> None:
@@ -142,15 +264,18 @@ def _load_engine(args: argparse.Namespace, quiet: bool = False):
 
     try:
         eng = Engine.load(args.model, placement=placement, progress=progress)
-    except ModelLoadError as e:
-        raise UserError(str(e)) from None
-    except BudgetError as e:
-        raise UserError("; ".join(line.strip() for line in str(e).splitlines())) from None
-    except ValueError as e:  # a placement the machine cannot do (e.g. no such node)
+    except (ModelLoadError, ValueError) as e:  # ValueError: a placement the machine cannot do
         raise UserError(str(e)) from None
     if not quiet and sys.stderr.isatty():
         print(file=sys.stderr)
     return eng
+
+
+def placement_json(eng: Any) -> dict[str, Any]:
+    """The placement in force, as the engine received it (threads: the workers it started)."""
+    p = eng.placement
+    return {"weights": p.weights, "kv": p.kv, "threads": eng.pool.n_threads, "policy": p.policy,
+            "smt": p.smt, "cpus": [w.cpu for w in eng.pool.workers], "hugepages_kb": p.hugepages_kb}
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -182,7 +307,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"prompt_tokens": ids, "tokens": done.tokens, "text": done.text,
                           "prompt_tps": st.prompt_tps, "decode_tps": st.decode_tps,
-                          "ttft": st.ttft, "stop_reason": st.stop_reason}, ensure_ascii=False))
+                          "ttft": st.ttft, "stop_reason": st.stop_reason,
+                          "placement": placement_json(eng)}, ensure_ascii=False))
     else:
         print()
         print(f"prompt: {st.prompt_tokens} tokens, {st.prompt_tps:.1f} t/s | "
@@ -208,10 +334,25 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
         raise UserError(str(e)) from None
     if args.json:
         print(json.dumps({"ppl": res.ppl, "chunks": res.chunks, "n_ctx": res.n_ctx,
-                          "scored_tokens": res.scored_tokens, "chunk_ppl": res.chunk_ppl}))
+                          "scored_tokens": res.scored_tokens, "chunk_ppl": res.chunk_ppl,
+                          "placement": placement_json(eng)}))
     else:
         print(f"Final estimate: PPL = {res.ppl:.4f} ({res.chunks} chunks of {res.n_ctx} tokens)")
     return 0
+
+
+def _caller_location(pool: Any) -> tuple[int | None, int | None]:
+    """Where worker 0's share runs: on the calling thread, which the engine pins to worker 0's
+    node for each pass (``WorkerPool.lead``) when there are several workers; asked with getcpu."""
+    from .numa import syscalls as sc
+
+    def here() -> tuple[int | None, int | None]:
+        r = sc.getcpu()
+        return tuple(r.value) if r else (None, None)  # type: ignore[return-value]
+    if pool.n_threads > 1:
+        with pool.lead():
+            return here()
+    return here()
 
 
 def cmd_placement(args: argparse.Namespace) -> int:
@@ -227,6 +368,7 @@ def cmd_placement(args: argparse.Namespace) -> int:
     proofs = prove(buffers)
     stat = process_numastat(buffers)
     workers = eng.pool.check()
+    lead_cpu, lead_node = _caller_location(eng.pool)
     nodes = sorted({n for d in stat.values() for n in d} | {w.node for w in workers})
     per_node = {}
     for n in nodes:
@@ -238,16 +380,23 @@ def cmd_placement(args: argparse.Namespace) -> int:
         per_node[str(n)] = {"weights_bytes": stat["weights"].get(n, 0), "kv_bytes": stat["kv"].get(n, 0),
                             "other_bytes": stat["other"].get(n, 0),
                             "weights_share_in_place": share("weights"), "kv_share_in_place": share("kv")}
+
+    def worker_row(w: Any) -> dict[str, Any]:
+        if w.index == 0:  # its share runs on the calling thread, not on the pool's thread 0
+            return {"index": 0, "thread": "caller", "cpu": lead_cpu, "node": lead_node, "wanted_cpu": w.cpu,
+                    "wanted_node": w.node, "misplaced": lead_node is not None and lead_node != w.node}
+        return {"index": w.index, "thread": "pool", "cpu": w.actual_cpu, "node": w.actual_node,
+                "wanted_cpu": w.cpu, "wanted_node": w.node, "misplaced": w.misplaced}
     out = {
         "model": eng.path, "weights_mode": eng.placement.weights, "kv_mode": eng.placement.kv,
+        "placement": placement_json(eng),
         "load_seconds": eng.load_seconds, "generated": done.text if done else "",
         "decode_tps": done.stats.decode_tps if done else 0.0,
         "nodes": per_node,
         "buffers": [{"label": p.label, "kind": p.kind, "intended": list(p.intended), "bytes": p.nbytes,
                      "pages_by_node": {str(k): v for k, v in p.pages_by_node.items()},
                      "share_in_place": p.share, "note": p.reason} for p in proofs],
-        "workers": [{"index": w.index, "cpu": w.actual_cpu, "node": w.actual_node, "wanted_cpu": w.cpu,
-                     "wanted_node": w.node, "misplaced": w.misplaced} for w in workers],
+        "workers": [worker_row(w) for w in workers],
     }
     if args.json:
         print(json.dumps(out, indent=2))
@@ -259,12 +408,14 @@ def cmd_placement(args: argparse.Namespace) -> int:
         print(format_numastat(stat))
         for w in out["workers"]:
             flag = "  MISPLACED" if w["misplaced"] else ""
-            print(f"worker {w['index']}: cpu {w['cpu']} node {w['node']}{flag}")
+            who = " (calling thread)" if w["thread"] == "caller" else ""
+            print(f"worker {w['index']}: cpu {w['cpu']} node {w['node']}{who}{flag}")
     eng.close()
     return 0
 
 
 def cmd_topo(args: argparse.Namespace) -> int:
+    """The machine's NUMA layout; reads sysfs only (no model, no compiled kernels)."""
     from .numa import topology as topo_mod
     from .numa.views import format_topo, topo_json
     root = args.root
@@ -275,13 +426,44 @@ def cmd_topo(args: argparse.Namespace) -> int:
             raise UserError(f"{args.root}: neither a directory nor a known fixture "
                             f"({', '.join(topo_mod.fixture_names())})") from None
     t = topo_mod.load_topology(root)
-    from .engine.kernels import kernel_path
     if args.json:
-        d = topo_json(t)
-        d["kernel_path"] = kernel_path()
-        print(json.dumps(d, indent=2))
+        print(json.dumps(topo_json(t), indent=2))
     else:
         print(format_topo(t))
+    return 0
+
+
+def cmd_app(args: argparse.Namespace) -> int:
+    """The workbench app (``--record``: headless and scripted; ``--replay``: a recording)."""
+    simulate = args.simulate_topology
+    if simulate:
+        from .numa.topology import fixture_names
+        if simulate not in fixture_names():
+            raise UserError(f"{simulate}: not a known topology fixture ({', '.join(fixture_names())})")
+    if args.script and not args.record:
+        raise UserError("--script needs --record DIR")
+    if args.record and args.replay:
+        raise UserError("--record and --replay cannot be used together")
+    recording = None
+    if args.replay:
+        from .replay import Recording
+        recording = Recording.load(args.replay)
+    placement = build_placement(args)
+    _system_knobs(args)
+    if args.record:
+        from .record import run_record
+        return run_record(args.record, script=args.script, model=args.model, placement=placement,
+                          simulate=simulate)
+    from .app import WorkbenchApp
+    history = None
+    if recording is None:
+        from .history import ChatHistory
+        history = ChatHistory.default()
+        if args.new_chat:
+            history.start_new()
+    app = WorkbenchApp(args.model, placement=placement, simulate=simulate, replay=recording,
+                       theme=args.theme, autoload=recording is None, history=history)
+    app.run()
     return 0
 
 
@@ -303,43 +485,44 @@ def _signal_exception(e: BaseException) -> BaseException | None:
     return None
 
 
+def run(args: argparse.Namespace) -> int:
+    """Run a parsed request (errors propagate; `main` turns them into one line)."""
+    if args.cmd == "generate":
+        return cmd_generate(args)
+    if args.cmd == "perplexity":
+        return cmd_perplexity(args)
+    if args.cmd == "placement":
+        return cmd_placement(args)
+    if args.cmd == "topo":
+        return cmd_topo(args)
+    if args.cmd == "bench":
+        from .bench import main as bench_main
+        try:
+            return bench_main(args)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+    if args.cmd == "serve":
+        from .server import main as serve_main
+        return serve_main(args)
+    if args.cmd in ("probe", "advise"):
+        from .advisor.cli import run_advise, run_probe
+        try:
+            return run_probe(args) if args.cmd == "probe" else run_advise(args)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+    return cmd_app(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     import signal
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminate)
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     try:
-        if args.cmd == "generate":
-            return cmd_generate(args)
-        if args.cmd == "perplexity":
-            return cmd_perplexity(args)
-        if args.cmd == "placement":
-            return cmd_placement(args)
-        if args.cmd == "topo":
-            return cmd_topo(args)
-        if args.cmd == "serve":
-            from .server import main as serve_main
-            return serve_main(args)
-        if args.cmd == "bench":
-            from .bench import main as bench_main
-            try:
-                return bench_main(args)
-            except ValueError as e:
-                raise UserError(str(e)) from None
-        if args.cmd in ("probe", "advise"):
-            from .advisor.cli import run_advise, run_probe
-            try:
-                return run_probe(args) if args.cmd == "probe" else run_advise(args)
-            except ValueError as e:
-                raise UserError(str(e)) from None
-        from .app import run_app
-        return run_app(args)
-    except UserError as e:
-        print(f"numawb: error: {e}", file=sys.stderr)
-        return 2
-    except MemoryError as e:  # the NUMA layer's BudgetError: need and free per node, nothing allocated
-        print("numawb: error: " + "; ".join(line.strip() for line in str(e).splitlines()), file=sys.stderr)
-        return 2
+        return run(args)
+    except BrokenPipeError:  # output piped into `head` and the like: not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         print("numawb: interrupted", file=sys.stderr)
         return 130
@@ -350,6 +533,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 130
         if isinstance(sig, SystemExit):
             return sig.code if isinstance(sig.code, int) else 1
+        raise
+    except Exception as e:
+        if is_user_error(e):  # UserError, and the NUMA layer's ModeError / BudgetError
+            print(format_error(e), file=sys.stderr)
+            return EXIT_USER_ERROR
         raise
 
 

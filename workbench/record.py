@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from .errors import UserError
+
 DEFAULT_SCRIPT = """\
 # numawb --record default session
 set n_predict=48 temperature=0.7 seed=42
@@ -190,8 +192,8 @@ async def _drive(app: Any, steps: list[Step], out: Path, rec: Recorder, model: s
                 failures.append(f"step {i} ({step.op} {step.arg}): {err}")
                 rec("step.failed", {"index": i, "error": err})
                 print(f"  failed: {err}", file=sys.stderr)
-            if app.sampler is not None:
-                app.sampler.sample_now()
+            if app.live:
+                app.source.sample_now()
             await pilot.pause(0.5)
             name = f"{i:02d}-{step.op}.svg"
             app.save_screenshot(name, str(out))
@@ -210,7 +212,6 @@ def run_record(out_dir: str, script: str | None = None, model: str | None = None
         text = Path(script).read_text(encoding="utf-8") if script else DEFAULT_SCRIPT
         steps = parse_script(text)
     except (OSError, ValueError) as e:
-        from .cli import UserError
         raise UserError(f"{script}: {e}") from None
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

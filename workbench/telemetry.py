@@ -7,6 +7,12 @@ workers (cpu, node, what they read, busy %), token rates and the memory bandwidt
 decode speed implies. ``Sampler`` runs it on its own niced thread (off the worker CPUs
 when there are spare ones) every ``interval`` seconds; it can be paused.
 
+Worker 0's share of a forward pass does not run on the pool's thread 0: the thread that
+calls the engine runs it, pinned to worker 0's node for the pass (``WorkerPool.lead``). That
+thread tells the telemetry who it is (``Telemetry.note_caller``) and worker 0's row shows
+where it last ran (the kernel's record of the thread's CPU), marked ``thread="caller"``; until
+a thread has said so, worker 0's CPU and node are unknown (None), not the idle pool thread's.
+
 With a fixture topology (``--simulate-topology``) the memory and worker figures are
 *simulated*: computed deterministically from the fixture, the engine's tensors and the
 placement in force with the NUMA layer's own planners, and every snapshot says so.
@@ -19,7 +25,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Protocol
 
 from .numa import syscalls as sc
 from .numa.plan import KVRequest, TensorSpec, make_plan
@@ -65,6 +71,7 @@ class WorkerRow:
     uses: str                 # replica / slice / copy this worker reads
     busy: float               # 0..1 since the previous sample
     misplaced: bool
+    thread: str = "pool"      # who runs its share: "pool" (its pinned thread) or "caller" (see below)
 
 
 @dataclass(frozen=True)
@@ -215,6 +222,29 @@ def topo_info(t: Topology, kernel: str) -> TopoInfo:
                     t.numa_balancing, t.thp, _hugepage_text(t), kernel, t.simd, t.degraded)
 
 
+def thread_cpu(tid: int) -> int | None:
+    """The CPU thread ``tid`` of this process last ran on (``/proc/self/task/<tid>/stat`` field 39,
+    ``processor``); None when the thread is gone or the file unreadable."""
+    try:
+        with open(f"/proc/self/task/{tid}/stat", encoding="ascii", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return None
+    fields = text.rsplit(")", 1)[-1].split()  # after the command name, which may hold spaces
+    try:
+        return int(fields[36])  # field 39 counted from 1; fields[0] here is field 3 (state)
+    except (IndexError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class CallerSeen:
+    """Where the thread that drives the engine (and so runs worker 0's share) was last seen."""
+    tid: int
+    cpu: int | None
+    node: int | None
+
+
 def _kernel_path() -> str:
     try:
         from .engine.kernels import kernel_path
@@ -256,6 +286,26 @@ class Telemetry:
         self._kernel = _kernel_path()
         self._fixture: Topology | None = load_topology(fixture_path(simulate)) if simulate else None
         self._lock = threading.Lock()
+        self._caller: int | None = None
+        self._caller_seen: CallerSeen | None = None
+
+    def note_caller(self, tid: int | None = None) -> None:
+        """Call from the thread that runs the engine's forward passes (default: the calling
+        thread): worker 0's share runs there, and its row follows that thread."""
+        self._caller = threading.get_native_id() if tid is None else tid
+
+    def _caller_where(self, topo: Topology) -> CallerSeen | None:
+        """Where the engine's calling thread runs now, else where it was last seen."""
+        tid = self._caller
+        if tid is None:
+            return None
+        cpu = thread_cpu(tid)
+        if cpu is not None:
+            node = topo.cpu_node.get(cpu)
+            self._caller_seen = CallerSeen(tid, cpu, node)
+        elif self._caller_seen is None or self._caller_seen.tid != tid:
+            self._caller_seen = CallerSeen(tid, None, None)
+        return self._caller_seen
 
     @property
     def source(self) -> str:
@@ -302,9 +352,19 @@ class Telemetry:
             weight_bufs = [(b.label, tuple(b.intended)) for b in bufs if b.kind == "weights"]
             pool = eng.pool
             busy = pool.busy_fraction()
-            workers = tuple(WorkerRow(w.index, w.cpu, w.node, w.actual_cpu, w.actual_node,
-                                      worker_uses(w.node, weight_bufs), busy[i] if i < len(busy) else 0.0,
-                                      w.misplaced) for i, w in enumerate(pool.workers))
+            caller = self._caller_where(topo)
+            rows = []
+            for i, w in enumerate(pool.workers):
+                b = busy[i] if i < len(busy) else 0.0
+                uses = worker_uses(w.node, weight_bufs)
+                if i == 0:  # worker 0's share runs on the calling thread (unknown until it says so)
+                    cpu, node = (caller.cpu, caller.node) if caller is not None else (None, None)
+                    rows.append(WorkerRow(0, w.cpu, w.node, cpu, node, uses, b,
+                                          node is not None and node != w.node, "caller"))
+                else:
+                    rows.append(WorkerRow(w.index, w.cpu, w.node, w.actual_cpu, w.actual_node, uses, b,
+                                          w.misplaced))
+            workers = tuple(rows)
             notes.extend(getattr(pool, "notes", []))
         kinds: dict[str, dict[int, int]] = {"weights": {}, "kv": {}}
         for p in proofs:
@@ -368,7 +428,8 @@ class Telemetry:
             busy = sum(real_busy) / len(real_busy) if real_busy else 0.0
             wlabels = [(b.label, b.intended) for b in buffers if b.kind == "weights"]
             for i, (cpu, node) in enumerate(plan):
-                workers.append(WorkerRow(i, cpu, node, cpu, node, worker_uses(node, wlabels), busy, False))
+                workers.append(WorkerRow(i, cpu, node, cpu, node, worker_uses(node, wlabels), busy, False,
+                                         "caller" if i == 0 else "pool"))
         nodes = []
         for n in topo.nodes:
             w, k = need_w.get(n.id, 0), need_kv.get(n.id, 0)
@@ -379,20 +440,46 @@ class Telemetry:
                         tuple(workers), topo=topo_info(topo, self._kernel), notes=tuple(notes))
 
 
-class Sampler:
-    """Calls ``telemetry.sample()`` every ``interval`` s on its own thread and hands snapshots
-    to ``on_snapshot`` (from that thread). Pausable; ``sample_now()`` forces one."""
+class SnapshotSource(Protocol):
+    """What feeds the dashboard: ``live`` (the sampler), ``frozen`` (one fixed snapshot, for
+    screenshots) or ``replay`` (a recording, ``workbench.replay``). Each hands snapshots to the
+    callback it was made with; the app treats the three alike."""
+
+    kind: str
+    interval: float
+
+    @property
+    def paused(self) -> bool: ...
+
+    @property
+    def current(self) -> Snapshot | None: ...
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def pause(self, paused: bool = True) -> None: ...
+
+    def set_interval(self, interval: float) -> float: ...
+
+    def sample_now(self) -> Snapshot | None: ...
+
+    def status(self) -> str: ...
+
+
+class Ticker:
+    """A thread that calls ``tick()`` every ``interval`` seconds; pausable, re-timable, stoppable.
+    ``tick()`` returns False when there is nothing more to do (the thread then ends)."""
 
     MIN_INTERVAL, MAX_INTERVAL = 0.25, 10.0
+    name = "numawb-ticker"
 
-    def __init__(self, telemetry: Telemetry, on_snapshot: Callable[[Snapshot], None], interval: float = 1.0):
-        self.telemetry = telemetry
-        self.on_snapshot = on_snapshot
+    def __init__(self, interval: float = 1.0) -> None:
         self.interval = self.clamp(interval)
         self._paused = threading.Event()
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="numawb-telemetry", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
 
     @classmethod
     def clamp(cls, interval: float) -> float:
@@ -414,10 +501,8 @@ class Sampler:
         (self._paused.set if paused else self._paused.clear)()
         self._wake.set()
 
-    def sample_now(self) -> Snapshot:
-        snap = self.telemetry.sample()
-        self.on_snapshot(snap)
-        return snap
+    def status(self) -> str:
+        return "telemetry paused" if self.paused else f"refresh {self.interval:g} s"
 
     def stop(self) -> None:
         self._stop.set()
@@ -425,7 +510,53 @@ class Sampler:
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=2)
 
-    def _off_inference_cores(self) -> None:
+    def tick(self) -> bool:
+        raise NotImplementedError
+
+    def _prepare(self) -> None:
+        """Runs first on the ticker's own thread."""
+
+    def _run(self) -> None:
+        self._prepare()
+        while not self._stop.is_set():
+            if not self._paused.is_set():
+                try:
+                    if self.tick() is False:
+                        return
+                except Exception:  # noqa: BLE001 - one bad tick must not end the source
+                    pass
+            self._wake.wait(self.interval)
+            self._wake.clear()
+
+
+class Sampler(Ticker):
+    """The live source: ``telemetry.sample()`` every ``interval`` s on its own thread, handed to
+    ``on_snapshot`` (from that thread). Pausable; ``sample_now()`` forces one."""
+
+    kind = "live"
+    name = "numawb-telemetry"
+
+    def __init__(self, telemetry: Telemetry, on_snapshot: Callable[[Snapshot], None], interval: float = 1.0):
+        super().__init__(interval)
+        self.telemetry = telemetry
+        self.on_snapshot = on_snapshot
+        self._current: Snapshot | None = None
+
+    @property
+    def current(self) -> Snapshot | None:
+        return self._current
+
+    def sample_now(self) -> Snapshot:
+        snap = self.telemetry.sample()
+        self._current = snap
+        self.on_snapshot(snap)
+        return snap
+
+    def tick(self) -> bool:
+        self.sample_now()
+        return True
+
+    def _prepare(self) -> None:
         """Nice this thread and keep it off the workers' CPUs when spare CPUs exist."""
         try:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
@@ -439,13 +570,37 @@ class Sampler:
         if spare:
             sc.sched_setaffinity(spare)
 
-    def _run(self) -> None:
-        self._off_inference_cores()
-        while not self._stop.is_set():
-            if not self._paused.is_set():
-                try:
-                    self.on_snapshot(self.telemetry.sample())
-                except Exception:  # noqa: BLE001 - one bad sample must not end telemetry
-                    pass
-            self._wake.wait(self.interval)
-            self._wake.clear()
+
+class FrozenSource:
+    """One fixed snapshot, shown as it is (deterministic screenshots): no thread, no refresh."""
+
+    kind = "frozen"
+    interval = 0.0
+    paused = False
+
+    def __init__(self, snapshot: Snapshot, on_snapshot: Callable[[Snapshot], None] | None = None) -> None:
+        self.snapshot = snapshot
+        self.on_snapshot = on_snapshot
+
+    @property
+    def current(self) -> Snapshot:
+        return self.snapshot
+
+    def start(self) -> None:
+        if self.on_snapshot is not None:
+            self.on_snapshot(self.snapshot)
+
+    def stop(self) -> None:
+        pass
+
+    def pause(self, paused: bool = True) -> None:
+        pass
+
+    def set_interval(self, interval: float) -> float:
+        return self.interval
+
+    def sample_now(self) -> Snapshot:
+        return self.snapshot
+
+    def status(self) -> str:
+        return ""

@@ -276,7 +276,8 @@ class Dashboard(VerticalScroll):
         yield DashPanel("topology", Static("", id="topology"), id="topology-panel")
 
     def on_mount(self) -> None:
-        self.query_one("#workers", DataTable).add_columns("worker", "cpu", "node", "reads", "busy", "state")
+        self.query_one("#workers", DataTable).add_columns("worker", "thread", "cpu", "node", "reads", "busy",
+                                                          "state")
         self.snapshot = self.snapshot
 
     def set_palette(self, palette: Palette) -> None:
@@ -315,12 +316,20 @@ class Dashboard(VerticalScroll):
         return t
 
     def _workers(self, s: Snapshot) -> None:
+        """One row per worker, showing where its share actually runs: worker 0's runs on the
+        thread that calls the engine ("caller"), the others on their pinned pool threads."""
         table = self.query_one("#workers", DataTable)
         table.clear()
         for w in s.workers:
-            col = self.palette.node(w.node)
-            state = Text("⚠ misplaced", style="bold red") if w.misplaced else Text("ok", style="green")
-            if w.misplaced:
-                state.append(f" (on cpu {w.actual_cpu} node {w.actual_node})")
-            table.add_row(str(w.index), str(w.cpu), Text(f"● {w.node}", style=col), w.uses,
-                          f"{100 * w.busy:5.1f}%", state)
+            node = w.actual_node if w.actual_node is not None else None
+            where = Text("-", style="dim") if node is None else Text(f"● {node}", style=self.palette.node(node))
+            if w.actual_cpu is None:
+                state = Text("no pass yet", style="dim")
+            elif w.misplaced:
+                meant = f"meant: node {w.node}" if w.thread == "caller" else f"pinned: cpu {w.cpu}"
+                state = Text("⚠ misplaced", style="bold red")
+                state.append(f" ({meant})")
+            else:
+                state = Text("ok", style="green")
+            table.add_row(str(w.index), w.thread, "-" if w.actual_cpu is None else str(w.actual_cpu), where,
+                          w.uses, f"{100 * w.busy:5.1f}%", state)

@@ -1,0 +1,88 @@
+"""benchmarks/llamacpp_build.sh's AMX decision (issue 10, bug 4), without building llama.cpp:
+the script's --amx-check runs its real probe against a fake /proc/cpuinfo."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "benchmarks" / "llamacpp_build.sh"
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+XEON = "Intel(R) Xeon(R) Platinum 8480+"
+
+
+def fake_cpuinfo(tmp_path: Path, flags: str, model: str = XEON) -> Path:
+    p = tmp_path / "cpuinfo"
+    p.write_text(f"processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: {model}\n"
+                 f"flags\t\t: fpu sse2 avx2 avx512f avx512_vnni {flags}\n\nprocessor\t: 1\n")
+    return p
+
+
+def amx_check(cpuinfo: Path, **env: str) -> dict[str, str]:
+    r = subprocess.run(["bash", str(SCRIPT), "--amx-check"], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "NUMAWB_CPUINFO": str(cpuinfo), **env})
+    assert r.returncode == 0, r.stderr
+    return {k.strip(): v.strip() for k, _, v in (ln.partition(":") for ln in r.stdout.splitlines())}
+
+
+def this_cpu_lists_amx() -> bool:
+    with open("/proc/cpuinfo") as f:
+        return any(ln.startswith("flags") and "amx_tile" in ln.split() for ln in f)
+
+
+def test_no_amx_flag_keeps_the_native_build(tmp_path):
+    got = amx_check(fake_cpuinfo(tmp_path, "avx512bw"))
+    assert got["cpu"] == XEON
+    assert got["amx"].startswith("none") and got["extra flags"] == "none"
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler for the probe")
+@pytest.mark.skipif(this_cpu_lists_amx(), reason="this CPU lists AMX: the probe may legitimately pass here")
+def test_listed_but_faulting_amx_is_turned_off(tmp_path):
+    """The flags say amx_tile, but this CPU has no usable tiles: the real probe (arch_prctl
+    permission + one tile load) fails, so the build turns AMX code generation off."""
+    got = amx_check(fake_cpuinfo(tmp_path, "amx_bf16 amx_tile amx_int8"))
+    assert got["amx"].startswith("unusable"), got
+    assert got["extra flags"] == NO_AMX
+
+
+@pytest.mark.parametrize("status, state, flags", [("0", "usable", "none"), ("1", "unusable", NO_AMX),
+                                                  ("2", "no-compiler", "none")])
+def test_decision_for_each_probe_outcome(tmp_path, status, state, flags):
+    got = amx_check(fake_cpuinfo(tmp_path, "amx_tile amx_int8"), NUMAWB_AMX_PROBE_STATUS=status)
+    assert got["amx"].split(" ", 1)[0] == state and got["extra flags"] == flags
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+@pytest.mark.parametrize("order", ["flags first", "flags last"])
+def test_no_amx_flags_beat_march_in_either_order(order):
+    """GGML_NATIVE adds -march=native after CMAKE_C_FLAGS: the explicit -mno-amx-* must still win."""
+    march = ["-march=sapphirerapids"]  # a CPU with AMX, so -march alone would turn it on
+    flags = NO_AMX.split() + march if order == "flags first" else march + NO_AMX.split()
+    on = subprocess.run(["gcc", *march, "-dM", "-E", "-"], input="", capture_output=True, text=True)
+    off = subprocess.run(["gcc", *flags, "-dM", "-E", "-"], input="", capture_output=True, text=True)
+    if on.returncode != 0 or "__AMX_TILE__" not in on.stdout:
+        pytest.skip("this gcc does not know sapphirerapids / AMX")
+    assert "__AMX_TILE__" not in off.stdout and "__AMX_INT8__" not in off.stdout
+    assert "__AVX512F__" in off.stdout  # the rest of -march stays
+
+
+def test_compare_records_cpu_and_amx_decision(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import compare_llamacpp as cmp
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    assert cmp.cpu_model(str(fake_cpuinfo(tmp_path, ""))) == XEON
+    build = tmp_path / "build"
+    (build / "bin").mkdir(parents=True)
+    (build / "build-info.txt").write_text(f"cpu: {XEON}\namx: unusable (probe failed)\nextra flags: {NO_AMX}\n")
+    info = cmp.llama_build_info(str(build / "bin" / "llama-bench"))
+    assert info["cpu"] == XEON and info["amx"].startswith("unusable") and info["extra flags"] == NO_AMX
+    here = cmp.llama_build_info(str(tmp_path / "elsewhere" / "bin" / "llama-bench"))  # no build-info
+    assert here["cpu"] == cmp.cpu_model() and here["amx"] and "amx-check" in here["origin"]

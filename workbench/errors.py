@@ -1,0 +1,42 @@
+"""User errors: the mistakes a user can make, and the one line every command prints for them.
+
+A user error ends a command with exit status 2 and a single line ``numawb: error: ...`` on
+stderr, never a traceback. ``UserError`` is raised by the command line and the app's front
+door; the NUMA layer's own ``ModeError`` (an unknown or impossible placement mode) and
+``BudgetError`` (a plan that does not fit in free memory) are user errors too.
+
+Imports nothing heavy (no NumPy, Numba or Textual): every command, ``--help`` included,
+can use it.
+"""
+from __future__ import annotations
+
+from .numa.budget import BudgetError
+from .numa.modes import ModeError
+
+#: exit status of a command that ended on a user error (argparse uses the same)
+EXIT_USER_ERROR = 2
+
+
+class UserError(Exception):
+    """A mistake in the user's input: reported as one line, exit status 2."""
+
+
+#: exception types whose message is meant for the user as it is
+USER_ERRORS: tuple[type[BaseException], ...] = (UserError, ModeError, BudgetError)
+
+
+def one_line(text: str) -> str:
+    """A message on one line: lines joined with '; ' (a BudgetError lists need and free per node)."""
+    parts = [line.strip() for line in str(text).splitlines() if line.strip()]
+    return "; ".join(parts)
+
+
+def is_user_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is a user's mistake (shown as one line) rather than a bug (a traceback)."""
+    return isinstance(exc, USER_ERRORS)
+
+
+def format_error(exc: BaseException | str, prog: str = "numawb") -> str:
+    """The line printed for a user error: ``numawb: error: <message on one line>``."""
+    text = one_line(str(exc)) or type(exc).__name__
+    return f"{prog}: error: {text}"
