@@ -92,8 +92,8 @@ def _tables(path: str) -> tuple[dict, dict]:
     """(matvec, matmat) dispatch tables of a kernel path."""
     if path == "portable":
         return _PORTABLE_MATVEC, _PORTABLE_MATMAT
-    from . import simd_kernels  # compiled lazily: importing does not JIT anything
-    mv, mm = simd_kernels.tables(path)
+    from . import x86  # compiled lazily: importing does not JIT anything
+    mv, mm = x86.tables(path)
     return mv, mm
 
 
