@@ -77,3 +77,80 @@ def test_editing_a_helper_module_invalidates_the_cached_kernel(tmp_path):
     third, _ = _probe(tmp_path)
     assert third["misses"] == 1 and third["hits"] == 0
     assert third["out"] == first["out"]
+
+
+# ----------------------------------------------------------------------------- read-only installs
+def _read_only_copy(tmp_path: Path) -> Path:
+    """A copy of the package nobody can write into.
+
+    chmod a-w stops an ordinary account; root ignores permissions, so every package folder also gets
+    a regular *file* named ``__pycache__``: creating the cache folder then fails for root too
+    (FileExistsError / NotADirectoryError), as Numba's in-tree cache would on a read-only mount."""
+    dst = _copy_package(tmp_path / "install")
+    for d in [p for p in (dst / "workbench").rglob("*") if p.is_dir()] + [dst / "workbench"]:
+        (d / "__pycache__").write_text("not a folder")
+    for p in sorted((dst / "workbench").rglob("*"), reverse=True):
+        p.chmod(0o444 if p.is_file() else 0o555)
+    return dst
+
+
+def _unwritable(tmp_path: Path, name: str) -> str:
+    """A path no account can create: it lies under a regular file (works for root as well)."""
+    blocker = tmp_path / f"{name}-is-a-file"
+    blocker.write_text("")
+    return str(blocker / name)
+
+
+def _numawb_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("numawb:")]
+
+
+@pytest.fixture
+def read_only_install(tmp_path):
+    dst = _read_only_copy(tmp_path)
+    yield dst
+    for p in [dst] + list(dst.rglob("*")):
+        if p.is_dir():
+            p.chmod(0o755)
+
+
+def test_read_only_install_caches_in_xdg_cache_home(tmp_path, read_only_install):
+    """Package and HOME unwritable, $XDG_CACHE_HOME writable: the kernels run, are cached under
+    $XDG_CACHE_HOME/numawb, one line says so, and the next start loads them from there."""
+    xdg = tmp_path / "xdg"
+    env = {"HOME": _unwritable(tmp_path, "home"), "XDG_CACHE_HOME": str(xdg)}
+    first, err = _probe(read_only_install, env)
+    assert first["out"] == [496.0, 1520.0]
+    assert first["cache"].startswith(str(xdg / "numawb" / "numba"))
+    lines = _numawb_lines(err)
+    assert len(lines) == 1 and str(xdg / "numawb" / "numba") in lines[0], err
+    assert "Traceback" not in err
+    second, _ = _probe(read_only_install, env)
+    assert second["hits"] == 1 and second["misses"] == 0
+
+
+def test_read_only_install_without_home_uses_a_temporary_folder(tmp_path, read_only_install):
+    env = {"HOME": _unwritable(tmp_path, "home"), "XDG_CACHE_HOME": _unwritable(tmp_path, "xdg"),
+           "TMPDIR": str(tmp_path / "tmp")}
+    (tmp_path / "tmp").mkdir()
+    res, err = _probe(read_only_install, env)
+    assert res["out"] == [496.0, 1520.0]
+    assert res["cache"].startswith(str(tmp_path / "tmp" / f"numawb-{os.getuid()}"))
+    assert len(_numawb_lines(err)) == 1 and "temporary" in _numawb_lines(err)[0], err
+
+
+def test_nothing_writable_compiles_without_a_disk_cache(tmp_path, read_only_install):
+    """No folder at all can be written (the temporary directory is pointed under a regular file
+    through tempfile.tempdir, since root could write any real one): still works, says so once."""
+    env = {"HOME": _unwritable(tmp_path, "home"), "XDG_CACHE_HOME": _unwritable(tmp_path, "xdg")}
+    e = dict(os.environ)
+    e.pop("NUMBA_CACHE_DIR", None)
+    e.update(env)
+    code = f"import tempfile; tempfile.tempdir = {_unwritable(tmp_path, 'tmp')!r}\n" + PROBE
+    r = subprocess.run([sys.executable, "-c", code, SIMD[0] if SIMD else "portable"], cwd=read_only_install,
+                       env=e, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["out"] == [496.0, 1520.0] and res["cache"] is None and res["hits"] == 0
+    lines = _numawb_lines(r.stderr)
+    assert len(lines) == 1 and "compiled at every start" in lines[0], r.stderr
