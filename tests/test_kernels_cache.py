@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from workbench.engine import kernels as K
@@ -154,3 +155,54 @@ def test_nothing_writable_compiles_without_a_disk_cache(tmp_path, read_only_inst
     assert res["out"] == [496.0, 1520.0] and res["cache"] is None and res["hits"] == 0
     lines = _numawb_lines(r.stderr)
     assert len(lines) == 1 and "compiled at every start" in lines[0], r.stderr
+
+
+# ----------------------------------------------------------------------------- precompile
+@pytest.fixture(autouse=True)
+def _keep_active_types():
+    """precompile narrows what compiled callers link (process-wide): restore it for other tests."""
+    saved = K._active
+    yield
+    K._active = saved
+
+
+def test_precompile_reports_progress_and_compiles_what_calls_use():
+    """precompile compiles exactly the specialisations the engine's calls use: a real call afterwards
+    adds no new signature.  Progress goes 0..total with one named step per kernel."""
+    events = []
+    types = [K.Q8_0, K.Q4_K, K.F16]
+    K.precompile(types, lambda d, n, name: events.append((d, n, name)), dequantize=[K.Q8_0])
+    total = 3 * len(types) + 1
+    assert [e[0] for e in events] == list(range(total + 1)) and {e[1] for e in events} == {total}
+    assert events[0][2] == "Q8_0 prepare" and events[-2][2] == "Q8_0 dequantize" and events[-1][2] == "done"
+    assert set(types) <= K.active_types()
+    rng = np.random.default_rng(0)
+    for t in types:
+        mv, mm = K._MATVEC[t], K._MATMAT[t]
+        n_mv, n_mm = len(mv.signatures), len(mm.signatures)
+        assert n_mv >= 1 and n_mm >= 1
+        rows, k = 16, 512
+        w = rng.integers(0, 256, (rows, K.row_bytes(t, k)), dtype=np.uint8)
+        if t == K.F16:
+            w = rng.standard_normal((rows, k)).astype(np.float16).view(np.uint8)
+        x = rng.standard_normal((5, k)).astype(np.float32)
+        K.matvec(t, w, K.prepare(t, x[0]), np.empty(rows, np.float32), 0, rows)
+        K.matmat(t, w, K.prepare(t, x), np.empty((5, rows), np.float32), 0, rows)
+        assert (len(mv.signatures), len(mm.signatures)) == (n_mv, n_mm), K.SUPPORTED_TYPES[t]
+
+
+def test_matvec_kernels_links_only_the_prepared_types():
+    K.precompile([K.Q8_0], dequantize=[])
+    table = K.matvec_kernels([K.Q8_0])
+    assert table[K.Q8_0] is K._MATVEC[K.Q8_0]
+    other = table[K.Q6_K]
+    assert other is not K._MATVEC[K.Q6_K]
+    w = np.zeros((8, K.row_bytes(K.Q6_K, 256)), np.uint8)
+    with pytest.raises(RuntimeError, match="no kernel was prepared"):
+        other(w, K.prepare(K.Q6_K, np.zeros(256, np.float32)), np.zeros(8, np.float32), 0, 8)
+    assert set(K.matvec_kernels(None)) == set(K.SUPPORTED_TYPES)
+
+
+def test_precompile_refuses_an_unknown_type():
+    with pytest.raises(ValueError, match="unsupported ggml type"):
+        K.precompile([99])
