@@ -21,7 +21,7 @@ GOLDEN = json.loads((DATA / "gemma3_golden.json").read_text())
 CASES = GOLDEN["greedy"]
 
 #: tokens compared per prompt (the golden file has 40): free-running greedy continuations must be
-#: identical to llama.cpp's.  With the SIMD kernels (kernels/simd_kernels.py) every matrix product follows
+#: identical to llama.cpp's.  With the SIMD kernels (kernels/x86/) every matrix product follows
 #: the float operation order of the llama.cpp code that produced the golden file (vec_dot /
 #: tinyBLAS for Q8_0 and Q5_0, the q4_K_8x8 gemv/gemm of the repacked Q4_K weights, vec_dot and the
 #: tiled matmul for Q6_K), and norms, RoPE, GELU, softmax and attention were already bit-exact, so

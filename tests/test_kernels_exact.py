@@ -1,4 +1,4 @@
-"""Bit-exactness of the SIMD kernels with llama.cpp's float operation order (kernels/simd_kernels.py).
+"""Bit-exactness of the SIMD kernels with llama.cpp's float operation order (kernels/x86/).
 
 Each product is re-implemented here in NumPy following the float operation order of the llama.cpp
 (0c1e570) CPU code that runs on an AVX2 / AVX512-VNNI machine for that type and column count,

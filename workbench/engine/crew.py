@@ -323,14 +323,15 @@ def _build(mv: dict):
     return serve, lead
 
 
-_BUILT: dict[str, tuple] = {}
+_BUILT: dict[tuple, tuple] = {}
 
 
 def _compiled() -> tuple:
-    path = kernels.kernel_path()
-    fns = _BUILT.get(path)
+    # keyed by the types kernels.precompile was asked for too: only their kernels are linked in
+    key = (kernels.kernel_path(), kernels.active_types())
+    fns = _BUILT.get(key)
     if fns is None:
-        fns = _BUILT[path] = _build(kernels.matvec_kernels())
+        fns = _BUILT[key] = _build(kernels.matvec_kernels())
     return fns
 
 

@@ -134,6 +134,18 @@ def check_supported(g: GGUFFile) -> None:
             f"(supported: {', '.join(kernels.SUPPORTED_TYPES.values())})")
 
 
+def precompile_kernels(g: GGUFFile, progress: ProgressFn | None = None) -> None:
+    """Compile (or load from the disk cache) only the kernels this model's tensor types need, plus F16
+    (the KV cache), before the first token; progress as 'kernels' events (done/total steps)."""
+    mats = {t.ggml_type for t in g.tensors.values() if len(t.shape) >= 2} | {kernels.F16}
+    deq = {t.ggml_type for name, t in g.tensors.items() if len(t.shape) < 2 or name == "token_embd.weight"}
+    report = None
+    if progress:
+        def report(done: int, total: int, name: str) -> None:
+            progress(ProgressEvent("kernels", done=done, total=total, message=f"kernels: {name}"))
+    kernels.precompile(sorted(mats), report, dequantize=sorted(deq))
+
+
 class Engine:
     """A loaded model: tokenizer, weights in placed buffers, and its runtime."""
 
@@ -188,6 +200,7 @@ class Engine:
             progress(ProgressEvent("header", message=f"reading {path}"))
         g = read_gguf(path)
         check_supported(g)
+        precompile_kernels(g, progress)
         try:
             tokenizer = Tokenizer.from_metadata(g.metadata)
         except ValueError as e:

@@ -18,7 +18,10 @@ Kernel paths: "avx512-vnni", "avx2" (explicit SIMD through LLVM intrinsics) and 
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable, Iterable
 
+import numba
 import numpy as np
 
 from . import jitcache  # noqa: F401  (first: stable cache keys for generated kernels)
@@ -31,6 +34,7 @@ from . import legacy_quants as _lq
 __all__ = [
     "SUPPORTED_TYPES", "is_supported", "prepare", "matvec", "matmat", "dequantize_rows",
     "row_bytes", "preparer", "matvec_kernels", "kernel_path", "set_kernel_path", "available_paths",
+    "precompile", "active_types",
 ]
 
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30
@@ -92,8 +96,8 @@ def _tables(path: str) -> tuple[dict, dict]:
     """(matvec, matmat) dispatch tables of a kernel path."""
     if path == "portable":
         return _PORTABLE_MATVEC, _PORTABLE_MATMAT
-    from . import simd_kernels  # compiled lazily: importing does not JIT anything
-    mv, mm = simd_kernels.tables(path)
+    from . import x86  # compiled lazily: importing does not JIT anything
+    mv, mm = x86.tables(path)
     return mv, mm
 
 
@@ -166,9 +170,84 @@ def preparer(ggml_type: int):
     return fn if ggml_type not in (F32, F16, BF16) else None
 
 
-def matvec_kernels() -> dict:
-    """The active path's matvec functions by type (for compiled callers such as the crew)."""
-    return dict(_MATVEC)
+def matvec_kernels(types: Iterable[int] | None = None) -> dict:
+    """The active path's matvec functions by type (for compiled callers such as the crew).
+
+    A compiled caller that names every type's kernel compiles all of them; with ``types`` (default:
+    ``active_types()``, the types ``precompile`` was asked for) the others are replaced by a stub
+    that raises, so a model's first start compiles only its own types' kernels."""
+    if types is None:
+        types = _active
+    if types is None:
+        return dict(_MATVEC)
+    keep = set(types)
+    return {t: (f if t in keep else _absent_matvec) for t, f in _MATVEC.items()}
+
+
+@numba.njit(nogil=True, cache=True)
+def _absent_matvec(w, xp, out, r0, r1):
+    raise RuntimeError("numawb: no kernel was prepared for this tensor type (kernels.precompile)")
+
+
+_active: frozenset[int] | None = None
+
+
+def active_types() -> frozenset[int] | None:
+    """The ggml types ``precompile`` has been asked for in this process (None: never called, every
+    type is live).  Compiled callers key what they build on it together with ``kernel_path()``."""
+    return _active
+
+
+#: precompile's steps per type, in order
+PRECOMPILE_STEPS = ("prepare", "matvec", "matmat", "dequantize")
+_PRECOMPILE_K = 256        # a row length every block size divides
+_PRECOMPILE_ROWS = 8
+
+
+def _precompile_step(t: int, step: str) -> None:
+    """Call one kernel on tiny zero inputs of exactly the argument types the engine passes (C-contiguous
+    uint8 [rows, row_bytes] weights, the prepared tuple, float32 output, int64 row limits), so Numba
+    compiles -- or loads from its disk cache -- the very specialisation later calls use."""
+    k, rows = _PRECOMPILE_K, _PRECOMPILE_ROWS
+    w = np.zeros((rows, row_bytes(t, k)), np.uint8)
+    if step == "prepare":
+        prepare(t, np.zeros((2, k), np.float32))
+    elif step == "matvec":
+        matvec(t, w, prepare(t, np.zeros(k, np.float32)), np.zeros(rows, np.float32), 0, rows)
+    elif step == "matmat":
+        matmat(t, w, prepare(t, np.zeros((2, k), np.float32)), np.zeros((2, rows), np.float32), 0, rows)
+    else:
+        dequantize_rows(t, w, 0, 1)
+
+
+def precompile(types: Iterable[int], progress: Callable[[int, int, str], None] | None = None,
+               dequantize: Iterable[int] | None = None) -> float:
+    """Compile the active path's kernels for these ggml types before first use; returns the seconds taken.
+
+    For each type: the activation preparation, the one-token product (matvec) and the prompt product
+    (matmat); the dequantization for the types in ``dequantize`` (default: ``types``; a model needs it
+    only for its embedding and small float tensors).  ``progress(done, total, name)`` is called before each step (name
+    like "Q4_K matmat") and once at the end with done == total, so a caller can show "compiling
+    kernels (first start)".  With a warm disk cache every step is a cache load (milliseconds).
+    The types are added to ``active_types()``: compiled callers built afterwards (the crew) link only
+    their kernels.  Raises ValueError for a type this module does not support.
+    """
+    global _active
+    types = list(dict.fromkeys(int(t) for t in types))
+    deq = types if dequantize is None else list(dict.fromkeys(int(t) for t in dequantize))
+    bad = [t for t in types + deq if t not in SUPPORTED_TYPES]
+    if bad:
+        raise ValueError(f"unsupported ggml type id(s) {bad}; supported: {sorted(SUPPORTED_TYPES.values())}")
+    steps = [(t, s) for t in types for s in PRECOMPILE_STEPS[:3]] + [(t, PRECOMPILE_STEPS[3]) for t in deq]
+    t0 = time.perf_counter()
+    for i, (t, s) in enumerate(steps):
+        if progress is not None:
+            progress(i, len(steps), f"{SUPPORTED_TYPES[t]} {s}")
+        _precompile_step(t, s)
+    _active = frozenset(types) | (_active or frozenset())
+    if progress is not None:
+        progress(len(steps), len(steps), "done")
+    return time.perf_counter() - t0
 
 
 def dequantize_rows(ggml_type: int, w: np.ndarray, r0: int, r1: int) -> np.ndarray:

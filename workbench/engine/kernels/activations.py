@@ -20,7 +20,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from .simd import round_f16
+from .intrinsics import round_f16
 
 _NB = dict(nogil=True, cache=True)
 f32 = np.float32

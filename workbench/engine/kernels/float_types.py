@@ -2,14 +2,14 @@
 
 ggml converts the activations to the weight type first (F16 -> f16, BF16 -> bf16, done in
 ``activations``) and accumulates products in f32.  Activations arrive as float32 holding the
-rounded values.  Portable (plain Numba loop) kernels; SIMD ones are in ``simd_kernels``.
+rounded values.  Portable (plain Numba loop) kernels; SIMD ones are in ``x86``.
 """
 from __future__ import annotations
 
 import numba
 import numpy as np
 
-from .simd import bf16_to_f32, f16_to_f32
+from .intrinsics import bf16_to_f32, f16_to_f32
 
 _NB = dict(nogil=True, cache=True)
 f32 = np.float32

@@ -8,14 +8,14 @@ value = d*sc*q - dmin*m.  Q6_K: 16 sub-blocks of 16 with int8 scales; value = d*
 Per super-block ggml takes the exact integer sums ``sum_j sc_j*dot_j`` and ``sum_j m_j*bsum_j``
 and accumulates ``d_w*d_x*sumi - dmin_w*d_x*summ`` in f32, as done here.
 
-This module holds the portable (plain Numba loop) kernels; the SIMD ones are in ``simd_kernels``.
+This module holds the portable (plain Numba loop) kernels; the SIMD ones are in ``x86``.
 """
 from __future__ import annotations
 
 import numba
 import numpy as np
 
-from .simd import f16_to_f32
+from .intrinsics import f16_to_f32
 
 _NB = dict(nogil=True, cache=True)
 f32 = np.float32

@@ -7,14 +7,14 @@ Q5_1 = d | m | qh | qs[16];  Q8_0 = d | qs int8[32].  In the 4/5-bit types eleme
 is the low nibble of ``qs[j]`` and element ``j + 16`` the high nibble; bit ``j`` of ``qh`` is the
 5th bit of element ``j``.
 
-This module holds the portable (plain Numba loop) kernels; the SIMD ones are in ``simd_kernels``.
+This module holds the portable (plain Numba loop) kernels; the SIMD ones are in ``x86``.
 """
 from __future__ import annotations
 
 import numba
 import numpy as np
 
-from .simd import f16_to_f32
+from .intrinsics import f16_to_f32
 
 _NB = dict(nogil=True, cache=True)
 f32 = np.float32

@@ -1,0 +1,208 @@
+"""The compiled-kernel disk cache (kernels/jitcache.py): what its key covers and where it lives.
+
+The end-to-end tests run fresh interpreters on a private copy of the ``workbench`` package (so the
+real tree and its cache are never touched) and read Numba's own per-dispatcher cache statistics.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from workbench.engine import kernels as K
+from workbench.engine.kernels import jitcache
+
+ROOT = Path(__file__).resolve().parent.parent
+SIMD = [p for p in K.available_paths() if p != "portable"]
+
+#: run in the copy: one F32 product on the first SIMD path (or portable), then report whether the
+#: kernel came from the disk cache and where that cache is
+PROBE = r"""
+import json, sys
+import numpy as np
+from workbench.engine import kernels as K
+path = sys.argv[1]
+K.set_kernel_path(path)
+w = np.arange(64, dtype=np.float32).reshape(2, 32).view(np.uint8)
+out = np.zeros(2, np.float32)
+K.matvec(K.F32, w, K.prepare(K.F32, np.ones(32, np.float32)), out, 0, 2)
+fn = K.matvec_kernels()[K.F32]
+print(json.dumps({"out": out.tolist(), "hits": sum(fn.stats.cache_hits.values()),
+                  "misses": sum(fn.stats.cache_misses.values()),
+                  "cache": getattr(fn._cache, "cache_path", None), "file": K.__file__}))
+"""
+
+
+def _copy_package(dst: Path) -> Path:
+    shutil.copytree(ROOT / "workbench", dst / "workbench",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.nbi", "*.nbc"))
+    return dst
+
+
+def _probe(cwd: Path, env: dict | None = None, path: str | None = None) -> tuple[dict, str]:
+    e = dict(os.environ)
+    e.pop("NUMBA_CACHE_DIR", None)
+    e.update(env or {})
+    r = subprocess.run([sys.executable, "-c", PROBE, path or (SIMD[0] if SIMD else "portable")],
+                       cwd=cwd, env=e, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
+
+
+@pytest.mark.skipif(not SIMD, reason="no SIMD kernel path on this CPU")
+def test_simd_kernel_depends_on_its_helper_modules():
+    """A prompt kernel built in k_quants reaches the intrinsics, the shared block helpers and the
+    repacked kernels it calls: all of them are in its cache key."""
+    mm = K.x86.tables(SIMD[0])[1][K.Q4_K]
+    names = {Path(f).name for f in jitcache.dependency_files(mm.py_func)}
+    assert {"k_quants.py", "repack.py", "blocks.py", "intrinsics.py"} <= names
+    assert not any("numpy" in f or "numba" in f for f in jitcache.dependency_files(mm.py_func))
+
+
+def test_editing_a_helper_module_invalidates_the_cached_kernel(tmp_path):
+    """Compile once (miss), start again (hit), edit only intrinsics.py (not the kernel's own file):
+    the next start must recompile instead of loading the stale machine code."""
+    _copy_package(tmp_path)
+    first, _ = _probe(tmp_path)
+    assert first["file"].startswith(str(tmp_path)) and first["misses"] == 1
+    second, _ = _probe(tmp_path)
+    assert second["hits"] == 1 and second["misses"] == 0
+    helper = tmp_path / "workbench" / "engine" / "kernels" / "intrinsics.py"
+    helper.write_text(helper.read_text() + "\n# an edit\n")
+    third, _ = _probe(tmp_path)
+    assert third["misses"] == 1 and third["hits"] == 0
+    assert third["out"] == first["out"]
+
+
+# ----------------------------------------------------------------------------- read-only installs
+def _read_only_copy(tmp_path: Path) -> Path:
+    """A copy of the package nobody can write into.
+
+    chmod a-w stops an ordinary account; root ignores permissions, so every package folder also gets
+    a regular *file* named ``__pycache__``: creating the cache folder then fails for root too
+    (FileExistsError / NotADirectoryError), as Numba's in-tree cache would on a read-only mount."""
+    dst = _copy_package(tmp_path / "install")
+    for d in [p for p in (dst / "workbench").rglob("*") if p.is_dir()] + [dst / "workbench"]:
+        (d / "__pycache__").write_text("not a folder")
+    for p in sorted((dst / "workbench").rglob("*"), reverse=True):
+        p.chmod(0o444 if p.is_file() else 0o555)
+    return dst
+
+
+def _unwritable(tmp_path: Path, name: str) -> str:
+    """A path no account can create: it lies under a regular file (works for root as well)."""
+    blocker = tmp_path / f"{name}-is-a-file"
+    blocker.write_text("")
+    return str(blocker / name)
+
+
+def _numawb_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("numawb:")]
+
+
+@pytest.fixture
+def read_only_install(tmp_path):
+    dst = _read_only_copy(tmp_path)
+    yield dst
+    for p in [dst] + list(dst.rglob("*")):
+        if p.is_dir():
+            p.chmod(0o755)
+
+
+def test_read_only_install_caches_in_xdg_cache_home(tmp_path, read_only_install):
+    """Package and HOME unwritable, $XDG_CACHE_HOME writable: the kernels run, are cached under
+    $XDG_CACHE_HOME/numawb, one line says so, and the next start loads them from there."""
+    xdg = tmp_path / "xdg"
+    env = {"HOME": _unwritable(tmp_path, "home"), "XDG_CACHE_HOME": str(xdg)}
+    first, err = _probe(read_only_install, env)
+    assert first["out"] == [496.0, 1520.0]
+    assert first["cache"].startswith(str(xdg / "numawb" / "numba"))
+    lines = _numawb_lines(err)
+    assert len(lines) == 1 and str(xdg / "numawb" / "numba") in lines[0], err
+    assert "Traceback" not in err
+    second, _ = _probe(read_only_install, env)
+    assert second["hits"] == 1 and second["misses"] == 0
+
+
+def test_read_only_install_without_home_uses_a_temporary_folder(tmp_path, read_only_install):
+    env = {"HOME": _unwritable(tmp_path, "home"), "XDG_CACHE_HOME": _unwritable(tmp_path, "xdg"),
+           "TMPDIR": str(tmp_path / "tmp")}
+    (tmp_path / "tmp").mkdir()
+    res, err = _probe(read_only_install, env)
+    assert res["out"] == [496.0, 1520.0]
+    assert res["cache"].startswith(str(tmp_path / "tmp" / f"numawb-{os.getuid()}"))
+    assert len(_numawb_lines(err)) == 1 and "temporary" in _numawb_lines(err)[0], err
+
+
+def test_nothing_writable_compiles_without_a_disk_cache(tmp_path, read_only_install):
+    """No folder at all can be written (the temporary directory is pointed under a regular file
+    through tempfile.tempdir, since root could write any real one): still works, says so once."""
+    env = {"HOME": _unwritable(tmp_path, "home"), "XDG_CACHE_HOME": _unwritable(tmp_path, "xdg")}
+    e = dict(os.environ)
+    e.pop("NUMBA_CACHE_DIR", None)
+    e.update(env)
+    code = f"import tempfile; tempfile.tempdir = {_unwritable(tmp_path, 'tmp')!r}\n" + PROBE
+    r = subprocess.run([sys.executable, "-c", code, SIMD[0] if SIMD else "portable"], cwd=read_only_install,
+                       env=e, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["out"] == [496.0, 1520.0] and res["cache"] is None and res["hits"] == 0
+    lines = _numawb_lines(r.stderr)
+    assert len(lines) == 1 and "compiled at every start" in lines[0], r.stderr
+
+
+# ----------------------------------------------------------------------------- precompile
+@pytest.fixture(autouse=True)
+def _keep_active_types():
+    """precompile narrows what compiled callers link (process-wide): restore it for other tests."""
+    saved = K._active
+    yield
+    K._active = saved
+
+
+def test_precompile_reports_progress_and_compiles_what_calls_use():
+    """precompile compiles exactly the specialisations the engine's calls use: a real call afterwards
+    adds no new signature.  Progress goes 0..total with one named step per kernel."""
+    events = []
+    types = [K.Q8_0, K.Q4_K, K.F16]
+    K.precompile(types, lambda d, n, name: events.append((d, n, name)), dequantize=[K.Q8_0])
+    total = 3 * len(types) + 1
+    assert [e[0] for e in events] == list(range(total + 1)) and {e[1] for e in events} == {total}
+    assert events[0][2] == "Q8_0 prepare" and events[-2][2] == "Q8_0 dequantize" and events[-1][2] == "done"
+    assert set(types) <= K.active_types()
+    rng = np.random.default_rng(0)
+    for t in types:
+        mv, mm = K._MATVEC[t], K._MATMAT[t]
+        n_mv, n_mm = len(mv.signatures), len(mm.signatures)
+        assert n_mv >= 1 and n_mm >= 1
+        rows, k = 16, 512
+        w = rng.integers(0, 256, (rows, K.row_bytes(t, k)), dtype=np.uint8)
+        if t == K.F16:
+            w = rng.standard_normal((rows, k)).astype(np.float16).view(np.uint8)
+        x = rng.standard_normal((5, k)).astype(np.float32)
+        K.matvec(t, w, K.prepare(t, x[0]), np.empty(rows, np.float32), 0, rows)
+        K.matmat(t, w, K.prepare(t, x), np.empty((5, rows), np.float32), 0, rows)
+        assert (len(mv.signatures), len(mm.signatures)) == (n_mv, n_mm), K.SUPPORTED_TYPES[t]
+
+
+def test_matvec_kernels_links_only_the_prepared_types():
+    K.precompile([K.Q8_0], dequantize=[])
+    table = K.matvec_kernels([K.Q8_0])
+    assert table[K.Q8_0] is K._MATVEC[K.Q8_0]
+    other = table[K.Q6_K]
+    assert other is not K._MATVEC[K.Q6_K]
+    w = np.zeros((8, K.row_bytes(K.Q6_K, 256)), np.uint8)
+    with pytest.raises(RuntimeError, match="no kernel was prepared"):
+        other(w, K.prepare(K.Q6_K, np.zeros(256, np.float32)), np.zeros(8, np.float32), 0, 8)
+    assert set(K.matvec_kernels(None)) == set(K.SUPPORTED_TYPES)
+
+
+def test_precompile_refuses_an_unknown_type():
+    with pytest.raises(ValueError, match="unsupported ggml type"):
+        K.precompile([99])

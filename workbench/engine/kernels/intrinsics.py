@@ -1,0 +1,761 @@
+"""LLVM-level primitives for the kernels, exposed to Numba as intrinsics.
+
+Scalar helpers (f16/bf16 conversion) are plain LLVM IR and used by every path.
+The vector primitives work on 256-bit registers and take a compile-time ``mode``
+(an int literal, captured as a closure constant by the kernel factories) selecting
+the instruction set: PORTABLE (generic LLVM vector IR), AVX2 (pmaddubsw/pmaddwd/psign)
+or VNNI (AVX512-VNNI vpdpbusd/vpdpwssd on ymm registers). LLVM folds the unused
+branches away, so a kernel compiled for one mode never contains the others' opcodes.
+"""
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core.errors import TypingError
+from numba.extending import intrinsic, models, register_model
+
+PORTABLE = 0
+AVX2 = 1
+VNNI = 2
+
+_i1 = ir.IntType(1)
+_i8 = ir.IntType(8)
+_i16 = ir.IntType(16)
+_i32 = ir.IntType(32)
+_i64 = ir.IntType(64)
+_f32 = ir.FloatType()
+_f16 = ir.HalfType()
+_V32B = ir.VectorType(_i8, 32)
+_V16B = ir.VectorType(_i8, 16)
+_V16S = ir.VectorType(_i16, 16)
+_V8I = ir.VectorType(_i32, 8)
+_V8F = ir.VectorType(_f32, 8)
+_V8H = ir.VectorType(_f16, 8)
+_V8S = ir.VectorType(_i16, 8)
+
+
+# ----------------------------------------------------------------------------- numba types
+class VecType(types.Type):
+    """An LLVM vector value held in a Numba variable (never boxed to Python)."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        super().__init__(name=f"simd.{kind}")
+
+
+v32b = VecType("i8x32")
+v8i = VecType("i32x8")
+v8f = VecType("f32x8")
+v16s = VecType("i16x16")
+v4i = VecType("i32x4")
+v4f = VecType("f32x4")
+_V4I = ir.VectorType(_i32, 4)
+_V4F = ir.VectorType(_f32, 4)
+_LL = {"i8x32": _V32B, "i32x8": _V8I, "f32x8": _V8F, "i16x16": _V16S, "i32x4": _V4I, "f32x4": _V4F}
+
+
+@register_model(VecType)
+class _VecModel(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _LL[fe_type.kind])
+
+
+# ----------------------------------------------------------------------------- helpers
+def _fn(builder, name, ret, args):
+    m = builder.module
+    f = m.globals.get(name)
+    if f is None:
+        f = ir.Function(m, ir.FunctionType(ret, args), name=name)
+    return f
+
+
+def _ptr(context, builder, aty, arr, off, vty):
+    """Pointer to element ``off`` of a C-contiguous array, cast to ``vty*``."""
+    ary = context.make_array(aty)(context, builder, arr)
+    p = builder.gep(ary.data, [off])
+    return builder.bitcast(p, vty.as_pointer())
+
+
+def _mode(t) -> int:
+    if not isinstance(t, types.IntegerLiteral):
+        raise TypingError("simd mode must be a compile-time int constant")
+    return t.literal_value
+
+
+def _splat(builder, val, vty):
+    undef = ir.Constant(vty, None)
+    v = builder.insert_element(undef, val, ir.Constant(_i32, 0))
+    return builder.shuffle_vector(v, undef, ir.Constant(ir.VectorType(_i32, vty.count), [0] * vty.count))
+
+
+def _check_array(a, dtypes):
+    if not isinstance(a, types.Array) or a.dtype not in dtypes:
+        raise TypingError(f"expected array of {dtypes}, got {a}")
+
+
+_BYTES = (types.uint8, types.int8)
+
+
+# ----------------------------------------------------------------------------- scalar f16/bf16
+@intrinsic
+def f16_to_f32(typingctx, a, off):
+    """Little-endian IEEE half at byte offset ``off`` of a uint8 array -> float32 (exact)."""
+    _check_array(a, _BYTES)
+    sig = types.float32(a, off)
+
+    def cg(context, builder, sig, args):
+        p = _ptr(context, builder, sig.args[0], args[0], args[1], _f16)
+        return builder.fpext(builder.load(p, align=1), _f32)
+
+    return sig, cg
+
+
+@intrinsic
+def bits_to_f32(typingctx, h):
+    """uint16 half bits -> float32 (exact)."""
+    sig = types.float32(h)
+
+    def cg(context, builder, sig, args):
+        v = builder.trunc(args[0], _i16) if args[0].type.width > 16 else args[0]
+        return builder.fpext(builder.bitcast(v, _f16), _f32)
+
+    return sig, cg
+
+
+@intrinsic
+def round_f16(typingctx, x):
+    """Round float32 to the nearest half (ties to even, like F16C) and back to float32."""
+    sig = types.float32(types.float32)
+
+    def cg(context, builder, sig, args):
+        return builder.fpext(builder.fptrunc(args[0], _f16), _f32)
+
+    return sig, cg
+
+
+@intrinsic
+def bf16_to_f32(typingctx, a, off):
+    """bfloat16 at byte offset ``off`` of a uint8 array -> float32 (exact)."""
+    _check_array(a, _BYTES)
+    sig = types.float32(a, off)
+
+    def cg(context, builder, sig, args):
+        p = _ptr(context, builder, sig.args[0], args[0], args[1], _i16)
+        v = builder.zext(builder.load(p, align=1), _i32)
+        return builder.bitcast(builder.shl(v, ir.Constant(_i32, 16)), _f32)
+
+    return sig, cg
+
+
+# ----------------------------------------------------------------------------- vector primitives
+def _arr_load(context, builder, sig, llargs, idx, vty):
+    return builder.load(_ptr(context, builder, sig.args[idx], llargs[idx], llargs[idx + 1], vty), align=1)
+
+
+@intrinsic
+def load_b32(typingctx, a, off):
+    """32 bytes at element offset ``off`` of a uint8/int8 array (unaligned)."""
+    _check_array(a, _BYTES)
+    sig = v32b(a, off)
+    return sig, lambda context, builder, sig, args: _arr_load(context, builder, sig, args, 0, _V32B)
+
+
+@intrinsic
+def load_nib(typingctx, a, off):
+    """16 bytes at ``off`` -> 32 bytes: low nibbles (elements 0-15) then high nibbles (16-31)."""
+    _check_array(a, _BYTES)
+    sig = v32b(a, off)
+
+    def cg(context, builder, sig, args):
+        # broadcast the 16 bytes to both halves (vbroadcasti128), shift the high half's 32-bit lanes
+        # right by 4 (vpsrlvd), mask: 3 instructions instead of 5
+        v = _arr_load(context, builder, sig, args, 0, _V16B)
+        both = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_i32, 32), list(range(16)) * 2))
+        w = builder.bitcast(both, _V8I)
+        w = builder.lshr(w, ir.Constant(_V8I, [0, 0, 0, 0, 4, 4, 4, 4]))
+        return builder.and_(builder.bitcast(w, _V32B), ir.Constant(_V32B, [15] * 32))
+
+    return sig, cg
+
+
+@intrinsic
+def load_bits16(typingctx, a, off):
+    """u32 at ``off`` -> 32 bytes, byte j = 16 if bit j is set else 0 (the 5th bit of Q5_x quants)."""
+    _check_array(a, _BYTES)
+    sig = v32b(a, off)
+
+    def cg(context, builder, sig, args):
+        # i32 -> <32 x i1> is a mask register on AVX-512 (kmovd); LLVM expands it on AVX2
+        v = _arr_load(context, builder, sig, args, 0, _i32)
+        nz = builder.bitcast(v, ir.VectorType(_i1, 32))
+        return builder.select(nz, ir.Constant(_V32B, [16] * 32), ir.Constant(_V32B, [0] * 32))
+
+    return sig, cg
+
+
+def _bytes_binop(opname):
+    @intrinsic
+    def op(typingctx, a, b):
+        if a != v32b:
+            raise TypingError("expected an i8x32 vector")
+        sig = v32b(a, b)
+
+        def cg(context, builder, sig, args):
+            rhs = args[1]
+            if sig.args[1] != v32b:  # scalar: splat (runtime values allowed)
+                rhs = _splat(builder, builder.trunc(rhs, _i8) if rhs.type.width > 8 else rhs, _V32B)
+            return getattr(builder, opname)(args[0], rhs)
+
+        return sig, cg
+    return op
+
+
+b_and = _bytes_binop("and_")
+b_or = _bytes_binop("or_")
+b_shr = _bytes_binop("lshr")   # logical shift of unsigned bytes
+b_shl = _bytes_binop("shl")
+b_xor = _bytes_binop("xor")
+b_add = _bytes_binop("add")  # wrapping byte add
+
+
+@intrinsic
+def i_zero(typingctx):
+    sig = v8i()
+    return sig, lambda context, builder, sig, args: ir.Constant(_V8I, [0] * 8)
+
+
+@intrinsic
+def f_zero(typingctx):
+    sig = v8f()
+    return sig, lambda context, builder, sig, args: ir.Constant(_V8F, [0.0] * 8)
+
+
+@intrinsic
+def load_i8(typingctx, a, off):
+    """8 int32 at element offset ``off`` of an int32 array."""
+    _check_array(a, (types.int32,))
+    sig = v8i(a, off)
+    return sig, lambda context, builder, sig, args: _arr_load(context, builder, sig, args, 0, _V8I)
+
+
+@intrinsic
+def i_shl(typingctx, v, n):
+    sig = v8i(v, n)
+
+    def cg(context, builder, sig, args):
+        return builder.shl(args[0], _splat(builder, builder.trunc(args[1], _i32) if args[1].type.width > 32 else args[1], _V8I))
+
+    return sig, cg
+
+
+@intrinsic
+def i_add0(typingctx, v, s):
+    """Add integer scalar ``s`` to lane 0."""
+    sig = v8i(v, s)
+
+    def cg(context, builder, sig, args):
+        s32 = builder.trunc(args[1], _i32) if args[1].type.width > 32 else builder.sext(args[1], _i32) if args[1].type.width < 32 else args[1]
+        e = builder.extract_element(args[0], ir.Constant(_i32, 0))
+        return builder.insert_element(args[0], builder.add(e, s32), ir.Constant(_i32, 0))
+
+    return sig, cg
+
+
+def _dpbusd(builder, mode, acc, a, b):
+    """acc + sum of 4 adjacent u8(a)*s8(b) products per i32 lane."""
+    if mode == VNNI:
+        f = _fn(builder, "llvm.x86.avx512.vpdpbusd.256", _V8I, [_V8I, _V32B, _V32B])
+        return builder.call(f, [acc, a, b])
+    if mode == AVX2:
+        mub = _fn(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16S, [_V32B, _V32B])
+        mwd = _fn(builder, "llvm.x86.avx2.pmadd.wd", _V8I, [_V16S, _V16S])
+        p16 = builder.call(mub, [a, b])
+        return builder.add(acc, builder.call(mwd, [p16, ir.Constant(_V16S, [1] * 16)]))
+    raise ValueError(f"mode {mode}")
+
+
+@intrinsic
+def dot_us(typingctx, mode, acc, a, b):
+    """acc (i32x8) + lane-wise dot of unsigned bytes a with signed bytes b (4 products per lane)."""
+    m = _mode(mode)
+    sig = v8i(mode, acc, a, b)
+    return sig, lambda context, builder, sig, args: _dpbusd(builder, m, args[1], args[2], args[3])
+
+
+@intrinsic
+def dot_ss(typingctx, mode, acc, a, b):
+    """Like dot_us for signed a (sign trick: |a| . (b * sign(a)); a = -128 is fine)."""
+    m = _mode(mode)
+    sig = v8i(mode, acc, a, b)
+
+    def cg(context, builder, sig, args):
+        a, b = args[2], args[3]
+        zero = ir.Constant(_V32B, [0] * 32)
+        neg = builder.icmp_signed("<", a, zero)
+        absa = builder.select(neg, builder.sub(zero, a), a)
+        sb = builder.select(neg, builder.sub(zero, b), b)
+        return _dpbusd(builder, m, args[1], absa, sb)
+
+    return sig, cg
+
+
+@intrinsic
+def madd_sc(typingctx, mode, acc, a, b, s0, s1):
+    """acc + scaled dot: elements 0-15 of u8(a).s8(b) weighted by int s0, elements 16-31 by s1.
+
+    pmaddubsw (u8*s8 pairs -> i16, exact while |pair| < 32768: weights <= 63 here) followed by
+    pmaddwd / vpdpwssd with the scales.
+    """
+    m = _mode(mode)
+    sig = v8i(mode, acc, a, b, s0, s1)
+
+    def cg(context, builder, sig, args):
+        acc, a, b, s0, s1 = args[1:]
+        s0 = builder.trunc(s0, _i16)
+        s1 = builder.trunc(s1, _i16)
+        sc = _splat(builder, s0, _V16S)
+        for j in range(8, 16):
+            sc = builder.insert_element(sc, s1, ir.Constant(_i32, j))
+        mub = _fn(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16S, [_V32B, _V32B])
+        p16 = builder.call(mub, [a, b])
+        if m == VNNI:
+            f = _fn(builder, "llvm.x86.avx512.vpdpwssd.256", _V8I, [_V8I, _V16S, _V16S])
+            return builder.call(f, [acc, p16, sc])
+        mwd = _fn(builder, "llvm.x86.avx2.pmadd.wd", _V8I, [_V16S, _V16S])
+        return builder.add(acc, builder.call(mwd, [p16, sc]))
+
+    return sig, cg
+
+
+@intrinsic
+def fmadd_i(typingctx, acc, v, s):
+    """acc + float(v) * s  (f32x8, fused like ggml's _mm256_fmadd_ps)."""
+    sig = v8f(acc, v, types.float32)
+
+    def cg(context, builder, sig, args):
+        f = _fn(builder, "llvm.fma.v8f32", _V8F, [_V8F, _V8F, _V8F])
+        return builder.call(f, [builder.sitofp(args[1], _V8F), _splat(builder, args[2], _V8F), args[0]])
+
+    return sig, cg
+
+
+@intrinsic
+def fma_f(typingctx, acc, a, b):
+    """acc + a * b (f32x8, fused)."""
+    sig = v8f(acc, a, b)
+
+    def cg(context, builder, sig, args):
+        f = _fn(builder, "llvm.fma.v8f32", _V8F, [_V8F, _V8F, _V8F])
+        return builder.call(f, [args[1], args[2], args[0]])
+
+    return sig, cg
+
+
+@intrinsic
+def load_f32x8(typingctx, a, off):
+    """8 float32 at element ``off`` of a float32 array, or at byte ``off`` of a uint8 array."""
+    _check_array(a, _BYTES + (types.float32,))
+    sig = v8f(a, off)
+    return sig, lambda context, builder, sig, args: _arr_load(context, builder, sig, args, 0, _V8F)
+
+
+@intrinsic
+def load_f16x8(typingctx, a, off):
+    """8 halves at byte ``off`` of a uint8 array -> f32x8 (vcvtph2ps)."""
+    _check_array(a, _BYTES)
+    sig = v8f(a, off)
+    return sig, lambda context, builder, sig, args: builder.fpext(_arr_load(context, builder, sig, args, 0, _V8H), _V8F)
+
+
+@intrinsic
+def load_bf16x8(typingctx, a, off):
+    """8 bfloat16 at byte ``off`` of a uint8 array -> f32x8 (exact: shift into the high half)."""
+    _check_array(a, _BYTES)
+    sig = v8f(a, off)
+
+    def cg(context, builder, sig, args):
+        v = builder.zext(_arr_load(context, builder, sig, args, 0, _V8S), _V8I)
+        return builder.bitcast(builder.shl(v, ir.Constant(_V8I, [16] * 8)), _V8F)
+
+    return sig, cg
+
+
+@intrinsic
+def hsum_f(typingctx, v):
+    sig = types.float32(v)
+
+    def cg(context, builder, sig, args):
+        # pairwise tree (like ggml's hsum_float_8), no reassociation flags needed
+        x = args[0]
+        lo = builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(_i32, 4), [0, 1, 2, 3]))
+        hi = builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(_i32, 4), [4, 5, 6, 7]))
+        s4 = builder.fadd(lo, hi)
+        a = builder.shuffle_vector(s4, s4, ir.Constant(ir.VectorType(_i32, 2), [0, 1]))
+        b = builder.shuffle_vector(s4, s4, ir.Constant(ir.VectorType(_i32, 2), [2, 3]))
+        s2 = builder.fadd(a, b)
+        return builder.fadd(builder.extract_element(s2, ir.Constant(_i32, 0)),
+                            builder.extract_element(s2, ir.Constant(_i32, 1)))
+
+    return sig, cg
+
+
+@intrinsic
+def f_add(typingctx, a, b):
+    sig = v8f(a, b)
+    return sig, lambda context, builder, sig, args: builder.fadd(args[0], args[1])
+
+
+@intrinsic
+def i_add(typingctx, a, b):
+    sig = v8i(a, b)
+    return sig, lambda context, builder, sig, args: builder.add(args[0], args[1])
+
+
+@intrinsic
+def ld_u32(typingctx, a, off):
+    """Unaligned little-endian uint32 at byte ``off`` of a uint8 array (no index checks)."""
+    _check_array(a, _BYTES)
+    sig = types.uint32(a, off)
+    return sig, lambda context, builder, sig, args: _arr_load(context, builder, sig, args, 0, _i32)
+
+
+@intrinsic
+def mins_dot(typingctx, m_lo, m_hi, xb, off):
+    """sum_j m_j * (xb[off+2j] + xb[off+2j+1]) for the 8 mins packed as bytes of two uint32."""
+    _check_array(xb, (types.int32,))
+    sig = types.int32(m_lo, m_hi, xb, off)
+
+    def cg(context, builder, sig, args):
+        V4B = ir.VectorType(_i8, 4)
+        lo = builder.bitcast(builder.trunc(args[0], _i32) if args[0].type.width > 32 else args[0], V4B)
+        hi = builder.bitcast(builder.trunc(args[1], _i32) if args[1].type.width > 32 else args[1], V4B)
+        m8 = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_i32, 8), list(range(8))))
+        m16 = builder.shuffle_vector(m8, m8, ir.Constant(ir.VectorType(_i32, 16), [j // 2 for j in range(16)]))
+        V16I = ir.VectorType(_i32, 16)
+        m = builder.zext(m16, V16I)
+        p = builder.load(_ptr(context, builder, sig.args[2], args[2], args[3], V16I), align=4)
+        red = _fn(builder, "llvm.vector.reduce.add.v16i32", _i32, [V16I])
+        return builder.call(red, [builder.mul(m, p)])
+
+    return sig, cg
+
+
+@intrinsic
+def sdot16(typingctx, a, off, xb, xoff):
+    """sum_j int8(a[off+j]) * xb[xoff+j] for j < 16 (int32 result)."""
+    _check_array(a, _BYTES)
+    _check_array(xb, (types.int32,))
+    sig = types.int32(a, off, xb, xoff)
+
+    def cg(context, builder, sig, args):
+        V16I = ir.VectorType(_i32, 16)
+        s = builder.sext(_arr_load(context, builder, sig, args, 0, _V16B), V16I)
+        p = builder.load(_ptr(context, builder, sig.args[2], args[2], args[3], V16I), align=4)
+        red = _fn(builder, "llvm.vector.reduce.add.v16i32", _i32, [V16I])
+        return builder.call(red, [builder.mul(s, p)])
+
+    return sig, cg
+
+
+# ----------------------------------------------------------------------------- vector sub-block scales
+def _to_i32(builder, v):
+    w = v.type.width
+    return builder.trunc(v, _i32) if w > 32 else builder.zext(v, _i32) if w < 32 else v
+
+
+@intrinsic
+def scales_k4(typingctx, u0, u1, u2, u3):
+    """The 16 bytes of four uint32 (e.g. _k4_scales' 6-bit scales and mins) -> i16x16, zero-extended."""
+    sig = v16s(u0, u1, u2, u3)
+
+    def cg(context, builder, sig, args):
+        v = ir.Constant(ir.VectorType(_i32, 4), None)
+        for j, a in enumerate(args):
+            v = builder.insert_element(v, _to_i32(builder, a), ir.Constant(_i32, j))
+        return builder.zext(builder.bitcast(v, _V16B), _V16S)
+
+    return sig, cg
+
+
+@intrinsic
+def scales_i8(typingctx, a, off):
+    """16 signed bytes at ``off`` of a uint8/int8 array -> i16x16 (sign-extended; Q6_K scales)."""
+    _check_array(a, _BYTES)
+    sig = v16s(a, off)
+    return sig, lambda context, builder, sig, args: builder.sext(_arr_load(context, builder, sig, args, 0, _V16B), _V16S)
+
+
+@intrinsic
+def madd_sv(typingctx, mode, acc, a, b, sv, i0, i1):
+    """madd_sc with the two scales taken from lanes i0, i1 (compile-time ints) of an i16x16 vector:
+    one constant shuffle (vpermw / vpshufb) instead of moving scalars into a vector."""
+    m = _mode(mode)
+    if not isinstance(i0, types.IntegerLiteral) or not isinstance(i1, types.IntegerLiteral):
+        raise TypingError("madd_sv lanes must be compile-time int constants")
+    j0, j1 = i0.literal_value, i1.literal_value
+    sig = v8i(mode, acc, a, b, sv, i0, i1)
+
+    def cg(context, builder, sig, args):
+        acc, a, b, sv = args[1:5]
+        sc = builder.shuffle_vector(sv, sv, ir.Constant(ir.VectorType(_i32, 16), [j0] * 8 + [j1] * 8))
+        mub = _fn(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16S, [_V32B, _V32B])
+        p16 = builder.call(mub, [a, b])
+        if m == VNNI:
+            f = _fn(builder, "llvm.x86.avx512.vpdpwssd.256", _V8I, [_V8I, _V16S, _V16S])
+            return builder.call(f, [acc, p16, sc])
+        mwd = _fn(builder, "llvm.x86.avx2.pmadd.wd", _V8I, [_V16S, _V16S])
+        return builder.add(acc, builder.call(mwd, [p16, sc]))
+
+    return sig, cg
+
+
+# ----------------------------------------------------------------------------- exact-order helpers
+@intrinsic
+def q6_offset(typingctx, sv, xb, off):
+    """32 * (sc[2m] * bsum[2m] + sc[2m+1] * bsum[2m+1]) per i32 lane m (ggml's Q6_K per-lane offset):
+    the 16 int32 bsums at xb[off] (|bsum| <= 16 * 127, exact in i16) times the i16x16 scales, pmaddwd."""
+    _check_array(xb, (types.int32,))
+    sig = v8i(sv, xb, off)
+
+    def cg(context, builder, sig, args):
+        V16I = ir.VectorType(_i32, 16)
+        bs = builder.load(_ptr(context, builder, sig.args[1], args[1], args[2], V16I), align=4)
+        bs16 = builder.trunc(bs, _V16S)
+        mwd = _fn(builder, "llvm.x86.avx2.pmadd.wd", _V8I, [_V16S, _V16S])
+        return builder.shl(builder.call(mwd, [args[0], bs16]), ir.Constant(_V8I, [5] * 8))
+
+    return sig, cg
+
+
+@intrinsic
+def i_sub(typingctx, a, b):
+    sig = v8i(a, b)
+    return sig, lambda context, builder, sig, args: builder.sub(args[0], args[1])
+
+
+@intrinsic
+def hsum_i(typingctx, v):
+    """Sum of the 8 int32 lanes (exact in int32 for these kernels)."""
+    sig = types.int32(v)
+
+    def cg(context, builder, sig, args):
+        red = _fn(builder, "llvm.vector.reduce.add.v8i32", _i32, [_V8I])
+        return builder.call(red, [args[0]])
+
+    return sig, cg
+
+
+@intrinsic
+def fma_s(typingctx, a, b, c):
+    """a * b + c in float32, rounded once (llvm.fma.f32: vfmadd on these CPUs)."""
+    sig = types.float32(types.float32, types.float32, types.float32)
+
+    def cg(context, builder, sig, args):
+        f = _fn(builder, "llvm.fma.f32", _f32, [_f32, _f32, _f32])
+        return builder.call(f, list(args))
+
+    return sig, cg
+
+
+
+# ----------------------------------------------------------------------------- 4-lane (one lane per column)
+@intrinsic
+def reduce4(typingctx, a, b, c, d):
+    """i32x4 of the lane sums of four i32x8 vectors (exact integer sums)."""
+    sig = v4i(a, b, c, d)
+
+    def cg(context, builder, sig, args):
+        def sh(x, y, idx):
+            return builder.shuffle_vector(x, y, ir.Constant(ir.VectorType(_i32, len(idx)), idx))
+        # transpose-and-add: pairs, then quads, then the two 128-bit halves
+        ab = builder.add(sh(args[0], args[1], [0, 8, 2, 10, 4, 12, 6, 14]), sh(args[0], args[1], [1, 9, 3, 11, 5, 13, 7, 15]))
+        cd = builder.add(sh(args[2], args[3], [0, 8, 2, 10, 4, 12, 6, 14]), sh(args[2], args[3], [1, 9, 3, 11, 5, 13, 7, 15]))
+        q = builder.add(sh(ab, cd, [0, 1, 8, 9, 4, 5, 12, 13]), sh(ab, cd, [2, 3, 10, 11, 6, 7, 14, 15]))
+        return builder.add(sh(q, q, [0, 1, 2, 3]), sh(q, q, [4, 5, 6, 7]))
+
+    return sig, cg
+
+
+@intrinsic
+def load_i32x4(typingctx, a, off):
+    _check_array(a, (types.int32,))
+    sig = v4i(a, off)
+    return sig, lambda context, builder, sig, args: _arr_load(context, builder, sig, args, 0, _V4I)
+
+
+@intrinsic
+def load_f32x4(typingctx, a, off):
+    _check_array(a, (types.float32,))
+    sig = v4f(a, off)
+    return sig, lambda context, builder, sig, args: _arr_load(context, builder, sig, args, 0, _V4F)
+
+
+@intrinsic
+def f4_zero(typingctx):
+    sig = v4f()
+    return sig, lambda context, builder, sig, args: ir.Constant(_V4F, [0.0] * 4)
+
+
+@intrinsic
+def i4_mul_add(typingctx, a, s, b, t):
+    """a * s + b * t (i32x4 vectors, int scalars s, t)."""
+    sig = v4i(a, s, b, t)
+
+    def cg(context, builder, sig, args):
+        sv = _splat(builder, _to_i32(builder, args[1]), _V4I)
+        tv = _splat(builder, _to_i32(builder, args[3]), _V4I)
+        return builder.add(builder.mul(args[0], sv), builder.mul(args[2], tv))
+
+    return sig, cg
+
+
+@intrinsic
+def f4_scale(typingctx, v, s):
+    """v * s per lane (float32 products, each rounded once)."""
+    sig = v4f(v, types.float32)
+    return sig, lambda context, builder, sig, args: builder.fmul(_splat(builder, args[1], _V4F), args[0])
+
+
+@intrinsic
+def fma4_i(typingctx, acc, v, s):
+    """acc + f32(v) * s per lane, fused (s an f32x4)."""
+    sig = v4f(acc, v, s)
+
+    def cg(context, builder, sig, args):
+        f = _fn(builder, "llvm.fma.v4f32", _V4F, [_V4F, _V4F, _V4F])
+        return builder.call(f, [builder.sitofp(args[1], _V4F), args[2], args[0]])
+
+    return sig, cg
+
+
+@intrinsic
+def fmadd_im(typingctx, acc, v, a, off):
+    """acc + f32(v) * a[off] (f32x8, fused; a float32 array): the scale is a broadcast load, which
+    AVX-512 folds into the FMA as an embedded-broadcast operand (no shuffle uop)."""
+    _check_array(a, (types.float32,))
+    sig = v8f(acc, v, a, off)
+
+    def cg(context, builder, sig, args):
+        f = _fn(builder, "llvm.fma.v8f32", _V8F, [_V8F, _V8F, _V8F])
+        s = builder.load(_ptr(context, builder, sig.args[2], args[2], args[3], _f32), align=4)
+        return builder.call(f, [builder.sitofp(args[1], _V8F), _splat(builder, s, _V8F), args[0]])
+
+    return sig, cg
+
+
+@intrinsic
+def store_f32x4(typingctx, a, off, v):
+    """a[off:off + 4] = v (float32 array, f32x4)."""
+    _check_array(a, (types.float32,))
+    sig = types.void(a, off, v)
+
+    def cg(context, builder, sig, args):
+        builder.store(args[2], _ptr(context, builder, sig.args[0], args[0], args[1], _V4F), align=4)
+        return context.get_dummy_value()
+
+    return sig, cg
+
+
+# ----------------------------------------------------------------------------- rows-in-lanes (one lane per row)
+@intrinsic
+def bcast_b4(typingctx, a, off):
+    """The 4 bytes at byte ``off`` of a uint8/int8 array repeated in all 8 dwords (a broadcast load:
+    an embedded-broadcast operand of vpdpbusd on AVX-512)."""
+    _check_array(a, _BYTES)
+    sig = v32b(a, off)
+
+    def cg(context, builder, sig, args):
+        v = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], _i32), align=1)
+        return builder.bitcast(_splat(builder, v, _V8I), _V32B)
+
+    return sig, cg
+
+
+@intrinsic
+def bcast_i32(typingctx, a, off):
+    """a[off] (int32 array) in all 8 lanes."""
+    _check_array(a, (types.int32,))
+    sig = v8i(a, off)
+
+    def cg(context, builder, sig, args):
+        v = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], _i32), align=4)
+        return _splat(builder, v, _V8I)
+
+    return sig, cg
+
+
+@intrinsic
+def madd16(typingctx, mode, acc, a, b):
+    """acc + pmaddwd(a, b): per i32 lane, lo16(a)*lo16(b) + hi16(a)*hi16(b) (vpdpwssd on VNNI)."""
+    m = _mode(mode)
+    sig = v8i(mode, acc, a, b)
+
+    def cg(context, builder, sig, args):
+        acc, a, b = args[1], builder.bitcast(args[2], _V16S), builder.bitcast(args[3], _V16S)
+        if m == VNNI:
+            return builder.call(_fn(builder, "llvm.x86.avx512.vpdpwssd.256", _V8I, [_V8I, _V16S, _V16S]), [acc, a, b])
+        return builder.add(acc, builder.call(_fn(builder, "llvm.x86.avx2.pmadd.wd", _V8I, [_V16S, _V16S]), [a, b]))
+
+    return sig, cg
+
+
+@intrinsic
+def i_mul(typingctx, a, b):
+    sig = v8i(a, b)
+    return sig, lambda context, builder, sig, args: builder.mul(args[0], args[1])
+
+
+@intrinsic
+def fmadd_v(typingctx, acc, v, s):
+    """acc + f32(v) * s (f32x8, fused; s an f32x8 of per-lane scales)."""
+    sig = v8f(acc, v, s)
+
+    def cg(context, builder, sig, args):
+        f = _fn(builder, "llvm.fma.v8f32", _V8F, [_V8F, _V8F, _V8F])
+        return builder.call(f, [builder.sitofp(args[1], _V8F), args[2], args[0]])
+
+    return sig, cg
+
+
+@intrinsic
+def fma_sv(typingctx, acc, v, dv, s):
+    """acc + (f32(v) * dv) * s: the product f32(v) * dv rounded per lane, then fused with scalar s."""
+    sig = v8f(acc, v, dv, types.float32)
+
+    def cg(context, builder, sig, args):
+        f = _fn(builder, "llvm.fma.v8f32", _V8F, [_V8F, _V8F, _V8F])
+        t = builder.fmul(builder.sitofp(args[1], _V8F), args[2])
+        return builder.call(f, [t, _splat(builder, args[3], _V8F), args[0]])
+
+    return sig, cg
+
+
+@intrinsic
+def f_scale(typingctx, v, s):
+    """v * s per lane (f32x8, each product rounded once)."""
+    sig = v8f(v, types.float32)
+    return sig, lambda context, builder, sig, args: builder.fmul(args[0], _splat(builder, args[1], _V8F))
+
+
+@intrinsic
+def f_sub(typingctx, a, b):
+    sig = v8f(a, b)
+    return sig, lambda context, builder, sig, args: builder.fsub(args[0], args[1])
+
+
+@intrinsic
+def f_lane(typingctx, v, j):
+    sig = types.float32(v, j)
+    return sig, lambda context, builder, sig, args: builder.extract_element(args[0], _to_i32(builder, args[1]))
+
+
+@intrinsic
+def f4_sub(typingctx, a, b):
+    sig = v4f(a, b)
+    return sig, lambda context, builder, sig, args: builder.fsub(args[0], args[1])
+
+
+@intrinsic
+def f4_lane(typingctx, v, j):
+    sig = types.float32(v, j)
+    return sig, lambda context, builder, sig, args: builder.extract_element(args[0], _to_i32(builder, args[1]))

@@ -1,0 +1,39 @@
+"""Explicit-SIMD kernels (256-bit) for the "avx2" and "avx512-vnni" paths, by family as in ggml-cpu.
+
+    legacy_quants  Q4_0, Q4_1, Q5_0, Q5_1, Q8_0          (ggml-cpu arch/x86/quants.c)
+    k_quants       Q4_K, Q5_K, Q6_K                      (arch/x86/quants.c, repack.cpp orders)
+    floats         F32, F16, BF16                        (vec.cpp, llamafile sgemm)
+    repack         prompt kernels over regrouped weights or activations (repack.cpp, tinyBLAS)
+    blocks         block-format helpers they share
+
+Every family exposes ``kernels(mode) -> {type name: (matvec, matmat)}``: the factory closes over
+``mode`` (intrinsics.AVX2 or intrinsics.VNNI); Numba treats the closure value as a compile-time
+constant and the primitives emit only that instruction set, so one source gives two separately
+compiled (and separately cached, see ``jitcache``) implementations.  Building the tables compiles
+nothing: a kernel compiles (or loads from the disk cache) on its first call.
+"""
+from __future__ import annotations
+
+from .. import jitcache  # noqa: F401  (before any kernel is defined)
+from ..intrinsics import AVX2, VNNI
+from . import floats, k_quants, legacy_quants
+
+MODES = {"avx2": AVX2, "avx512-vnni": VNNI}
+#: family module of each type name (the order in which tables() builds them)
+FAMILIES = (legacy_quants, k_quants, floats)
+TYPE_IDS = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8,
+            "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "BF16": 30}
+_cache: dict[str, tuple[dict, dict]] = {}
+
+
+def tables(path: str) -> tuple[dict, dict]:
+    """(matvec, matmat) dicts keyed by ggml type id for a SIMD path (functions compile on first call)."""
+    if path not in _cache:
+        mode = MODES[path]
+        fns: dict = {}
+        for family in FAMILIES:
+            fns.update(family.kernels(mode))
+        mv = {TYPE_IDS[n]: f[0] for n, f in fns.items()}
+        mm = {TYPE_IDS[n]: f[1] for n, f in fns.items()}
+        _cache[path] = (mv, mm)
+    return _cache[path]

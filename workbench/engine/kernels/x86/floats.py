@@ -1,0 +1,205 @@
+"""Float weights (F32, F16, BF16) as explicit SIMD (ggml-cpu vec.cpp / llamafile sgemm orders).
+
+F16 follows ggml's AVX-512 orders exactly; F32 and BF16 use 4 accumulators of 8 lanes.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from ..intrinsics import (bf16_to_f32, f16_to_f32, f_zero, f_add, fma_f, hsum_f, load_bf16x8, load_f16x8, load_f32x8)
+
+_NB = dict(nogil=True, cache=True)
+f32 = np.float32
+
+
+def kernels(mode: int) -> dict:
+    """(matvec, matmat) of F32, F16, BF16 for one instruction-set mode."""
+    def build(load, es, tail):
+        @numba.njit(inline="always")
+        def dot(w, o, x, xo, k):
+            a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
+            j = 0
+            while j + 32 <= k:
+                a0 = fma_f(a0, load(w, o + j * es), load_f32x8(x, xo + j))
+                a1 = fma_f(a1, load(w, o + (j + 8) * es), load_f32x8(x, xo + j + 8))
+                a2 = fma_f(a2, load(w, o + (j + 16) * es), load_f32x8(x, xo + j + 16))
+                a3 = fma_f(a3, load(w, o + (j + 24) * es), load_f32x8(x, xo + j + 24))
+                j += 32
+            while j + 8 <= k:
+                a0 = fma_f(a0, load(w, o + j * es), load_f32x8(x, xo + j))
+                j += 8
+            s = (hsum_f(a0) + hsum_f(a1)) + (hsum_f(a2) + hsum_f(a3))
+            while j < k:
+                s += tail(w, o + j * es) * x[xo + j]
+                j += 1
+            return s
+
+        return rowwise(dot, dot)
+
+    def rowwise(dot_vec, dot_mat):
+        """matvec / matmat of float weights: one dot per output (dot_vec for one column)."""
+        @numba.njit(**_NB)
+        def matvec(w, xp, out, r0, r1):
+            x = xp[0]
+            k = x.shape[0]
+            rb = w.shape[1]
+            for i in range(r0, r1):
+                out[i] = dot_vec(w, i * rb, x, 0, k)
+
+        @numba.njit(**_NB)
+        def matmat(w, xp, out, r0, r1):
+            x = xp[0]
+            k = x.shape[1]
+            xf = x.reshape(-1)
+            rb = w.shape[1]
+            for i in range(r0, r1):
+                for c in range(x.shape[0]):
+                    out[c, i] = dot_mat(w, i * rb, xf, c * k, k)
+
+        return matvec, matmat
+
+    # F16 follows ggml's AVX-512 orders exactly (f16*f16 products are exact in f32, so only the
+    # order of the additions matters): matmat = llamafile tinyBLAS<16> (used by ggml for >= 2
+    # columns): lane j % 16 accumulates in order, then GCC's _mm512_reduce_add_ps tree;
+    # matvec = ggml_vec_dot_f16: 4 accumulators x 16 lanes over steps of 64, (0+2)+(1+3), the
+    # same tree, leftovers (k % 64) added in float64.
+    @numba.njit(inline="always")
+    def red16(lo, hi):
+        return hsum_f(f_add(lo, hi))
+
+    @numba.njit(inline="always")
+    def dot16_vec(w, o, x, xo, k):
+        a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
+        a4 = f_zero(); a5 = f_zero(); a6 = f_zero(); a7 = f_zero()
+        j = 0
+        while j + 64 <= k:
+            a0 = fma_f(a0, load_f16x8(w, o + j * 2), load_f32x8(x, xo + j))
+            a1 = fma_f(a1, load_f16x8(w, o + (j + 8) * 2), load_f32x8(x, xo + j + 8))
+            a2 = fma_f(a2, load_f16x8(w, o + (j + 16) * 2), load_f32x8(x, xo + j + 16))
+            a3 = fma_f(a3, load_f16x8(w, o + (j + 24) * 2), load_f32x8(x, xo + j + 24))
+            a4 = fma_f(a4, load_f16x8(w, o + (j + 32) * 2), load_f32x8(x, xo + j + 32))
+            a5 = fma_f(a5, load_f16x8(w, o + (j + 40) * 2), load_f32x8(x, xo + j + 40))
+            a6 = fma_f(a6, load_f16x8(w, o + (j + 48) * 2), load_f32x8(x, xo + j + 48))
+            a7 = fma_f(a7, load_f16x8(w, o + (j + 56) * 2), load_f32x8(x, xo + j + 56))
+            j += 64
+        lo = f_add(f_add(a0, a4), f_add(a2, a6))
+        hi = f_add(f_add(a1, a5), f_add(a3, a7))
+        s = np.float64(red16(lo, hi))
+        while j < k:
+            s += np.float64(f16_to_f32(w, o + j * 2) * x[xo + j])
+            j += 1
+        return f32(s)
+
+    @numba.njit(inline="always")
+    def dot16_tiny(w, o, x, xo, k):
+        if k % 16:
+            return dot16_vec(w, o, x, xo, k)
+        lo = f_zero(); hi = f_zero()
+        j = 0
+        while j < k:
+            lo = fma_f(lo, load_f16x8(w, o + j * 2), load_f32x8(x, xo + j))
+            hi = fma_f(hi, load_f16x8(w, o + (j + 8) * 2), load_f32x8(x, xo + j + 8))
+            j += 16
+        return red16(lo, hi)
+
+    # ---- F16 matmat in register tiles of 3 rows x 4 columns (attention in prefill: keys or V^T rows
+    # against query or probability columns).  A dot of 16 lanes is a chain of FMAs (4 cycles each):
+    # one dot at a time waits on that latency, 12 independent ones keep both FMA pipes busy, and each
+    # row's halves are converted once for 4 columns.  Per output the lanes, their order and the
+    # final tree are dot16_tiny's, so results do not depend on the tiling.
+    @numba.njit(inline="always")
+    def fma16(lo, hi, wl, wh, x, xo):
+        return fma_f(lo, wl, load_f32x8(x, xo)), fma_f(hi, wh, load_f32x8(x, xo + 8))
+
+    @numba.njit(inline="always")
+    def f16_tile(w, o, rb, x, xo, k, out, c, i):
+        """out[c:c+4, i:i+3] (weights rows i.. at byte o, stride rb; x columns c.. at xo, stride k)."""
+        p0l = f_zero(); p0h = f_zero(); p1l = f_zero(); p1h = f_zero()
+        p2l = f_zero(); p2h = f_zero(); p3l = f_zero(); p3h = f_zero()
+        q0l = f_zero(); q0h = f_zero(); q1l = f_zero(); q1h = f_zero()
+        q2l = f_zero(); q2h = f_zero(); q3l = f_zero(); q3h = f_zero()
+        s0l = f_zero(); s0h = f_zero(); s1l = f_zero(); s1h = f_zero()
+        s2l = f_zero(); s2h = f_zero(); s3l = f_zero(); s3h = f_zero()
+        j = 0
+        while j < k:
+            wp = o + j * 2
+            al = load_f16x8(w, wp); ah = load_f16x8(w, wp + 16)
+            bl = load_f16x8(w, wp + rb); bh = load_f16x8(w, wp + rb + 16)
+            dl = load_f16x8(w, wp + 2 * rb); dh = load_f16x8(w, wp + 2 * rb + 16)
+            x0 = xo + j
+            p0l, p0h = fma16(p0l, p0h, al, ah, x, x0)
+            q0l, q0h = fma16(q0l, q0h, bl, bh, x, x0)
+            s0l, s0h = fma16(s0l, s0h, dl, dh, x, x0)
+            p1l, p1h = fma16(p1l, p1h, al, ah, x, x0 + k)
+            q1l, q1h = fma16(q1l, q1h, bl, bh, x, x0 + k)
+            s1l, s1h = fma16(s1l, s1h, dl, dh, x, x0 + k)
+            p2l, p2h = fma16(p2l, p2h, al, ah, x, x0 + 2 * k)
+            q2l, q2h = fma16(q2l, q2h, bl, bh, x, x0 + 2 * k)
+            s2l, s2h = fma16(s2l, s2h, dl, dh, x, x0 + 2 * k)
+            p3l, p3h = fma16(p3l, p3h, al, ah, x, x0 + 3 * k)
+            q3l, q3h = fma16(q3l, q3h, bl, bh, x, x0 + 3 * k)
+            s3l, s3h = fma16(s3l, s3h, dl, dh, x, x0 + 3 * k)
+            j += 16
+        out[c, i] = red16(p0l, p0h); out[c + 1, i] = red16(p1l, p1h)
+        out[c + 2, i] = red16(p2l, p2h); out[c + 3, i] = red16(p3l, p3h)
+        out[c, i + 1] = red16(q0l, q0h); out[c + 1, i + 1] = red16(q1l, q1h)
+        out[c + 2, i + 1] = red16(q2l, q2h); out[c + 3, i + 1] = red16(q3l, q3h)
+        out[c, i + 2] = red16(s0l, s0h); out[c + 1, i + 2] = red16(s1l, s1h)
+        out[c + 2, i + 2] = red16(s2l, s2h); out[c + 3, i + 2] = red16(s3l, s3h)
+
+    @numba.njit(inline="always")
+    def f16_row4(w, o, x, xo, k, out, c, i):
+        """out[c:c+4, i]: one row against 4 columns."""
+        p0l = f_zero(); p0h = f_zero(); p1l = f_zero(); p1h = f_zero()
+        p2l = f_zero(); p2h = f_zero(); p3l = f_zero(); p3h = f_zero()
+        j = 0
+        while j < k:
+            al = load_f16x8(w, o + j * 2); ah = load_f16x8(w, o + j * 2 + 16)
+            p0l, p0h = fma16(p0l, p0h, al, ah, x, xo + j)
+            p1l, p1h = fma16(p1l, p1h, al, ah, x, xo + j + k)
+            p2l, p2h = fma16(p2l, p2h, al, ah, x, xo + j + 2 * k)
+            p3l, p3h = fma16(p3l, p3h, al, ah, x, xo + j + 3 * k)
+            j += 16
+        out[c, i] = red16(p0l, p0h); out[c + 1, i] = red16(p1l, p1h)
+        out[c + 2, i] = red16(p2l, p2h); out[c + 3, i] = red16(p3l, p3h)
+
+    @numba.njit(**_NB)
+    def f16_matmat(w, xp, out, r0, r1):
+        x = xp[0]
+        n, k = x.shape
+        xf = x.reshape(-1)
+        rb = w.shape[1]
+        if k % 16:
+            for i in range(r0, r1):
+                for c in range(n):
+                    out[c, i] = dot16_vec(w, i * rb, xf, c * k, k)
+            return
+        c = 0
+        while c + 4 <= n:
+            i = r0
+            while i + 3 <= r1:
+                f16_tile(w, i * rb, rb, xf, c * k, k, out, c, i)
+                i += 3
+            while i < r1:
+                f16_row4(w, i * rb, xf, c * k, k, out, c, i)
+                i += 1
+            c += 4
+        while c < n:
+            for i in range(r0, r1):
+                out[c, i] = dot16_tiny(w, i * rb, xf, c * k, k)
+            c += 1
+
+    f16_matvec = rowwise(dot16_vec, dot16_tiny)[0]
+    return dict(F32=build(load_f32x8, 4, _f32_at), F16=(f16_matvec, f16_matmat),
+                BF16=build(load_bf16x8, 2, _bf16_at))
+
+
+@numba.njit(inline="always")
+def _f32_at(w, off):
+    return w.reshape(-1)[off:off + 4].view(np.float32)[0]
+
+
+@numba.njit(inline="always")
+def _bf16_at(w, off):
+    return bf16_to_f32(w, off)

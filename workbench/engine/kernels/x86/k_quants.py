@@ -1,0 +1,431 @@
+"""K-quants (Q4_K, Q5_K, Q6_K) as explicit SIMD (ggml-cpu arch/x86/quants.c and repack.cpp orders).
+
+pmaddubsw then pmaddwd/vpdpwssd with the sub-block scales; the sub-block scales are gathered into one
+i16x16 vector per super-block and selected with constant shuffles (``madd_sv``) rather than moved one
+scalar at a time into vector registers.  matmat loops over column tiles of 4 outermost and reuses each
+unpacked super-block for the tile's columns; whole groups of 8 rows of Q4_K/Q6_K go through the
+rows-in-lanes kernels of ``repack``.  Per output the float order never depends on the tiling.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from ..intrinsics import (b_and, b_or, b_shl, b_shr, f16_to_f32, f_zero, fmadd_i, hsum_f, i_zero, load_b32, madd_sv,
+                          mins_dot, scales_i8, scales_k4, fma_s, hsum_i, i_sub, q6_offset, reduce4, load_i32x4, load_f32x4,
+                          f4_zero, i4_mul_add, f4_scale, fma4_i, f4_sub, f4_lane)
+
+from . import repack
+from .blocks import _k4_scales
+
+
+_NB = dict(nogil=True, cache=True)
+f32 = np.float32
+# Q4_K / Q6_K prompts regroup 8 weight rows per call (rows in vector lanes, ``repack``) from this many
+# columns on; fewer columns take the per-row code, whose float order is the same
+REGROUP_COLUMNS = 32
+
+
+def kernels(mode: int) -> dict:
+    """(matvec, matmat) of Q4_K, Q5_K, Q6_K for one instruction-set mode."""
+    # Sub-block scales: one i16x16 vector per super-block (Q4_K/Q5_K: lanes 0-7 scales, 8-15 mins;
+    # Q6_K: its 16 int8 scales); madd_sv picks a pair of lanes with a constant shuffle.
+    @numba.njit(inline="always")
+    def k4_pair(l, lo, hi, xq, xo, sv, j0, j1):
+        l = madd_sv(mode, l, lo, load_b32(xq, xo), sv, j0, j0)
+        return madd_sv(mode, l, hi, load_b32(xq, xo + 32), sv, j1, j1)
+
+    @numba.njit(inline="always")
+    def q4_K_unpack(wf, o, jp):
+        raw = load_b32(wf, o + 16 + 32 * jp)
+        return b_and(raw, 15), b_shr(raw, 4)
+
+    @numba.njit(inline="always")
+    def q5_K_unpack(wf, o, qh, jp):
+        raw = load_b32(wf, o + 48 + 32 * jp)
+        h = b_shr(qh, 2 * jp)
+        return b_or(b_and(raw, 15), b_shl(b_and(h, 1), 4)), b_or(b_shr(raw, 4), b_shl(b_and(h, 2), 3))
+
+    @numba.njit(inline="always")
+    def q4_K_dot(wf, o, xq, xo, xd, xb, bo):
+        """(integer lanes of sum_j sc_j*dot_j, sum_j m_j*bsum_j) of one super-block."""
+        sl, sh, ml, mh = _k4_scales(wf, o + 4)
+        sv = scales_k4(sl, sh, ml, mh)
+        acc = i_zero()
+        lo, hi = q4_K_unpack(wf, o, 0)
+        acc = k4_pair(acc, lo, hi, xq, xo, sv, 0, 1)
+        lo, hi = q4_K_unpack(wf, o, 1)
+        acc = k4_pair(acc, lo, hi, xq, xo + 64, sv, 2, 3)
+        lo, hi = q4_K_unpack(wf, o, 2)
+        acc = k4_pair(acc, lo, hi, xq, xo + 128, sv, 4, 5)
+        lo, hi = q4_K_unpack(wf, o, 3)
+        acc = k4_pair(acc, lo, hi, xq, xo + 192, sv, 6, 7)
+        return acc, mins_dot(ml, mh, xb, bo)
+
+    @numba.njit(inline="always")
+    def q5_K_dot(wf, o, xq, xo, xd, xb, bo):
+        sl, sh, ml, mh = _k4_scales(wf, o + 4)
+        sv = scales_k4(sl, sh, ml, mh)
+        qh = load_b32(wf, o + 16)
+        acc = i_zero()
+        lo, hi = q5_K_unpack(wf, o, qh, 0)
+        acc = k4_pair(acc, lo, hi, xq, xo, sv, 0, 1)
+        lo, hi = q5_K_unpack(wf, o, qh, 1)
+        acc = k4_pair(acc, lo, hi, xq, xo + 64, sv, 2, 3)
+        lo, hi = q5_K_unpack(wf, o, qh, 2)
+        acc = k4_pair(acc, lo, hi, xq, xo + 128, sv, 4, 5)
+        lo, hi = q5_K_unpack(wf, o, qh, 3)
+        acc = k4_pair(acc, lo, hi, xq, xo + 192, sv, 6, 7)
+        return acc, mins_dot(ml, mh, xb, bo)
+
+    @numba.njit(inline="always")
+    def q6_K_unpack(wf, o, h):
+        ql0 = load_b32(wf, o + 64 * h)
+        ql1 = load_b32(wf, o + 64 * h + 32)
+        qh = load_b32(wf, o + 128 + 32 * h)
+        q1 = b_or(b_and(ql0, 15), b_shl(b_and(qh, 3), 4))
+        q2 = b_or(b_and(ql1, 15), b_shl(b_and(qh, 12), 2))
+        q3 = b_or(b_shr(ql0, 4), b_and(qh, 48))
+        q4 = b_or(b_shr(ql1, 4), b_shr(b_and(qh, 192), 2))
+        return q1, q2, q3, q4
+
+    @numba.njit(inline="always")
+    def k6_half0(l, q1, q2, q3, q4, xq, x0, sv):
+        l = madd_sv(mode, l, q1, load_b32(xq, x0), sv, 0, 1)
+        l = madd_sv(mode, l, q2, load_b32(xq, x0 + 32), sv, 2, 3)
+        l = madd_sv(mode, l, q3, load_b32(xq, x0 + 64), sv, 4, 5)
+        return madd_sv(mode, l, q4, load_b32(xq, x0 + 96), sv, 6, 7)
+
+    @numba.njit(inline="always")
+    def k6_half1(l, q1, q2, q3, q4, xq, x0, sv):
+        l = madd_sv(mode, l, q1, load_b32(xq, x0), sv, 8, 9)
+        l = madd_sv(mode, l, q2, load_b32(xq, x0 + 32), sv, 10, 11)
+        l = madd_sv(mode, l, q3, load_b32(xq, x0 + 64), sv, 12, 13)
+        return madd_sv(mode, l, q4, load_b32(xq, x0 + 96), sv, 14, 15)
+
+    @numba.njit(inline="always")
+    def q6_K_dot(wf, ws, o, xq, xo, xb, bo):
+        """Integer lanes of sum_j sc_j * sum (q-32)*x, laid out like ggml_vec_dot_q6_K_q8_K's AVX2 lanes
+        (unsigned quants, then the -32 offset per lane via the bsums)."""
+        sv = scales_i8(wf, o + 192)
+        q1, q2, q3, q4 = q6_K_unpack(wf, o, 0)
+        acc = k6_half0(i_zero(), q1, q2, q3, q4, xq, xo, sv)
+        q1, q2, q3, q4 = q6_K_unpack(wf, o, 1)
+        acc = k6_half1(acc, q1, q2, q3, q4, xq, xo + 128, sv)
+        return i_sub(acc, q6_offset(sv, xb, bo))   # ggml's per-lane offset: lane m gets sc[2m], sc[2m+1]
+
+    @numba.njit(**_NB)
+    def q4_K_matvec(w, xp, out, r0, r1):
+        xq, xd, xb = xp
+        nb = xd.shape[0]
+        rb = w.shape[1]
+        wf = w.reshape(-1)
+        for i in range(r0, r1):
+            acc = f32(0.0)
+            accm = f32(0.0)
+            for b in range(nb):
+                o = i * rb + b * 144
+                lanes, summ = q4_K_dot(wf, o, xq, b * 256, xd, xb, b * 16)
+                # ggml_gemv_q4_K_8x8_q8_K's order: one FMA per super-block on the exact integer sums
+                acc = fma_s(f32(hsum_i(lanes)), f16_to_f32(w, o) * xd[b], acc)
+                accm = fma_s(f32(summ), f16_to_f32(w, o + 2) * xd[b], accm)
+            out[i] = acc - accm
+
+    @numba.njit(**_NB)
+    def q5_K_matvec(w, xp, out, r0, r1):
+        xq, xd, xb = xp
+        nb = xd.shape[0]
+        rb = w.shape[1]
+        wf = w.reshape(-1)
+        for i in range(r0, r1):
+            acc = f_zero()
+            accm = f32(0.0)
+            for b in range(nb):
+                o = i * rb + b * 176
+                lanes, summ = q5_K_dot(wf, o, xq, b * 256, xd, xb, b * 16)
+                acc = fmadd_i(acc, lanes, f16_to_f32(w, o) * xd[b])
+                accm += (f16_to_f32(w, o + 2) * xd[b]) * f32(summ)
+            out[i] = hsum_f(acc) - accm
+
+    @numba.njit(**_NB)
+    def q6_K_matvec(w, xp, out, r0, r1):
+        xq, xd, xb = xp
+        nb = xd.shape[0]
+        rb = w.shape[1]
+        wf = w.reshape(-1)
+        ws = w.view(np.int8).reshape(-1)
+        for i in range(r0, r1):
+            acc = f_zero()
+            for b in range(nb):
+                o = i * rb + b * 210
+                acc = fmadd_i(acc, q6_K_dot(wf, ws, o, xq, b * 256, xb, b * 16), f16_to_f32(w, o + 208) * xd[b])
+            out[i] = hsum_f(acc)
+
+    # ---- matmat: column tiles of 4 outermost (the tile's activations stay in L1), then rows; each
+    # super-block is unpacked once per row and used for the 4 columns.  Per column the integer
+    # lanes (exact) and the f32 accumulation order are those of the single-column loop below.
+    def make_k4_matmat(q5, bsz):
+        @numba.njit(**_NB)
+        def matmat(w, xp, out, r0, r1):
+            xq, xd, xb = xp
+            n = xq.shape[0]
+            nb = xd.shape[1]
+            rb = w.shape[1]
+            k = xq.shape[1]
+            k16 = xb.shape[1]
+            wf = w.reshape(-1)
+            xf = xq.reshape(-1)
+            xbf = xb.reshape(-1)
+            c = 0
+            while c + 4 <= n:
+                for i in range(r0, r1):
+                    a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
+                    m0 = f32(0.0); m1 = f32(0.0); m2 = f32(0.0); m3 = f32(0.0)
+                    for b in range(nb):
+                        o = i * rb + b * bsz
+                        sl, sh, ml, mh = _k4_scales(wf, o + 4)
+                        sv = scales_k4(sl, sh, ml, mh)
+                        qh = load_b32(wf, o + 16)  # (Q5_K's high bits; unused for Q4_K)
+                        xo = c * k + b * 256
+                        lo, hi = q5_K_unpack(wf, o, qh, 0) if q5 else q4_K_unpack(wf, o, 0)
+                        l0 = k4_pair(i_zero(), lo, hi, xf, xo, sv, 0, 1)
+                        l1 = k4_pair(i_zero(), lo, hi, xf, xo + k, sv, 0, 1)
+                        l2 = k4_pair(i_zero(), lo, hi, xf, xo + 2 * k, sv, 0, 1)
+                        l3 = k4_pair(i_zero(), lo, hi, xf, xo + 3 * k, sv, 0, 1)
+                        lo, hi = q5_K_unpack(wf, o, qh, 1) if q5 else q4_K_unpack(wf, o, 1)
+                        l0 = k4_pair(l0, lo, hi, xf, xo + 64, sv, 2, 3)
+                        l1 = k4_pair(l1, lo, hi, xf, xo + 64 + k, sv, 2, 3)
+                        l2 = k4_pair(l2, lo, hi, xf, xo + 64 + 2 * k, sv, 2, 3)
+                        l3 = k4_pair(l3, lo, hi, xf, xo + 64 + 3 * k, sv, 2, 3)
+                        lo, hi = q5_K_unpack(wf, o, qh, 2) if q5 else q4_K_unpack(wf, o, 2)
+                        l0 = k4_pair(l0, lo, hi, xf, xo + 128, sv, 4, 5)
+                        l1 = k4_pair(l1, lo, hi, xf, xo + 128 + k, sv, 4, 5)
+                        l2 = k4_pair(l2, lo, hi, xf, xo + 128 + 2 * k, sv, 4, 5)
+                        l3 = k4_pair(l3, lo, hi, xf, xo + 128 + 3 * k, sv, 4, 5)
+                        lo, hi = q5_K_unpack(wf, o, qh, 3) if q5 else q4_K_unpack(wf, o, 3)
+                        l0 = k4_pair(l0, lo, hi, xf, xo + 192, sv, 6, 7)
+                        l1 = k4_pair(l1, lo, hi, xf, xo + 192 + k, sv, 6, 7)
+                        l2 = k4_pair(l2, lo, hi, xf, xo + 192 + 2 * k, sv, 6, 7)
+                        l3 = k4_pair(l3, lo, hi, xf, xo + 192 + 3 * k, sv, 6, 7)
+                        dw = f16_to_f32(w, o)
+                        dm = f16_to_f32(w, o + 2)
+                        bo = c * k16 + b * 16
+                        a0 = fmadd_i(a0, l0, dw * xd[c, b])
+                        m0 += (dm * xd[c, b]) * f32(mins_dot(ml, mh, xbf, bo))
+                        a1 = fmadd_i(a1, l1, dw * xd[c + 1, b])
+                        m1 += (dm * xd[c + 1, b]) * f32(mins_dot(ml, mh, xbf, bo + k16))
+                        a2 = fmadd_i(a2, l2, dw * xd[c + 2, b])
+                        m2 += (dm * xd[c + 2, b]) * f32(mins_dot(ml, mh, xbf, bo + 2 * k16))
+                        a3 = fmadd_i(a3, l3, dw * xd[c + 3, b])
+                        m3 += (dm * xd[c + 3, b]) * f32(mins_dot(ml, mh, xbf, bo + 3 * k16))
+                    out[c, i] = hsum_f(a0) - m0
+                    out[c + 1, i] = hsum_f(a1) - m1
+                    out[c + 2, i] = hsum_f(a2) - m2
+                    out[c + 3, i] = hsum_f(a3) - m3
+                c += 4
+            while c < n:
+                xqc = xq[c]; xbc = xb[c]
+                for i in range(r0, r1):
+                    acc = f_zero()
+                    accm = f32(0.0)
+                    for b in range(nb):
+                        o = i * rb + b * bsz
+                        if q5:
+                            lanes, summ = q5_K_dot(wf, o, xqc, b * 256, xd, xbc, b * 16)
+                        else:
+                            lanes, summ = q4_K_dot(wf, o, xqc, b * 256, xd, xbc, b * 16)
+                        acc = fmadd_i(acc, lanes, f16_to_f32(w, o) * xd[c, b])
+                        accm += (f16_to_f32(w, o + 2) * xd[c, b]) * f32(summ)
+                    out[c, i] = hsum_f(acc) - accm
+                c += 1
+        return matmat
+
+    q5_K_matmat = make_k4_matmat(True, 176)
+
+    # Q6_K matmat in llama.cpp's orders: fewer than 8 columns -> ggml_vec_dot_q6_K_q8_K per column (f32x8
+    # lanes, as matvec); 8 or more -> the tiled matmul: per column one scalar chain over super-blocks,
+    # out = fma(f32(S) * d_w, d_x, out) with S the block's exact integer sum.
+    @numba.njit(inline="always")
+    def q6_tiled(a, l, d, xdv):
+        return fma_s(f32(hsum_i(l)) * d, xdv, a)
+
+    @numba.njit(**_NB)
+    def q6_K_matmat_rows(w, xp, out, r0, r1):
+        xq, xd, xb = xp
+        n = xq.shape[0]
+        nb = xd.shape[1]
+        rb = w.shape[1]
+        k = xq.shape[1]
+        k16 = xb.shape[1]
+        wf = w.reshape(-1)
+        ws = w.view(np.int8).reshape(-1)
+        xf = xq.reshape(-1)
+        xbf = xb.reshape(-1)
+        tiled = n >= 8
+        c = 0
+        while c + 4 <= n:
+            for i in range(r0, r1):
+                a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
+                t0 = f32(0.0); t1 = f32(0.0); t2 = f32(0.0); t3 = f32(0.0)
+                for b in range(nb):
+                    o = i * rb + b * 210
+                    sv = scales_i8(wf, o + 192)
+                    x0 = c * k + b * 256
+                    q1, q2, q3, q4 = q6_K_unpack(wf, o, 0)
+                    l0 = k6_half0(i_zero(), q1, q2, q3, q4, xf, x0, sv)
+                    l1 = k6_half0(i_zero(), q1, q2, q3, q4, xf, x0 + k, sv)
+                    l2 = k6_half0(i_zero(), q1, q2, q3, q4, xf, x0 + 2 * k, sv)
+                    l3 = k6_half0(i_zero(), q1, q2, q3, q4, xf, x0 + 3 * k, sv)
+                    q1, q2, q3, q4 = q6_K_unpack(wf, o, 1)
+                    l0 = k6_half1(l0, q1, q2, q3, q4, xf, x0 + 128, sv)
+                    l1 = k6_half1(l1, q1, q2, q3, q4, xf, x0 + 128 + k, sv)
+                    l2 = k6_half1(l2, q1, q2, q3, q4, xf, x0 + 128 + 2 * k, sv)
+                    l3 = k6_half1(l3, q1, q2, q3, q4, xf, x0 + 128 + 3 * k, sv)
+                    d = f16_to_f32(w, o + 208)
+                    bo = c * k16 + b * 16
+                    l0 = i_sub(l0, q6_offset(sv, xbf, bo))
+                    l1 = i_sub(l1, q6_offset(sv, xbf, bo + k16))
+                    l2 = i_sub(l2, q6_offset(sv, xbf, bo + 2 * k16))
+                    l3 = i_sub(l3, q6_offset(sv, xbf, bo + 3 * k16))
+                    if tiled:
+                        t0 = q6_tiled(t0, l0, d, xd[c, b]); t1 = q6_tiled(t1, l1, d, xd[c + 1, b])
+                        t2 = q6_tiled(t2, l2, d, xd[c + 2, b]); t3 = q6_tiled(t3, l3, d, xd[c + 3, b])
+                    else:
+                        a0 = fmadd_i(a0, l0, d * xd[c, b]); a1 = fmadd_i(a1, l1, d * xd[c + 1, b])
+                        a2 = fmadd_i(a2, l2, d * xd[c + 2, b]); a3 = fmadd_i(a3, l3, d * xd[c + 3, b])
+                if tiled:
+                    out[c, i] = t0; out[c + 1, i] = t1; out[c + 2, i] = t2; out[c + 3, i] = t3
+                else:
+                    out[c, i] = hsum_f(a0); out[c + 1, i] = hsum_f(a1)
+                    out[c + 2, i] = hsum_f(a2); out[c + 3, i] = hsum_f(a3)
+            c += 4
+        while c < n:
+            xqc = xq[c]; xbc = xb[c]
+            for i in range(r0, r1):
+                acc = f_zero()
+                t0 = f32(0.0)
+                for b in range(nb):
+                    o = i * rb + b * 210
+                    l0 = q6_K_dot(wf, ws, o, xqc, b * 256, xbc, b * 16)
+                    d = f16_to_f32(w, o + 208)
+                    if tiled:
+                        t0 = q6_tiled(t0, l0, d, xd[c, b])
+                    else:
+                        acc = fmadd_i(acc, l0, d * xd[c, b])
+                out[c, i] = t0 if tiled else hsum_f(acc)
+            c += 1
+
+    # Q4_K matmat in llama.cpp's orders: columns [0, n - n % 4) as ggml_gemm_q4_K_8x8_q8_K (one FMA per
+    # pair of sub-blocks on the exact integer pair sums, for the scaled and the min parts), the last
+    # n % 4 columns as the gemv (one FMA per super-block).  Tiles of 4 columns are exactly the gemm ones.
+    # Whole groups of 8 rows go through q4_K_gemm_rows8 (rows in lanes); the rest, row by row, here.
+    @numba.njit(**_NB)
+    def q4_K_gemm_rows(w, xp, out, r0, r1):
+        xq, xd, xb = xp
+        n = xq.shape[0]
+        nb = xd.shape[1]
+        rb = w.shape[1]
+        k = xq.shape[1]
+        k16 = xb.shape[1]
+        wf = w.reshape(-1)
+        xf = xq.reshape(-1)
+        # once per call, columns innermost so a tile's 4 values are contiguous:
+        # xdT[b, col] = d_x; b32T[b * 8 + j, col] = bsum of sub-block j (32 elements)
+        xdT = np.ascontiguousarray(xd.T).reshape(-1)
+        b32T = np.ascontiguousarray((xb[:, 0::2] + xb[:, 1::2]).T).reshape(-1)
+        c = 0
+        while c + 4 <= n:
+            for i in range(r0, r1):
+                acc = f4_zero(); accm = f4_zero()
+                for b in range(nb):
+                    o = i * rb + b * 144
+                    sl, sh, ml, mh = _k4_scales(wf, o + 4)
+                    sv = scales_k4(sl, sh, ml, mh)
+                    x4 = load_f32x4(xdT, b * n + c)
+                    dd = f4_scale(x4, f16_to_f32(w, o))          # d_w * d_x per column (rounded once)
+                    dm = f4_scale(x4, f16_to_f32(w, o + 2))
+                    xo = c * k + b * 256
+                    bt = (b * 8) * n + c
+                    # pair g = sub-blocks 2g, 2g+1: integer pair sums of the 4 columns, then one FMA each
+                    lo, hi = q4_K_unpack(wf, o, 0)
+                    acc = fma4_i(acc, reduce4(k4_pair(i_zero(), lo, hi, xf, xo, sv, 0, 1),
+                                              k4_pair(i_zero(), lo, hi, xf, xo + k, sv, 0, 1),
+                                              k4_pair(i_zero(), lo, hi, xf, xo + 2 * k, sv, 0, 1),
+                                              k4_pair(i_zero(), lo, hi, xf, xo + 3 * k, sv, 0, 1)), dd)
+                    accm = fma4_i(accm, i4_mul_add(load_i32x4(b32T, bt), ml & np.uint32(0xFF),
+                                                   load_i32x4(b32T, bt + n), (ml >> np.uint32(8)) & np.uint32(0xFF)), dm)
+                    lo, hi = q4_K_unpack(wf, o, 1)
+                    acc = fma4_i(acc, reduce4(k4_pair(i_zero(), lo, hi, xf, xo + 64, sv, 2, 3),
+                                              k4_pair(i_zero(), lo, hi, xf, xo + 64 + k, sv, 2, 3),
+                                              k4_pair(i_zero(), lo, hi, xf, xo + 64 + 2 * k, sv, 2, 3),
+                                              k4_pair(i_zero(), lo, hi, xf, xo + 64 + 3 * k, sv, 2, 3)), dd)
+                    accm = fma4_i(accm, i4_mul_add(load_i32x4(b32T, bt + 2 * n), (ml >> np.uint32(16)) & np.uint32(0xFF),
+                                                   load_i32x4(b32T, bt + 3 * n), ml >> np.uint32(24)), dm)
+                    lo, hi = q4_K_unpack(wf, o, 2)
+                    acc = fma4_i(acc, reduce4(k4_pair(i_zero(), lo, hi, xf, xo + 128, sv, 4, 5),
+                                              k4_pair(i_zero(), lo, hi, xf, xo + 128 + k, sv, 4, 5),
+                                              k4_pair(i_zero(), lo, hi, xf, xo + 128 + 2 * k, sv, 4, 5),
+                                              k4_pair(i_zero(), lo, hi, xf, xo + 128 + 3 * k, sv, 4, 5)), dd)
+                    accm = fma4_i(accm, i4_mul_add(load_i32x4(b32T, bt + 4 * n), mh & np.uint32(0xFF),
+                                                   load_i32x4(b32T, bt + 5 * n), (mh >> np.uint32(8)) & np.uint32(0xFF)), dm)
+                    lo, hi = q4_K_unpack(wf, o, 3)
+                    acc = fma4_i(acc, reduce4(k4_pair(i_zero(), lo, hi, xf, xo + 192, sv, 6, 7),
+                                              k4_pair(i_zero(), lo, hi, xf, xo + 192 + k, sv, 6, 7),
+                                              k4_pair(i_zero(), lo, hi, xf, xo + 192 + 2 * k, sv, 6, 7),
+                                              k4_pair(i_zero(), lo, hi, xf, xo + 192 + 3 * k, sv, 6, 7)), dd)
+                    accm = fma4_i(accm, i4_mul_add(load_i32x4(b32T, bt + 6 * n), (mh >> np.uint32(16)) & np.uint32(0xFF),
+                                                   load_i32x4(b32T, bt + 7 * n), mh >> np.uint32(24)), dm)
+                r = f4_sub(acc, accm)
+                out[c, i] = f4_lane(r, 0); out[c + 1, i] = f4_lane(r, 1)
+                out[c + 2, i] = f4_lane(r, 2); out[c + 3, i] = f4_lane(r, 3)
+            c += 4
+
+    @numba.njit(**_NB)
+    def q4_K_gemv_rows(w, xp, out, r0, r1):
+        """Gemv-order columns of rows r0..r1-1: the last n % 4, or all of them when n < 4."""
+        xq, xd, xb = xp
+        n = xq.shape[0]
+        nb = xd.shape[1]
+        rb = w.shape[1]
+        wf = w.reshape(-1)
+        c = n - n % 4 if n >= 4 else 0
+        while c < n:
+            xqc = xq[c]; xbc = xb[c]
+            for i in range(r0, r1):
+                acc = f32(0.0)
+                accm = f32(0.0)
+                for b in range(nb):
+                    o = i * rb + b * 144
+                    lanes, summ = q4_K_dot(wf, o, xqc, b * 256, xd, xbc, b * 16)
+                    acc = fma_s(f32(hsum_i(lanes)), f16_to_f32(w, o) * xd[c, b], acc)
+                    accm = fma_s(f32(summ), f16_to_f32(w, o + 2) * xd[c, b], accm)
+                out[c, i] = acc - accm
+            c += 1
+
+    q4_K_gemm_rows8 = repack.q4_K_rows8(mode)
+
+    @numba.njit(**_NB)
+    def q4_K_matmat(w, xp, out, r0, r1):
+        n = xp[0].shape[0]
+        r8 = r0 + (r1 - r0) // 8 * 8
+        if n >= REGROUP_COLUMNS:
+            q4_K_gemm_rows8(w, xp, out, r0, r8)
+            q4_K_gemm_rows(w, xp, out, r8, r1)
+        elif n >= 4:
+            q4_K_gemm_rows(w, xp, out, r0, r1)
+        q4_K_gemv_rows(w, xp, out, r0, r1)
+
+    q6_K_tiled_rows8 = repack.q6_K_rows8(mode)
+
+    @numba.njit(**_NB)
+    def q6_K_matmat(w, xp, out, r0, r1):
+        r8 = r0 + (r1 - r0) // 8 * 8
+        if xp[0].shape[0] >= REGROUP_COLUMNS:
+            q6_K_tiled_rows8(w, xp, out, r0, r8)
+            q6_K_matmat_rows(w, xp, out, r8, r1)
+        else:
+            q6_K_matmat_rows(w, xp, out, r0, r1)
+
+    return dict(Q4_K=(q4_K_matvec, q4_K_matmat), Q5_K=(q5_K_matvec, q5_K_matmat),
+                Q6_K=(q6_K_matvec, q6_K_matmat))
+

@@ -1,0 +1,185 @@
+"""Legacy quants (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) as explicit SIMD (ggml-cpu arch/x86/quants.c).
+
+Integer work per block is exact and follows ggml: Q8_0 uses the sign trick (|w| . sign(w)*x);
+Q4_0/Q5_0 multiply unsigned quants and remove the offset inside the i32 lanes with the
+precomputed group-of-4 activation sums (``n4``).  Lanes are converted to f32 and fused-multiply-added
+with the block scale product, like ggml's AVX2 code.  For Q8_0 and Q5_0 the order is llama.cpp's
+(ggml_vec_dot_q{8,5}_0_q8_0 / tinyBLAS_Q0_AVX): the results are bit-identical to it.  The prompt
+tiles of Q4_0/Q5_0 are in ``repack``.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from ..intrinsics import (b_add, b_or, dot_ss, dot_us, f16_to_f32, f_zero, fmadd_i, hsum_f, i_zero, load_b32, load_bits16,
+                          load_i8, load_nib)
+
+from . import repack
+
+
+_NB = dict(nogil=True, cache=True)
+f32 = np.float32
+
+
+def kernels(mode: int) -> dict:
+    """(matvec, matmat) of Q8_0, Q4_0, Q5_0, Q4_1, Q5_1 for one instruction-set mode."""
+    @numba.njit(inline="always")
+    def q8_0_lanes(w, o, xq, xo):
+        return dot_ss(mode, i_zero(), load_b32(w, o + 2), load_b32(xq, xo))
+
+    @numba.njit(inline="always")
+    def q4_1_lanes(w, o, xq, xo):
+        return dot_us(mode, i_zero(), load_nib(w, o + 4), load_b32(xq, xo))
+
+    @numba.njit(inline="always")
+    def q5_1_lanes(w, o, xq, xo):
+        q = b_or(load_nib(w, o + 8), load_bits16(w, o + 4))
+        return dot_us(mode, i_zero(), q, load_b32(xq, xo))
+
+    # ---- matvec: per-block (lanes, scale, extra) functions and one 4-accumulator driver
+    @numba.njit(inline="always")
+    def q4_1_blk(w, base, b, xq, xd, xa):
+        o = base + b * 20
+        return q4_1_lanes(w, o, xq, b * 32), f16_to_f32(w, o) * xd[b], f16_to_f32(w, o + 2) * xa[b]
+
+    @numba.njit(inline="always")
+    def q5_1_blk(w, base, b, xq, xd, xa):
+        o = base + b * 24
+        return q5_1_lanes(w, o, xq, b * 32), f16_to_f32(w, o) * xd[b], f16_to_f32(w, o + 2) * xa[b]
+
+    def make_matvec(blk):
+        # one f32x8 accumulator in block order, then hsum (+ the min terms summed in block order):
+        # exactly ggml's x86 vec_dot_q*_q8_* (acc = fmadd(d, q, acc); hsum_float_8(acc) + summs),
+        # which llama.cpp runs for one-token products; several accumulators would be faster but
+        # round differently from llama.cpp
+        @numba.njit(**_NB)
+        def matvec(w, xp, out, r0, r1):
+            xq, xd, xa = xp
+            nb = xd.shape[0]
+            rb = w.shape[1]
+            for i in range(r0, r1):
+                base = i * rb
+                a0 = f_zero()
+                e0 = f32(0.0)
+                for b in range(nb):
+                    l, s, e = blk(w, base, b, xq, xd, xa)
+                    a0 = fmadd_i(a0, l, s); e0 += e
+                out[i] = hsum_f(a0) + e0
+        return matvec
+
+    q4_1_matvec = make_matvec(q4_1_blk)
+    q5_1_matvec = make_matvec(q5_1_blk)
+
+    # Q4_0/Q5_0 matvec: one row at a time, ONE f32 chain per row in block order -- llama.cpp's order
+    # (ggml_vec_dot_q5_0_q8_0: acc = fma(f32(lanes), d_w * d_x, acc), hsum_float_8), so results are
+    # bit-identical to it; offsets pre-shifted once per call (see make_matmat).  (Interleaving 2 or 4
+    # rows to break the FMA chain measured slower here: the single sequential stream wins.)
+    def make_offset_matvec(unpack, bsz, shift):
+        @numba.njit(**_NB)
+        def matvec(w, xp, out, r0, r1):
+            xq, xd, n4 = xp
+            nb = xd.shape[0]
+            rb = w.shape[1]
+            ns = (n4 << shift).astype(np.int32)
+            for i in range(r0, r1):
+                a0 = f_zero()
+                base = i * rb
+                for b in range(nb):
+                    o0 = base + b * bsz
+                    a0 = fmadd_i(a0, dot_us(mode, load_i8(ns, b * 8), unpack(w, o0), load_b32(xq, b * 32)),
+                                 f16_to_f32(w, o0) * xd[b])
+                out[i] = hsum_f(a0)
+        return matvec
+
+    @numba.njit(inline="always")
+    def u_q4_0(w, o):
+        return load_nib(w, o + 2)
+
+    @numba.njit(inline="always")
+    def u_q5_0(w, o):
+        # nibble + 16 where the 5th bit is set (= nibble | 16): one masked vpaddb on AVX-512
+        return b_add(load_nib(w, o + 6), load_bits16(w, o + 2))
+
+
+    @numba.njit(**_NB)
+    def q8_0_matmat(w, xp, out, r0, r1):
+        xq, xd, _ = xp
+        n = xq.shape[0]
+        nb = xd.shape[1]
+        rb = w.shape[1]
+        k = xq.shape[1]
+        xf = xq.reshape(-1)
+        for i in range(r0, r1):
+            base = i * rb
+            c = 0
+            while c + 4 <= n:
+                a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
+                for b in range(nb):
+                    o = base + b * 34
+                    wv = load_b32(w, o + 2)
+                    dw = f16_to_f32(w, o)
+                    xo = c * k + b * 32
+                    a0 = fmadd_i(a0, dot_ss(mode, i_zero(), wv, load_b32(xf, xo)), dw * xd[c, b])
+                    a1 = fmadd_i(a1, dot_ss(mode, i_zero(), wv, load_b32(xf, xo + k)), dw * xd[c + 1, b])
+                    a2 = fmadd_i(a2, dot_ss(mode, i_zero(), wv, load_b32(xf, xo + 2 * k)), dw * xd[c + 2, b])
+                    a3 = fmadd_i(a3, dot_ss(mode, i_zero(), wv, load_b32(xf, xo + 3 * k)), dw * xd[c + 3, b])
+                out[c, i] = hsum_f(a0); out[c + 1, i] = hsum_f(a1)
+                out[c + 2, i] = hsum_f(a2); out[c + 3, i] = hsum_f(a3)
+                c += 4
+            while c < n:
+                acc = f_zero()
+                for b in range(nb):
+                    o = base + b * 34
+                    acc = fmadd_i(acc, q8_0_lanes(w, o, xf, c * k + b * 32), f16_to_f32(w, o) * xd[c, b])
+                out[c, i] = hsum_f(acc)
+                c += 1
+
+    q4_0_matmat = repack.q0_matmat(mode, u_q4_0, 18, 3)
+    q5_0_matmat = repack.q0_matmat(mode, u_q5_0, 22, 4)
+    q4_0_matvec = make_offset_matvec(u_q4_0, 18, 3)
+    q5_0_matvec = make_offset_matvec(u_q5_0, 22, 4)
+
+    # Q8_0 matvec: one f32 chain per row in block order, written out (llama.cpp's ggml_vec_dot_q8_0_q8_0
+    # order; make_matvec's four accumulators happened to compile to one chain, which is not a guarantee)
+    @numba.njit(**_NB)
+    def q8_0_matvec(w, xp, out, r0, r1):
+        xq, xd, _ = xp
+        nb = xd.shape[0]
+        rb = w.shape[1]
+        for i in range(r0, r1):
+            acc = f_zero()
+            base = i * rb
+            for b in range(nb):
+                o = base + b * 34
+                acc = fmadd_i(acc, q8_0_lanes(w, o, xq, b * 32), f16_to_f32(w, o) * xd[b])
+            out[i] = hsum_f(acc)
+
+    def make_min_matmat(lanes, bsz):
+        # Q4_1 / Q5_1 (blocks with a min): one f32x8 accumulator plus the min terms, per column
+        @numba.njit(**_NB)
+        def matmat(w, xp, out, r0, r1):
+            xq, xd, xs = xp
+            n = xq.shape[0]
+            nb = xd.shape[1]
+            rb = w.shape[1]
+            k = xq.shape[1]
+            xf = xq.reshape(-1)
+            for i in range(r0, r1):
+                base = i * rb
+                for c in range(n):
+                    acc = f_zero()
+                    accm = f32(0.0)
+                    for b in range(nb):
+                        o = base + b * bsz
+                        acc = fmadd_i(acc, lanes(w, o, xf, c * k + b * 32), f16_to_f32(w, o) * xd[c, b])
+                        accm += f16_to_f32(w, o + 2) * xs[c, b]
+                    out[c, i] = hsum_f(acc) + accm
+        return matmat
+
+    q4_1_matmat = make_min_matmat(q4_1_lanes, 20)
+    q5_1_matmat = make_min_matmat(q5_1_lanes, 24)
+
+    return dict(Q8_0=(q8_0_matvec, q8_0_matmat), Q4_0=(q4_0_matvec, q4_0_matmat),
+                Q5_0=(q5_0_matvec, q5_0_matmat), Q4_1=(q4_1_matvec, q4_1_matmat),
+                Q5_1=(q5_1_matvec, q5_1_matmat))

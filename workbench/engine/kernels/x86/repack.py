@@ -1,0 +1,433 @@
+"""Repacked / tiled prompt kernels (ggml-cpu's repack.cpp and tinyBLAS counterparts).
+
+Each factory closes over ``mode`` (intrinsics.AVX2 or intrinsics.VNNI) like the family modules and
+returns kernels that regroup weights or activations once per call so the inner loop has no
+horizontal sums: Q4_0/Q5_0 register tiles of 2 rows x 8 columns over regrouped activations, and Q4_K /
+Q6_K with 8 weight rows in the lanes of a vector.  Per output the float order is that of the family
+module's per-row code (or llama.cpp's repacked gemm), so results do not depend on the tiling.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from ..intrinsics import (dot_us, f16_to_f32, f_zero, fmadd_i, hsum_f, i_zero, load_b32, load_f32x8, load_i8,
+                          ld_u32, i_sub, load_f32x4, f4_scale, i_shl, fmadd_im, store_f32x4, bcast_b4, bcast_i32, madd16,
+                          i_add, i_mul, fmadd_v, f_scale, f_sub, f_lane, fma_sv)
+
+from .blocks import _block_scales, _k4_scales
+
+
+_NB = dict(nogil=True, cache=True)
+f32 = np.float32
+
+
+# ============================================================================= Q4_0 / Q5_0 prompt tiles
+@numba.njit(**_NB)
+def _pack_q8_0(xq, xd, n4, shift):
+    """Q8_0 activations of columns [0, n - n % 8) regrouped by tiles of 8 columns, block by block:
+    xt [tile, block, column, 32] quants, mt [tile, block, column, 8] = n4 << shift (the lanes'
+    initial values), st [tile, block, column] scales.  A tile's block is then 3 short contiguous
+    runs: few pointers (no register spills) and vector loads of the columns' scales."""
+    n = xq.shape[0]
+    nb = xd.shape[1]
+    nt = n // 8
+    xt = np.empty(nt * nb * 256, np.int8)
+    mt = np.empty(nt * nb * 64, np.int32)
+    st = np.empty(nt * nb * 8, np.float32)
+    for t in range(nt):
+        for b in range(nb):
+            e = (t * nb + b) * 8
+            for j in range(8):
+                c = 8 * t + j
+                xt[(e + j) * 32:(e + j + 1) * 32] = xq[c, b * 32:(b + 1) * 32]
+                for q in range(8):
+                    mt[(e + j) * 8 + q] = np.int32(n4[c, b * 8 + q]) << shift
+                st[e + j] = xd[c, b]
+    return xt, mt, st
+
+
+def q0_matmat(mode, unpack, bsz, shift):
+    """Q4_0/Q5_0 prompt product over activations regrouped per tile of 8 columns (``unpack``: the
+    block's unsigned quants; ``shift``: log2 of the quant offset)."""
+    # ---- matmat: register tiles of 2 rows x 8 columns over activations regrouped per tile
+    # (_pack_q8_0).  The loop over column tiles is outermost, so a tile's activations (~10 KB at
+    # k=640) stay in L1 while the weight rows stream past.  Per dot the loop issues just the VNNI
+    # dot, the int -> float conversion and the FMA (its scale d_w * d_x an embedded-broadcast load
+    # from a per-tile table made 4 products per multiply); a weight block is unpacked once for 8
+    # columns.  (The FP pipes are the limit: 2 x 8 beats 4 x 4, which unpacks twice as often.)
+    # Per (row, column) the block order and the f32 accumulation are those of the single-column
+    # loop, so results do not depend on the tiling.
+    #
+    # Q4_0/Q5_0: lanes = dpbusd(init, u, x) with u the unsigned quants (nibble, nibble | bit5 << 4) and
+    # init = n4 << shift (n4 = -sum of each group of 4 activation quants; shift 3 or 4 = log2 of the
+    # offset), the shift done once per call instead of per block.  (Q8_0 keeps the sign trick: with
+    # u = q + 128 AVX2's pmaddubsw would saturate.)
+    @numba.njit(inline="always")
+    def col2(a0, a1, u0, u1, xt, xo, mt, mo, sc, so, j):
+        """Column j of a tile: both rows' accumulators after one block (scale products at sc[so:])."""
+        x = load_b32(xt, xo + 32 * j)
+        m = load_i8(mt, mo + 8 * j)
+        return fmadd_im(a0, dot_us(mode, m, u0, x), sc, so + j), fmadd_im(a1, dot_us(mode, m, u1, x), sc, so + 8 + j)
+
+    @numba.njit(inline="always")
+    def col1(a0, u0, xt, xo, mt, mo, sc, so, j):
+        return fmadd_im(a0, dot_us(mode, load_i8(mt, mo + 8 * j), u0, load_b32(xt, xo + 32 * j)), sc, so + j)
+
+    @numba.njit(inline="always")
+    def tile_scales(sc, st, t, nb, dws, r, rows):
+        """sc[b * 16 + 8 * q + j] = d_w(row r + q, block b) * d_x(column j of tile t, block b) for
+        q < rows: a tile's scale products, before its block loop."""
+        for b in range(nb):
+            lo = load_f32x4(st, (t * nb + b) * 8)
+            hi = load_f32x4(st, (t * nb + b) * 8 + 4)
+            for q in range(rows):
+                d = dws[(r + q) * nb + b]
+                store_f32x4(sc, b * 16 + 8 * q, f4_scale(lo, d))
+                store_f32x4(sc, b * 16 + 8 * q + 4, f4_scale(hi, d))
+
+    @numba.njit(inline="always")
+    def put8(out, c, i, a0, a1, a2, a3, a4, a5, a6, a7):
+        out[c, i] = hsum_f(a0); out[c + 1, i] = hsum_f(a1)
+        out[c + 2, i] = hsum_f(a2); out[c + 3, i] = hsum_f(a3)
+        out[c + 4, i] = hsum_f(a4); out[c + 5, i] = hsum_f(a5)
+        out[c + 6, i] = hsum_f(a6); out[c + 7, i] = hsum_f(a7)
+
+    def make_matmat(unpack, bsz, shift):
+        @numba.njit(**_NB)
+        def matmat(w, xp, out, r0, r1):
+            xq, xd, n4 = xp
+            n = xq.shape[0]
+            nb = xd.shape[1]
+            rb = w.shape[1]
+            k = xq.shape[1]
+            k4 = k // 4
+            xt, mt, st = _pack_q8_0(xq, xd, n4, shift)
+            dws = _block_scales(w, r0, r1, nb, bsz)
+            sc = np.empty(nb * 16, np.float32)
+            for t in range(n // 8):
+                c = 8 * t
+                i = r0
+                while i < r1:
+                    two = i + 2 <= r1
+                    tile_scales(sc, st, t, nb, dws, i - r0, 2 if two else 1)
+                    a00 = f_zero(); a01 = f_zero(); a02 = f_zero(); a03 = f_zero()
+                    a04 = f_zero(); a05 = f_zero(); a06 = f_zero(); a07 = f_zero()
+                    if two:
+                        a10 = f_zero(); a11 = f_zero(); a12 = f_zero(); a13 = f_zero()
+                        a14 = f_zero(); a15 = f_zero(); a16 = f_zero(); a17 = f_zero()
+                        for b in range(nb):
+                            o0 = i * rb + b * bsz
+                            u0 = unpack(w, o0)
+                            u1 = unpack(w, o0 + rb)
+                            e = t * nb + b
+                            xo = e * 256
+                            mo = e * 64
+                            so = b * 16
+                            a00, a10 = col2(a00, a10, u0, u1, xt, xo, mt, mo, sc, so, 0)
+                            a01, a11 = col2(a01, a11, u0, u1, xt, xo, mt, mo, sc, so, 1)
+                            a02, a12 = col2(a02, a12, u0, u1, xt, xo, mt, mo, sc, so, 2)
+                            a03, a13 = col2(a03, a13, u0, u1, xt, xo, mt, mo, sc, so, 3)
+                            a04, a14 = col2(a04, a14, u0, u1, xt, xo, mt, mo, sc, so, 4)
+                            a05, a15 = col2(a05, a15, u0, u1, xt, xo, mt, mo, sc, so, 5)
+                            a06, a16 = col2(a06, a16, u0, u1, xt, xo, mt, mo, sc, so, 6)
+                            a07, a17 = col2(a07, a17, u0, u1, xt, xo, mt, mo, sc, so, 7)
+                        put8(out, c, i + 1, a10, a11, a12, a13, a14, a15, a16, a17)
+                    else:
+                        for b in range(nb):
+                            u0 = unpack(w, i * rb + b * bsz)
+                            e = t * nb + b
+                            xo = e * 256
+                            mo = e * 64
+                            so = b * 16
+                            a00 = col1(a00, u0, xt, xo, mt, mo, sc, so, 0)
+                            a01 = col1(a01, u0, xt, xo, mt, mo, sc, so, 1)
+                            a02 = col1(a02, u0, xt, xo, mt, mo, sc, so, 2)
+                            a03 = col1(a03, u0, xt, xo, mt, mo, sc, so, 3)
+                            a04 = col1(a04, u0, xt, xo, mt, mo, sc, so, 4)
+                            a05 = col1(a05, u0, xt, xo, mt, mo, sc, so, 5)
+                            a06 = col1(a06, u0, xt, xo, mt, mo, sc, so, 6)
+                            a07 = col1(a07, u0, xt, xo, mt, mo, sc, so, 7)
+                    put8(out, c, i, a00, a01, a02, a03, a04, a05, a06, a07)
+                    i += 2 if two else 1
+            xf = xq.reshape(-1)
+            ns = n4.reshape(-1)
+            for c in range(n - n % 8, n):
+                for i in range(r0, r1):
+                    acc = f_zero()
+                    for b in range(nb):
+                        o0 = i * rb + b * bsz
+                        m = i_shl(load_i8(ns, c * k4 + b * 8), shift)
+                        acc = fmadd_i(acc, dot_us(mode, m, unpack(w, o0), load_b32(xf, c * k + b * 32)),
+                                      f16_to_f32(w, o0) * xd[c, b])
+                    out[c, i] = hsum_f(acc)
+        return matmat
+    return make_matmat(unpack, bsz, shift)
+
+
+# ============================================================================= Q4_K rows in lanes
+@numba.njit(**_NB)
+def _repack_q4_K(w, r0, ng, nb):
+    """Q4_K rows r0 .. r0 + 8 * ng regrouped by 8 rows, for dot products whose lanes are rows.
+
+    qt (bytes) [group, block, sub-block j, chunk e, row, 4]: quants 4e..4e+3 of sub-block j (one byte
+    each); sc [group, block, j, row] scales; mn [group, block, pair p, row] = m_2p | m_2p+1 << 16;
+    dw, dm [group, block, row] the f16 d and dmin as float32."""
+    rb = w.shape[1]
+    wf = w.reshape(-1)
+    qt = np.empty(ng * nb * 2048, np.uint8)
+    q32 = qt.view(np.uint32)
+    sc = np.empty(ng * nb * 64, np.int32)
+    mn = np.empty(ng * nb * 32, np.int32)
+    dw = np.empty(ng * nb * 8, np.float32)
+    dm = np.empty(ng * nb * 8, np.float32)
+    lo4 = np.uint32(0x0F0F0F0F)
+    for g in range(ng):
+        for b in range(nb):
+            gb = g * nb + b
+            for r in range(8):
+                o = (r0 + 8 * g + r) * rb + b * 144
+                dw[gb * 8 + r] = f16_to_f32(w, o)
+                dm[gb * 8 + r] = f16_to_f32(w, o + 2)
+                sl, sh, ml, mh = _k4_scales(wf, o + 4)
+                for j in range(4):
+                    sc[(gb * 8 + j) * 8 + r] = np.int32((sl >> np.uint32(8 * j)) & np.uint32(0xFF))
+                    sc[(gb * 8 + 4 + j) * 8 + r] = np.int32((sh >> np.uint32(8 * j)) & np.uint32(0xFF))
+                mn[(gb * 4 + 0) * 8 + r] = np.int32((ml & np.uint32(0xFF)) | ((ml & np.uint32(0xFF00)) << np.uint32(8)))
+                mn[(gb * 4 + 1) * 8 + r] = np.int32(((ml >> np.uint32(16)) & np.uint32(0xFF)) | ((ml >> np.uint32(24)) << np.uint32(16)))
+                mn[(gb * 4 + 2) * 8 + r] = np.int32((mh & np.uint32(0xFF)) | ((mh & np.uint32(0xFF00)) << np.uint32(8)))
+                mn[(gb * 4 + 3) * 8 + r] = np.int32(((mh >> np.uint32(16)) & np.uint32(0xFF)) | ((mh >> np.uint32(24)) << np.uint32(16)))
+                for p in range(4):
+                    for e in range(8):
+                        u = ld_u32(wf, o + 16 + 32 * p + 4 * e)
+                        q32[((gb * 8 + 2 * p) * 8 + e) * 8 + r] = u & lo4
+                        q32[((gb * 8 + 2 * p + 1) * 8 + e) * 8 + r] = (u >> np.uint32(4)) & lo4
+    return qt, sc, mn, dw, dm
+
+
+@numba.njit(**_NB)
+def _bsum_pairs(xb, nb):
+    """int32 [n, nb, 4]: per pair p of 32-element sub-blocks, bsum_2p | bsum_2p+1 << 16 (i16 pairs for
+    pmaddwd; |bsum| <= 32 * 127 fits)."""
+    n = xb.shape[0]
+    out = np.empty(n * nb * 4, np.uint32)
+    for c in range(n):
+        for b in range(nb):
+            for p in range(4):
+                j = b * 16 + 4 * p
+                s0 = np.uint32(np.int32(xb[c, j] + xb[c, j + 1]) & 0xFFFF)
+                s1 = np.uint32(np.int32(xb[c, j + 2] + xb[c, j + 3]) & 0xFFFF)
+                out[(c * nb + b) * 4 + p] = s0 | (s1 << np.uint32(16))
+    return out.view(np.int32)
+
+
+def q4_K_rows8(mode):
+    """The Q4_K gemm over groups of 8 rows regrouped so that a vector lane is a row."""
+    # ---- rows in lanes: 8 rows regrouped (_repack_q4_K) so that a vpdpbusd lane is a row: a 32-byte
+    # vector holds 4 quants of each of 8 rows, the activations are broadcast 4 bytes at a time, and a
+    # sub-block's dot products of 8 rows come out in 8 lanes with no horizontal sums.  Then per pair
+    # of sub-blocks, per column: S = dot_2g * sc_2g + dot_2g+1 * sc_2g+1 (vpmulld, exact), the mins'
+    # M = m_2g * bsum_2g + m_2g+1 * bsum_2g+1 (one vpdpwssd on i16 pairs), and the gemm's two FMAs
+    # with d_w * d_x and dmin * d_x -- the float operations of q4_K_gemm_rows, 8 rows at once.
+    @numba.njit(inline="always")
+    def k4_sub2(d0, d1, w0, w1, xq, xo):
+        """Sub-blocks 2g, 2g+1 (weights w0, w1: one chunk of 4 quants x 8 rows) of one column."""
+        return dot_us(mode, d0, w0, bcast_b4(xq, xo)), dot_us(mode, d1, w1, bcast_b4(xq, xo + 32))
+
+    @numba.njit(inline="always")
+    def k4_fmas(acc, accm, d0, d1, s0, s1, mn, bs, bo, dv, mv, dx):
+        """The gemm's two FMAs of one pair of sub-blocks, one column, 8 rows."""
+        acc = fmadd_v(acc, i_add(i_mul(d0, s0), i_mul(d1, s1)), f_scale(dv, dx))
+        accm = fmadd_v(accm, madd16(mode, i_zero(), mn, bcast_i32(bs, bo)), f_scale(mv, dx))
+        return acc, accm
+
+    @numba.njit(inline="always")
+    def put_rows8(out, c, i, acc, accm):
+        r = f_sub(acc, accm)
+        for q in range(8):
+            out[c, i + q] = f_lane(r, q)
+
+    @numba.njit(**_NB)
+    def q4_K_gemm_rows8(w, xp, out, r0, r1):
+        """Columns [0, n - n % 4) of rows r0..r1-1 ((r1 - r0) % 8 == 0), gemm order."""
+        xq, xd, xb = xp
+        n = xq.shape[0]
+        nb = xd.shape[1]
+        k = xq.shape[1]
+        ng = (r1 - r0) // 8
+        qt, sc, mn, dw, dm = _repack_q4_K(w, r0, ng, nb)
+        bs = _bsum_pairs(xb, nb)
+        xf = xq.reshape(-1)
+        for t in range(n // 4):
+            c = 4 * t
+            for g in range(ng):
+                a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
+                m0 = f_zero(); m1 = f_zero(); m2 = f_zero(); m3 = f_zero()
+                for b in range(nb):
+                    gb = g * nb + b
+                    dv = load_f32x8(dw, gb * 8)
+                    mv = load_f32x8(dm, gb * 8)
+                    for p in range(4):
+                        d00 = i_zero(); d01 = i_zero(); d02 = i_zero(); d03 = i_zero()
+                        d10 = i_zero(); d11 = i_zero(); d12 = i_zero(); d13 = i_zero()
+                        wo = (gb * 8 + 2 * p) * 256
+                        xo = c * k + b * 256 + 64 * p
+                        for e in range(8):
+                            w0 = load_b32(qt, wo + 32 * e)
+                            w1 = load_b32(qt, wo + 256 + 32 * e)
+                            d00, d10 = k4_sub2(d00, d10, w0, w1, xf, xo + 4 * e)
+                            d01, d11 = k4_sub2(d01, d11, w0, w1, xf, xo + k + 4 * e)
+                            d02, d12 = k4_sub2(d02, d12, w0, w1, xf, xo + 2 * k + 4 * e)
+                            d03, d13 = k4_sub2(d03, d13, w0, w1, xf, xo + 3 * k + 4 * e)
+                        s0 = load_i8(sc, (gb * 8 + 2 * p) * 8)
+                        s1 = load_i8(sc, (gb * 8 + 2 * p + 1) * 8)
+                        mp = load_i8(mn, (gb * 4 + p) * 8)
+                        bo = (c * nb + b) * 4 + p
+                        a0, m0 = k4_fmas(a0, m0, d00, d10, s0, s1, mp, bs, bo, dv, mv, xd[c, b])
+                        a1, m1 = k4_fmas(a1, m1, d01, d11, s0, s1, mp, bs, bo + nb * 4, dv, mv, xd[c + 1, b])
+                        a2, m2 = k4_fmas(a2, m2, d02, d12, s0, s1, mp, bs, bo + nb * 8, dv, mv, xd[c + 2, b])
+                        a3, m3 = k4_fmas(a3, m3, d03, d13, s0, s1, mp, bs, bo + nb * 12, dv, mv, xd[c + 3, b])
+                i = r0 + 8 * g
+                put_rows8(out, c, i, a0, m0); put_rows8(out, c + 1, i, a1, m1)
+                put_rows8(out, c + 2, i, a2, m2); put_rows8(out, c + 3, i, a3, m3)
+
+    return q4_K_gemm_rows8
+
+
+# ============================================================================= Q6_K rows in lanes
+@numba.njit(**_NB)
+def _repack_q6_K(w, r0, ng, nb):
+    """Q6_K rows r0 .. r0 + 8 * ng regrouped by 8 rows (see _repack_q4_K).
+
+    qt (bytes) [group, block, chunk e, row, 4]: unsigned 6-bit quants 4e..4e+3 of the block;
+    sc [group, block, j, row] the 16 signed sub-block scales; sp [group, block, pair, row] the same
+    as i16 pairs (sc_2p, sc_2p+1); dw [group, block, row] d as float32."""
+    rb = w.shape[1]
+    wf = w.reshape(-1)
+    ws = w.view(np.int8).reshape(-1)
+    qt = np.empty(ng * nb * 2048, np.uint8)
+    q32 = qt.view(np.uint32)
+    sc = np.empty(ng * nb * 128, np.int32)
+    sp = np.empty(ng * nb * 64, np.uint32)
+    dw = np.empty(ng * nb * 8, np.float32)
+    lo4 = np.uint32(0x0F0F0F0F)
+    lo2 = np.uint32(0x03030303)
+    for g in range(ng):
+        for b in range(nb):
+            gb = g * nb + b
+            for r in range(8):
+                o = (r0 + 8 * g + r) * rb + b * 210
+                dw[gb * 8 + r] = f16_to_f32(w, o + 208)
+                for j in range(16):
+                    sc[(gb * 16 + j) * 8 + r] = np.int32(ws[o + 192 + j])
+                for p in range(8):
+                    lo = np.uint32(np.int32(ws[o + 192 + 2 * p]) & 0xFFFF)
+                    hi = np.uint32(np.int32(ws[o + 193 + 2 * p]) & 0xFFFF)
+                    sp[(gb * 8 + p) * 8 + r] = lo | (hi << np.uint32(16))
+                for h in range(2):
+                    for i in range(8):
+                        l1 = ld_u32(wf, o + 64 * h + 4 * i)
+                        l2 = ld_u32(wf, o + 64 * h + 32 + 4 * i)
+                        hh = ld_u32(wf, o + 128 + 32 * h + 4 * i)
+                        e = 32 * h + i
+                        q32[((gb * 64 + e) * 8 + r)] = (l1 & lo4) | ((hh & lo2) << np.uint32(4))
+                        q32[((gb * 64 + e + 8) * 8 + r)] = (l2 & lo4) | (((hh >> np.uint32(2)) & lo2) << np.uint32(4))
+                        q32[((gb * 64 + e + 16) * 8 + r)] = ((l1 >> np.uint32(4)) & lo4) | (((hh >> np.uint32(4)) & lo2) << np.uint32(4))
+                        q32[((gb * 64 + e + 24) * 8 + r)] = ((l2 >> np.uint32(4)) & lo4) | (((hh >> np.uint32(6)) & lo2) << np.uint32(4))
+    return qt, sc, sp.view(np.int32), dw
+
+
+@numba.njit(**_NB)
+def _bsum16_pairs(xb):
+    """int32 [n, k / 32]: bsum_2p | bsum_2p+1 << 16 of the 16-element bsums (i16 pairs for pmaddwd)."""
+    n, k16 = xb.shape
+    out = np.empty(n * (k16 // 2), np.uint32)
+    for c in range(n):
+        for p in range(k16 // 2):
+            s0 = np.uint32(xb[c, 2 * p] & 0xFFFF)
+            s1 = np.uint32(xb[c, 2 * p + 1] & 0xFFFF)
+            out[c * (k16 // 2) + p] = s0 | (s1 << np.uint32(16))
+    return out.view(np.int32)
+
+
+def q6_K_rows8(mode):
+    """The Q6_K tiled-order product over groups of 8 rows regrouped so that a vector lane is a row."""
+    # ---- Q6_K tiled order (n >= 8) with rows in lanes (_repack_q6_K, as for Q4_K): per column and
+    # block, S = sum_j sc_j * (dot(q_j, x_j) - 32 * bsum_j) exact for 8 rows at once (vpdpbusd on the
+    # unsigned 6-bit quants, vpmulld by the sub-block scales, the offsets by vpdpwssd on i16 pairs),
+    # then q6_tiled's out = fma(f32(S) * d_w, d_x, out) per lane.
+    @numba.njit(inline="always")
+    def q6_sub2(d0, d1, w0, w1, xq, xo):
+        return dot_us(mode, d0, w0, bcast_b4(xq, xo)), dot_us(mode, d1, w1, bcast_b4(xq, xo + 16))
+
+    @numba.njit(inline="always")
+    def q6_block_end(acc, sacc, offs, dv, dx):
+        return fma_sv(acc, i_sub(sacc, i_shl(offs, 5)), dv, dx)
+
+    @numba.njit(inline="always")
+    def q6_offsets(sp, so, bs, bo):
+        """sum_j sc_j * bsum_j (8 rows) from the i16 pairs of scales and bsums."""
+        o = i_zero()
+        for jp in range(8):
+            o = madd16(mode, o, load_i8(sp, so + 8 * jp), bcast_i32(bs, bo + jp))
+        return o
+
+    @numba.njit(**_NB)
+    def q6_K_tiled_rows8(w, xp, out, r0, r1):
+        """All columns (n >= 8) of rows r0..r1-1 ((r1 - r0) % 8 == 0), tiled order."""
+        xq, xd, xb = xp
+        n = xq.shape[0]
+        nb = xd.shape[1]
+        k = xq.shape[1]
+        ng = (r1 - r0) // 8
+        qt, sc, sp, dw = _repack_q6_K(w, r0, ng, nb)
+        bs = _bsum16_pairs(xb)
+        xf = xq.reshape(-1)
+        c = 0
+        while c < n:
+            four = c + 4 <= n
+            for g in range(ng):
+                a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
+                for b in range(nb):
+                    gb = g * nb + b
+                    t0 = i_zero(); t1 = i_zero(); t2 = i_zero(); t3 = i_zero()
+                    xo = c * k + b * 256
+                    for jp in range(8):
+                        d00 = i_zero(); d01 = i_zero(); d02 = i_zero(); d03 = i_zero()
+                        d10 = i_zero(); d11 = i_zero(); d12 = i_zero(); d13 = i_zero()
+                        wo = (gb * 64 + 8 * jp) * 32
+                        xj = xo + 32 * jp
+                        for e in range(4):
+                            w0 = load_b32(qt, wo + 32 * e)
+                            w1 = load_b32(qt, wo + 128 + 32 * e)
+                            d00, d10 = q6_sub2(d00, d10, w0, w1, xf, xj + 4 * e)
+                            if four:
+                                d01, d11 = q6_sub2(d01, d11, w0, w1, xf, xj + k + 4 * e)
+                                d02, d12 = q6_sub2(d02, d12, w0, w1, xf, xj + 2 * k + 4 * e)
+                                d03, d13 = q6_sub2(d03, d13, w0, w1, xf, xj + 3 * k + 4 * e)
+                        s0 = load_i8(sc, (gb * 16 + 2 * jp) * 8)
+                        s1 = load_i8(sc, (gb * 16 + 2 * jp + 1) * 8)
+                        t0 = i_add(t0, i_add(i_mul(d00, s0), i_mul(d10, s1)))
+                        if four:
+                            t1 = i_add(t1, i_add(i_mul(d01, s0), i_mul(d11, s1)))
+                            t2 = i_add(t2, i_add(i_mul(d02, s0), i_mul(d12, s1)))
+                            t3 = i_add(t3, i_add(i_mul(d03, s0), i_mul(d13, s1)))
+                    dv = load_f32x8(dw, gb * 8)
+                    so = gb * 64
+                    bo = (c * nb + b) * 8
+                    a0 = q6_block_end(a0, t0, q6_offsets(sp, so, bs, bo), dv, xd[c, b])
+                    if four:
+                        a1 = q6_block_end(a1, t1, q6_offsets(sp, so, bs, bo + nb * 8), dv, xd[c + 1, b])
+                        a2 = q6_block_end(a2, t2, q6_offsets(sp, so, bs, bo + nb * 16), dv, xd[c + 2, b])
+                        a3 = q6_block_end(a3, t3, q6_offsets(sp, so, bs, bo + nb * 24), dv, xd[c + 3, b])
+                i = r0 + 8 * g
+                for q in range(8):
+                    out[c, i + q] = f_lane(a0, q)
+                if four:
+                    for q in range(8):
+                        out[c + 1, i + q] = f_lane(a1, q)
+                        out[c + 2, i + q] = f_lane(a2, q)
+                        out[c + 3, i + q] = f_lane(a3, q)
+            c += 4 if four else 1
+
+    return q6_K_tiled_rows8
