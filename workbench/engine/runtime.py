@@ -22,11 +22,12 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator, Protocol, Sequence
 
+import numba
 import numpy as np
 
 from . import kernels
 from . import ops
-from .crew import C_TASK, T_OUTOFF, Crew, CrewError, Job, product_runner
+from .crew import C_TASK, T_OUTOFF, T_XROW, Crew, CrewError, Job, product_runner
 from .attention import (merge_stats, one_token_attention, owners_token_attention, probabilities,
                         softmax_stats)
 from .gguf_file import GGUFFile, ModelLoadError, TensorInfo
@@ -102,6 +103,39 @@ class Weight:
     @property
     def ne0(self) -> int:
         return self.info.shape[0]
+
+
+_EXPERT_LOOPS: dict = {}
+
+
+def _expert_loop(qtype: int) -> Callable:
+    """A compiled (GIL-free) loop over one expert's rows [lo, hi) in pieces of `step` rows, each
+    piece multiplied by every listed input row (`ins`, rows of the prepared 2-D inputs) into row
+    `outrows[j]` of `out` from column `off`: the weights stay in cache while the tokens pass, and
+    every output is the type's matvec (one vec_dot per row and token, as ggml's mul_mat_id)."""
+    key = (kernels.kernel_path(), qtype)
+    fn = _EXPERT_LOOPS.get(key)
+    if fn is None:
+        mv = kernels.matvec_kernels()[qtype]
+        if kernels.preparer(qtype) is None:  # float weights: one prepared array
+            @numba.njit(nogil=True, cache=True)
+            def fn(w, xp, ins, out, outrows, off, lo, hi, step):
+                xa = xp[0]
+                for c0 in range(lo, hi, step):
+                    c1 = min(c0 + step, hi)
+                    for j in range(ins.shape[0]):
+                        mv(w, (xa[ins[j]],), out[outrows[j]][off:], c0, c1)
+        else:
+            @numba.njit(nogil=True, cache=True)
+            def fn(w, xp, ins, out, outrows, off, lo, hi, step):
+                xa, xb, xc = xp
+                for c0 in range(lo, hi, step):
+                    c1 = min(c0 + step, hi)
+                    for j in range(ins.shape[0]):
+                        r = ins[j]
+                        mv(w, (xa[r], xb[r], xc[r]), out[outrows[j]][off:], c0, c1)
+        _EXPERT_LOOPS[key] = fn
+    return fn
 
 
 class _Table:
@@ -493,13 +527,10 @@ class Runtime:
         if ids.size and (ids.min() < 0 or ids.max() >= n_exp):
             raise ValueError(f"expert ids outside [0, {n_exp})")
         # (expert, input rows, output rows): gate/up read token t, write row t*k + i
-        groups = []
-        flat = ids.reshape(-1)
-        order = np.argsort(flat, kind="stable")
-        bounds = np.flatnonzero(np.diff(flat[order])) + 1
-        for part in np.split(order, bounds):
-            if len(part):
-                groups.append((int(flat[part[0]]), part // k, part))
+        rows: dict[int, list[int]] = {}
+        for r, e in enumerate(ids.reshape(-1).tolist()):
+            rows.setdefault(e, []).append(r)
+        groups = [(e, np.array(rs, dtype=np.int64) // k, np.array(rs, dtype=np.int64)) for e, rs in rows.items()]
         g, u = self._expert_products((gate, up), x, groups, n * k)
         a = np.empty_like(g)
         if activation == "gelu":
@@ -535,21 +566,16 @@ class Runtime:
         if self._crewing and x.shape[0] <= 16:
             self._expert_crew(names, ws, pidx, per, xps, groups, outs)
             return outs
-        rows_in = [[tuple(a[r] for a in xp) for r in range(x.shape[0])] for xp in xps]
+        loops = [_expert_loop(w.ggml_type) for w in ws]
+        groups = [(e, np.ascontiguousarray(ins, dtype=np.int64), np.ascontiguousarray(outr, dtype=np.int64))
+                  for e, ins, outr in groups]
 
         def work(wk: int) -> None:
             for e, ins, outr in groups:
                 for j, nm in enumerate(names):
                     arr, first, lo, hi = self._expert_plan(nm, e)[wk]
-                    if hi <= lo:
-                        continue
-                    qtype, xr, out = ws[j].ggml_type, rows_in[pidx[j]], outs[j]
-                    # pieces of rows that stay in cache while every token of the expert passes
-                    for c0 in range(lo, hi, EXPERT_ROWS):
-                        c1 = min(c0 + EXPERT_ROWS, hi)
-                        for ri, ro in zip(ins, outr):
-                            kernels.matvec(qtype, arr, xr[ri], out[ro, first:first + arr.shape[0]],
-                                           c0 - first, c1 - first)
+                    if hi > lo:
+                        loops[j](arr, xps[pidx[j]], ins, outs[j], outr, first, lo - first, hi - first, EXPERT_ROWS)
         self.each_worker(work)
         return outs
 
@@ -568,30 +594,23 @@ class Runtime:
         return blk
 
     def _expert_crew(self, names, ws, pidx, per, xps, groups, outs) -> None:
-        """A few input rows with the crew: one job per input row, holding every expert that reads it
-        (one token's gate and up: one job; its down products: one per slot)."""
-        by_row: dict[int, list[tuple[int, int]]] = {}
+        """A few input rows with the crew: one job holding every routed expert's products (each
+        task reads its own row of the prepared 2-D inputs and writes its own output row)."""
+        blocks, out_add, x_row = [], [], []
         for e, ins, outr in groups:
             for ri, ro in zip(ins, outr):
-                by_row.setdefault(int(ri), []).append((e, int(ro)))
-        flat = [o.reshape(-1) for o in outs]
-        for ri, items in by_row.items():
-            tasks, chunks = [], []
-            n_t = 0
-            for e, ro in items:
                 for j, nm in enumerate(names):
-                    blk = self._expert_block(nm, ws[j].ggml_type, e, pidx[j], j)
-                    t = blk.tasks.copy()
-                    t[:, T_OUTOFF] += ro * per[j]
-                    c = blk.chunks.copy()
-                    c[:, C_TASK] += n_t
-                    n_t += len(t)
-                    tasks.append(t)
-                    chunks.append(c)
-            job = _Table(np.concatenate(tasks), np.concatenate(chunks))
-            xa = tuple(a[ri] for a in xps[0])
-            xb = tuple(a[ri] for a in xps[-1])
-            self._crew.run(job, xa, xb, flat)
+                    blocks.append(self._expert_block(nm, ws[j].ggml_type, e, pidx[j], j))
+                    out_add.append(int(ro) * per[j])
+                    x_row.append(int(ri))
+        n_tasks = np.array([len(b.tasks) for b in blocks])
+        n_chunks = np.array([len(b.chunks) for b in blocks])
+        tasks = np.concatenate([b.tasks for b in blocks])
+        tasks[:, T_OUTOFF] += np.repeat(out_add, n_tasks)
+        tasks[:, T_XROW] = np.repeat(x_row, n_tasks)
+        chunks = np.concatenate([b.chunks for b in blocks])
+        chunks[:, C_TASK] += np.repeat(np.cumsum(n_tasks) - n_tasks, n_chunks)
+        self._crew.run(_Table(tasks, chunks), xps[0], xps[-1], [o.reshape(-1) for o in outs])
 
     def sub_products(self, name: str, x: np.ndarray) -> np.ndarray:
         """x [m, n, ne0] -> [m, n, rows] with sub-matrix i of 3-D tensor `name` applied to x[i]
