@@ -44,8 +44,8 @@ N_THREADS = 2
 N_GEN = 24
 N_CTX = 256
 
-_MOE = dict(n_expert=8, n_expert_used=2, n_ff=256, n_ff_exp=256)
-_DS = dict(arch="deepseek2", n_layer=3, n_head=4, head_dim=64, n_ff=256, n_ff_exp=64, n_expert=8, n_expert_used=2)
+_MOE = dict(tied=False, n_expert=8, n_expert_used=2, n_ff=256, n_ff_exp=256)
+_DS = dict(tied=False, arch="deepseek2", n_layer=3, n_head=4, head_dim=64, n_ff=256, n_ff_exp=64, n_expert=8, n_expert_used=2)
 MODELS: dict[str, dict] = {
     "qwen3moe-q8_0": dict(arch="qwen3moe", qtype=8, seed=11, **_MOE),
     "qwen3moe-q4_k": dict(arch="qwen3moe", qtype=12, seed=12, **_MOE),

@@ -25,8 +25,12 @@ from workbench.engine.engine import Placement
 DATA = Path(__file__).parent / "data" / "moe_golden.json"
 GOLDEN = json.loads(DATA.read_text()) if DATA.exists() else {"models": {}}
 sys.path.insert(0, str(Path(__file__).parent.parent / "scripts"))
-NEAR_TIE = 1e-3
-TOP10_TOL = 2e-3
+#: measured on this machine (AVX-512 VNNI kernels): the first step's top-10 logits are bit-identical to
+#: llama.cpp's for every Q8_0 file (MoE, MLA, q-LoRA, sigmoid+bias+groups, YaRN) and within 5.7e-6 for
+#: the Q4_K one, and all 72 greedy tokens of every file are identical at 1 and 2 threads, through
+#: llama.cpp top-2 gaps as small as 1.3e-4; NEAR_TIE only stops at a gap that is rounding noise
+NEAR_TIE = 1e-5
+TOP10_TOL = 1e-4
 
 
 def _spec(fields: dict):
