@@ -114,3 +114,26 @@ def test_old_mla_layout_is_refused_in_one_line(tmp_path):
         Engine.load(str(path))
     msg = str(e.value)
     assert "\n" not in msg and "re-convert" in msg and "llama.cpp" in msg
+
+
+def test_live_switches_keep_the_conversation_and_the_tokens(tmp_path):
+    """Weights mode, KV mode and thread count switched mid-conversation: the MLA cache is moved,
+    expert plans are rebuilt, and greedy tokens stay those of an untouched engine."""
+    path = tmp_path / "ds-v3.gguf"
+    write_tiny_model(path, ds_spec(**VARIANTS["v3"]))
+    params = SamplingParams(temperature=0.0)
+
+    def run(switch: bool) -> list[int]:
+        eng = Engine.load(str(path))
+        try:
+            s = eng.new_session(128)
+            ids = eng.tokenizer.encode("the cat sat on the mat", add_bos=True)
+            first = [ev.token for ev in s.generate(ids, params, 6) if hasattr(ev, "token")]
+            if switch:
+                eng.switch(weights="slice", kv="interleave", threads=2)
+                assert eng.rt.n_workers == 2 and isinstance(s.kv, MLACache)
+            more = [ev.token for ev in s.generate(ids + first + [262], params, 6) if hasattr(ev, "token")]
+            return first + more
+        finally:
+            eng.close()
+    assert run(True) == run(False)

@@ -563,7 +563,7 @@ class Runtime:
         outs = [np.empty((m_out, r), dtype=np.float32) for r in per]
         x = np.ascontiguousarray(x, dtype=np.float32)
         xps = [kernels.prepare(t, x) for t in prep_types]
-        if self._crewing and x.shape[0] <= 16:
+        if self._crewing:  # one token's pass: the crew's workers wait in compiled code
             self._expert_crew(names, ws, pidx, per, xps, groups, outs)
             return outs
         loops = [_expert_loop(w.ggml_type) for w in ws]
@@ -621,6 +621,10 @@ class Runtime:
         if m != self.n_sub(name) or k != w.ne0:
             raise ValueError(f"{name}: input {list(x.shape)} does not fit shape {list(w.info.shape)}")
         rows = w.rows // m
+        if n == 1:  # one token: a matvec per head, through the expert machinery (crew jobs in decode)
+            heads = np.arange(m, dtype=np.int64)
+            (out1,) = self._expert_products((name,), x[:, 0, :], [(i, heads[i:i + 1], heads[i:i + 1]) for i in range(m)], m)
+            return out1.reshape(m, 1, rows)
         out = np.empty((m, n, rows), dtype=np.float32)
         xps = [kernels.prepare(w.ggml_type, np.ascontiguousarray(x[i] if n > 1 else x[i, 0])) for i in range(m)]
 
