@@ -89,29 +89,51 @@ def test_generate_and_chat_same_tokens_at_1_and_2_threads(moe_file):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_decode_reads_only_routed_experts(moe_file, threads):
+def test_decode_reads_only_routed_experts(moe_file, threads, monkeypatch):
+    """The weight rows handed to the kernels for one decoded token are those of the k routed
+    experts of each layer, never the others'."""
+    from workbench.engine import crew
+    from workbench.engine.crew import T_W
+
     eng = Engine.load(moe_file, placement=Placement(threads=threads))
     try:
-        rt = eng.rt
-        seen: list[tuple[str, int]] = []
-        plan = rt._expert_plan
+        read: list[int] = []
+        run = crew.Crew.run
 
-        def spy(name: str, e: int):
-            seen.append((name, e))
-            return plan(name, e)
-        rt._expert_plan = spy
+        def spy(self, job, xa, xb, outs):
+            read.extend(int(a) for a in job.tasks[:, T_W])
+            return run(self, job, xa, xb, outs)
+        monkeypatch.setattr(crew.Crew, "run", spy)
         s = eng.new_session(64)
         s.eval([2, 270, 262])
-        seen.clear()
+        routed: dict[str, set[int]] = {}
+        tap = eng.model.tap
+
+        def note(name, t):
+            if name.startswith("ffn_moe_topk-"):
+                il = int(name.split("-")[1])
+                for kind in ("gate", "up", "down"):
+                    routed[f"blk.{il}.ffn_{kind}_exps.weight"] = {int(e) for e in t.reshape(-1)}
+        eng.model.tap = note
+        read.clear()
         s.eval([280])  # one decoded token
-        cfg = eng.cfg
+        eng.model.tap = tap
+        cfg, lay = eng.cfg, eng.layout
+        owner = {}
         for il in range(cfg.n_layer):
             for kind in ("gate", "up", "down"):
                 name = f"blk.{il}.ffn_{kind}_exps.weight"
-                experts = {e for nm, e in seen if nm == name}
-                assert len(experts) == cfg.n_expert_used, (name, experts)
-        assert {nm for nm, _ in seen} == {f"blk.{il}.ffn_{k}_exps.weight" for il in range(cfg.n_layer)
-                                          for k in ("gate", "up", "down")}
+                for e in range(cfg.n_expert):
+                    for wk in range(threads):
+                        arr, _ = lay.expert_rows(name, wk, e)
+                        owner[arr.ctypes.data] = (name, e)
+        got: dict[str, set[int]] = {}
+        for a in read:
+            if a in owner:
+                name, e = owner[a]
+                got.setdefault(name, set()).add(e)
+        assert got == routed and all(len(v) == cfg.n_expert_used for v in got.values())
+        assert len(got) == 3 * cfg.n_layer
     finally:
         eng.close()
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from . import kernels
 from . import ops
-from .crew import C_TASK, T_OUTOFF, T_XROW, Crew, CrewError, Job, product_runner
+from .crew import C_TASK, T_OUT, T_OUTOFF, T_XROW, Crew, CrewError, Job, product_runner
 from .attention import (merge_stats, one_token_attention, owners_token_attention, probabilities,
                         softmax_stats)
 from .gguf_file import GGUFFile, ModelLoadError, TensorInfo
@@ -193,7 +193,7 @@ class Runtime:
         self._plans: dict[str, list[tuple[np.ndarray, int, int, int]]] = {}
         self._groups: dict[tuple[str, ...], _Group] = {}
         self._eplans: dict[tuple[str, int], list[tuple[np.ndarray, int, int, int]]] = {}
-        self._eblocks: dict[tuple, Job] = {}
+        self._eblocks: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._leading = False
         self._crew: Crew | None = None
         self.crew_backoff = 0  # one-token passes left without the crew (see _note_wait)
@@ -579,38 +579,48 @@ class Runtime:
         self.each_worker(work)
         return outs
 
-    def _expert_block(self, name: str, qtype: int, e: int, p: int, j: int) -> Job:
-        """The crew task/chunk rows of sub-matrix e of `name` (each worker its own row range of its
-        own copy), into output j with prepared input p; cached per layout."""
-        key = (name, e, p, j)
-        blk = self._eblocks.get(key)
-        if blk is None:
-            tasks, owned = [], []
-            for wk, (arr, first, lo, hi) in enumerate(self._expert_plan(name, e)):
-                if hi > lo:
-                    owned.append((len(tasks), lo - first, hi - first, wk))
-                    tasks.append((qtype, np.ascontiguousarray(arr), p, j, first))
-            blk = self._eblocks[key] = Job(tasks, owned, [])
-        return blk
+    def _expert_table(self, names: tuple[str, ...], ws: list, pidx: list[int], per: list[int]
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Crew task and chunk rows of every sub-matrix of `names` (each worker its own row range
+        of its own copy; task j of a sub-matrix writes output j with prepared input pidx[j]),
+        stacked [n_sub, tasks, fields] / [n_sub, chunks, fields] so one token's job is a few array
+        operations whatever k; and each task's output row width. Built once per layout."""
+        key = names
+        table = self._eblocks.get(key)
+        if table is None:
+            tasks_all, chunks_all = [], []
+            for e in range(self.n_sub(names[0])):
+                tasks, owned = [], []
+                for j, nm in enumerate(names):
+                    for wk, (arr, first, lo, hi) in enumerate(self._expert_plan(nm, e)):
+                        if hi > lo:
+                            owned.append((len(tasks), lo - first, hi - first, wk))
+                            tasks.append((ws[j].ggml_type, np.ascontiguousarray(arr), pidx[j], j, first))
+                job = Job(tasks, owned, [])
+                tasks_all.append(job.tasks)
+                chunks_all.append(job.chunks)
+            width = np.array([per[int(j)] for j in tasks_all[0][:, T_OUT]], dtype=np.int64)
+            table = self._eblocks[key] = (np.stack(tasks_all), np.stack(chunks_all), width)
+        return table
 
     def _expert_crew(self, names, ws, pidx, per, xps, groups, outs) -> None:
         """A few input rows with the crew: one job holding every routed expert's products (each
         task reads its own row of the prepared 2-D inputs and writes its own output row)."""
-        blocks, out_add, x_row = [], [], []
+        tasks3, chunks3, width = self._expert_table(tuple(names), ws, pidx, per)
+        es, ri, ro = [], [], []
         for e, ins, outr in groups:
-            for ri, ro in zip(ins, outr):
-                for j, nm in enumerate(names):
-                    blocks.append(self._expert_block(nm, ws[j].ggml_type, e, pidx[j], j))
-                    out_add.append(int(ro) * per[j])
-                    x_row.append(int(ri))
-        n_tasks = np.array([len(b.tasks) for b in blocks])
-        n_chunks = np.array([len(b.chunks) for b in blocks])
-        tasks = np.concatenate([b.tasks for b in blocks])
-        tasks[:, T_OUTOFF] += np.repeat(out_add, n_tasks)
-        tasks[:, T_XROW] = np.repeat(x_row, n_tasks)
-        chunks = np.concatenate([b.chunks for b in blocks])
-        chunks[:, C_TASK] += np.repeat(np.cumsum(n_tasks) - n_tasks, n_chunks)
-        self._crew.run(_Table(tasks, chunks), xps[0], xps[-1], [o.reshape(-1) for o in outs])
+            es += [e] * len(ins)
+            ri += list(ins)
+            ro += list(outr)
+        es_a = np.array(es, dtype=np.int64)
+        m, n_t = len(es), tasks3.shape[1]
+        tasks = tasks3[es_a].reshape(m * n_t, -1)
+        tasks[:, T_OUTOFF] += (np.array(ro, dtype=np.int64)[:, None] * width[None, :]).reshape(-1)
+        tasks[:, T_XROW] = np.repeat(np.array(ri, dtype=np.int64), n_t)
+        chunks = chunks3[es_a]
+        chunks[:, :, C_TASK] += (np.arange(m, dtype=np.int64) * n_t)[:, None]
+        self._crew.run(_Table(tasks, chunks.reshape(-1, chunks.shape[2])), xps[0], xps[-1],
+                       [o.reshape(-1) for o in outs])
 
     def sub_products(self, name: str, x: np.ndarray) -> np.ndarray:
         """x [m, n, ne0] -> [m, n, rows] with sub-matrix i of 3-D tensor `name` applied to x[i]
