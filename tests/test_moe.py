@@ -155,3 +155,26 @@ def test_expert_rows_layout_method(moe_file):
             lay.expert_rows(name, 0, n_exp)
     finally:
         eng.close()
+
+
+def test_router_selection_groups_bias_norm_scale():
+    from workbench.engine.models.moe import route, softmax_rows
+
+    p = np.array([[0.9, 0.0, 0.5, 0.45, 0.1, 0.2, 0.3, 0.35]], dtype=np.float32)
+    ids, w = route(p, 2)
+    assert ids.tolist() == [[0, 2]] and np.allclose(w, [[0.9, 0.5]])
+    # groups of 2: group sums 0.9, 0.95, 0.3, 0.65 -> the best two groups are 1 and 0
+    ids, _ = route(p, 2, n_groups=4, n_group_used=2)
+    assert ids.tolist() == [[0, 2]]
+    ids, _ = route(p, 3, n_groups=4, n_group_used=2)
+    assert ids.tolist() == [[0, 2, 3]]  # 0.35 (group 3) is masked out
+    # the bias moves the choice, the weights stay the unbiased probabilities, normalised and scaled
+    bias = np.array([0, 0, 0, 0, 0, 0, 0, 1.0], dtype=np.float32)
+    ids, w = route(p, 2, bias, norm=True, scale=2.0)
+    assert ids.tolist() == [[7, 0]]
+    assert np.allclose(w, [[0.35 / 1.25 * 2, 0.9 / 1.25 * 2]], rtol=1e-6)
+    # softmax rows sum to one, in float32, whatever the width (16-lane blocks and leftovers)
+    x = np.random.default_rng(0).standard_normal((3, 37)).astype(np.float32)
+    s = softmax_rows(x)
+    assert s.dtype == np.float32 and np.allclose(s.sum(axis=1), 1, atol=1e-6)
+    assert np.allclose(s, np.exp(x) / np.exp(x).sum(axis=1, keepdims=True), rtol=1e-5)
