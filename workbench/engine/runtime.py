@@ -27,7 +27,8 @@ import numpy as np
 
 from . import kernels
 from . import ops
-from .crew import C_TASK, T_OUT, T_OUTOFF, T_XROW, Crew, CrewError, Job, product_runner
+from .crew import (C_HI, C_OWNER, C_SPAN, C_TASK, NO_LIMIT, T_HI, T_OUT, T_OUTOFF, T_OUTROW, T_ROWLEN, T_ROWS,
+                   T_TYPE, T_W, T_XROW, TASK_FIELDS, Crew, CrewError, Job, product_runner)
 from .attention import (merge_stats, one_token_attention, owners_token_attention, probabilities,
                         softmax_stats)
 from .gguf_file import GGUFFile, ModelLoadError, TensorInfo
@@ -136,6 +137,33 @@ def _expert_loop(qtype: int) -> Callable:
                         mv(w, (xa[r], xb[r], xc[r]), out[outrows[j]][off:], c0, c1)
         _EXPERT_LOOPS[key] = fn
     return fn
+
+
+def _head_rows(mats: list[np.ndarray], which: list[int], heads: int, rows: list[int]) -> "_Table":
+    """A crew job of F16 matvecs: for each listed matrix i (uint8 [rows, bytes]) and head h, row h
+    of the prepared input times the matrix's first rows[i] rows into row h of output i; one
+    shared chunk per task."""
+    n = len(which) * heads
+    tasks = np.zeros((n, TASK_FIELDS), dtype=np.int64)
+    if n:
+        m = np.repeat(np.array(which, dtype=np.int64), heads)
+        tasks[:, T_TYPE] = F16
+        tasks[:, T_W] = np.array([mats[i].ctypes.data for i in which], dtype=np.int64).repeat(heads)
+        tasks[:, T_ROWS] = np.array([mats[i].shape[0] for i in which], dtype=np.int64).repeat(heads)
+        tasks[:, T_ROWLEN] = np.array([mats[i].shape[1] for i in which], dtype=np.int64).repeat(heads)
+        tasks[:, T_OUT] = m
+        tasks[:, T_XROW] = np.tile(np.arange(heads, dtype=np.int64), len(which))
+        tasks[:, T_OUTROW] = tasks[:, T_XROW]
+        tasks[:, T_HI] = NO_LIMIT
+    chunks = np.zeros((n, 5), dtype=np.int64)
+    chunks[:, C_TASK] = np.arange(n)
+    chunks[:, C_HI] = np.array([rows[i] for i in which], dtype=np.int64).repeat(heads)
+    chunks[:, C_OWNER] = -1
+    chunks[:, C_SPAN] = 1
+    t = _Table(tasks, chunks)
+    t.n_owned = 0
+    t.keep = mats  # the matrices stay alive while the job runs
+    return t
 
 
 class _Table:
@@ -671,9 +699,41 @@ class Runtime:
         Stores `rows` [n, kv_lora + n_rot] at pos0.. first; returns [n, n_head, kv_lora]."""
         n = q.shape[0]
         kv.store(il, rows, pos0)
+        if n == 1 and self._crewing:
+            return self._mla_token(q, kv, il, pos0, scale)
         view = kv.attention_view(il, pos0 + n)
         return self.attention(q, rows.reshape(n, 1, -1), rows.reshape(n, 1, -1), view, il, pos0, 0, scale,
                               compiled=False)
+
+    def _mla_token(self, q: np.ndarray, kv, il: int, pos0: int, scale: float) -> np.ndarray:
+        """One token's MLA attention with the crew: the general path's steps for one query row
+        per head (f16 queries, one vec_dot per key, softmax_stats per owner, merged max/sum,
+        f16 probabilities, one vec_dot per latent dimension over the owner's slots), the head
+        rows of each product dealt to the workers as crew chunks."""
+        H, width = q.shape[1], q.shape[2]
+        lora, no, cap = kv.kv_lora, kv.n_workers, kv.cap
+        xq = kernels.prepare(F16, np.ascontiguousarray(q[0]))
+        n_slots = [filled_slots(pos0 + 1, o, no) for o in range(no)]
+        owners = [o for o in range(no) if n_slots[o]]
+        scores = [np.empty((1, H, max(ns, 1)), dtype=np.float32) for ns in n_slots]
+        mxs = np.full((no, 1, H), -np.inf, dtype=np.float32)
+        sms = np.zeros((no, 1, H), dtype=np.float64)
+        keys = [kv.k[il][o].view(np.uint8) for o in range(no)]
+        self._crew.run(_head_rows(keys, owners, H, n_slots), xq, xq, [scores[o][0] for o in range(no)])
+        for o in owners:
+            softmax_stats(scores[o], o, no, n_slots[o], pos0, H, 0, scale, mxs[o], sms[o], 0)
+        big_m = np.empty((1, H), dtype=np.float32)
+        inv_l = np.empty((1, H), dtype=np.float32)
+        merge_stats(mxs, sms, big_m, inv_l)
+        outs = np.zeros((no, H, lora), dtype=np.float32)
+        for o in owners:  # llama.cpp sums over whole 64-slot steps (masked slots: probability 0)
+            kp = min(-(-n_slots[o] // 64) * 64, cap)
+            probs = probabilities(scores[o], n_slots[o], kp, big_m, inv_l)
+            xp = kernels.prepare(F16, probs.reshape(H, kp))
+            vt = np.ascontiguousarray(kv.k[il][o][:kp, :lora].T).view(np.uint8)
+            self._crew.run(_head_rows([vt], [0], H, [lora]), xp, xp, [outs[o]])
+        out = outs[0] if no == 1 else outs.sum(axis=0)
+        return out.reshape(1, H, lora)
 
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, kv: KVCache, il: int, pos0: int,
                   window: int, scale: float, compiled: bool = True) -> np.ndarray:
