@@ -178,3 +178,37 @@ def test_router_selection_groups_bias_norm_scale():
     s = softmax_rows(x)
     assert s.dtype == np.float32 and np.allclose(s.sum(axis=1), 1, atol=1e-6)
     assert np.allclose(s, np.exp(x) / np.exp(x).sum(axis=1, keepdims=True), rtol=1e-5)
+
+
+class _OwnedExperts:
+    """A layout whose experts are each computed whole by one worker (as a placement that gives
+    every expert to one node would): the runtime asks `expert_split` who computes which rows."""
+
+    def __init__(self, base, n_workers: int):
+        self._base, self._n = base, n_workers
+
+    def __getattr__(self, name):
+        return getattr(self._base, name)
+
+    def expert_split(self, name: str, expert: int) -> list[tuple[int, int]]:
+        spec = self._base.specs[name]
+        per = spec.rows // spec.experts
+        return [(0, per) if wk == expert % self._n else (0, 0) for wk in range(self._n)]
+
+
+def test_expert_split_hook_gives_the_same_results(moe_file):
+    eng = Engine.load(moe_file, placement=Placement(threads=2))
+    try:
+        ids = [2, 270, 262, 280, 265, 285]
+
+        def run() -> tuple[np.ndarray, np.ndarray]:
+            s = eng.new_session(64)
+            prompt = s.eval(ids, logit_rows=slice(0, len(ids)))
+            return prompt, s.eval([281])
+        want = run()
+        eng.rt.set_layout(_OwnedExperts(eng.layout, 2), eng.pool)
+        got = run()
+        assert all(np.array_equal(a, b) for a, b in zip(want, got))
+    finally:
+        eng.rt.set_layout(eng.layout._base if isinstance(eng.layout, _OwnedExperts) else eng.layout, eng.pool)
+        eng.close()

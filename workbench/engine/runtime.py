@@ -526,8 +526,15 @@ class Runtime:
         if plan is None:
             w = self.weights[name]
             per = w.rows // self.n_sub(name)
+            # a layout may choose who computes which rows of an expert (e.g. only the workers of
+            # the node that owns it): expert_split(name, e) -> [(lo, hi)] per worker
+            split = getattr(self.layout, "expert_split", None)
+            ranges = split(name, e) if split is not None else self._row_split(per, self.n_workers)
             plan = []
-            for wk, (lo, hi) in enumerate(self._row_split(per, self.n_workers)):
+            for wk, (lo, hi) in enumerate(ranges):
+                if hi <= lo:  # this worker computes none of the expert: nothing to read
+                    plan.append((np.zeros((0, w.info.row_bytes), dtype=np.uint8), 0, 0, 0))
+                    continue
                 arr, first = self.layout.expert_rows(name, wk, e)
                 arr = arr.reshape(arr.shape[0], -1) if arr.ndim != 2 else arr
                 if hi > lo and not (first <= lo and hi <= first + arr.shape[0]):
@@ -627,8 +634,19 @@ class Runtime:
                 job = Job(tasks, owned, [])
                 tasks_all.append(job.tasks)
                 chunks_all.append(job.chunks)
-            width = np.array([per[int(j)] for j in tasks_all[0][:, T_OUT]], dtype=np.int64)
-            table = self._eblocks[key] = (np.stack(tasks_all), np.stack(chunks_all), width)
+            # experts split over different workers may have different task counts: pad with tasks
+            # no chunk runs and with empty chunks owned by nobody
+            n_t = max(len(t) for t in tasks_all)
+            n_c = max(len(c) for c in chunks_all)
+            t3 = np.zeros((len(tasks_all), n_t, TASK_FIELDS), dtype=np.int64)
+            c3 = np.zeros((len(chunks_all), n_c, chunks_all[0].shape[1]), dtype=np.int64)
+            c3[:, :, C_OWNER] = -1
+            c3[:, :, C_SPAN] = 1
+            for e, (t, c) in enumerate(zip(tasks_all, chunks_all)):
+                t3[e, :len(t)] = t
+                c3[e, :len(c)] = c
+            width = np.array(per, dtype=np.int64)[t3[:, :, T_OUT]]
+            table = self._eblocks[key] = (t3, c3, width)
         return table
 
     def _expert_crew(self, names, ws, pidx, per, xps, groups, outs) -> None:
@@ -643,7 +661,7 @@ class Runtime:
         es_a = np.array(es, dtype=np.int64)
         m, n_t = len(es), tasks3.shape[1]
         tasks = tasks3[es_a].reshape(m * n_t, -1)
-        tasks[:, T_OUTOFF] += (np.array(ro, dtype=np.int64)[:, None] * width[None, :]).reshape(-1)
+        tasks[:, T_OUTOFF] += (np.array(ro, dtype=np.int64)[:, None] * width[es_a]).reshape(-1)
         tasks[:, T_XROW] = np.repeat(np.array(ri, dtype=np.int64), n_t)
         chunks = chunks3[es_a]
         chunks[:, :, C_TASK] += (np.arange(m, dtype=np.int64) * n_t)[:, None]
