@@ -155,8 +155,8 @@ def write_tiny_model(path: str | os.PathLike, spec: TinySpec, split_max_tensors:
             w.add_uint32(f"{a}.attention.key_length_mla", spec.head_dim)
             w.add_uint32(f"{a}.attention.value_length_mla", spec.head_dim_v_mla)
         w.add_uint32(f"{a}.attention.kv_lora_rank", spec.kv_lora_rank)
-        if spec.q_lora_rank:
-            w.add_uint32(f"{a}.attention.q_lora_rank", spec.q_lora_rank)
+        # 0 = a plain attn_q (llama.cpp reads the key for every non-"lite" layer count)
+        w.add_uint32(f"{a}.attention.q_lora_rank", spec.q_lora_rank)
         w.add_uint32(f"{a}.rope.dimension_count", spec.n_rot)
         w.add_uint32(f"{a}.leading_dense_block_count", spec.n_layer_dense_lead)
         w.add_uint32(f"{a}.expert_feed_forward_length", spec.n_ff_exp)

@@ -13,7 +13,7 @@ from reference_forward import deepseek2_forward
 from workbench.engine import Engine
 from workbench.engine.engine import Chat, Placement
 from workbench.engine.gguf_file import ModelLoadError
-from workbench.engine.kv_cache import MLACache, slots_per_worker
+from workbench.engine.kv_cache import MLACache, owner_slots, slots_per_worker
 from workbench.engine.sampling import SamplingParams
 
 IDS = [2, 270, 262, 280, 265, 285, 271, 268, 288, 262, 275, 281]
@@ -114,3 +114,54 @@ def test_old_mla_layout_is_refused_in_one_line(tmp_path):
         Engine.load(str(path))
     msg = str(e.value)
     assert "\n" not in msg and "re-convert" in msg and "llama.cpp" in msg
+
+
+def test_live_switches_keep_the_conversation_and_the_tokens(tmp_path):
+    """Weights mode, KV mode and thread count switched mid-conversation: the MLA cache is moved,
+    expert plans are rebuilt, and greedy tokens stay those of an untouched engine."""
+    path = tmp_path / "ds-v3.gguf"
+    write_tiny_model(path, ds_spec(**VARIANTS["v3"]))
+    params = SamplingParams(temperature=0.0)
+
+    def run(switch: bool) -> list[int]:
+        eng = Engine.load(str(path))
+        try:
+            s = eng.new_session(128)
+            ids = eng.tokenizer.encode("the cat sat on the mat", add_bos=True)
+            first = [ev.token for ev in s.generate(ids, params, 6) if hasattr(ev, "token")]
+            if switch:
+                eng.switch(weights="slice", kv="interleave", threads=2)
+                assert eng.rt.n_workers == 2 and isinstance(s.kv, MLACache)
+            more = [ev.token for ev in s.generate(ids + first + [262], params, 6) if hasattr(ev, "token")]
+            return first + more
+        finally:
+            eng.close()
+    assert run(True) == run(False)
+
+
+def test_mla_cache_split_between_owners(tmp_path):
+    """Positions dealt to two owners in 32-position blocks (two nodes' first-touch parts): the same
+    logits as one owner (to the bit while one block holds everything, to rounding after), and a
+    cache copied between owner counts continues identically."""
+    path = tmp_path / "ds.gguf"
+    write_tiny_model(path, ds_spec(**VARIANTS["q-lora"]))
+    eng = Engine.load(str(path), placement=Placement(threads=2))
+    try:
+        ids = [2] + [260 + (i * 7) % 30 for i in range(44)]
+        one = MLACache(eng.cfg, 128, 1)
+        two = MLACache(eng.cfg, 128, 2, owner_workers=[[0], [1]])
+        a = eng.model.forward(np.array(ids[:20]), one, slice(0, 20))
+        b = eng.model.forward(np.array(ids[:20]), two, slice(0, 20))
+        assert np.array_equal(a, b)
+        a = eng.model.forward(np.array(ids[20:]), one, slice(0, 25))
+        b = eng.model.forward(np.array(ids[20:]), two, slice(0, 25))
+        assert np.allclose(a, b, rtol=1e-4, atol=1e-4)
+        moved = MLACache(eng.cfg, 128, 1)
+        moved.copy_from(two)
+        assert moved.n == two.n == 45
+        owners, slots = owner_slots(np.arange(45), 2)
+        for il in range(eng.cfg.n_layer):
+            for pos in range(45):
+                assert np.array_equal(moved.k[il][0][pos], two.k[il][owners[pos]][slots[pos]])
+    finally:
+        eng.close()

@@ -89,29 +89,51 @@ def test_generate_and_chat_same_tokens_at_1_and_2_threads(moe_file):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_decode_reads_only_routed_experts(moe_file, threads):
+def test_decode_reads_only_routed_experts(moe_file, threads, monkeypatch):
+    """The weight rows handed to the kernels for one decoded token are those of the k routed
+    experts of each layer, never the others'."""
+    from workbench.engine import crew
+    from workbench.engine.crew import T_W
+
     eng = Engine.load(moe_file, placement=Placement(threads=threads))
     try:
-        rt = eng.rt
-        seen: list[tuple[str, int]] = []
-        plan = rt._expert_plan
+        read: list[int] = []
+        run = crew.Crew.run
 
-        def spy(name: str, e: int):
-            seen.append((name, e))
-            return plan(name, e)
-        rt._expert_plan = spy
+        def spy(self, job, xa, xb, outs):
+            read.extend(int(a) for a in job.tasks[:, T_W])
+            return run(self, job, xa, xb, outs)
+        monkeypatch.setattr(crew.Crew, "run", spy)
         s = eng.new_session(64)
         s.eval([2, 270, 262])
-        seen.clear()
+        routed: dict[str, set[int]] = {}
+        tap = eng.model.tap
+
+        def note(name, t):
+            if name.startswith("ffn_moe_topk-"):
+                il = int(name.split("-")[1])
+                for kind in ("gate", "up", "down"):
+                    routed[f"blk.{il}.ffn_{kind}_exps.weight"] = {int(e) for e in t.reshape(-1)}
+        eng.model.tap = note
+        read.clear()
         s.eval([280])  # one decoded token
-        cfg = eng.cfg
+        eng.model.tap = tap
+        cfg, lay = eng.cfg, eng.layout
+        owner = {}
         for il in range(cfg.n_layer):
             for kind in ("gate", "up", "down"):
                 name = f"blk.{il}.ffn_{kind}_exps.weight"
-                experts = {e for nm, e in seen if nm == name}
-                assert len(experts) == cfg.n_expert_used, (name, experts)
-        assert {nm for nm, _ in seen} == {f"blk.{il}.ffn_{k}_exps.weight" for il in range(cfg.n_layer)
-                                          for k in ("gate", "up", "down")}
+                for e in range(cfg.n_expert):
+                    for wk in range(threads):
+                        arr, _ = lay.expert_rows(name, wk, e)
+                        owner[arr.ctypes.data] = (name, e)
+        got: dict[str, set[int]] = {}
+        for a in read:
+            if a in owner:
+                name, e = owner[a]
+                got.setdefault(name, set()).add(e)
+        assert got == routed and all(len(v) == cfg.n_expert_used for v in got.values())
+        assert len(got) == 3 * cfg.n_layer
     finally:
         eng.close()
 
@@ -198,4 +220,61 @@ def test_routing_statistics_count_routed_experts_and_their_nodes(moe_file):
         eng.switch(weights="mirror")
         assert eng.routing().node_bytes == {}  # cleared: reads now come from other copies
     finally:
+        eng.close()
+
+
+def test_router_selection_groups_bias_norm_scale():
+    from workbench.engine.models.moe import route, softmax_rows
+
+    p = np.array([[0.9, 0.0, 0.5, 0.45, 0.1, 0.2, 0.3, 0.35]], dtype=np.float32)
+    ids, w = route(p, 2)
+    assert ids.tolist() == [[0, 2]] and np.allclose(w, [[0.9, 0.5]])
+    # groups of 2: group sums 0.9, 0.95, 0.3, 0.65 -> the best two groups are 1 and 0
+    ids, _ = route(p, 2, n_groups=4, n_group_used=2)
+    assert ids.tolist() == [[0, 2]]
+    ids, _ = route(p, 3, n_groups=4, n_group_used=2)
+    assert ids.tolist() == [[0, 2, 3]]  # 0.35 (group 3) is masked out
+    # the bias moves the choice, the weights stay the unbiased probabilities, normalised and scaled
+    bias = np.array([0, 0, 0, 0, 0, 0, 0, 1.0], dtype=np.float32)
+    ids, w = route(p, 2, bias, norm=True, scale=2.0)
+    assert ids.tolist() == [[7, 0]]
+    assert np.allclose(w, [[0.35 / 1.25 * 2, 0.9 / 1.25 * 2]], rtol=1e-6)
+    # softmax rows sum to one, in float32, whatever the width (16-lane blocks and leftovers)
+    x = np.random.default_rng(0).standard_normal((3, 37)).astype(np.float32)
+    s = softmax_rows(x)
+    assert s.dtype == np.float32 and np.allclose(s.sum(axis=1), 1, atol=1e-6)
+    assert np.allclose(s, np.exp(x) / np.exp(x).sum(axis=1, keepdims=True), rtol=1e-5)
+
+
+class _OwnedExperts:
+    """A layout whose experts are each computed whole by one worker (as a placement that gives
+    every expert to one node would): the runtime asks `expert_split` who computes which rows."""
+
+    def __init__(self, base, n_workers: int):
+        self._base, self._n = base, n_workers
+
+    def __getattr__(self, name):
+        return getattr(self._base, name)
+
+    def expert_split(self, name: str, expert: int) -> list[tuple[int, int]]:
+        spec = self._base.specs[name]
+        per = spec.group_rows
+        return [(0, per) if wk == expert % self._n else (0, 0) for wk in range(self._n)]
+
+
+def test_expert_split_hook_gives_the_same_results(moe_file):
+    eng = Engine.load(moe_file, placement=Placement(threads=2))
+    try:
+        ids = [2, 270, 262, 280, 265, 285]
+
+        def run() -> tuple[np.ndarray, np.ndarray]:
+            s = eng.new_session(64)
+            prompt = s.eval(ids, logit_rows=slice(0, len(ids)))
+            return prompt, s.eval([281])
+        want = run()
+        eng.rt.set_layout(_OwnedExperts(eng.layout, 2), eng.pool)
+        got = run()
+        assert all(np.array_equal(a, b) for a, b in zip(want, got))
+    finally:
+        eng.rt.set_layout(eng.layout._base if isinstance(eng.layout, _OwnedExperts) else eng.layout, eng.pool)
         eng.close()

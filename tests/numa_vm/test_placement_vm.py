@@ -244,6 +244,11 @@ def test_experts_sliced_and_owned_per_node(pool, record):
         else:
             assert all((p.lo, p.hi) == (0, EXP_ROWS) for p in pieces)
             assert sum(p.g1 - p.g0 for p in pieces) == N_EXP
+            for e in range(N_EXP):  # an owned expert is computed by its owner node's workers only
+                owner = layout.plan.expert_node(spec.name, e)
+                split = layout.expert_split(spec.name, e)
+                assert sum(hi - lo for lo, hi in split) == EXP_ROWS
+                assert all(hi == lo for w, (lo, hi) in zip(pool.workers, split) if w.node != owner)
         for w in range(pool.n_threads):
             for e in range(N_EXP):
                 arr, first = layout.expert_rows(spec.name, w, e)

@@ -176,8 +176,8 @@ class MLAView:
         for o, lat in enumerate(cache.k[il]):
             ns = filled_slots(n_positions, o, cache.n_workers)
             kp = min(-(-ns // 64) * 64, cache.cap)  # the attention reads values up to this slot
-            vt = np.zeros((cache.kv_lora, cache.cap), dtype=np.uint16)
-            vt[:, :kp] = lat[:kp, :cache.kv_lora].T
+            # only the slots the values product reads (its rows are read up to kp, never further)
+            vt = np.ascontiguousarray(lat[:kp, :cache.kv_lora].T)
             vs.append([vt.view(np.uint8)])
         self.v_bytes = {il: vs}
 

@@ -22,11 +22,13 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator, Protocol, Sequence
 
+import numba
 import numpy as np
 
 from . import kernels
 from . import ops
-from .crew import C_TASK, T_OUTOFF, Crew, CrewError, Job, product_runner
+from .crew import (C_HI, C_OWNER, C_SPAN, C_TASK, NO_LIMIT, T_HI, T_OUT, T_OUTOFF, T_OUTROW, T_ROWLEN, T_ROWS,
+                   T_TYPE, T_W, T_XROW, TASK_FIELDS, Crew, CrewError, Job, product_runner)
 from .attention import (merge_stats, one_token_attention, owners_token_attention, probabilities,
                         softmax_stats)
 from .gguf_file import GGUFFile, ModelLoadError, TensorInfo
@@ -104,6 +106,66 @@ class Weight:
         return self.info.shape[0]
 
 
+_EXPERT_LOOPS: dict = {}
+
+
+def _expert_loop(qtype: int) -> Callable:
+    """A compiled (GIL-free) loop over one expert's rows [lo, hi) in pieces of `step` rows, each
+    piece multiplied by every listed input row (`ins`, rows of the prepared 2-D inputs) into row
+    `outrows[j]` of `out` from column `off`: the weights stay in cache while the tokens pass, and
+    every output is the type's matvec (one vec_dot per row and token, as ggml's mul_mat_id)."""
+    key = (kernels.kernel_path(), qtype)
+    fn = _EXPERT_LOOPS.get(key)
+    if fn is None:
+        mv = kernels.matvec_kernels()[qtype]
+        if kernels.preparer(qtype) is None:  # float weights: one prepared array
+            @numba.njit(nogil=True, cache=True)
+            def fn(w, xp, ins, out, outrows, off, lo, hi, step):
+                xa = xp[0]
+                for c0 in range(lo, hi, step):
+                    c1 = min(c0 + step, hi)
+                    for j in range(ins.shape[0]):
+                        mv(w, (xa[ins[j]],), out[outrows[j]][off:], c0, c1)
+        else:
+            @numba.njit(nogil=True, cache=True)
+            def fn(w, xp, ins, out, outrows, off, lo, hi, step):
+                xa, xb, xc = xp
+                for c0 in range(lo, hi, step):
+                    c1 = min(c0 + step, hi)
+                    for j in range(ins.shape[0]):
+                        r = ins[j]
+                        mv(w, (xa[r], xb[r], xc[r]), out[outrows[j]][off:], c0, c1)
+        _EXPERT_LOOPS[key] = fn
+    return fn
+
+
+def _head_rows(mats: list[np.ndarray], which: list[int], heads: int, rows: list[int]) -> "_Table":
+    """A crew job of F16 matvecs: for each listed matrix i (uint8 [rows, bytes]) and head h, row h
+    of the prepared input times the matrix's first rows[i] rows into row h of output i; one
+    shared chunk per task."""
+    n = len(which) * heads
+    tasks = np.zeros((n, TASK_FIELDS), dtype=np.int64)
+    if n:
+        m = np.repeat(np.array(which, dtype=np.int64), heads)
+        tasks[:, T_TYPE] = F16
+        tasks[:, T_W] = np.array([mats[i].ctypes.data for i in which], dtype=np.int64).repeat(heads)
+        tasks[:, T_ROWS] = np.array([mats[i].shape[0] for i in which], dtype=np.int64).repeat(heads)
+        tasks[:, T_ROWLEN] = np.array([mats[i].shape[1] for i in which], dtype=np.int64).repeat(heads)
+        tasks[:, T_OUT] = m
+        tasks[:, T_XROW] = np.tile(np.arange(heads, dtype=np.int64), len(which))
+        tasks[:, T_OUTROW] = tasks[:, T_XROW]
+        tasks[:, T_HI] = NO_LIMIT
+    chunks = np.zeros((n, 5), dtype=np.int64)
+    chunks[:, C_TASK] = np.arange(n)
+    chunks[:, C_HI] = np.array([rows[i] for i in which], dtype=np.int64).repeat(heads)
+    chunks[:, C_OWNER] = -1
+    chunks[:, C_SPAN] = 1
+    t = _Table(tasks, chunks)
+    t.n_owned = 0
+    t.keep = mats  # the matrices stay alive while the job runs
+    return t
+
+
 class _Table:
     """A crew job's tables composed per call (routed experts): the `Job` fields `Crew.run` reads."""
 
@@ -159,7 +221,7 @@ class Runtime:
         self._plans: dict[str, list[tuple[np.ndarray, int, int, int]]] = {}
         self._groups: dict[tuple[str, ...], _Group] = {}
         self._eplans: dict[tuple[str, int], list[tuple[np.ndarray, int, int, int]]] = {}
-        self._eblocks: dict[tuple, Job] = {}
+        self._eblocks: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._leading = False
         self._crew: Crew | None = None
         self.routing = None  # RoutingStats of a mixture-of-experts model (set by the engine)
@@ -465,18 +527,15 @@ class Runtime:
         if plan is None:
             w = self.weights[name]
             per = w.rows // self.n_sub(name)
+            # a layout may choose who computes which rows of an expert (e.g. only the workers of
+            # the node that owns it): expert_split(name, e) -> [(lo, hi)] per worker
+            split = getattr(self.layout, "expert_split", None)
+            ranges = split(name, e) if split is not None else self._row_split(per, self.n_workers)
             plan = []
-            # an expert owned whole by one node (weights mode `experts`) is computed by that node's
-            # workers alone, from their own node's memory; otherwise every worker takes its range
-            lp = getattr(self.layout, "plan", None)
-            owner = lp.expert_node(name, e) if lp is not None and name in lp.tensors else None
-            if owner is None:
-                split = self._row_split(per, self.n_workers)
-            else:
-                mine = [wk for wk in range(self.n_workers) if lp.workers[wk].node == owner]
-                parts = iter(self._row_split(per, len(mine)))
-                split = [next(parts) if wk in mine else (0, 0) for wk in range(self.n_workers)]
-            for wk, (lo, hi) in enumerate(split):
+            for wk, (lo, hi) in enumerate(ranges):
+                if hi <= lo:  # this worker computes none of the expert: nothing to read
+                    plan.append((np.zeros((0, w.info.row_bytes), dtype=np.uint8), 0, 0, 0))
+                    continue
                 arr, first = self.layout.expert_rows(name, wk, e)
                 arr = arr.reshape(arr.shape[0], -1) if arr.ndim != 2 else arr
                 if hi > lo and not (first <= lo and hi <= first + arr.shape[0]):
@@ -506,13 +565,10 @@ class Runtime:
         if self.routing is not None:
             self.routing.record(gate, ids, (gate, up, down))
         # (expert, input rows, output rows): gate/up read token t, write row t*k + i
-        groups = []
-        flat = ids.reshape(-1)
-        order = np.argsort(flat, kind="stable")
-        bounds = np.flatnonzero(np.diff(flat[order])) + 1
-        for part in np.split(order, bounds):
-            if len(part):
-                groups.append((int(flat[part[0]]), part // k, part))
+        rows: dict[int, list[int]] = {}
+        for r, e in enumerate(ids.reshape(-1).tolist()):
+            rows.setdefault(e, []).append(r)
+        groups = [(e, np.array(rs, dtype=np.int64) // k, np.array(rs, dtype=np.int64)) for e, rs in rows.items()]
         g, u = self._expert_products((gate, up), x, groups, n * k)
         a = np.empty_like(g)
         if activation == "gelu":
@@ -545,66 +601,75 @@ class Runtime:
         outs = [np.empty((m_out, r), dtype=np.float32) for r in per]
         x = np.ascontiguousarray(x, dtype=np.float32)
         xps = [kernels.prepare(t, x) for t in prep_types]
-        if self._crewing and x.shape[0] <= 16:
+        if self._crewing:  # one token's pass: the crew's workers wait in compiled code
             self._expert_crew(names, ws, pidx, per, xps, groups, outs)
             return outs
-        rows_in = [[tuple(a[r] for a in xp) for r in range(x.shape[0])] for xp in xps]
+        loops = [_expert_loop(w.ggml_type) for w in ws]
+        groups = [(e, np.ascontiguousarray(ins, dtype=np.int64), np.ascontiguousarray(outr, dtype=np.int64))
+                  for e, ins, outr in groups]
 
         def work(wk: int) -> None:
             for e, ins, outr in groups:
                 for j, nm in enumerate(names):
                     arr, first, lo, hi = self._expert_plan(nm, e)[wk]
-                    if hi <= lo:
-                        continue
-                    qtype, xr, out = ws[j].ggml_type, rows_in[pidx[j]], outs[j]
-                    # pieces of rows that stay in cache while every token of the expert passes
-                    for c0 in range(lo, hi, EXPERT_ROWS):
-                        c1 = min(c0 + EXPERT_ROWS, hi)
-                        for ri, ro in zip(ins, outr):
-                            kernels.matvec(qtype, arr, xr[ri], out[ro, first:first + arr.shape[0]],
-                                           c0 - first, c1 - first)
+                    if hi > lo:
+                        loops[j](arr, xps[pidx[j]], ins, outs[j], outr, first, lo - first, hi - first, EXPERT_ROWS)
         self.each_worker(work)
         return outs
 
-    def _expert_block(self, name: str, qtype: int, e: int, p: int, j: int) -> Job:
-        """The crew task/chunk rows of sub-matrix e of `name` (each worker its own row range of its
-        own copy), into output j with prepared input p; cached per layout."""
-        key = (name, e, p, j)
-        blk = self._eblocks.get(key)
-        if blk is None:
-            tasks, owned = [], []
-            for wk, (arr, first, lo, hi) in enumerate(self._expert_plan(name, e)):
-                if hi > lo:
-                    owned.append((len(tasks), lo - first, hi - first, wk))
-                    tasks.append((qtype, np.ascontiguousarray(arr), p, j, first))
-            blk = self._eblocks[key] = Job(tasks, owned, [])
-        return blk
+    def _expert_table(self, names: tuple[str, ...], ws: list, pidx: list[int], per: list[int]
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Crew task and chunk rows of every sub-matrix of `names` (each worker its own row range
+        of its own copy; task j of a sub-matrix writes output j with prepared input pidx[j]),
+        stacked [n_sub, tasks, fields] / [n_sub, chunks, fields] so one token's job is a few array
+        operations whatever k; and each task's output row width. Built once per layout."""
+        key = names
+        table = self._eblocks.get(key)
+        if table is None:
+            tasks_all, chunks_all = [], []
+            for e in range(self.n_sub(names[0])):
+                tasks, owned = [], []
+                for j, nm in enumerate(names):
+                    for wk, (arr, first, lo, hi) in enumerate(self._expert_plan(nm, e)):
+                        if hi > lo:
+                            owned.append((len(tasks), lo - first, hi - first, wk))
+                            tasks.append((ws[j].ggml_type, np.ascontiguousarray(arr), pidx[j], j, first))
+                job = Job(tasks, owned, [])
+                tasks_all.append(job.tasks)
+                chunks_all.append(job.chunks)
+            # experts split over different workers may have different task counts: pad with tasks
+            # no chunk runs and with empty chunks owned by nobody
+            n_t = max(len(t) for t in tasks_all)
+            n_c = max(len(c) for c in chunks_all)
+            t3 = np.zeros((len(tasks_all), n_t, TASK_FIELDS), dtype=np.int64)
+            c3 = np.zeros((len(chunks_all), n_c, chunks_all[0].shape[1]), dtype=np.int64)
+            c3[:, :, C_OWNER] = -1
+            c3[:, :, C_SPAN] = 1
+            for e, (t, c) in enumerate(zip(tasks_all, chunks_all)):
+                t3[e, :len(t)] = t
+                c3[e, :len(c)] = c
+            width = np.array(per, dtype=np.int64)[t3[:, :, T_OUT]]
+            table = self._eblocks[key] = (t3, c3, width)
+        return table
 
     def _expert_crew(self, names, ws, pidx, per, xps, groups, outs) -> None:
-        """A few input rows with the crew: one job per input row, holding every expert that reads it
-        (one token's gate and up: one job; its down products: one per slot)."""
-        by_row: dict[int, list[tuple[int, int]]] = {}
+        """A few input rows with the crew: one job holding every routed expert's products (each
+        task reads its own row of the prepared 2-D inputs and writes its own output row)."""
+        tasks3, chunks3, width = self._expert_table(tuple(names), ws, pidx, per)
+        es, ri, ro = [], [], []
         for e, ins, outr in groups:
-            for ri, ro in zip(ins, outr):
-                by_row.setdefault(int(ri), []).append((e, int(ro)))
-        flat = [o.reshape(-1) for o in outs]
-        for ri, items in by_row.items():
-            tasks, chunks = [], []
-            n_t = 0
-            for e, ro in items:
-                for j, nm in enumerate(names):
-                    blk = self._expert_block(nm, ws[j].ggml_type, e, pidx[j], j)
-                    t = blk.tasks.copy()
-                    t[:, T_OUTOFF] += ro * per[j]
-                    c = blk.chunks.copy()
-                    c[:, C_TASK] += n_t
-                    n_t += len(t)
-                    tasks.append(t)
-                    chunks.append(c)
-            job = _Table(np.concatenate(tasks), np.concatenate(chunks))
-            xa = tuple(a[ri] for a in xps[0])
-            xb = tuple(a[ri] for a in xps[-1])
-            self._crew.run(job, xa, xb, flat)
+            es += [e] * len(ins)
+            ri += list(ins)
+            ro += list(outr)
+        es_a = np.array(es, dtype=np.int64)
+        m, n_t = len(es), tasks3.shape[1]
+        tasks = tasks3[es_a].reshape(m * n_t, -1)
+        tasks[:, T_OUTOFF] += (np.array(ro, dtype=np.int64)[:, None] * width[es_a]).reshape(-1)
+        tasks[:, T_XROW] = np.repeat(np.array(ri, dtype=np.int64), n_t)
+        chunks = chunks3[es_a]
+        chunks[:, :, C_TASK] += (np.arange(m, dtype=np.int64) * n_t)[:, None]
+        self._crew.run(_Table(tasks, chunks.reshape(-1, chunks.shape[2])), xps[0], xps[-1],
+                       [o.reshape(-1) for o in outs])
 
     def sub_products(self, name: str, x: np.ndarray) -> np.ndarray:
         """x [m, n, ne0] -> [m, n, rows] with sub-matrix i of 3-D tensor `name` applied to x[i]
@@ -615,6 +680,10 @@ class Runtime:
         if m != self.n_sub(name) or k != w.ne0:
             raise ValueError(f"{name}: input {list(x.shape)} does not fit shape {list(w.info.shape)}")
         rows = w.rows // m
+        if n == 1:  # one token: a matvec per head, through the expert machinery (crew jobs in decode)
+            heads = np.arange(m, dtype=np.int64)
+            (out1,) = self._expert_products((name,), x[:, 0, :], [(i, heads[i:i + 1], heads[i:i + 1]) for i in range(m)], m)
+            return out1.reshape(m, 1, rows)
         out = np.empty((m, n, rows), dtype=np.float32)
         xps = [kernels.prepare(w.ggml_type, np.ascontiguousarray(x[i] if n > 1 else x[i, 0])) for i in range(m)]
 
@@ -651,9 +720,41 @@ class Runtime:
         Stores `rows` [n, kv_lora + n_rot] at pos0.. first; returns [n, n_head, kv_lora]."""
         n = q.shape[0]
         kv.store(il, rows, pos0)
+        if n == 1 and self._crewing:
+            return self._mla_token(q, kv, il, pos0, scale)
         view = kv.attention_view(il, pos0 + n)
         return self.attention(q, rows.reshape(n, 1, -1), rows.reshape(n, 1, -1), view, il, pos0, 0, scale,
                               compiled=False)
+
+    def _mla_token(self, q: np.ndarray, kv, il: int, pos0: int, scale: float) -> np.ndarray:
+        """One token's MLA attention with the crew: the general path's steps for one query row
+        per head (f16 queries, one vec_dot per key, softmax_stats per owner, merged max/sum,
+        f16 probabilities, one vec_dot per latent dimension over the owner's slots), the head
+        rows of each product dealt to the workers as crew chunks."""
+        H, width = q.shape[1], q.shape[2]
+        lora, no, cap = kv.kv_lora, kv.n_workers, kv.cap
+        xq = kernels.prepare(F16, np.ascontiguousarray(q[0]))
+        n_slots = [filled_slots(pos0 + 1, o, no) for o in range(no)]
+        owners = [o for o in range(no) if n_slots[o]]
+        scores = [np.empty((1, H, max(ns, 1)), dtype=np.float32) for ns in n_slots]
+        mxs = np.full((no, 1, H), -np.inf, dtype=np.float32)
+        sms = np.zeros((no, 1, H), dtype=np.float64)
+        keys = [kv.k[il][o].view(np.uint8) for o in range(no)]
+        self._crew.run(_head_rows(keys, owners, H, n_slots), xq, xq, [scores[o][0] for o in range(no)])
+        for o in owners:
+            softmax_stats(scores[o], o, no, n_slots[o], pos0, H, 0, scale, mxs[o], sms[o], 0)
+        big_m = np.empty((1, H), dtype=np.float32)
+        inv_l = np.empty((1, H), dtype=np.float32)
+        merge_stats(mxs, sms, big_m, inv_l)
+        outs = np.zeros((no, H, lora), dtype=np.float32)
+        for o in owners:  # llama.cpp sums over whole 64-slot steps (masked slots: probability 0)
+            kp = min(-(-n_slots[o] // 64) * 64, cap)
+            probs = probabilities(scores[o], n_slots[o], kp, big_m, inv_l)
+            xp = kernels.prepare(F16, probs.reshape(H, kp))
+            vt = np.ascontiguousarray(kv.k[il][o][:kp, :lora].T).view(np.uint8)
+            self._crew.run(_head_rows([vt], [0], H, [lora]), xp, xp, [outs[o]])
+        out = outs[0] if no == 1 else outs.sum(axis=0)
+        return out.reshape(1, H, lora)
 
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, kv: KVCache, il: int, pos0: int,
                   window: int, scale: float, compiled: bool = True) -> np.ndarray:

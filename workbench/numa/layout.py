@@ -142,6 +142,19 @@ class WeightLayout:
         arr, lo, g0 = v
         return arr[expert - g0], lo
 
+    def expert_split(self, name: str, expert: int) -> list[tuple[int, int]]:
+        """Rows of ``expert`` each worker computes: an expert owned whole by one node (weights
+        mode ``experts``) by that node's workers alone, from their own memory; else every worker
+        its ``row_split`` range (which ``slice`` placed on the worker's node)."""
+        plan = self.plan
+        rows = plan.tensors[name].spec.group_rows
+        owner = plan.expert_node(name, expert)
+        if owner is None:
+            return row_split(rows, plan.n_workers)
+        mine = plan.node_workers(owner)
+        parts = iter(row_split(rows, len(mine)))
+        return [next(parts) if w.index in mine else (0, 0) for w in plan.workers]
+
     def full_array(self, name: str) -> np.ndarray | None:
         """A complete copy (the caller's node's replica when mirrored), else None."""
         d = self._views[name]

@@ -48,6 +48,10 @@ class DeepSeek2(MoEDecoder):
                                  f"key_length {cfg.head_dim}): not the MLA layout; {RECONVERT}")
         if cfg.head_dim_k_mla <= cfg.rope_dims:
             raise ModelLoadError(f"{a}.attention.key_length_mla {cfg.head_dim_k_mla} leaves no non-rotary part")
+        if cfg.n_expert_groups > 1 and (cfg.n_expert % cfg.n_expert_groups
+                                        or not 0 < cfg.n_group_used <= cfg.n_expert_groups):
+            raise ModelLoadError(f"{cfg.n_expert} experts cannot be used as {cfg.n_group_used} of "
+                                 f"{cfg.n_expert_groups} groups ({a}.expert_group_count / expert_group_used_count)")
         if not cfg.expert_gating:
             cfg.expert_gating = 1  # files from before expert_gating_func: softmax (V2, V2.5)
         # llama.cpp: the GGUF's yarn_log_multiplier is 0.1 x mscale_all_dim

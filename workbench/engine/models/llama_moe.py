@@ -16,3 +16,4 @@ class LlamaMoE(MoEDecoder):
     def configure(cfg: ModelConfig, md: dict) -> None:
         Llama.configure(cfg, md)
         cfg.expert_gating = 1
+        cfg.n_ff_exp = cfg.n_ff  # llama.cpp: the experts are [n_embd, n_ff, n_expert]

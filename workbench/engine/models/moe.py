@@ -70,38 +70,74 @@ def sigmoid_rows(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def _top(values: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the k largest of each row, largest first (ggml_argsort_top_k; ties: lower index)."""
-    return np.argsort(-values, axis=-1, kind="stable")[..., :k]
+@nb.njit(**_JIT)
+def _best(v: np.ndarray, k: int, out: np.ndarray) -> None:
+    """Indices of the k largest of v, largest first (ggml_argsort_top_k; ties: lower index)."""
+    taken = np.zeros(v.shape[0], dtype=np.bool_)
+    for i in range(k):
+        b = -1
+        for j in range(v.shape[0]):
+            if not taken[j] and (b < 0 or v[j] > v[b]):
+                b = j
+        taken[b] = True
+        out[i] = b
+
+
+@nb.njit(**_JIT)
+def _route(probs: np.ndarray, k: int, bias: np.ndarray, n_groups: int, n_group_used: int, norm: bool,
+           scale: float) -> tuple[np.ndarray, np.ndarray]:
+    n, n_exp = probs.shape
+    ids = np.empty((n, k), dtype=np.int64)
+    w = np.empty((n, k), dtype=np.float32)
+    sel = np.empty(n_exp, dtype=np.float32)
+    per = n_exp // n_groups if n_groups > 1 else n_exp
+    two = np.empty(2, dtype=np.int64)
+    gsc = np.empty(max(n_groups, 1), dtype=np.float32)
+    keep = np.empty(max(n_group_used, 1), dtype=np.int64)
+    for t in range(n):
+        for j in range(n_exp):
+            sel[j] = probs[t, j] + bias[j] if bias.shape[0] == n_exp else probs[t, j]
+        if n_groups > 1:
+            # each group's score: the sum (in double, as ggml_sum_rows) of its two best
+            for g in range(n_groups):
+                _best(sel[g * per:(g + 1) * per], 2, two)
+                gsc[g] = np.float32(np.float64(sel[g * per + two[0]]) + np.float64(sel[g * per + two[1]]))
+            _best(gsc, n_group_used, keep)
+            for g in range(n_groups):
+                used = False
+                for i in range(n_group_used):
+                    if keep[i] == g:
+                        used = True
+                if not used:
+                    for j in range(g * per, (g + 1) * per):
+                        sel[j] = -np.inf
+        _best(sel, k, ids[t])
+        for i in range(k):
+            w[t, i] = probs[t, ids[t, i]]
+        if norm:
+            s = 0.0
+            for i in range(k):
+                s += np.float64(w[t, i])
+            sf = max(np.float32(s), np.float32(6.103515625e-5))
+            for i in range(k):
+                w[t, i] = w[t, i] / sf
+        if scale != 0.0 and scale != 1.0:
+            for i in range(k):
+                w[t, i] = w[t, i] * np.float32(scale)
+    return ids, w
 
 
 def route(probs: np.ndarray, k: int, bias: np.ndarray | None = None, n_groups: int = 0, n_group_used: int = 0,
           norm: bool = False, scale: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """Experts [n, k] (best first) and their weights [n, k] float32 from router probabilities
-    [n, n_expert], as llama.cpp's build_moe_ffn does after the gating function."""
+    [n, n_expert], as llama.cpp's build_moe_ffn does after the gating function: selection on
+    probs + bias (grouped: only the n_group_used groups with the best top-2 sums), weights from
+    the unbiased probabilities, optionally normalised (clamped sum) and scaled, all in f32."""
     probs = np.ascontiguousarray(probs, dtype=np.float32)
-    sel = probs + bias.astype(np.float32) if bias is not None else probs
-    n, n_exp = sel.shape
-    if n_groups > 1:
-        per = n_exp // n_groups
-        grouped = sel.reshape(n, n_groups, per)
-        top2 = np.take_along_axis(grouped, _top(grouped, 2), axis=-1)
-        # ggml_sum_rows: a double sum rounded to float
-        scores = (top2[..., 0].astype(np.float64) + top2[..., 1].astype(np.float64)).astype(np.float32)
-        keep = _top(scores, n_group_used)
-        masked = np.full_like(grouped, -np.inf)
-        idx = keep[..., None].repeat(per, axis=-1)
-        np.put_along_axis(masked, idx, np.take_along_axis(grouped, idx, axis=1), axis=1)
-        sel = masked.reshape(n, n_exp)
-    ids = _top(sel, k)
-    w = np.take_along_axis(probs, ids, axis=1)
-    if norm:
-        s = w.astype(np.float64).sum(axis=1, dtype=np.float64).astype(np.float32)
-        s = np.maximum(s, np.float32(6.103515625e-5))
-        w = (w / s[:, None]).astype(np.float32)
-    if scale != 0.0 and scale != 1.0:
-        w = (w * np.float32(scale)).astype(np.float32)
-    return ids, np.ascontiguousarray(w, dtype=np.float32)
+    b = np.ascontiguousarray(bias, dtype=np.float32) if bias is not None else np.zeros(0, dtype=np.float32)
+    if n_groups > 1 and (probs.shape[1] % n_groups or not 0 < n_group_used <= n_groups):
+        raise ValueError(f"{probs.shape[1]} experts cannot be used as {n_group_used} of {n_groups} groups")
+    return _route(probs, k, b, n_groups, n_group_used, norm, float(scale))
 
 
 class MoEDecoder(Decoder):

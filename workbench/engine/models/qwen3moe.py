@@ -15,3 +15,5 @@ class Qwen3MoE(MoEDecoder):
     def configure(cfg: ModelConfig, md: dict) -> None:
         cfg.rope_neox = True
         cfg.expert_gating = 1
+        if not cfg.n_ff_exp and cfg.n_expert_used:  # llama.cpp's fallback without the key
+            cfg.n_ff_exp = cfg.n_ff // cfg.n_expert_used

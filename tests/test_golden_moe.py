@@ -1,0 +1,72 @@
+"""Agreement with llama.cpp on tiny MoE and MLA models (qwen3moe, Mixtral-style llama, deepseek2).
+
+Golden data: tests/data/moe_golden.json, written by scripts/reference_moe.py with
+llama-cpp-python (flash attention off, f16 KV cache): the tiny files are rebuilt here from the
+stored specs with the test factory and must be byte-identical to the ones llama.cpp ran.
+Greedy continuations must be identical up to the first step where llama.cpp's own top-2 logit
+gap is below NEAR_TIE (there another implementation may legitimately pick the other token), and
+the first step's top-10 logits close.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gguf_factory import write_tiny_model
+from workbench.engine import Engine
+from workbench.engine.engine import Placement
+
+DATA = Path(__file__).parent / "data" / "moe_golden.json"
+GOLDEN = json.loads(DATA.read_text()) if DATA.exists() else {"models": {}}
+sys.path.insert(0, str(Path(__file__).parent.parent / "scripts"))
+#: measured on this machine (AVX-512 VNNI kernels): the first step's top-10 logits are bit-identical to
+#: llama.cpp's for every Q8_0 file (MoE, MLA, q-LoRA, sigmoid+bias+groups, YaRN) and within 5.7e-6 for
+#: the Q4_K one, and all 72 greedy tokens of every file are identical at 1 and 2 threads, through
+#: llama.cpp top-2 gaps as small as 1.3e-4; NEAR_TIE only stops at a gap that is rounding noise
+NEAR_TIE = 1e-5
+TOP10_TOL = 1e-4
+
+
+def _spec(fields: dict):
+    from reference_moe import spec_of
+    return spec_of(fields)
+
+
+@pytest.fixture(scope="module", params=sorted(GOLDEN["models"]) or [None])
+def model(request, tmp_path_factory):
+    name = request.param
+    if name is None:
+        pytest.skip("no golden data (run scripts/reference_moe.py)")
+    g = GOLDEN["models"][name]
+    path = tmp_path_factory.mktemp("golden") / f"{name}.gguf"
+    write_tiny_model(path, _spec(g["spec"]))
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == g["sha256"], \
+        f"{name}: the factory no longer writes the file llama.cpp ran (rerun scripts/reference_moe.py)"
+    return name, str(path), g["cases"]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_greedy_tokens_and_first_logits_match_llama_cpp(model, threads):
+    name, path, cases = model
+    eng = Engine.load(path, placement=Placement(threads=threads))
+    try:
+        for case in cases:
+            s = eng.new_session(256)
+            logits = s.eval(case["prompt_ids"])
+            top = np.array([lg for _, lg in case["first_top10"]])
+            ids = [i for i, _ in case["first_top10"]]
+            assert np.max(np.abs(logits[ids] - top)) < TOP10_TOL, name
+            for step, (want, margin) in enumerate(zip(case["generated_ids"], case["generated_margins"])):
+                got = int(np.argmax(logits))
+                if margin < NEAR_TIE:
+                    break
+                assert got == want, f"{name}: step {step} of {case['prompt_ids']}: {got} != llama.cpp's {want}"
+                logits = s.eval([got])
+    finally:
+        eng.close()
