@@ -178,6 +178,8 @@ def test_the_placement_built_from_either_side_is_the_same():
     (["generate", "-p", "hi", "-t", "0"], "-t must be >= 1 (got 0)"),
     (["--replay", "/nonexistent/events.jsonl"], "no such recording"),
     (["topo", "--bogus"], "unrecognized arguments: --bogus"),
+    (["topo", "-t", "2"], "-t does not apply to 'numawb topo'"),
+    (["bench", "--smt"], "--smt does not apply to 'numawb bench'"),
 ])
 def test_misplaced_options_are_refused_in_one_line(args, message):
     r = numawb(*args)

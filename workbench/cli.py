@@ -160,10 +160,14 @@ class CommandLine:
                             where=f"is an option of {' / '.join(names)}: put it after the subcommand "
                                   f"(numawb {names[0]} {s} ...)")
         app_flags = [s for a in _option_actions(ap) if a.dest in APP_ONLY for s in a.option_strings]
+        shared_flags = {a.dest: a.option_strings for a in _option_actions(ap) if a.dest in top_shared}
         for name, p in self.commands.items():
             for s in app_flags:
                 p.add_argument(s, action=_Refuse,
                                where=f"is an option of the app (numawb without a subcommand), not of {name}")
+            for d, strings in shared_flags.items():
+                if d not in self.defaults[name]:  # e.g. -t after topo: the same line as before it
+                    p.add_argument(*strings, action=_Refuse, where=f"does not apply to 'numawb {name}'")
 
     def parse(self, argv: Sequence[str] | None = None) -> argparse.Namespace:
         """Parse ``argv``; refuse (one line, exit 2) what the chosen command does not take."""
