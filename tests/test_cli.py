@@ -189,6 +189,16 @@ def test_misplaced_options_are_refused_in_one_line(args, message):
     assert r.stdout == ""
 
 
+@pytest.mark.parametrize("fixture", ["xeon-8node-smt", "cxl-memory-only"])  # long output, short output
+def test_a_closed_pipe_is_not_a_traceback(fixture):
+    """`numawb topo | head -1`: the reader goes away early; numawb ends quietly."""
+    p = subprocess.Popen([sys.executable, "-m", "workbench", "topo", "--root", fixture],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()  # nobody reads: the first write fails with EPIPE
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 0 and "Traceback" not in err, err
+
+
 # ---- topo and --help stay light (issue 10, structure 2) --------------------------------------
 
 @pytest.mark.parametrize("argv", [["topo"], ["topo", "--json"], ["topo", "--root", "epyc-2socket"], ["--help"],

@@ -508,10 +508,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, _terminate)
     args = parse_args(argv)
     try:
-        return run(args)
+        rc = run(args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
+        return rc
     except KeyboardInterrupt:
         print("numawb: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `numawb topo | head`: the reader left; not an error of ours
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush does not fail again
+        return 0
     except SystemError as e:
         sig = _signal_exception(e)
         if isinstance(sig, KeyboardInterrupt):
