@@ -178,6 +178,8 @@ def test_the_placement_built_from_either_side_is_the_same():
     (["generate", "-p", "hi", "-t", "0"], "-t must be >= 1 (got 0)"),
     (["--replay", "/nonexistent/events.jsonl"], "no such recording"),
     (["topo", "--bogus"], "unrecognized arguments: --bogus"),
+    (["topo", "-t", "2"], "-t does not apply to 'numawb topo'"),
+    (["bench", "--smt"], "--smt does not apply to 'numawb bench'"),
 ])
 def test_misplaced_options_are_refused_in_one_line(args, message):
     r = numawb(*args)
@@ -185,6 +187,16 @@ def test_misplaced_options_are_refused_in_one_line(args, message):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and ": error: " in lines[0] and message in lines[0], r.stderr
     assert r.stdout == ""
+
+
+@pytest.mark.parametrize("fixture", ["xeon-8node-smt", "cxl-memory-only"])  # long output, short output
+def test_a_closed_pipe_is_not_a_traceback(fixture):
+    """`numawb topo | head -1`: the reader goes away early; numawb ends quietly."""
+    p = subprocess.Popen([sys.executable, "-m", "workbench", "topo", "--root", fixture],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()  # nobody reads: the first write fails with EPIPE
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 0 and "Traceback" not in err, err
 
 
 # ---- topo and --help stay light (issue 10, structure 2) --------------------------------------

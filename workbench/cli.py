@@ -166,10 +166,14 @@ class CommandLine:
                             where=f"is an option of {' / '.join(names)}: put it after the subcommand "
                                   f"(numawb {names[0]} {s} ...)")
         app_flags = [s for a in _option_actions(ap) if a.dest in APP_ONLY for s in a.option_strings]
+        shared_flags = {a.dest: a.option_strings for a in _option_actions(ap) if a.dest in top_shared}
         for name, p in self.commands.items():
             for s in app_flags:
                 p.add_argument(s, action=_Refuse,
                                where=f"is an option of the app (numawb without a subcommand), not of {name}")
+            for d, strings in shared_flags.items():
+                if d not in self.defaults[name]:  # e.g. -t after topo: the same line as before it
+                    p.add_argument(*strings, action=_Refuse, where=f"does not apply to 'numawb {name}'")
 
     def parse(self, argv: Sequence[str] | None = None) -> argparse.Namespace:
         """Parse ``argv``; refuse (one line, exit 2) what the chosen command does not take."""
@@ -519,13 +523,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, _terminate)
     args = parse_args(argv)
     try:
-        return run(args)
-    except BrokenPipeError:  # output piped into `head` and the like: not an error
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+        rc = run(args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
+        return rc
     except KeyboardInterrupt:
         print("numawb: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `numawb topo | head`: the reader left; not an error of ours
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush does not fail again
+        return 0
     except SystemError as e:
         sig = _signal_exception(e)
         if isinstance(sig, KeyboardInterrupt):
