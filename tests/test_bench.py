@@ -138,3 +138,21 @@ def test_fresh_process_memory_default_model():
     assert mem["peak_rss_bytes"] >= mem["baseline_rss_bytes"]
     assert mem["n_ctx"] == 4096 and isinstance(mem["met"], bool)
     assert mem["peak_rss_bytes"] - mem["baseline_rss_bytes"] >= mem["file_bytes"] * 0.8  # the weights are in
+
+
+def test_active_bytes_per_token_beside_the_file_size(report, tmp_path):
+    """Dense: every matrix is read per token (the embedding is tied to the output). MoE: only the
+    routed experts' share of the expert tensors."""
+    tr = report.traffic
+    assert tr["file_bytes"] > tr["weight_bytes"] > 0 and tr["experts"] == 0
+    assert tr["active_bytes_per_token"] == pytest.approx(tr["weight_bytes"], rel=1e-9)
+    assert "active weights per token" in bench.format_markdown(report)
+    moe = tmp_path / "moe.gguf"
+    write_tiny_model(moe, TinySpec(arch="qwen3moe", n_expert=8, n_expert_used=2, n_ff=256, n_ff_exp=256),
+                     reference=False)
+    t = bench.traffic_facts(str(moe))
+    from workbench.engine.gguf_file import read_gguf
+    tensors = read_gguf(str(moe)).tensors
+    exps = sum(x.nbytes for n, x in tensors.items() if "_exps" in n)
+    assert (t["experts"], t["experts_used"]) == (8, 2)
+    assert t["active_bytes_per_token"] == pytest.approx(t["weight_bytes"] - exps + exps * 2 / 8, rel=1e-9)

@@ -83,10 +83,12 @@ class BenchReport:
     ttft: dict
     results: list[TestResult]
     memory: dict = field(default_factory=lambda: {"ok": False, "error": "not measured"})
+    traffic: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return {"machine": self.machine, "model_file": self.model_file, "load": self.load,
-                "ttft": self.ttft, "memory": self.memory, "results": [r.as_dict() for r in self.results]}
+                "ttft": self.ttft, "memory": self.memory, "traffic": self.traffic,
+                "results": [r.as_dict() for r in self.results]}
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -474,7 +476,17 @@ def run_bench(model: str | None = None, threads: Sequence[int] = (1,), n_prompts
         memory = fresh_process_memory(path)
         if memory.get("ok"):
             progress(f"fresh process: peak RSS {memory['peak_rss_bytes'] / 2**20:.1f} MiB", final=True)
-    return BenchReport(machine_info(), path, load, ttft, results, memory)
+    return BenchReport(machine_info(), path, load, ttft, results, memory, traffic_facts(path))
+
+
+def traffic_facts(path: str) -> dict:
+    """What a decoded token reads, from the file's header: the active weights (a mixture of
+    experts reads only its routed experts) beside the file size, and the KV cache per position."""
+    from .advisor.cost import model_cost
+    c = model_cost(path)
+    return {"file_bytes": c.file_size, "weight_bytes": c.weight_bytes,
+            "active_bytes_per_token": c.weight_bytes_per_token, "kv_bytes_per_position": c.kv_bytes_per_position,
+            "mla": c.mla, "experts": c.expert_count, "experts_used": c.expert_used_count}
 
 
 # ----------------------------------------------------------------------------- output
@@ -499,6 +511,12 @@ def format_markdown(rep: BenchReport) -> str:
     out = [line(COLUMNS), sep] + [line(r) for r in rows]
     ld = rep.load
     out.append("")
+    tr = rep.traffic
+    if tr:
+        moe = f", routed experts {tr['experts_used']} of {tr['experts']}" if tr.get("experts") else ""
+        out.append(f"active weights per token: {fmt_size(int(tr['active_bytes_per_token']))} of a "
+                   f"{fmt_size(tr['file_bytes'])} file{moe}; KV cache {tr['kv_bytes_per_position'] / 1024:.1f} KiB "
+                   "per position" + (" (MLA latent + rotary key)" if tr.get("mla") else ""))
     if ld.get("cold_s") is not None:
         out.append(f"load: cold page cache {ld['cold_s']:.2f} s ({ld['cold_method']}), "
                    f"warm {ld['warm_s']:.2f} s")
