@@ -122,6 +122,26 @@ def kv_sizes(cfg: ModelConfig, n_ctx: int, pool: WorkerPool, owners: list[list[i
     return [per_owner if w in firsts else 0 for w in range(pool.n_threads)]
 
 
+class _Background:
+    """Run ``fn(*args)`` on a thread; ``join`` waits and re-raises what it raised."""
+
+    def __init__(self, fn: Callable, *args) -> None:
+        self._error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                fn(*args)
+            except BaseException as e:  # noqa: BLE001 - handed to the joining thread
+                self._error = e
+        self._thread = threading.Thread(target=run, name="numawb-precompile", daemon=True)
+        self._thread.start()
+
+    def join(self, reraise: bool = True) -> None:
+        self._thread.join()
+        if reraise and self._error is not None:
+            raise self._error
+
+
 def check_supported(g: GGUFFile) -> None:
     if g.architecture not in ARCHITECTURES:
         raise ModelLoadError(
@@ -200,7 +220,10 @@ class Engine:
             progress(ProgressEvent("header", message=f"reading {path}"))
         g = read_gguf(path)
         check_supported(g)
-        precompile_kernels(g, progress)
+        # the kernels this file's types need compile (or come from the disk cache) in the
+        # background while the tokenizer is built and the weights are read: the read releases the
+        # GIL, so on a first start the two overlap instead of adding up
+        compiling = _Background(precompile_kernels, g, progress)
         try:
             tokenizer = Tokenizer.from_metadata(g.metadata)
         except ValueError as e:
@@ -224,9 +247,11 @@ class Engine:
             plan.check()
             layout = execute_weights(plan, pool, progress, hugetlb_kb=placement.hugepages_kb)
             layout.load(path, {name: (t.path or path, t.offset) for name, t in g.tensors.items()}, progress)
+            compiling.join()
             rt = Runtime(g, layout, pool, row_split)
             model = arch(cfg, rt)
         except BaseException:
+            compiling.join(reraise=False)
             if own_pool:
                 pool.close()
             raise

@@ -247,7 +247,10 @@ class LoadPanel(Vertical):
         bar = self.query_one(ProgressBar)
         if total:
             bar.update(total=total, progress=done)
-        text = f"{phase}: {fmt_bytes(done)} / {fmt_bytes(total)}" if total else f"{phase}"
+        if phase == "kernels":  # steps, not bytes: compiled once per machine, then read from the cache
+            text = f"compiling kernels (first start only): {done}/{total}"
+        else:
+            text = f"{phase}: {fmt_bytes(done)} / {fmt_bytes(total)}" if total else f"{phase}"
         if rate:
             text += f" · {fmt_bytes(rate)}/s"
         if message:
