@@ -10,10 +10,11 @@ set -u -o pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PY="${PYTHON:-$(command -v python3)}"
 PY="$("$PY" -c 'import sys; print(sys.executable)')"   # absolute, usable inside the guest
+export PATH="$(dirname "$PY"):$PATH"   # vng and the virtme-run it calls live next to the interpreter
 GUEST_TIMEOUT="${NUMA_VM_TIMEOUT:-420}"
 
 need_install=0
-command -v vng >/dev/null 2>&1 || [ -x "$(dirname "$PY")/vng" ] || need_install=1
+command -v vng >/dev/null 2>&1 || need_install=1
 command -v qemu-system-x86_64 >/dev/null 2>&1 || need_install=1
 command -v busybox >/dev/null 2>&1 || need_install=1
 ls /boot/vmlinuz-* >/dev/null 2>&1 || need_install=1
@@ -28,7 +29,6 @@ if [ "$need_install" = 1 ]; then
     timeout 300 "$PY" -m pip install -q virtme-ng || exit 2
 fi
 VNG="$(command -v vng || true)"
-[ -n "$VNG" ] || VNG="$(dirname "$PY")/vng"   # installed by pip next to the interpreter
 [ -x "$VNG" ] || { echo "numa_vm: vng not found (pip install virtme-ng)" >&2; exit 2; }
 KERNEL="$(ls /boot/vmlinuz-* | sort -V | tail -1)"
 echo "numa_vm: kernel $KERNEL, python $PY, timeout ${GUEST_TIMEOUT}s per guest"
