@@ -17,22 +17,13 @@ Per decoded token the engine reads every weight matrix once (a row split over th
 """
 from __future__ import annotations
 
-import mmap
 import os
 import re
-import struct
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.constants import GGMLQuantizationType
 
-MAX_COUNT = 1 << 24
-DEFAULT_ALIGNMENT = 32
-_SCALARS = {0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4), 5: ("<i", 4),
-            6: ("<f", 4), 7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8)}
-_STRING, _ARRAY = 8, 9
-# arrays longer than this are skipped (vocabularies, merges): the cost model never needs them
-_KEEP_ARRAY = 4096
 _SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
 
@@ -104,118 +95,16 @@ class Header:
         return self.metadata.get(f"{self.arch}.{name}", default)
 
 
-class _Cursor:
-    def __init__(self, buf: Any, size: int, path: str):
-        self.buf, self.size, self.pos, self.path = buf, size, 0, path
-
-    def need(self, n: int, what: str) -> None:
-        if n < 0 or self.pos + n > self.size:
-            raise HeaderError(f"{self.path}: header cut short while reading {what} "
-                              f"(the file has {self.size} bytes; the download stopped inside the header?)")
-
-    def scalar(self, code: str, size: int, what: str) -> Any:
-        self.need(size, what)
-        (v,) = struct.unpack_from(code, self.buf, self.pos)
-        self.pos += size
-        return v
-
-    def u32(self, what: str) -> int:
-        return self.scalar("<I", 4, what)
-
-    def u64(self, what: str) -> int:
-        return self.scalar("<Q", 8, what)
-
-    def string(self, what: str) -> str:
-        n = self.u64(what)
-        self.need(n, what)
-        s = bytes(self.buf[self.pos:self.pos + n]).decode("utf-8", errors="replace")
-        self.pos += n
-        return s
-
-    def skip_string(self, what: str) -> None:
-        n = self.u64(what)
-        self.need(n, what)
-        self.pos += n
-
-    def value(self, vtype: int, key: str) -> Any:
-        if vtype in _SCALARS:
-            return self.scalar(*_SCALARS[vtype], key)
-        if vtype == _STRING:
-            return self.string(key)
-        if vtype != _ARRAY:
-            raise HeaderError(f"{self.path}: metadata {key!r} has unknown value type {vtype}")
-        etype = self.u32(key)
-        count = self.u64(key)
-        if etype in _SCALARS:
-            code, size = _SCALARS[etype]
-            self.need(count * size, f"array {key!r}")
-            if count > _KEEP_ARRAY:
-                self.pos += count * size
-                return None
-            vals = list(struct.unpack_from(f"<{count}{code[1]}", self.buf, self.pos))
-            self.pos += count * size
-            return vals
-        if etype == _STRING:
-            self.need(count * 8, f"array {key!r} of {count} strings")
-            if count > _KEEP_ARRAY:
-                for _ in range(count):
-                    self.skip_string(key)
-                return None
-            return [self.string(key) for _ in range(count)]
-        raise HeaderError(f"{self.path}: metadata {key!r} is an array of unsupported type {etype}")
-
-
 def _parse(path: str) -> Header:
-    if not os.path.exists(path):
-        raise HeaderError(f"{path}: no such file")
-    if os.path.isdir(path):
-        raise HeaderError(f"{path}: is a directory, not a GGUF file")
-    size = os.path.getsize(path)
-    if size < 24:
-        raise HeaderError(f"{path}: not a GGUF file (only {size} bytes)")
+    """One file's header through the engine's GGUF reader (tensor data not required)."""
+    from ..engine.gguf_file import ModelLoadError, read_gguf_header
     try:
-        with open(path, "rb") as f:
-            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    except OSError as e:
-        raise HeaderError(f"{path}: cannot read file ({e.strerror or e})") from None
-    try:
-        cur = _Cursor(buf, size, path)
-        if bytes(buf[:4]) != b"GGUF":
-            raise HeaderError(f"{path}: not a GGUF file (bad magic {bytes(buf[:4])!r})")
-        cur.pos = 4
-        version = cur.u32("version")
-        if version not in (2, 3):
-            raise HeaderError(f"{path}: unsupported GGUF version {version} (supported: 2, 3)")
-        n_tensors, n_kv = cur.u64("tensor count"), cur.u64("metadata count")
-        if n_tensors > MAX_COUNT or n_kv > MAX_COUNT:
-            raise HeaderError(f"{path}: absurd header counts ({n_tensors} tensors, {n_kv} metadata keys)")
-        md: dict[str, Any] = {}
-        for _ in range(n_kv):
-            key = cur.string("metadata key")
-            md[key] = cur.value(cur.u32(f"type of {key!r}"), key)
-        tensors: dict[str, TensorCost] = {}
-        for _ in range(n_tensors):
-            name = cur.string("tensor name")
-            nd = cur.u32(f"dimensions of {name!r}")
-            if not 1 <= nd <= 4:
-                raise HeaderError(f"{path}: tensor {name!r} has {nd} dimensions (1 to 4 allowed)")
-            shape = tuple(cur.u64(f"shape of {name!r}") for _ in range(nd))
-            gtype = cur.u32(f"type of {name!r}")
-            cur.u64(f"offset of {name!r}")
-            try:
-                block, tsize = GGML_QUANT_SIZES[GGMLQuantizationType(gtype)]
-            except (ValueError, KeyError):
-                raise HeaderError(f"{path}: tensor {name!r} has unknown type id {gtype}") from None
-            if any(d == 0 or d > 1 << 40 for d in shape) or shape[0] % block:
-                raise HeaderError(f"{path}: tensor {name!r} has an impossible shape {list(shape)} "
-                                  f"for its type")
-            n = 1
-            for d in shape:
-                n *= d
-            tensors[name] = TensorCost(name, shape, gtype, n // block * tsize)
-        return Header(path, md, tensors, size, cur.pos)
-    finally:
-        buf.close()
+        g = read_gguf_header(path)
+    except ModelLoadError as e:
+        raise HeaderError(str(e)) from None
+    tensors = {name: TensorCost(name, t.shape, t.ggml_type, t.nbytes) for name, t in g.tensors.items()}
+    md = {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in g.metadata.items()}
+    return Header(path, md, tensors, g.file_size, g.header_bytes)
 
 
 def _split_parts(path: str, md: dict[str, Any]) -> tuple[list[str], int]:

@@ -79,6 +79,7 @@ class GGUFFile:
     data_offset: int
     file_size: int
     parts: tuple[str, ...] = ()  # a split model's files, first part first (else empty)
+    header_bytes: int = 0        # where the tensor table ends (before the data's alignment padding)
 
     @property
     def architecture(self) -> str:
@@ -191,10 +192,16 @@ def read_gguf(path: str | os.PathLike) -> GGUFFile:
     if want is not None and int(want) != len(tensors):
         raise ModelLoadError(f"split model has {len(tensors)} tensors in its {count} parts, "
                              f"its first part says {int(want)}")
-    return GGUFFile(g.path, g.version, g.metadata, tensors, g.data_offset, size, tuple(parts))
+    return GGUFFile(g.path, g.version, g.metadata, tensors, g.data_offset, size, tuple(parts), g.header_bytes)
 
 
-def _read_one(path: str) -> GGUFFile:
+def read_gguf_header(path: str | os.PathLike) -> GGUFFile:
+    """One file's header and tensor table, without checking that the tensor data is there: what
+    the advisor reads of a 700 GB file, a split file's first part or a partial download."""
+    return _read_one(os.fspath(path), check_data=False)
+
+
+def _read_one(path: str, check_data: bool = True) -> GGUFFile:
     size = _check_path(path)
     if size < 24:
         raise ModelLoadError(f"{path}: not a GGUF file (only {size} bytes)")
@@ -204,12 +211,12 @@ def _read_one(path: str) -> GGUFFile:
     except OSError as e:
         raise ModelLoadError(f"{path}: cannot read file ({e.strerror or e})") from None
     try:
-        return _parse(buf, size, path)
+        return _parse(buf, size, path, check_data)
     finally:
         buf.close()
 
 
-def _parse(buf: mmap.mmap, size: int, path: str) -> GGUFFile:
+def _parse(buf: mmap.mmap, size: int, path: str, check_data: bool = True) -> GGUFFile:
     cur = _Cursor(buf, size, path)
     if bytes(buf[:4]) != GGUF_MAGIC:
         raise ModelLoadError(f"{path}: not a GGUF file (bad magic {bytes(buf[:4])!r})")
@@ -242,6 +249,7 @@ def _parse(buf: mmap.mmap, size: int, path: str) -> GGUFFile:
     alignment = int(metadata.get("general.alignment", DEFAULT_ALIGNMENT))
     if alignment <= 0 or alignment & (alignment - 1):
         raise ModelLoadError(f"{path}: general.alignment {alignment} is not a power of two")
+    header_end = cur.pos
     data_offset = (cur.pos + alignment - 1) // alignment * alignment
 
     tensors: dict[str, TensorInfo] = {}
@@ -263,17 +271,17 @@ def _parse(buf: mmap.mmap, size: int, path: str) -> GGUFFile:
         if offset % alignment:
             raise ModelLoadError(f"{path}: tensor {name!r} offset {offset} is not aligned to {alignment}")
         start = data_offset + offset
-        if start + nbytes > size:
+        if check_data and start + nbytes > size:
             raise ModelLoadError(
                 f"{path}: tensor {name!r} data ends at byte {start + nbytes} past the end of the file "
                 f"({size} bytes; file truncated?)")
         tensors[name] = TensorInfo(name, shape, ggml_type, start, nbytes, path)
 
-    spans = sorted((t.offset, t.offset + t.nbytes, t.name) for t in tensors.values())
+    spans = sorted((t.offset, t.offset + t.nbytes, t.name) for t in tensors.values()) if check_data else []
     for (a0, a1, an), (b0, _b1, bn) in zip(spans, spans[1:]):
         if b0 < a1:
             raise ModelLoadError(f"{path}: tensors {an!r} and {bn!r} overlap in the file")
-    return GGUFFile(path, version, metadata, tensors, data_offset, size)
+    return GGUFFile(path, version, metadata, tensors, data_offset, size, header_bytes=header_end)
 
 
 def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
