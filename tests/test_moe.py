@@ -278,3 +278,17 @@ def test_expert_split_hook_gives_the_same_results(moe_file):
     finally:
         eng.rt.set_layout(eng.layout._base if isinstance(eng.layout, _OwnedExperts) else eng.layout, eng.pool)
         eng.close()
+
+
+def test_step_imbalance_of_owned_experts_is_measured_per_layer_step():
+    """With experts owned by nodes, a layer step waits for the node whose experts were routed
+    most: two nodes, 4 of 8 experts each; a step routing 3 experts to node 0 and 1 to node 1
+    reads 3/2 of the mean from node 0."""
+    from workbench.engine.routing import RoutingStats
+    owner = lambda e: 0 if e < 4 else 1  # noqa: E731
+    st = RoutingStats(2, 8, bytes_by_node=lambda name, e: {owner(e): 100.0}, nodes=lambda: [0, 1])
+    st.record("blk.0.ffn_gate_exps.weight", np.array([[0, 1, 2, 5]]), ("blk.0.ffn_gate_exps.weight",))
+    st.record("blk.1.ffn_gate_exps.weight", np.array([[0, 4, 5, 6]]), ("blk.1.ffn_gate_exps.weight",))
+    snap = st.snapshot()
+    assert snap.node_bytes == {0: 400.0, 1: 400.0} and snap.imbalance == 1.0  # even over the window ...
+    assert snap.step_imbalance == pytest.approx((1.5 + 1.5) / 2)             # ... but not per step

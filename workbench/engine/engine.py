@@ -258,7 +258,8 @@ class Engine:
         eng = cls(g, cfg, tokenizer, model, rt, time.perf_counter() - t0)
         if cfg.n_expert:
             rt.routing = RoutingStats(cfg.n_layer, cfg.n_expert,
-                                      bytes_by_node=lambda name, e: eng.plan.expert_read_bytes(name, e))
+                                      bytes_by_node=lambda name, e: eng.plan.expert_read_bytes(name, e),
+                                      nodes=lambda: eng.plan.nodes)
         eng.placement = placement
         return eng
 

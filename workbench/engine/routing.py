@@ -25,6 +25,7 @@ class RoutingSnapshot:
     hits: np.ndarray                 # [n_layer, n_expert] routed hits in the window
     node_bytes: dict[int, float]     # expert bytes read from each node, per token (window mean)
     layers: tuple[int, ...] = field(default=())  # the MoE layers
+    step_imbalance: float = 1.0      # mean over layer steps of busiest node / mean node (see below)
 
     @property
     def node_shares(self) -> dict[int, float]:
@@ -33,7 +34,9 @@ class RoutingSnapshot:
 
     @property
     def imbalance(self) -> float:
-        """Busiest node's expert bytes over the mean across nodes (1.0: even)."""
+        """Busiest node's expert bytes over the mean across nodes, summed over the window (1.0:
+        even). ``step_imbalance`` is the same ratio per layer step, averaged: what a layer waits
+        for when each node computes only its own experts (weights mode ``experts``)."""
         vals = list(self.node_bytes.values())
         mean = sum(vals) / len(vals) if vals else 0.0
         return max(vals) / mean if mean else 1.0
@@ -48,19 +51,21 @@ class RoutingSnapshot:
                 "hits": {str(il): [int(v) for v in self.hits[il]] for il in self.layers},
                 "node_bytes_per_token": {str(n): v for n, v in sorted(self.node_bytes.items())},
                 "node_shares": {str(n): v for n, v in sorted(self.node_shares.items())},
-                "imbalance": self.imbalance}
+                "imbalance": self.imbalance, "step_imbalance": self.step_imbalance}
 
 
 class RoutingStats:
     """Counts routed experts per layer over the last ``window`` tokens, thread-safe."""
 
     def __init__(self, n_layer: int, n_expert: int, window: int = 256,
-                 bytes_by_node: Callable[[str, int], dict[int, float]] | None = None):
+                 bytes_by_node: Callable[[str, int], dict[int, float]] | None = None,
+                 nodes: Callable[[], list[int]] | None = None):
         self.n_layer, self.n_expert, self.window = n_layer, n_expert, window
         self._hits = np.zeros((n_layer, n_expert), dtype=np.int64)
         self._recent: list[deque] = [deque() for _ in range(n_layer)]
         self._bytes: deque = deque()    # (token count, {node: bytes}) per recorded call
         self._bytes_by_node = bytes_by_node
+        self._nodes = nodes
         self._lock = threading.Lock()
         self._layers: set[int] = set()
 
@@ -87,6 +92,8 @@ class RoutingStats:
                 if len(q) > self.window:
                     np.subtract.at(self._hits[il], q.popleft(), 1)
             if per_node:
+                for n in (self._nodes() if self._nodes else ()):
+                    per_node.setdefault(n, 0.0)
                 self._bytes.append((len(ids), il, per_node))
                 while len(self._bytes) > self.window * max(1, len(self._layers)):
                     self._bytes.popleft()
@@ -97,14 +104,19 @@ class RoutingStats:
             window = max((len(q) for q in self._recent), default=0)
             tot: dict[int, float] = {}
             tokens_per_layer: dict[int, int] = {}
+            ratios = []
             for n_tok, il, per_node in self._bytes:
+                vals = list(per_node.values())
+                if sum(vals):
+                    ratios.append(max(vals) * len(vals) / sum(vals))
                 tokens_per_layer[il] = tokens_per_layer.get(il, 0) + n_tok
                 for n, b in per_node.items():
                     tot[n] = tot.get(n, 0.0) + b
             layers = tuple(sorted(self._layers))
         n_tokens = max(tokens_per_layer.values(), default=0)
         node_bytes = {n: b / n_tokens for n, b in tot.items()} if n_tokens else {}
-        return RoutingSnapshot(window, hits, node_bytes, layers)
+        return RoutingSnapshot(window, hits, node_bytes, layers,
+                               sum(ratios) / len(ratios) if ratios else 1.0)
 
     def clear(self) -> None:
         with self._lock:
