@@ -42,6 +42,9 @@ def pool():
 
 @pytest.fixture(scope="module")
 def crew(pool):
+    # a crew links the kernels of the types precompile was asked for (an engine asks for its
+    # model's types); earlier tests in this process may have asked for others only
+    K.precompile(TYPES)
     return Crew(pool, pool.n_threads)
 
 
