@@ -63,7 +63,7 @@ def f16(b):
 # ----------------------------------------------------------------------------- weights
 def weights(t, rows=ROWS, k=KDIM, seed=0):
     rng = np.random.default_rng(seed + int(t))
-    if t in (T.Q8_0, T.Q5_0):
+    if t in (T.Q8_0, T.Q5_0, T.Q4_0):
         return np.ascontiguousarray(gq.quantize(rng.standard_normal((rows, k)).astype(f32), t))
     ts = {T.Q4_K: 144, T.Q6_K: 210}[t]
     w = rng.integers(0, 256, (rows, k // 256, ts), dtype=np.uint8)
@@ -82,12 +82,15 @@ def activations(n, seed=1):
 
 # ----------------------------------------------------------------------------- emulations
 def legacy_quants(t, w):
-    """(d_w float32 [rows, nb], signed integer quants int64 [rows, nb, 32]) of Q8_0 / Q5_0."""
-    bsz = {T.Q8_0: 34, T.Q5_0: 22}[t]
+    """(d_w float32 [rows, nb], signed integer quants int64 [rows, nb, 32]) of Q8_0 / Q5_0 / Q4_0."""
+    bsz = {T.Q8_0: 34, T.Q5_0: 22, T.Q4_0: 18}[t]
     b = w.reshape(w.shape[0], -1, bsz)
     d = f16(b[..., 0:2])
     if t == T.Q8_0:
         return d, b[..., 2:].view(np.int8).astype(np.int64)
+    if t == T.Q4_0:
+        qs = b[..., 2:].astype(np.int64)
+        return d, np.concatenate([qs & 15, qs >> 4], -1) - 8
     qh = b[..., 2:6].copy().view(np.uint32)[..., 0].astype(np.int64)
     qs = b[..., 6:].astype(np.int64)
     nib = np.concatenate([qs & 15, qs >> 4], -1)
@@ -198,9 +201,28 @@ def emulate_q6_K(w, xq, xd, tiled):
     return out
 
 
+def emulate_q4_0_repacked(w, xq, xd):
+    """ggml_gemv / ggml_gemm_q4_0_8x8_q8_0: per output one f32 chain over the blocks,
+    acc = fma(f32(S_b), d_w * d_x, acc), S_b the block's exact integer dot product."""
+    dw, q = legacy_quants(T.Q4_0, w)
+    rows, nb = dw.shape
+    n = xq.shape[0]
+    x = xq.astype(np.int64).reshape(n, nb, 32)
+    out = np.empty((n, rows), f32)
+    for j in range(n):
+        s_int = (q * x[j][None]).sum(-1)  # [rows, nb], exact
+        acc = np.zeros(rows, f32)
+        for b in range(nb):
+            acc = fma32(s_int[:, b].astype(f32), dw[:, b] * xd[j, b], acc)
+        out[j] = acc
+    return out
+
+
 def emulate(t, w, xp, n):
     xq, xd = xp[0], xp[1]
-    if t in (T.Q8_0, T.Q5_0):
+    if t == T.Q4_0 and w.shape[0] % 8 == 0:  # llama.cpp repacks it (AVX2 / AVX-512, rows % 8 == 0)
+        return emulate_q4_0_repacked(w, xq, xd)
+    if t in (T.Q8_0, T.Q5_0, T.Q4_0):
         return emulate_legacy(t, w, xq, xd)
     if t == T.Q4_K:
         return emulate_q4_K(w, xq, xd, n - n % 4 if n > 1 else 0)
@@ -267,3 +289,31 @@ def test_fma32_emulation():
         lo, hi = np.nextafter(r, f32(-np.inf)), np.nextafter(r, f32(np.inf))
         assert abs(Fraction(float(r)) - exact) <= abs(Fraction(float(lo)) - exact)
         assert abs(Fraction(float(r)) - exact) <= abs(Fraction(float(hi)) - exact)
+
+
+# ----------------------------------------------------------------------------- Q4_0: repacked or not
+@pytest.mark.parametrize("rows", [16, 13, 24])
+@pytest.mark.parametrize("n", [1, 3, 4, 9])
+def test_q4_0_follows_llama_cpp_repack_rule(path, rows, n):
+    """Rows % 8 == 0: the repacked q4_0_8x8 gemv/gemm order; otherwise vec_dot / tinyBLAS (row splits
+    that are not multiples of 4 included, as threads may cut anywhere)."""
+    w = weights(T.Q4_0, rows=rows)
+    X = activations(n)
+    xp = K.prepare(int(T.Q4_0), X)
+    out = np.full((n, rows), np.nan, f32)
+    K.matmat(int(T.Q4_0), w, xp, out, 0, 7)
+    K.matmat(int(T.Q4_0), w, xp, out, 7, rows)
+    ref = emulate(T.Q4_0, w, xp, n)
+    np.testing.assert_array_equal(out, ref)
+    for j in range(n):
+        v = np.full(rows, np.nan, f32)
+        xv = K.prepare(int(T.Q4_0), X[j])
+        K.matvec(int(T.Q4_0), w, xv, v, 0, 5)
+        K.matvec(int(T.Q4_0), w, xv, v, 5, rows)
+        np.testing.assert_array_equal(v, ref[j])
+
+
+def test_q4_0_orders_differ():
+    w = weights(T.Q4_0, rows=64)
+    xp = K.prepare(int(T.Q4_0), activations(2))
+    assert not np.array_equal(emulate_q4_0_repacked(w, xp[0], xp[1]), emulate_legacy(T.Q4_0, w, xp[0], xp[1]))

@@ -759,3 +759,17 @@ def f4_sub(typingctx, a, b):
 def f4_lane(typingctx, v, j):
     sig = types.float32(v, j)
     return sig, lambda context, builder, sig, args: builder.extract_element(args[0], _to_i32(builder, args[1]))
+
+
+@intrinsic
+def f4_make(typingctx, a, b, c, d):
+    """f32x4 (a, b, c, d) from four float32 scalars."""
+    sig = v4f(types.float32, types.float32, types.float32, types.float32)
+
+    def cg(context, builder, sig, args):
+        v = ir.Constant(_V4F, None)
+        for j, s in enumerate(args):
+            v = builder.insert_element(v, s, ir.Constant(_i32, j))
+        return v
+
+    return sig, cg
