@@ -20,7 +20,7 @@ from workbench.engine import kernels as K
 
 K_DIM = 512          # two K-quant super-blocks, 16 legacy blocks
 ROWS = 13            # odd on purpose
-TYPES = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K]
+TYPES = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL]
 PATHS = K.available_paths()
 EPS32 = 2.0 ** -24
 
@@ -36,15 +36,17 @@ def make_weights(t: T, rows: int = ROWS, k: int = K_DIM, seed: int = 0) -> np.nd
     data = rng.standard_normal((rows, k)).astype(np.float32)
     if t in (T.F32, T.F16):
         return np.ascontiguousarray(gq.quantize(data, t)).view(np.uint8)
-    if t not in (T.Q4_K, T.Q5_K, T.Q6_K):
+    if t not in (T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL):
         return np.ascontiguousarray(gq.quantize(data, t))
-    # gguf cannot quantize K types: random bytes with sane f16 scales (every bit pattern of the
-    # quant / scale fields is a valid block).
-    bs, ts = {T.Q4_K: (256, 144), T.Q5_K: (256, 176), T.Q6_K: (256, 210)}[t]
+    # gguf cannot quantize K types or IQ4_NL: random bytes with sane f16 scales (every bit pattern of
+    # the quant / scale fields is a valid block).
+    bs, ts = {T.Q4_K: (256, 144), T.Q5_K: (256, 176), T.Q6_K: (256, 210), T.IQ4_NL: (32, 18)}[t]
     nb = k // bs
     blocks = rng.integers(0, 256, (rows, nb, ts), dtype=np.uint8)
     if t == T.Q6_K:
         blocks[..., 208:210] = _f16_field((rows, nb), rng)
+    elif t == T.IQ4_NL:
+        blocks[..., 0:2] = _f16_field((rows, nb), rng)
     else:
         blocks[..., 0:2] = _f16_field((rows, nb), rng)
         blocks[..., 2:4] = _f16_field((rows, nb), rng, 1e-4, 5e-3)

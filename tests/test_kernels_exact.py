@@ -317,3 +317,91 @@ def test_q4_0_orders_differ():
     w = weights(T.Q4_0, rows=64)
     xp = K.prepare(int(T.Q4_0), activations(2))
     assert not np.array_equal(emulate_q4_0_repacked(w, xp[0], xp[1]), emulate_legacy(T.Q4_0, w, xp[0], xp[1]))
+
+
+# ----------------------------------------------------------------------------- IQ4_NL
+KV_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int64)
+
+
+def iq4_nl_weights(rows, k, seed=5):
+    """Random IQ4_NL rows: any index bytes, finite positive scales."""
+    rng = np.random.default_rng(seed)
+    w = rng.integers(0, 256, (rows, k // 32, 18), dtype=np.uint8)
+    w[..., 0:2] = rng.uniform(1e-3, 2e-2, (rows, k // 32, 1)).astype(np.float16).view(np.uint8)
+    return w.reshape(rows, -1)
+
+
+def iq4_nl_quants(w):
+    b = w.reshape(w.shape[0], -1, 18)
+    qs = b[..., 2:].astype(np.int64)
+    return f16(b[..., 0:2]), np.concatenate([KV_IQ4NL[qs & 15], KV_IQ4NL[qs >> 4]], -1)
+
+
+def emulate_iq4_nl(w, xq, xd):
+    """The order llama.cpp runs for this weight and column count (see x86/i_quants.py)."""
+    dw, q = iq4_nl_quants(w)
+    rows, nb = dw.shape
+    n = xq.shape[0]
+    x = xq.astype(np.int64).reshape(n, nb, 32)
+    out = np.empty((n, rows), f32)
+    for j in range(n):
+        prod = q * x[j][None]                           # [rows, nb, 32] exact
+        s_int = prod.sum(-1)
+        lanes = prod.reshape(rows, nb, 8, 4).sum(-1)
+        if rows % 8 == 0:                               # repacked iq4_nl_8x8 gemv / gemm
+            acc = np.zeros(rows, f32)
+            for b in range(nb):
+                acc = fma32(s_int[:, b].astype(f32), dw[:, b] * xd[j, b], acc)
+            out[j] = acc
+        elif n == 1:                                    # ggml_vec_dot_iq4_nl_q8_0 (AVX2)
+            a1 = np.zeros((rows, 8), f32)
+            a2 = np.zeros((rows, 8), f32)
+            b = 0
+            while b + 1 < nb:
+                a1 = fma32(lanes[:, b].astype(f32), (xd[j, b] * dw[:, b])[:, None], a1)
+                a2 = fma32(lanes[:, b + 1].astype(f32), (xd[j, b + 1] * dw[:, b + 1])[:, None], a2)
+                b += 2
+            s = hsum8(a1 + a2)
+            if b < nb:                                  # scalar tail: sumf += d * sumi (contracted)
+                s = fma32(xd[j, b] * dw[:, b], s_int[:, b].astype(f32), s)
+            out[j] = s
+        else:                                           # tinyBLAS_Q0_AVX
+            acc = np.zeros((rows, 8), f32)
+            for b in range(nb):
+                acc = fma32(lanes[:, b].astype(f32), (dw[:, b] * xd[j, b])[:, None], acc)
+            out[j] = hsum8(acc)
+    return out
+
+
+@pytest.mark.parametrize("rows", [16, 13])
+@pytest.mark.parametrize("k", [512, 480])
+@pytest.mark.parametrize("n", [1, 2, 5])
+def test_iq4_nl_bit_exact(path, rows, k, n):
+    w = iq4_nl_weights(rows, k)
+    X = np.random.default_rng(1).standard_normal((n, k)).astype(f32)
+    xp = K.prepare(K.IQ4_NL, X)
+    out = np.full((n, rows), np.nan, f32)
+    K.matmat(K.IQ4_NL, w, xp, out, 0, 7)
+    K.matmat(K.IQ4_NL, w, xp, out, 7, rows)
+    np.testing.assert_array_equal(out, emulate_iq4_nl(w, xp[0], xp[1]))
+    # one-token products: the 1-column order of this weight
+    v = np.full(rows, np.nan, f32)
+    xv = K.prepare(K.IQ4_NL, X[0])
+    K.matvec(K.IQ4_NL, w, xv, v, 0, 6)
+    K.matvec(K.IQ4_NL, w, xv, v, 6, rows)
+    np.testing.assert_array_equal(v, emulate_iq4_nl(w, xv[0][None], xv[1][None])[0])
+
+
+def test_iq4_nl_orders_differ():
+    w = iq4_nl_weights(13, 480)
+    xp = K.prepare(K.IQ4_NL, activations(2)[:, :480])
+    one = emulate_iq4_nl(w, xp[0][:1], xp[1][:1])
+    two = emulate_iq4_nl(w, xp[0], xp[1])[:1]
+    rep = emulate_iq4_nl(np.concatenate([w, w[:3]]), xp[0][:1], xp[1][:1])[:, :13]
+    assert not np.array_equal(one, two) and not np.array_equal(one, rep)
+
+
+def test_iq4_nl_dequantize_matches_gguf_py():
+    w = iq4_nl_weights(9, 256)
+    np.testing.assert_array_equal(K.dequantize_rows(K.IQ4_NL, w, 0, 9), gq.dequantize(w, T.IQ4_NL))
+    np.testing.assert_array_equal(K.dequantize_rows(K.IQ4_NL, w, 3, 5), gq.dequantize(w[3:5], T.IQ4_NL))

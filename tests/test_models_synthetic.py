@@ -12,7 +12,7 @@ from gguf_factory import TinySpec, write_tiny_model
 from reference_forward import forward as ref_forward
 from workbench.engine import Engine
 
-TYPES = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K]
+TYPES = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL]
 ARCHS = ["llama", "qwen2", "qwen3", "gemma3"]
 IDS = [2, 270, 262, 280, 265, 285, 271, 268, 288, 262, 275, 281]  # 12 tokens: crosses the 8-token window
 

@@ -773,3 +773,22 @@ def f4_make(typingctx, a, b, c, d):
         return v
 
     return sig, cg
+
+
+#: IQ4_NL / IQ4_XS: the 16 non-linear 4-bit values (ggml's kvalues_iq4nl)
+KVALUES_IQ4NL = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+
+
+@intrinsic
+def lut_iq4nl(typingctx, v):
+    """Bytes 0..15 of ``v`` -> the signed IQ4_NL values (vpshufb on the 16-entry table, like ggml)."""
+    if v != v32b:
+        raise TypingError("expected an i8x32 vector")
+    sig = v32b(v)
+
+    def cg(context, builder, sig, args):
+        table = ir.Constant(_V32B, [x & 0xFF for x in KVALUES_IQ4NL] * 2)
+        f = _fn(builder, "llvm.x86.avx2.pshuf.b", _V32B, [_V32B, _V32B])
+        return builder.call(f, [table, args[0]])
+
+    return sig, cg

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..intrinsics import (f4_make, reduce4, f4_zero, fma4_i, fma_s, hsum_i, f4_lane, dot_us, f16_to_f32, f_zero, fmadd_i, hsum_f, i_zero, load_b32, load_f32x8, load_i8,
+from ..intrinsics import (dot_ss, f4_make, reduce4, f4_zero, fma4_i, fma_s, hsum_i, f4_lane, dot_us, f16_to_f32, f_zero, fmadd_i, hsum_f, i_zero, load_b32, load_f32x8, load_i8,
                           ld_u32, i_sub, load_f32x4, f4_scale, i_shl, fmadd_im, store_f32x4, bcast_b4, bcast_i32, madd16,
                           i_add, i_mul, fmadd_v, f_scale, f_sub, f_lane, fma_sv)
 
@@ -434,8 +434,9 @@ def q6_K_rows8(mode):
 
 
 # ============================================================================= Q4_0 repacked (q4_0_8x8)
-def q4_0_repacked(mode, unpack, bsz, shift):
-    """(matvec, matmat) of Q4_0 in the float order of llama.cpp's repacked kernels.
+def q4_0_repacked(mode, unpack, bsz, shift, signed=False):
+    """(matvec, matmat) of Q4_0 (or IQ4_NL: ``signed``, grid values from ``unpack``) in the float order of
+    llama.cpp's repacked kernels.
 
     On x86 with AVX2 (or AVX-512) ggml-cpu repacks a Q4_0 weight used by mul_mat whose row count is a
     multiple of 8 into block_q4_0x8 (repack.cpp, q4_0_8x8_q8_0) and runs ggml_gemv_q4_0_8x8_q8_0 /
@@ -447,11 +448,19 @@ def q4_0_repacked(mode, unpack, bsz, shift):
     of 4 rows for 4 columns.
     """
     @numba.njit(inline="always")
+    def lanes(m, u, x):
+        """i32x8 whose sum is the block's exact dot product: unsigned quants with the offset folded into
+        the initial lanes m (Q4_0), or signed grid values by the sign trick (IQ4_NL)."""
+        if signed:
+            return dot_ss(mode, i_zero(), u, x)
+        return dot_us(mode, m, u, x)
+
+    @numba.njit(inline="always")
     def sums4(w, o, rb, m, xq, xo):
         """i32x4: the exact integer dot products of the blocks at byte o of 4 consecutive rows."""
         x = load_b32(xq, xo)
-        return reduce4(dot_us(mode, m, unpack(w, o), x), dot_us(mode, m, unpack(w, o + rb), x),
-                       dot_us(mode, m, unpack(w, o + 2 * rb), x), dot_us(mode, m, unpack(w, o + 3 * rb), x))
+        return reduce4(lanes(m, unpack(w, o), x), lanes(m, unpack(w, o + rb), x),
+                       lanes(m, unpack(w, o + 2 * rb), x), lanes(m, unpack(w, o + 3 * rb), x))
 
     @numba.njit(inline="always")
     def dw4(w, o, rb):
@@ -464,7 +473,7 @@ def q4_0_repacked(mode, unpack, bsz, shift):
         acc = f32(0.0)
         for b in range(nb):
             o = i * rb + b * bsz
-            s = hsum_i(dot_us(mode, load_i8(ns, no + b * 8), unpack(w, o), load_b32(xq, xo + b * 32)))
+            s = hsum_i(lanes(load_i8(ns, no + b * 8), unpack(w, o), load_b32(xq, xo + b * 32)))
             acc = fma_s(f32(s), f16_to_f32(w, o) * dx[b], acc)
         return acc
 
@@ -491,7 +500,7 @@ def q4_0_repacked(mode, unpack, bsz, shift):
     @numba.njit(inline="always")
     def col4(acc, m, u0, u1, u2, u3, xq, xo, sc):
         x = load_b32(xq, xo)
-        s = reduce4(dot_us(mode, m, u0, x), dot_us(mode, m, u1, x), dot_us(mode, m, u2, x), dot_us(mode, m, u3, x))
+        s = reduce4(lanes(m, u0, x), lanes(m, u1, x), lanes(m, u2, x), lanes(m, u3, x))
         return fma4_i(acc, s, sc)
 
     @numba.njit(inline="always")
