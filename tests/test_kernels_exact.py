@@ -405,3 +405,54 @@ def test_iq4_nl_dequantize_matches_gguf_py():
     w = iq4_nl_weights(9, 256)
     np.testing.assert_array_equal(K.dequantize_rows(K.IQ4_NL, w, 0, 9), gq.dequantize(w, T.IQ4_NL))
     np.testing.assert_array_equal(K.dequantize_rows(K.IQ4_NL, w, 3, 5), gq.dequantize(w[3:5], T.IQ4_NL))
+
+
+# ----------------------------------------------------------------------------- IQ4_XS
+def iq4_xs_weights(rows, k, seed=6):
+    rng = np.random.default_rng(seed)
+    w = rng.integers(0, 256, (rows, k // 256, 136), dtype=np.uint8)
+    w[..., 0:2] = rng.uniform(1e-4, 2e-3, (rows, k // 256, 1)).astype(np.float16).view(np.uint8)
+    return w.reshape(rows, -1)
+
+
+def emulate_iq4_xs(w, xq, xd):
+    """ggml_vec_dot_iq4_xs_q8_K (AVX2) for every output: exact lanes per super-block, one FMA each."""
+    b = w.reshape(w.shape[0], -1, 136)
+    rows, nb = b.shape[:2]
+    dw = f16(b[..., 0:2])
+    sh = b[..., 2:4].copy().view(np.uint16)[..., 0].astype(np.int64)
+    sl = b[..., 4:8].astype(np.int64)
+    j = np.arange(8)
+    ls = ((sl[..., j // 2] >> (4 * (j % 2))) & 15 | (((sh[..., None] >> (2 * j)) & 3) << 4)) - 32  # [rows, nb, 8]
+    qs = b[..., 8:].astype(np.int64).reshape(rows, nb, 8, 16)
+    q = np.concatenate([KV_IQ4NL[qs & 15], KV_IQ4NL[qs >> 4]], -1)            # [rows, nb, 8, 32]
+    n = xq.shape[0]
+    out = np.empty((n, rows), f32)
+    for c in range(n):
+        x = xq[c].astype(np.int64).reshape(nb, 8, 32)
+        lanes = ((q * x[None]).reshape(rows, nb, 8, 8, 4).sum(-1) * ls[..., None]).sum(2)  # [rows, nb, 8 lanes]
+        acc = np.zeros((rows, 8), f32)
+        for bb in range(nb):
+            acc = fma32(lanes[:, bb].astype(f32), (dw[:, bb] * xd[c, bb])[:, None], acc)
+        out[c] = hsum8(acc)
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 3, 8])
+def test_iq4_xs_bit_exact(path, n):
+    w = iq4_xs_weights(ROWS, KDIM)
+    X = activations(n)
+    xp = K.prepare(K.IQ4_XS, X)
+    out = np.full((n, ROWS), np.nan, f32)
+    K.matmat(K.IQ4_XS, w, xp, out, 0, 5)
+    K.matmat(K.IQ4_XS, w, xp, out, 5, ROWS)
+    ref = emulate_iq4_xs(w, xp[0], xp[1])
+    np.testing.assert_array_equal(out, ref)
+    v = np.full(ROWS, np.nan, f32)
+    K.matvec(K.IQ4_XS, w, K.prepare(K.IQ4_XS, X[0]), v, 0, ROWS)
+    np.testing.assert_array_equal(v, ref[0])
+
+
+def test_iq4_xs_dequantize_matches_gguf_py():
+    w = iq4_xs_weights(5, 512)
+    np.testing.assert_array_equal(K.dequantize_rows(K.IQ4_XS, w, 0, 5), gq.dequantize(w, T.IQ4_XS))

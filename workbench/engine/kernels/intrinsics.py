@@ -792,3 +792,14 @@ def lut_iq4nl(typingctx, v):
         return builder.call(f, [table, args[0]])
 
     return sig, cg
+
+
+@intrinsic
+def i_muls(typingctx, v, s):
+    """v * s per i32 lane (s an integer scalar; exact for these kernels' ranges)."""
+    sig = v8i(v, s)
+
+    def cg(context, builder, sig, args):
+        return builder.mul(args[0], _splat(builder, _to_i32(builder, args[1]), _V8I))
+
+    return sig, cg
