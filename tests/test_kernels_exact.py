@@ -456,3 +456,62 @@ def test_iq4_xs_bit_exact(path, n):
 def test_iq4_xs_dequantize_matches_gguf_py():
     w = iq4_xs_weights(5, 512)
     np.testing.assert_array_equal(K.dequantize_rows(K.IQ4_XS, w, 0, 5), gq.dequantize(w, T.IQ4_XS))
+
+
+# ----------------------------------------------------------------------------- Q3_K
+def q3_K_weights(rows, k, seed=7):
+    rng = np.random.default_rng(seed)
+    w = rng.integers(0, 256, (rows, k // 256, 110), dtype=np.uint8)
+    w[..., 108:110] = rng.uniform(1e-4, 2e-3, (rows, k // 256, 1)).astype(np.float16).view(np.uint8)
+    return w.reshape(rows, -1)
+
+
+def emulate_q3_K(w, xq, xd):
+    """ggml_vec_dot_q3_K_q8_K (AVX2) for every output: exact lanes per super-block, one FMA each."""
+    b = w.reshape(w.shape[0], -1, 110)
+    rows, nb = b.shape[:2]
+    hm = b[..., 0:32].astype(np.int64)
+    qs = b[..., 32:96].astype(np.int64)
+    a = b[..., 96:108].copy().view(np.uint32).astype(np.int64)          # [rows, nb, 3]
+    k1, k2 = 0x03030303, 0x0F0F0F0F
+    words = [(a[..., 0] & k2) | ((a[..., 2] & k1) << 4), (a[..., 1] & k2) | (((a[..., 2] >> 2) & k1) << 4),
+             ((a[..., 0] >> 4) & k2) | (((a[..., 2] >> 4) & k1) << 4), ((a[..., 1] >> 4) & k2) | (((a[..., 2] >> 6) & k1) << 4)]
+    sc = np.stack([(words[s // 4] >> (8 * (s % 4))) & 0xFF for s in range(16)], -1) - 32   # [rows, nb, 16]
+    q = np.empty((rows, nb, 256), np.int64)
+    for j in range(2):
+        for i in range(4):
+            low = (qs[..., 32 * j:32 * j + 32] >> (2 * i)) & 3
+            high = (hm >> (4 * j + i)) & 1
+            q[..., 128 * j + 32 * i:128 * j + 32 * i + 32] = low + 4 * high - 4
+    dw = f16(b[..., 108:110])
+    esc = np.repeat(sc, 16, axis=-1)
+    n = xq.shape[0]
+    out = np.empty((n, rows), f32)
+    for c in range(n):
+        x = xq[c].astype(np.int64).reshape(nb, 256)
+        lanes = (q * x[None] * esc).reshape(rows, nb, 8, 8, 4).sum(-1).sum(2)   # [rows, nb, lane]
+        acc = np.zeros((rows, 8), f32)
+        for bb in range(nb):
+            acc = fma32(lanes[:, bb].astype(f32), (xd[c, bb] * dw[:, bb])[:, None], acc)
+        out[c] = hsum8(acc)
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 3, 8])
+def test_q3_K_bit_exact(path, n):
+    w = q3_K_weights(ROWS, KDIM)
+    X = activations(n)
+    xp = K.prepare(K.Q3_K, X)
+    out = np.full((n, ROWS), np.nan, f32)
+    K.matmat(K.Q3_K, w, xp, out, 0, 5)
+    K.matmat(K.Q3_K, w, xp, out, 5, ROWS)
+    ref = emulate_q3_K(w, xp[0], xp[1])
+    np.testing.assert_array_equal(out, ref)
+    v = np.full(ROWS, np.nan, f32)
+    K.matvec(K.Q3_K, w, K.prepare(K.Q3_K, X[0]), v, 0, ROWS)
+    np.testing.assert_array_equal(v, ref[0])
+
+
+def test_q3_K_dequantize_matches_gguf_py():
+    w = q3_K_weights(5, 512)
+    np.testing.assert_array_equal(K.dequantize_rows(K.Q3_K, w, 0, 5), gq.dequantize(w, T.Q3_K))

@@ -803,3 +803,28 @@ def i_muls(typingctx, v, s):
         return builder.mul(args[0], _splat(builder, _to_i32(builder, args[1]), _V8I))
 
     return sig, cg
+
+
+@intrinsic
+def madd_sc_s(typingctx, mode, acc, a, b, s0, s1):
+    """madd_sc for signed a (sign trick: |a| . (b * sign(a)), exact while |a| * 128 * 2 < 32768):
+    acc + per i32 lane, elements 0-15 of a.b weighted by int s0 and elements 16-31 by s1."""
+    m = _mode(mode)
+    sig = v8i(mode, acc, a, b, s0, s1)
+
+    def cg(context, builder, sig, args):
+        acc, a, b, s0, s1 = args[1:]
+        zero = ir.Constant(_V32B, [0] * 32)
+        neg = builder.icmp_signed("<", a, zero)
+        absa = builder.select(neg, builder.sub(zero, a), a)
+        sb = builder.select(neg, builder.sub(zero, b), b)
+        sc = _splat(builder, builder.trunc(s0, _i16), _V16S)
+        s1 = builder.trunc(s1, _i16)
+        for j in range(8, 16):
+            sc = builder.insert_element(sc, s1, ir.Constant(_i32, j))
+        p16 = builder.call(_fn(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16S, [_V32B, _V32B]), [absa, sb])
+        if m == VNNI:
+            return builder.call(_fn(builder, "llvm.x86.avx512.vpdpwssd.256", _V8I, [_V8I, _V16S, _V16S]), [acc, p16, sc])
+        return builder.add(acc, builder.call(_fn(builder, "llvm.x86.avx2.pmadd.wd", _V8I, [_V16S, _V16S]), [p16, sc]))
+
+    return sig, cg

@@ -1,4 +1,4 @@
-"""K-quants (Q4_K, Q5_K, Q6_K) as explicit SIMD (ggml-cpu arch/x86/quants.c and repack.cpp orders).
+"""K-quants (Q3_K, Q4_K, Q5_K, Q6_K) as explicit SIMD (ggml-cpu arch/x86/quants.c and repack.cpp orders).
 
 pmaddubsw then pmaddwd/vpdpwssd with the sub-block scales; the sub-block scales are gathered into one
 i16x16 vector per super-block and selected with constant shuffles (``madd_sv``) rather than moved one
@@ -17,6 +17,8 @@ from ..intrinsics import (b_and, b_or, b_shl, b_shr, f16_to_f32, f_zero, fmadd_i
 
 from . import repack
 from .blocks import _k4_scales
+from ..intrinsics import b_add, madd_sc_s
+from ..k_quants import q3_K_scale, q3_K_scales
 
 
 _NB = dict(nogil=True, cache=True)
@@ -27,7 +29,7 @@ REGROUP_COLUMNS = 32
 
 
 def kernels(mode: int) -> dict:
-    """(matvec, matmat) of Q4_K, Q5_K, Q6_K for one instruction-set mode."""
+    """(matvec, matmat) of Q3_K, Q4_K, Q5_K, Q6_K for one instruction-set mode."""
     # Sub-block scales: one i16x16 vector per super-block (Q4_K/Q5_K: lanes 0-7 scales, 8-15 mins;
     # Q6_K: its 16 int8 scales); madd_sv picks a pair of lanes with a constant shuffle.
     @numba.njit(inline="always")
@@ -426,6 +428,53 @@ def kernels(mode: int) -> dict:
         else:
             q6_K_matmat_rows(w, xp, out, r0, r1)
 
-    return dict(Q4_K=(q4_K_matvec, q4_K_matmat), Q5_K=(q5_K_matvec, q5_K_matmat),
+    # ---- Q3_K: never repacked nor taken by llamafile's sgemm on x86, so every output is
+    # ggml_vec_dot_q3_K_q8_K (AVX2): per super-block exact i32 lanes (lane l: elements 4l..4l+3 of each
+    # 32-element chunk, pair products times the 16-element sub-block scales), one FMA with
+    # d_x * d_w into an f32x8 accumulator, hsum_float_8 at the end
+    @numba.njit(inline="always")
+    def q3_K_lanes(wf, o, xq, xo):
+        s0, s1, s2, s3 = q3_K_scales(wf, o)
+        hm = load_b32(wf, o)
+        acc = i_zero()
+        for j in range(2):
+            raw = load_b32(wf, o + 32 + 32 * j)
+            for i in range(4):
+                q = b_add(b_or(b_and(b_shr(raw, 2 * i), 3), b_shl(b_and(b_shr(hm, 4 * j + i), 1), 2)), 252)
+                sb = 8 * j + 2 * i
+                acc = madd_sc_s(mode, acc, q, load_b32(xq, xo + 128 * j + 32 * i),
+                                q3_K_scale(s0, s1, s2, s3, sb), q3_K_scale(s0, s1, s2, s3, sb + 1))
+        return acc
+
+    @numba.njit(inline="always")
+    def q3_K_dot(wf, base, nb, xq, xo, xd):
+        acc = f_zero()
+        for b in range(nb):
+            o = base + b * 110
+            acc = fmadd_i(acc, q3_K_lanes(wf, o, xq, xo + b * 256), xd[b] * f16_to_f32(wf, o + 108))
+        return hsum_f(acc)
+
+    @numba.njit(**_NB)
+    def q3_K_matvec(w, xp, out, r0, r1):
+        xq, xd, _ = xp
+        nb = xd.shape[0]
+        rb = w.shape[1]
+        wf = w.reshape(-1)
+        for i in range(r0, r1):
+            out[i] = q3_K_dot(wf, i * rb, nb, xq, 0, xd)
+
+    @numba.njit(**_NB)
+    def q3_K_matmat(w, xp, out, r0, r1):
+        xq, xd, _ = xp
+        n, k = xq.shape
+        nb = xd.shape[1]
+        rb = w.shape[1]
+        wf = w.reshape(-1)
+        xf = xq.reshape(-1)
+        for i in range(r0, r1):
+            for c in range(n):
+                out[c, i] = q3_K_dot(wf, i * rb, nb, xf, c * k, xd[c])
+
+    return dict(Q3_K=(q3_K_matvec, q3_K_matmat), Q4_K=(q4_K_matvec, q4_K_matmat), Q5_K=(q5_K_matvec, q5_K_matmat),
                 Q6_K=(q6_K_matvec, q6_K_matmat))
 
