@@ -12,7 +12,7 @@ from gguf.constants import GGML_QUANT_SIZES
 
 QUANTIZABLE = {T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1}
 # byte offsets of the f16 scale fields inside one block, for types built from random bytes
-_F16_FIELDS = {T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,), T.IQ4_NL: (0,), T.IQ4_XS: (0,), T.Q3_K: (108,)}
+_F16_FIELDS = {T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,), T.IQ4_NL: (0,), T.IQ4_XS: (0,), T.Q3_K: (108,), T.Q2_K: (80, 82)}
 
 
 def random_tensor(qtype: T, rows: int, ne0: int, rng: np.random.Generator, scale: float = 0.05) -> np.ndarray:

@@ -515,3 +515,88 @@ def test_q3_K_bit_exact(path, n):
 def test_q3_K_dequantize_matches_gguf_py():
     w = q3_K_weights(5, 512)
     np.testing.assert_array_equal(K.dequantize_rows(K.Q3_K, w, 0, 5), gq.dequantize(w, T.Q3_K))
+
+
+# ----------------------------------------------------------------------------- Q2_K
+def q2_K_weights(rows, k, seed=8):
+    rng = np.random.default_rng(seed)
+    w = rng.integers(0, 256, (rows, k // 256, 84), dtype=np.uint8)
+    w[..., 80:82] = rng.uniform(1e-3, 2e-2, (rows, k // 256, 1)).astype(np.float16).view(np.uint8)
+    w[..., 82:84] = rng.uniform(1e-4, 5e-3, (rows, k // 256, 1)).astype(np.float16).view(np.uint8)
+    return w.reshape(rows, -1)
+
+
+def emulate_q2_K(w, xq, xd, xb, repacked):
+    """Not repacked: ggml_vec_dot_q2_K_q8_K (AVX2).  Repacked (AVX-512, rows % 8 == 0): gemm order
+    (FMA per half super-block) for columns < n - n % 4 when n > 3, gemv order (per super-block) else."""
+    b = w.reshape(w.shape[0], -1, 84)
+    rows, nb = b.shape[:2]
+    sc = (b[..., :16] & 15).astype(np.int64)
+    m = (b[..., :16] >> 4).astype(np.int64)
+    qs = b[..., 16:80].astype(np.int64)
+    q = np.empty((rows, nb, 256), np.int64)
+    for j in range(2):
+        for i in range(4):
+            q[..., 128 * j + 32 * i:128 * j + 32 * i + 32] = (qs[..., 32 * j:32 * j + 32] >> (2 * i)) & 3
+    dw, dmin = f16(b[..., 80:82]), f16(b[..., 82:84])
+    esc = np.repeat(sc, 16, axis=-1)
+    n = xq.shape[0]
+    n_gemm = n - n % 4 if n > 3 else 0
+    out = np.empty((n, rows), f32)
+    for c in range(n):
+        x = xq[c].astype(np.int64).reshape(nb, 256)
+        bs = xb[c].astype(np.int64).reshape(nb, 16)
+        prod = q * x[None] * esc                                           # [rows, nb, 256]
+        mins = m * bs[None]                                                # [rows, nb, 16]
+        if not repacked:
+            lanes = prod.reshape(rows, nb, 8, 8, 4).sum(-1).sum(2)          # [rows, nb, lane]
+            mlanes = mins.reshape(rows, nb, 8, 2).sum(-1)
+            acc = np.zeros((rows, 8), f32)
+            for bb in range(nb):
+                acc = fma32(mlanes[:, bb].astype(f32), (-xd[c, bb] * dmin[:, bb])[:, None], acc)
+                acc = fma32(lanes[:, bb].astype(f32), (xd[c, bb] * dw[:, bb])[:, None], acc)
+            out[c] = hsum8(acc)
+            continue
+        acc = np.zeros(rows, f32)
+        accm = np.zeros(rows, f32)
+        for bb in range(nb):
+            dd, dm = dw[:, bb] * xd[c, bb], dmin[:, bb] * xd[c, bb]
+            if c < n_gemm:
+                for j in range(2):
+                    acc = fma32(prod[:, bb, 128 * j:128 * j + 128].sum(-1).astype(f32), dd, acc)
+                    accm = fma32(mins[:, bb, 8 * j:8 * j + 8].sum(-1).astype(f32), dm, accm)
+            else:
+                acc = fma32(prod[:, bb].sum(-1).astype(f32), dd, acc)
+                accm = fma32(mins[:, bb].sum(-1).astype(f32), dm, accm)
+        out[c] = acc - accm
+    return out
+
+
+@pytest.mark.parametrize("rows", [16, 13])
+@pytest.mark.parametrize("n", [1, 3, 4, 6])
+def test_q2_K_bit_exact(path, rows, n):
+    w = q2_K_weights(rows, KDIM)
+    X = activations(n)
+    xp = K.prepare(K.Q2_K, X)
+    out = np.full((n, rows), np.nan, f32)
+    K.matmat(K.Q2_K, w, xp, out, 0, 5)
+    K.matmat(K.Q2_K, w, xp, out, 5, rows)
+    repacked = path == "avx512-vnni" and rows % 8 == 0
+    ref = emulate_q2_K(w, xp[0], xp[1], xp[2], repacked)
+    np.testing.assert_array_equal(out, ref)
+    v = np.full(rows, np.nan, f32)
+    xv = K.prepare(K.Q2_K, X[0])
+    K.matvec(K.Q2_K, w, xv, v, 0, rows)
+    np.testing.assert_array_equal(v, emulate_q2_K(w, xv[0][None], xv[1][None], xv[2][None], repacked)[0])
+
+
+def test_q2_K_orders_differ():
+    w = q2_K_weights(16, KDIM)
+    xp = K.prepare(K.Q2_K, activations(4))
+    a, b = emulate_q2_K(w, *xp, True), emulate_q2_K(w, *xp, False)
+    assert not np.array_equal(a, b)
+
+
+def test_q2_K_dequantize_matches_gguf_py():
+    w = q2_K_weights(5, 512)
+    np.testing.assert_array_equal(K.dequantize_rows(K.Q2_K, w, 0, 5), gq.dequantize(w, T.Q2_K))

@@ -828,3 +828,21 @@ def madd_sc_s(typingctx, mode, acc, a, b, s0, s1):
         return builder.add(acc, builder.call(_fn(builder, "llvm.x86.avx2.pmadd.wd", _V8I, [_V16S, _V16S]), [p16, sc]))
 
     return sig, cg
+
+
+@intrinsic
+def q2_mins_lanes(typingctx, a, off, xb, xoff):
+    """i32x8, lane l = m[2l] * bsum[2l] + m[2l+1] * bsum[2l+1]: the 16 Q2_K mins (high nibbles of the 16
+    bytes at a[off]) against the 16 int32 bsums at xb[xoff] as i16 (pmaddwd, like ggml's vec_dot)."""
+    _check_array(a, _BYTES)
+    _check_array(xb, (types.int32,))
+    sig = v8i(a, off, xb, xoff)
+
+    def cg(context, builder, sig, args):
+        V16I = ir.VectorType(_i32, 16)
+        raw = _arr_load(context, builder, sig, args, 0, _V16B)
+        m = builder.zext(builder.lshr(raw, ir.Constant(_V16B, [4] * 16)), _V16S)
+        bs = builder.trunc(builder.load(_ptr(context, builder, sig.args[2], args[2], args[3], V16I), align=4), _V16S)
+        return builder.call(_fn(builder, "llvm.x86.avx2.pmadd.wd", _V8I, [_V16S, _V16S]), [m, bs])
+
+    return sig, cg

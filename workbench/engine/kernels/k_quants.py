@@ -329,3 +329,62 @@ def dequant_q3_K(w, r0, r1):
                 for e in range(16 * sb, 16 * sb + 16):
                     out[i - r0, b * 256 + e] = dl * f32(_q3_K_q(row, o, e))
     return out
+
+
+# ----------------------------------------------------------------------------- Q2_K
+# Q2_K = scales[16] | qs[64] | d f16 | dmin f16  (84 bytes, 256 values): element 128 j + 32 i + l
+# (l < 32) is (qs[32 j + l] >> 2 i) & 3; sub-block s (16 values) has scale scales[s] & 15 and min
+# scales[s] >> 4; value = d * sc * q - dmin * m.
+@numba.njit(inline="always")
+def _dot_q2_K(row, xq, xd, xb):
+    acc = f32(0.0)
+    for b in range(xd.shape[0]):
+        o = b * 84
+        s = np.int32(0)
+        m = np.int32(0)
+        for sb in range(16):
+            t = np.int32(0)
+            for e in range(16 * sb, 16 * sb + 16):
+                j, r = e // 128, e % 128
+                q = (np.int32(row[o + 16 + 32 * j + r % 32]) >> (2 * (r // 32))) & 3
+                t += q * np.int32(xq[b * 256 + e])
+            s += (np.int32(row[o + sb]) & 15) * t
+            m += (np.int32(row[o + sb]) >> 4) * np.int32(xb[b * 16 + sb])
+        acc += f32(s) * (f16_to_f32(row, o + 80) * xd[b]) - f32(m) * (f16_to_f32(row, o + 82) * xd[b])
+    return acc
+
+
+@numba.njit(**_NB)
+def q2_K_matvec(w, xp, out, r0, r1):
+    xq, xd, xb = xp
+    for i in range(r0, r1):
+        out[i] = _dot_q2_K(w[i], xq, xd, xb)
+
+
+@numba.njit(**_NB)
+def q2_K_matmat(w, xp, out, r0, r1):
+    xq, xd, xb = xp
+    for i in range(r0, r1):
+        for c in range(xq.shape[0]):
+            out[c, i] = _dot_q2_K(w[i], xq[c], xd[c], xb[c])
+
+
+# gguf.quants' dequantize (and ggml's dequantize_row_q2_K): dl = d * sc, ml = dmin * m, dl * q - ml
+@numba.njit(**_NB)
+def dequant_q2_K(w, r0, r1):
+    nb = w.shape[1] // 84
+    out = np.empty((r1 - r0, nb * 256), np.float32)
+    for i in range(r0, r1):
+        row = w[i]
+        for b in range(nb):
+            o = b * 84
+            d = f16_to_f32(row, o + 80)
+            dmin = f16_to_f32(row, o + 82)
+            for e in range(256):
+                sb = e // 16
+                dl = d * f32(np.int32(row[o + sb]) & 15)
+                ml = dmin * f32(np.int32(row[o + sb]) >> 4)
+                j, r = e // 128, e % 128
+                q = (np.int32(row[o + 16 + 32 * j + r % 32]) >> (2 * (r // 32))) & 3
+                out[i - r0, b * 256 + e] = dl * f32(q) - ml
+    return out
