@@ -12,7 +12,7 @@ from gguf.constants import GGML_QUANT_SIZES
 
 QUANTIZABLE = {T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1}
 # byte offsets of the f16 scale fields inside one block, for types built from random bytes
-_F16_FIELDS = {T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}
+_F16_FIELDS = {T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,), T.IQ4_NL: (0,), T.IQ4_XS: (0,), T.Q3_K: (108,), T.Q2_K: (80, 82)}
 
 
 def random_tensor(qtype: T, rows: int, ne0: int, rng: np.random.Generator, scale: float = 0.05) -> np.ndarray:
@@ -24,6 +24,9 @@ def random_tensor(qtype: T, rows: int, ne0: int, rng: np.random.Generator, scale
     raw = rng.integers(0, 256, size=(rows, ne0 // block, size), dtype=np.uint8)
     if qtype == T.Q6_K:  # int8 sub-block scales: keep them small so weights stay ~scale
         raw[:, :, 192:208] = rng.integers(-16, 17, size=(rows, ne0 // block, 16)).astype(np.int8).view(np.uint8)
+    if qtype == T.IQ4_XS:  # every sub-block scale ls - 32 = 8 (random ones: test_kernels*), weights stay ~scale
+        raw[:, :, 2:4] = 0xAA
+        raw[:, :, 4:8] = 0x88
     for off in _F16_FIELDS[qtype]:
         d = (rng.random((rows, ne0 // block)) + 0.5) * scale / 200
         raw[:, :, off:off + 2] = d.astype(np.float16).view(np.uint8).reshape(rows, ne0 // block, 2)

@@ -20,7 +20,7 @@ from workbench.engine import kernels as K
 
 K_DIM = 512          # two K-quant super-blocks, 16 legacy blocks
 ROWS = 13            # odd on purpose
-TYPES = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K]
+TYPES = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS, T.Q3_K, T.Q2_K]
 PATHS = K.available_paths()
 EPS32 = 2.0 ** -24
 
@@ -36,15 +36,23 @@ def make_weights(t: T, rows: int = ROWS, k: int = K_DIM, seed: int = 0) -> np.nd
     data = rng.standard_normal((rows, k)).astype(np.float32)
     if t in (T.F32, T.F16):
         return np.ascontiguousarray(gq.quantize(data, t)).view(np.uint8)
-    if t not in (T.Q4_K, T.Q5_K, T.Q6_K):
+    if t not in (T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS, T.Q3_K, T.Q2_K):
         return np.ascontiguousarray(gq.quantize(data, t))
-    # gguf cannot quantize K types: random bytes with sane f16 scales (every bit pattern of the
-    # quant / scale fields is a valid block).
-    bs, ts = {T.Q4_K: (256, 144), T.Q5_K: (256, 176), T.Q6_K: (256, 210)}[t]
+    # gguf cannot quantize K types or IQ4_NL: random bytes with sane f16 scales (every bit pattern of
+    # the quant / scale fields is a valid block).
+    bs, ts = {T.Q4_K: (256, 144), T.Q5_K: (256, 176), T.Q6_K: (256, 210), T.IQ4_NL: (32, 18), T.IQ4_XS: (256, 136),
+              T.Q3_K: (256, 110), T.Q2_K: (256, 84)}[t]
     nb = k // bs
     blocks = rng.integers(0, 256, (rows, nb, ts), dtype=np.uint8)
     if t == T.Q6_K:
         blocks[..., 208:210] = _f16_field((rows, nb), rng)
+    elif t == T.Q3_K:
+        blocks[..., 108:110] = _f16_field((rows, nb), rng)
+    elif t == T.Q2_K:
+        blocks[..., 80:82] = _f16_field((rows, nb), rng)
+        blocks[..., 82:84] = _f16_field((rows, nb), rng, 1e-4, 5e-3)
+    elif t in (T.IQ4_NL, T.IQ4_XS):
+        blocks[..., 0:2] = _f16_field((rows, nb), rng)
     else:
         blocks[..., 0:2] = _f16_field((rows, nb), rng)
         blocks[..., 2:4] = _f16_field((rows, nb), rng, 1e-4, 5e-3)
@@ -55,7 +63,7 @@ def _set_f16(w: np.ndarray, t: T, field: int, value: float) -> np.ndarray:
     """Copy of w with f16 field number ``field`` of every block set to ``value``."""
     bs, ts = gq.GGML_QUANT_SIZES[t]
     b = w.copy().reshape(w.shape[0], -1, ts)
-    off = {T.Q6_K: 208}.get(t, 2 * field)
+    off = {T.Q6_K: 208, T.Q2_K: 80 + 2 * field}.get(t, 2 * field)
     b[..., off:off + 2] = np.array([value], np.float16).view(np.uint8)
     return b.reshape(w.shape)
 
@@ -72,7 +80,7 @@ def weight_parts(t: T, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarra
         m_blk = deq(m)[:, ::32]
         a = deq(_set_f16(w, t, 1, 0.0))
         return a, np.zeros_like(a), m_blk
-    if t in (T.Q4_K, T.Q5_K):
+    if t in (T.Q4_K, T.Q5_K, T.Q2_K):
         return deq(_set_f16(w, t, 1, 0.0)), deq(_set_f16(w, t, 0, 0.0)), None
     a = deq(w)
     return a, np.zeros_like(a), None
@@ -111,7 +119,7 @@ def quantized_x(t: T, x: np.ndarray):
         return x.astype(np.float16).astype(np.float64), None
     if t == T.BF16:
         return gq.dequantize(gq.quantize(x, T.BF16), T.BF16).astype(np.float64).reshape(x.shape), None
-    if t in (T.Q4_K, T.Q5_K, T.Q6_K):
+    if t in (T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS, T.Q3_K, T.Q2_K):
         q, d, _ = ref_q8_K(x)
         return (q.reshape(x.shape[0], -1, 256) * d[..., None]).reshape(x.shape), None
     q, d, s = ref_q8_0(x)
@@ -127,7 +135,7 @@ def _act_error_bound(t: T, x: np.ndarray) -> np.ndarray:
         return ax * 2.0 ** -11 + 2.0 ** -25
     if t == T.BF16:
         return ax * 2.0 ** -8
-    bs = 256 if t in (T.Q4_K, T.Q5_K, T.Q6_K) else 32
+    bs = 256 if t in (T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS, T.Q3_K, T.Q2_K) else 32
     amax = ax.reshape(x.shape[0], -1, bs).max(-1, keepdims=True)
     # half a quantization step, plus the f16 rounding of d (relative 2^-11 of the value)
     return (np.broadcast_to(amax / 254.0 * 1.0001, ax.reshape(x.shape[0], -1, bs).shape).reshape(ax.shape)
@@ -143,7 +151,7 @@ def reference(t: T, w: np.ndarray, x: np.ndarray):
     if m_blk is not None:                        # Q4_1/Q5_1: + sum_b m_b * s_b
         ref += s @ m_blk.T
         mag += np.abs(s) @ np.abs(m_blk).T
-    nblocks = x.shape[1] // (256 if t in (T.Q4_K, T.Q5_K, T.Q6_K) else 32)
+    nblocks = x.shape[1] // (256 if t in (T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS, T.Q3_K, T.Q2_K) else 32)
     steps = x.shape[1] if t in (T.F32, T.F16, T.BF16) else nblocks
     tight_tol = (2 * steps + 8) * EPS32 * mag + 1e-30
     wdeq = gq.dequantize(w, t).astype(np.float64).reshape(w.shape[0], -1)
@@ -175,7 +183,7 @@ def test_api_tables():
         assert K.is_supported(int(t))
         assert K.SUPPORTED_TYPES[int(t)] == t.name
         assert K.row_bytes(int(t), K_DIM) == gq.quant_shape_to_byte_shape((K_DIM,), t)[0]
-    assert not K.is_supported(int(T.Q2_K))
+    assert not K.is_supported(int(T.IQ2_XXS))
     assert K.kernel_path() in K.available_paths()
     with pytest.raises(ValueError):
         K.set_kernel_path("no-such-path")

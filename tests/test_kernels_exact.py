@@ -63,7 +63,7 @@ def f16(b):
 # ----------------------------------------------------------------------------- weights
 def weights(t, rows=ROWS, k=KDIM, seed=0):
     rng = np.random.default_rng(seed + int(t))
-    if t in (T.Q8_0, T.Q5_0):
+    if t in (T.Q8_0, T.Q5_0, T.Q4_0):
         return np.ascontiguousarray(gq.quantize(rng.standard_normal((rows, k)).astype(f32), t))
     ts = {T.Q4_K: 144, T.Q6_K: 210}[t]
     w = rng.integers(0, 256, (rows, k // 256, ts), dtype=np.uint8)
@@ -82,12 +82,15 @@ def activations(n, seed=1):
 
 # ----------------------------------------------------------------------------- emulations
 def legacy_quants(t, w):
-    """(d_w float32 [rows, nb], signed integer quants int64 [rows, nb, 32]) of Q8_0 / Q5_0."""
-    bsz = {T.Q8_0: 34, T.Q5_0: 22}[t]
+    """(d_w float32 [rows, nb], signed integer quants int64 [rows, nb, 32]) of Q8_0 / Q5_0 / Q4_0."""
+    bsz = {T.Q8_0: 34, T.Q5_0: 22, T.Q4_0: 18}[t]
     b = w.reshape(w.shape[0], -1, bsz)
     d = f16(b[..., 0:2])
     if t == T.Q8_0:
         return d, b[..., 2:].view(np.int8).astype(np.int64)
+    if t == T.Q4_0:
+        qs = b[..., 2:].astype(np.int64)
+        return d, np.concatenate([qs & 15, qs >> 4], -1) - 8
     qh = b[..., 2:6].copy().view(np.uint32)[..., 0].astype(np.int64)
     qs = b[..., 6:].astype(np.int64)
     nib = np.concatenate([qs & 15, qs >> 4], -1)
@@ -198,9 +201,28 @@ def emulate_q6_K(w, xq, xd, tiled):
     return out
 
 
+def emulate_q4_0_repacked(w, xq, xd):
+    """ggml_gemv / ggml_gemm_q4_0_8x8_q8_0: per output one f32 chain over the blocks,
+    acc = fma(f32(S_b), d_w * d_x, acc), S_b the block's exact integer dot product."""
+    dw, q = legacy_quants(T.Q4_0, w)
+    rows, nb = dw.shape
+    n = xq.shape[0]
+    x = xq.astype(np.int64).reshape(n, nb, 32)
+    out = np.empty((n, rows), f32)
+    for j in range(n):
+        s_int = (q * x[j][None]).sum(-1)  # [rows, nb], exact
+        acc = np.zeros(rows, f32)
+        for b in range(nb):
+            acc = fma32(s_int[:, b].astype(f32), dw[:, b] * xd[j, b], acc)
+        out[j] = acc
+    return out
+
+
 def emulate(t, w, xp, n):
     xq, xd = xp[0], xp[1]
-    if t in (T.Q8_0, T.Q5_0):
+    if t == T.Q4_0 and w.shape[0] % 8 == 0:  # llama.cpp repacks it (AVX2 / AVX-512, rows % 8 == 0)
+        return emulate_q4_0_repacked(w, xq, xd)
+    if t in (T.Q8_0, T.Q5_0, T.Q4_0):
         return emulate_legacy(t, w, xq, xd)
     if t == T.Q4_K:
         return emulate_q4_K(w, xq, xd, n - n % 4 if n > 1 else 0)
@@ -267,3 +289,314 @@ def test_fma32_emulation():
         lo, hi = np.nextafter(r, f32(-np.inf)), np.nextafter(r, f32(np.inf))
         assert abs(Fraction(float(r)) - exact) <= abs(Fraction(float(lo)) - exact)
         assert abs(Fraction(float(r)) - exact) <= abs(Fraction(float(hi)) - exact)
+
+
+# ----------------------------------------------------------------------------- Q4_0: repacked or not
+@pytest.mark.parametrize("rows", [16, 13, 24])
+@pytest.mark.parametrize("n", [1, 3, 4, 9])
+def test_q4_0_follows_llama_cpp_repack_rule(path, rows, n):
+    """Rows % 8 == 0: the repacked q4_0_8x8 gemv/gemm order; otherwise vec_dot / tinyBLAS (row splits
+    that are not multiples of 4 included, as threads may cut anywhere)."""
+    w = weights(T.Q4_0, rows=rows)
+    X = activations(n)
+    xp = K.prepare(int(T.Q4_0), X)
+    out = np.full((n, rows), np.nan, f32)
+    K.matmat(int(T.Q4_0), w, xp, out, 0, 7)
+    K.matmat(int(T.Q4_0), w, xp, out, 7, rows)
+    ref = emulate(T.Q4_0, w, xp, n)
+    np.testing.assert_array_equal(out, ref)
+    for j in range(n):
+        v = np.full(rows, np.nan, f32)
+        xv = K.prepare(int(T.Q4_0), X[j])
+        K.matvec(int(T.Q4_0), w, xv, v, 0, 5)
+        K.matvec(int(T.Q4_0), w, xv, v, 5, rows)
+        np.testing.assert_array_equal(v, ref[j])
+
+
+def test_q4_0_orders_differ():
+    w = weights(T.Q4_0, rows=64)
+    xp = K.prepare(int(T.Q4_0), activations(2))
+    assert not np.array_equal(emulate_q4_0_repacked(w, xp[0], xp[1]), emulate_legacy(T.Q4_0, w, xp[0], xp[1]))
+
+
+# ----------------------------------------------------------------------------- IQ4_NL
+KV_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int64)
+
+
+def iq4_nl_weights(rows, k, seed=5):
+    """Random IQ4_NL rows: any index bytes, finite positive scales."""
+    rng = np.random.default_rng(seed)
+    w = rng.integers(0, 256, (rows, k // 32, 18), dtype=np.uint8)
+    w[..., 0:2] = rng.uniform(1e-3, 2e-2, (rows, k // 32, 1)).astype(np.float16).view(np.uint8)
+    return w.reshape(rows, -1)
+
+
+def iq4_nl_quants(w):
+    b = w.reshape(w.shape[0], -1, 18)
+    qs = b[..., 2:].astype(np.int64)
+    return f16(b[..., 0:2]), np.concatenate([KV_IQ4NL[qs & 15], KV_IQ4NL[qs >> 4]], -1)
+
+
+def emulate_iq4_nl(w, xq, xd):
+    """The order llama.cpp runs for this weight and column count (see x86/i_quants.py)."""
+    dw, q = iq4_nl_quants(w)
+    rows, nb = dw.shape
+    n = xq.shape[0]
+    x = xq.astype(np.int64).reshape(n, nb, 32)
+    out = np.empty((n, rows), f32)
+    for j in range(n):
+        prod = q * x[j][None]                           # [rows, nb, 32] exact
+        s_int = prod.sum(-1)
+        lanes = prod.reshape(rows, nb, 8, 4).sum(-1)
+        if rows % 8 == 0:                               # repacked iq4_nl_8x8 gemv / gemm
+            acc = np.zeros(rows, f32)
+            for b in range(nb):
+                acc = fma32(s_int[:, b].astype(f32), dw[:, b] * xd[j, b], acc)
+            out[j] = acc
+        elif n == 1:                                    # ggml_vec_dot_iq4_nl_q8_0 (AVX2)
+            a1 = np.zeros((rows, 8), f32)
+            a2 = np.zeros((rows, 8), f32)
+            b = 0
+            while b + 1 < nb:
+                a1 = fma32(lanes[:, b].astype(f32), (xd[j, b] * dw[:, b])[:, None], a1)
+                a2 = fma32(lanes[:, b + 1].astype(f32), (xd[j, b + 1] * dw[:, b + 1])[:, None], a2)
+                b += 2
+            s = hsum8(a1 + a2)
+            if b < nb:                                  # scalar tail: sumf += d * sumi (contracted)
+                s = fma32(xd[j, b] * dw[:, b], s_int[:, b].astype(f32), s)
+            out[j] = s
+        else:                                           # tinyBLAS_Q0_AVX
+            acc = np.zeros((rows, 8), f32)
+            for b in range(nb):
+                acc = fma32(lanes[:, b].astype(f32), (dw[:, b] * xd[j, b])[:, None], acc)
+            out[j] = hsum8(acc)
+    return out
+
+
+@pytest.mark.parametrize("rows", [16, 13])
+@pytest.mark.parametrize("k", [512, 480])
+@pytest.mark.parametrize("n", [1, 2, 5])
+def test_iq4_nl_bit_exact(path, rows, k, n):
+    w = iq4_nl_weights(rows, k)
+    X = np.random.default_rng(1).standard_normal((n, k)).astype(f32)
+    xp = K.prepare(K.IQ4_NL, X)
+    out = np.full((n, rows), np.nan, f32)
+    K.matmat(K.IQ4_NL, w, xp, out, 0, 7)
+    K.matmat(K.IQ4_NL, w, xp, out, 7, rows)
+    np.testing.assert_array_equal(out, emulate_iq4_nl(w, xp[0], xp[1]))
+    # one-token products: the 1-column order of this weight
+    v = np.full(rows, np.nan, f32)
+    xv = K.prepare(K.IQ4_NL, X[0])
+    K.matvec(K.IQ4_NL, w, xv, v, 0, 6)
+    K.matvec(K.IQ4_NL, w, xv, v, 6, rows)
+    np.testing.assert_array_equal(v, emulate_iq4_nl(w, xv[0][None], xv[1][None])[0])
+
+
+def test_iq4_nl_orders_differ():
+    w = iq4_nl_weights(13, 480)
+    xp = K.prepare(K.IQ4_NL, activations(2)[:, :480])
+    one = emulate_iq4_nl(w, xp[0][:1], xp[1][:1])
+    two = emulate_iq4_nl(w, xp[0], xp[1])[:1]
+    rep = emulate_iq4_nl(np.concatenate([w, w[:3]]), xp[0][:1], xp[1][:1])[:, :13]
+    assert not np.array_equal(one, two) and not np.array_equal(one, rep)
+
+
+def test_iq4_nl_dequantize_matches_gguf_py():
+    w = iq4_nl_weights(9, 256)
+    np.testing.assert_array_equal(K.dequantize_rows(K.IQ4_NL, w, 0, 9), gq.dequantize(w, T.IQ4_NL))
+    np.testing.assert_array_equal(K.dequantize_rows(K.IQ4_NL, w, 3, 5), gq.dequantize(w[3:5], T.IQ4_NL))
+
+
+# ----------------------------------------------------------------------------- IQ4_XS
+def iq4_xs_weights(rows, k, seed=6):
+    rng = np.random.default_rng(seed)
+    w = rng.integers(0, 256, (rows, k // 256, 136), dtype=np.uint8)
+    w[..., 0:2] = rng.uniform(1e-4, 2e-3, (rows, k // 256, 1)).astype(np.float16).view(np.uint8)
+    return w.reshape(rows, -1)
+
+
+def emulate_iq4_xs(w, xq, xd):
+    """ggml_vec_dot_iq4_xs_q8_K (AVX2) for every output: exact lanes per super-block, one FMA each."""
+    b = w.reshape(w.shape[0], -1, 136)
+    rows, nb = b.shape[:2]
+    dw = f16(b[..., 0:2])
+    sh = b[..., 2:4].copy().view(np.uint16)[..., 0].astype(np.int64)
+    sl = b[..., 4:8].astype(np.int64)
+    j = np.arange(8)
+    ls = ((sl[..., j // 2] >> (4 * (j % 2))) & 15 | (((sh[..., None] >> (2 * j)) & 3) << 4)) - 32  # [rows, nb, 8]
+    qs = b[..., 8:].astype(np.int64).reshape(rows, nb, 8, 16)
+    q = np.concatenate([KV_IQ4NL[qs & 15], KV_IQ4NL[qs >> 4]], -1)            # [rows, nb, 8, 32]
+    n = xq.shape[0]
+    out = np.empty((n, rows), f32)
+    for c in range(n):
+        x = xq[c].astype(np.int64).reshape(nb, 8, 32)
+        lanes = ((q * x[None]).reshape(rows, nb, 8, 8, 4).sum(-1) * ls[..., None]).sum(2)  # [rows, nb, 8 lanes]
+        acc = np.zeros((rows, 8), f32)
+        for bb in range(nb):
+            acc = fma32(lanes[:, bb].astype(f32), (dw[:, bb] * xd[c, bb])[:, None], acc)
+        out[c] = hsum8(acc)
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 3, 8])
+def test_iq4_xs_bit_exact(path, n):
+    w = iq4_xs_weights(ROWS, KDIM)
+    X = activations(n)
+    xp = K.prepare(K.IQ4_XS, X)
+    out = np.full((n, ROWS), np.nan, f32)
+    K.matmat(K.IQ4_XS, w, xp, out, 0, 5)
+    K.matmat(K.IQ4_XS, w, xp, out, 5, ROWS)
+    ref = emulate_iq4_xs(w, xp[0], xp[1])
+    np.testing.assert_array_equal(out, ref)
+    v = np.full(ROWS, np.nan, f32)
+    K.matvec(K.IQ4_XS, w, K.prepare(K.IQ4_XS, X[0]), v, 0, ROWS)
+    np.testing.assert_array_equal(v, ref[0])
+
+
+def test_iq4_xs_dequantize_matches_gguf_py():
+    w = iq4_xs_weights(5, 512)
+    np.testing.assert_array_equal(K.dequantize_rows(K.IQ4_XS, w, 0, 5), gq.dequantize(w, T.IQ4_XS))
+
+
+# ----------------------------------------------------------------------------- Q3_K
+def q3_K_weights(rows, k, seed=7):
+    rng = np.random.default_rng(seed)
+    w = rng.integers(0, 256, (rows, k // 256, 110), dtype=np.uint8)
+    w[..., 108:110] = rng.uniform(1e-4, 2e-3, (rows, k // 256, 1)).astype(np.float16).view(np.uint8)
+    return w.reshape(rows, -1)
+
+
+def emulate_q3_K(w, xq, xd):
+    """ggml_vec_dot_q3_K_q8_K (AVX2) for every output: exact lanes per super-block, one FMA each."""
+    b = w.reshape(w.shape[0], -1, 110)
+    rows, nb = b.shape[:2]
+    hm = b[..., 0:32].astype(np.int64)
+    qs = b[..., 32:96].astype(np.int64)
+    a = b[..., 96:108].copy().view(np.uint32).astype(np.int64)          # [rows, nb, 3]
+    k1, k2 = 0x03030303, 0x0F0F0F0F
+    words = [(a[..., 0] & k2) | ((a[..., 2] & k1) << 4), (a[..., 1] & k2) | (((a[..., 2] >> 2) & k1) << 4),
+             ((a[..., 0] >> 4) & k2) | (((a[..., 2] >> 4) & k1) << 4), ((a[..., 1] >> 4) & k2) | (((a[..., 2] >> 6) & k1) << 4)]
+    sc = np.stack([(words[s // 4] >> (8 * (s % 4))) & 0xFF for s in range(16)], -1) - 32   # [rows, nb, 16]
+    q = np.empty((rows, nb, 256), np.int64)
+    for j in range(2):
+        for i in range(4):
+            low = (qs[..., 32 * j:32 * j + 32] >> (2 * i)) & 3
+            high = (hm >> (4 * j + i)) & 1
+            q[..., 128 * j + 32 * i:128 * j + 32 * i + 32] = low + 4 * high - 4
+    dw = f16(b[..., 108:110])
+    esc = np.repeat(sc, 16, axis=-1)
+    n = xq.shape[0]
+    out = np.empty((n, rows), f32)
+    for c in range(n):
+        x = xq[c].astype(np.int64).reshape(nb, 256)
+        lanes = (q * x[None] * esc).reshape(rows, nb, 8, 8, 4).sum(-1).sum(2)   # [rows, nb, lane]
+        acc = np.zeros((rows, 8), f32)
+        for bb in range(nb):
+            acc = fma32(lanes[:, bb].astype(f32), (xd[c, bb] * dw[:, bb])[:, None], acc)
+        out[c] = hsum8(acc)
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 3, 8])
+def test_q3_K_bit_exact(path, n):
+    w = q3_K_weights(ROWS, KDIM)
+    X = activations(n)
+    xp = K.prepare(K.Q3_K, X)
+    out = np.full((n, ROWS), np.nan, f32)
+    K.matmat(K.Q3_K, w, xp, out, 0, 5)
+    K.matmat(K.Q3_K, w, xp, out, 5, ROWS)
+    ref = emulate_q3_K(w, xp[0], xp[1])
+    np.testing.assert_array_equal(out, ref)
+    v = np.full(ROWS, np.nan, f32)
+    K.matvec(K.Q3_K, w, K.prepare(K.Q3_K, X[0]), v, 0, ROWS)
+    np.testing.assert_array_equal(v, ref[0])
+
+
+def test_q3_K_dequantize_matches_gguf_py():
+    w = q3_K_weights(5, 512)
+    np.testing.assert_array_equal(K.dequantize_rows(K.Q3_K, w, 0, 5), gq.dequantize(w, T.Q3_K))
+
+
+# ----------------------------------------------------------------------------- Q2_K
+def q2_K_weights(rows, k, seed=8):
+    rng = np.random.default_rng(seed)
+    w = rng.integers(0, 256, (rows, k // 256, 84), dtype=np.uint8)
+    w[..., 80:82] = rng.uniform(1e-3, 2e-2, (rows, k // 256, 1)).astype(np.float16).view(np.uint8)
+    w[..., 82:84] = rng.uniform(1e-4, 5e-3, (rows, k // 256, 1)).astype(np.float16).view(np.uint8)
+    return w.reshape(rows, -1)
+
+
+def emulate_q2_K(w, xq, xd, xb, repacked):
+    """Not repacked: ggml_vec_dot_q2_K_q8_K (AVX2).  Repacked (AVX-512, rows % 8 == 0): gemm order
+    (FMA per half super-block) for columns < n - n % 4 when n > 3, gemv order (per super-block) else."""
+    b = w.reshape(w.shape[0], -1, 84)
+    rows, nb = b.shape[:2]
+    sc = (b[..., :16] & 15).astype(np.int64)
+    m = (b[..., :16] >> 4).astype(np.int64)
+    qs = b[..., 16:80].astype(np.int64)
+    q = np.empty((rows, nb, 256), np.int64)
+    for j in range(2):
+        for i in range(4):
+            q[..., 128 * j + 32 * i:128 * j + 32 * i + 32] = (qs[..., 32 * j:32 * j + 32] >> (2 * i)) & 3
+    dw, dmin = f16(b[..., 80:82]), f16(b[..., 82:84])
+    esc = np.repeat(sc, 16, axis=-1)
+    n = xq.shape[0]
+    n_gemm = n - n % 4 if n > 3 else 0
+    out = np.empty((n, rows), f32)
+    for c in range(n):
+        x = xq[c].astype(np.int64).reshape(nb, 256)
+        bs = xb[c].astype(np.int64).reshape(nb, 16)
+        prod = q * x[None] * esc                                           # [rows, nb, 256]
+        mins = m * bs[None]                                                # [rows, nb, 16]
+        if not repacked:
+            lanes = prod.reshape(rows, nb, 8, 8, 4).sum(-1).sum(2)          # [rows, nb, lane]
+            mlanes = mins.reshape(rows, nb, 8, 2).sum(-1)
+            acc = np.zeros((rows, 8), f32)
+            for bb in range(nb):
+                acc = fma32(mlanes[:, bb].astype(f32), (-xd[c, bb] * dmin[:, bb])[:, None], acc)
+                acc = fma32(lanes[:, bb].astype(f32), (xd[c, bb] * dw[:, bb])[:, None], acc)
+            out[c] = hsum8(acc)
+            continue
+        acc = np.zeros(rows, f32)
+        accm = np.zeros(rows, f32)
+        for bb in range(nb):
+            dd, dm = dw[:, bb] * xd[c, bb], dmin[:, bb] * xd[c, bb]
+            if c < n_gemm:
+                for j in range(2):
+                    acc = fma32(prod[:, bb, 128 * j:128 * j + 128].sum(-1).astype(f32), dd, acc)
+                    accm = fma32(mins[:, bb, 8 * j:8 * j + 8].sum(-1).astype(f32), dm, accm)
+            else:
+                acc = fma32(prod[:, bb].sum(-1).astype(f32), dd, acc)
+                accm = fma32(mins[:, bb].sum(-1).astype(f32), dm, accm)
+        out[c] = acc - accm
+    return out
+
+
+@pytest.mark.parametrize("rows", [16, 13])
+@pytest.mark.parametrize("n", [1, 3, 4, 6])
+def test_q2_K_bit_exact(path, rows, n):
+    w = q2_K_weights(rows, KDIM)
+    X = activations(n)
+    xp = K.prepare(K.Q2_K, X)
+    out = np.full((n, rows), np.nan, f32)
+    K.matmat(K.Q2_K, w, xp, out, 0, 5)
+    K.matmat(K.Q2_K, w, xp, out, 5, rows)
+    repacked = path == "avx512-vnni" and rows % 8 == 0
+    ref = emulate_q2_K(w, xp[0], xp[1], xp[2], repacked)
+    np.testing.assert_array_equal(out, ref)
+    v = np.full(rows, np.nan, f32)
+    xv = K.prepare(K.Q2_K, X[0])
+    K.matvec(K.Q2_K, w, xv, v, 0, rows)
+    np.testing.assert_array_equal(v, emulate_q2_K(w, xv[0][None], xv[1][None], xv[2][None], repacked)[0])
+
+
+def test_q2_K_orders_differ():
+    w = q2_K_weights(16, KDIM)
+    xp = K.prepare(K.Q2_K, activations(4))
+    a, b = emulate_q2_K(w, *xp, True), emulate_q2_K(w, *xp, False)
+    assert not np.array_equal(a, b)
+
+
+def test_q2_K_dequantize_matches_gguf_py():
+    w = q2_K_weights(5, 512)
+    np.testing.assert_array_equal(K.dequantize_rows(K.Q2_K, w, 0, 5), gq.dequantize(w, T.Q2_K))

@@ -12,7 +12,7 @@ from gguf_factory import TinySpec, write_tiny_model
 from reference_forward import forward as ref_forward
 from workbench.engine import Engine
 
-TYPES = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K]
+TYPES = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS, T.Q3_K, T.Q2_K]
 ARCHS = ["llama", "qwen2", "qwen3", "gemma3"]
 IDS = [2, 270, 262, 280, 265, 285, 271, 268, 288, 262, 275, 281]  # 12 tokens: crosses the 8-token window
 
@@ -29,7 +29,8 @@ def _tolerance(qtype: T) -> float:
     # mapping gives errors of 20-100 %, far above these bounds.
     # K-quants pair with Q8_K activations: one scale per 256 values instead of per 32,
     # so their rounding error is 2-3x that of Q8_0.
-    return {T.F32: 1e-3, T.F16: 2e-3, T.BF16: 1e-2, T.Q4_K: 4e-2, T.Q5_K: 4e-2, T.Q6_K: 4e-2}.get(qtype, 2e-2)
+    return {T.F32: 1e-3, T.F16: 2e-3, T.BF16: 1e-2, T.Q4_K: 4e-2, T.Q5_K: 4e-2, T.Q6_K: 4e-2,
+            T.IQ4_XS: 4e-2, T.Q3_K: 4e-2, T.Q2_K: 4e-2}.get(qtype, 2e-2)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

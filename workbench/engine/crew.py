@@ -189,6 +189,8 @@ def _build(mv: dict):
     mv_f32, mv_f16, mv_bf16 = mv[F32], mv[F16], mv[BF16]
     mv_q8_0, mv_q4_0, mv_q5_0, mv_q4_1, mv_q5_1 = mv[Q8_0], mv[Q4_0], mv[Q5_0], mv[Q4_1], mv[Q5_1]
     mv_q4_K, mv_q5_K, mv_q6_K = mv[Q4_K], mv[Q5_K], mv[Q6_K]
+    IQ4_NL, IQ4_XS, Q3_K, Q2_K = kernels.IQ4_NL, kernels.IQ4_XS, kernels.Q3_K, kernels.Q2_K
+    mv_iq4_nl, mv_iq4_xs, mv_q3_K, mv_q2_K = mv[IQ4_NL], mv[IQ4_XS], mv[Q3_K], mv[Q2_K]
     i8, i32, f32, u8 = np.int8, np.int32, np.float32, np.uint8
 
     @numba.njit(**_NB)
@@ -224,6 +226,14 @@ def _build(mv: dict):
                 mv_q5_K(w, xp, out, lo, hi)
             elif typ == Q6_K:
                 mv_q6_K(w, xp, out, lo, hi)
+            elif typ == IQ4_NL:
+                mv_iq4_nl(w, xp, out, lo, hi)
+            elif typ == IQ4_XS:
+                mv_iq4_xs(w, xp, out, lo, hi)
+            elif typ == Q3_K:
+                mv_q3_K(w, xp, out, lo, hi)
+            elif typ == Q2_K:
+                mv_q2_K(w, xp, out, lo, hi)
 
     @numba.njit(**_NB)
     def work(ctl, me):

@@ -28,6 +28,7 @@ from . import jitcache  # noqa: F401  (first: stable cache keys for generated ke
 from . import activations as _act
 from . import cpu as _cpu
 from . import float_types as _ft
+from . import i_quants as _iq
 from . import k_quants as _kq
 from . import legacy_quants as _lq
 
@@ -38,16 +39,18 @@ __all__ = [
 ]
 
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30
+Q2_K, Q3_K, IQ4_NL, IQ4_XS = 10, 11, 20, 23
 
 SUPPORTED_TYPES: dict[int, str] = {
     F32: "F32", F16: "F16", BF16: "BF16", Q8_0: "Q8_0", Q4_0: "Q4_0", Q4_1: "Q4_1",
-    Q5_0: "Q5_0", Q5_1: "Q5_1", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K",
+    Q5_0: "Q5_0", Q5_1: "Q5_1", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K", IQ4_NL: "IQ4_NL", IQ4_XS: "IQ4_XS", Q3_K: "Q3_K", Q2_K: "Q2_K",
 }
 
 #: ggml type id -> (elements per block, bytes per block)
 BLOCK_SIZES: dict[int, tuple[int, int]] = {
     F32: (1, 4), F16: (1, 2), BF16: (1, 2), Q8_0: (32, 34), Q4_0: (32, 18), Q4_1: (32, 20),
     Q5_0: (32, 22), Q5_1: (32, 24), Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210),
+    IQ4_NL: (32, 18), IQ4_XS: (256, 136), Q3_K: (256, 110), Q2_K: (256, 84),
 }
 
 
@@ -69,6 +72,7 @@ _PREPARE = {
     Q8_0: _act.quantize_q8_0, Q4_0: _act.quantize_q8_0, Q5_0: _act.quantize_q8_0,
     Q4_1: _act.quantize_q8_1, Q5_1: _act.quantize_q8_1,
     Q4_K: _act.quantize_q8_K, Q5_K: _act.quantize_q8_K, Q6_K: _act.quantize_q8_K,
+    IQ4_NL: _act.quantize_q8_0, IQ4_XS: _act.quantize_q8_K, Q3_K: _act.quantize_q8_K, Q2_K: _act.quantize_q8_K,
 }
 
 _DEQUANT = {
@@ -76,6 +80,7 @@ _DEQUANT = {
     Q8_0: _lq.dequant_q8_0, Q4_0: _lq.dequant_q4_0, Q4_1: _lq.dequant_q4_1,
     Q5_0: _lq.dequant_q5_0, Q5_1: _lq.dequant_q5_1,
     Q4_K: _kq.dequant_q4_K, Q5_K: _kq.dequant_q5_K, Q6_K: _kq.dequant_q6_K,
+    IQ4_NL: _iq.dequant_iq4_nl, IQ4_XS: _iq.dequant_iq4_xs, Q3_K: _kq.dequant_q3_K, Q2_K: _kq.dequant_q2_K,
 }
 
 _PORTABLE_MATVEC = {
@@ -83,12 +88,14 @@ _PORTABLE_MATVEC = {
     Q8_0: _lq.q8_0_matvec, Q4_0: _lq.q4_0_matvec, Q4_1: _lq.q4_1_matvec,
     Q5_0: _lq.q5_0_matvec, Q5_1: _lq.q5_1_matvec,
     Q4_K: _kq.q4_K_matvec, Q5_K: _kq.q5_K_matvec, Q6_K: _kq.q6_K_matvec,
+    IQ4_NL: _iq.iq4_nl_matvec, IQ4_XS: _iq.iq4_xs_matvec, Q3_K: _kq.q3_K_matvec, Q2_K: _kq.q2_K_matvec,
 }
 _PORTABLE_MATMAT = {
     F32: _ft.f32_matmat, F16: _ft.f16_matmat, BF16: _ft.bf16_matmat,
     Q8_0: _lq.q8_0_matmat, Q4_0: _lq.q4_0_matmat, Q4_1: _lq.q4_1_matmat,
     Q5_0: _lq.q5_0_matmat, Q5_1: _lq.q5_1_matmat,
     Q4_K: _kq.q4_K_matmat, Q5_K: _kq.q5_K_matmat, Q6_K: _kq.q6_K_matmat,
+    IQ4_NL: _iq.iq4_nl_matmat, IQ4_XS: _iq.iq4_xs_matmat, Q3_K: _kq.q3_K_matmat, Q2_K: _kq.q2_K_matmat,
 }
 
 

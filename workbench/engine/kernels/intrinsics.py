@@ -759,3 +759,90 @@ def f4_sub(typingctx, a, b):
 def f4_lane(typingctx, v, j):
     sig = types.float32(v, j)
     return sig, lambda context, builder, sig, args: builder.extract_element(args[0], _to_i32(builder, args[1]))
+
+
+@intrinsic
+def f4_make(typingctx, a, b, c, d):
+    """f32x4 (a, b, c, d) from four float32 scalars."""
+    sig = v4f(types.float32, types.float32, types.float32, types.float32)
+
+    def cg(context, builder, sig, args):
+        v = ir.Constant(_V4F, None)
+        for j, s in enumerate(args):
+            v = builder.insert_element(v, s, ir.Constant(_i32, j))
+        return v
+
+    return sig, cg
+
+
+#: IQ4_NL / IQ4_XS: the 16 non-linear 4-bit values (ggml's kvalues_iq4nl)
+KVALUES_IQ4NL = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+
+
+@intrinsic
+def lut_iq4nl(typingctx, v):
+    """Bytes 0..15 of ``v`` -> the signed IQ4_NL values (vpshufb on the 16-entry table, like ggml)."""
+    if v != v32b:
+        raise TypingError("expected an i8x32 vector")
+    sig = v32b(v)
+
+    def cg(context, builder, sig, args):
+        table = ir.Constant(_V32B, [x & 0xFF for x in KVALUES_IQ4NL] * 2)
+        f = _fn(builder, "llvm.x86.avx2.pshuf.b", _V32B, [_V32B, _V32B])
+        return builder.call(f, [table, args[0]])
+
+    return sig, cg
+
+
+@intrinsic
+def i_muls(typingctx, v, s):
+    """v * s per i32 lane (s an integer scalar; exact for these kernels' ranges)."""
+    sig = v8i(v, s)
+
+    def cg(context, builder, sig, args):
+        return builder.mul(args[0], _splat(builder, _to_i32(builder, args[1]), _V8I))
+
+    return sig, cg
+
+
+@intrinsic
+def madd_sc_s(typingctx, mode, acc, a, b, s0, s1):
+    """madd_sc for signed a (sign trick: |a| . (b * sign(a)), exact while |a| * 128 * 2 < 32768):
+    acc + per i32 lane, elements 0-15 of a.b weighted by int s0 and elements 16-31 by s1."""
+    m = _mode(mode)
+    sig = v8i(mode, acc, a, b, s0, s1)
+
+    def cg(context, builder, sig, args):
+        acc, a, b, s0, s1 = args[1:]
+        zero = ir.Constant(_V32B, [0] * 32)
+        neg = builder.icmp_signed("<", a, zero)
+        absa = builder.select(neg, builder.sub(zero, a), a)
+        sb = builder.select(neg, builder.sub(zero, b), b)
+        sc = _splat(builder, builder.trunc(s0, _i16), _V16S)
+        s1 = builder.trunc(s1, _i16)
+        for j in range(8, 16):
+            sc = builder.insert_element(sc, s1, ir.Constant(_i32, j))
+        p16 = builder.call(_fn(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16S, [_V32B, _V32B]), [absa, sb])
+        if m == VNNI:
+            return builder.call(_fn(builder, "llvm.x86.avx512.vpdpwssd.256", _V8I, [_V8I, _V16S, _V16S]), [acc, p16, sc])
+        return builder.add(acc, builder.call(_fn(builder, "llvm.x86.avx2.pmadd.wd", _V8I, [_V16S, _V16S]), [p16, sc]))
+
+    return sig, cg
+
+
+@intrinsic
+def q2_mins_lanes(typingctx, a, off, xb, xoff):
+    """i32x8, lane l = m[2l] * bsum[2l] + m[2l+1] * bsum[2l+1]: the 16 Q2_K mins (high nibbles of the 16
+    bytes at a[off]) against the 16 int32 bsums at xb[xoff] as i16 (pmaddwd, like ggml's vec_dot)."""
+    _check_array(a, _BYTES)
+    _check_array(xb, (types.int32,))
+    sig = v8i(a, off, xb, xoff)
+
+    def cg(context, builder, sig, args):
+        V16I = ir.VectorType(_i32, 16)
+        raw = _arr_load(context, builder, sig, args, 0, _V16B)
+        m = builder.zext(builder.lshr(raw, ir.Constant(_V16B, [4] * 16)), _V16S)
+        bs = builder.trunc(builder.load(_ptr(context, builder, sig.args[2], args[2], args[3], V16I), align=4), _V16S)
+        return builder.call(_fn(builder, "llvm.x86.avx2.pmadd.wd", _V8I, [_V16S, _V16S]), [m, bs])
+
+    return sig, cg

@@ -242,3 +242,149 @@ def dequant_q6_K(w, r0, r1):
                     out[i - r0, e + 64 + l] = (d * f32(ws[i, sc + isc + 4])) * f32(((a >> 4) | (((hh >> 4) & 3) << 4)) - 32)
                     out[i - r0, e + 96 + l] = (d * f32(ws[i, sc + isc + 6])) * f32(((c >> 4) | (((hh >> 6) & 3) << 4)) - 32)
     return out
+
+
+# ----------------------------------------------------------------------------- Q3_K
+# Q3_K = hmask[32] | qs[64] | scales[12] | d f16  (110 bytes, 256 values): element 128 j + 32 i + l
+# (l < 32) has low bits (qs[32 j + l] >> 2 i) & 3 and high bit (hmask[l] >> (4 j + i)) & 1;
+# q = low + 4 high - 4; 16 sub-blocks of 16 with 6-bit scales packed in 12 bytes (``q3_K_scales``),
+# value = d * (sc - 32) * q.
+@numba.njit(inline="always")
+def q3_K_scales(w, o):
+    """The 16 6-bit scales of the Q3_K block at byte o of a 1-D uint8 array as 4 uint32 (byte s % 4 of
+    word s // 4 = scale s + 32), like ggml's kmask unpacking."""
+    a0 = np.uint32(w[o + 96]) | (np.uint32(w[o + 97]) << 8) | (np.uint32(w[o + 98]) << 16) | (np.uint32(w[o + 99]) << 24)
+    a1 = np.uint32(w[o + 100]) | (np.uint32(w[o + 101]) << 8) | (np.uint32(w[o + 102]) << 16) | (np.uint32(w[o + 103]) << 24)
+    a2 = np.uint32(w[o + 104]) | (np.uint32(w[o + 105]) << 8) | (np.uint32(w[o + 106]) << 16) | (np.uint32(w[o + 107]) << 24)
+    k1 = np.uint32(0x03030303)
+    k2 = np.uint32(0x0F0F0F0F)
+    s0 = (a0 & k2) | ((a2 & k1) << np.uint32(4))
+    s1 = (a1 & k2) | (((a2 >> np.uint32(2)) & k1) << np.uint32(4))
+    s2 = ((a0 >> np.uint32(4)) & k2) | (((a2 >> np.uint32(4)) & k1) << np.uint32(4))
+    s3 = ((a1 >> np.uint32(4)) & k2) | (((a2 >> np.uint32(6)) & k1) << np.uint32(4))
+    return s0, s1, s2, s3
+
+
+@numba.njit(inline="always")
+def q3_K_scale(s0, s1, s2, s3, s):
+    """Scale s (0..15) minus 32 from q3_K_scales' words."""
+    word = s0 if s < 4 else s1 if s < 8 else s2 if s < 12 else s3
+    return np.int32((word >> np.uint32(8 * (s % 4))) & np.uint32(0xFF)) - 32
+
+
+@numba.njit(inline="always")
+def _q3_K_q(w, o, e):
+    """Quant e (0..255) of the Q3_K block at byte o, in -4..3."""
+    j, r = e // 128, e % 128
+    i, l = r // 32, r % 32
+    low = (np.int32(w[o + 32 + 32 * j + l]) >> (2 * i)) & 3
+    high = (np.int32(w[o + l]) >> (4 * j + i)) & 1
+    return low + 4 * high - 4
+
+
+@numba.njit(inline="always")
+def _dot_q3_K(row, xq, xd):
+    acc = f32(0.0)
+    for b in range(xd.shape[0]):
+        o = b * 110
+        s0, s1, s2, s3 = q3_K_scales(row, o)
+        s = np.int32(0)
+        for sb in range(16):
+            t = np.int32(0)
+            for e in range(16 * sb, 16 * sb + 16):
+                t += _q3_K_q(row, o, e) * np.int32(xq[b * 256 + e])
+            s += q3_K_scale(s0, s1, s2, s3, sb) * t
+        acc += f32(s) * (f16_to_f32(row, o + 108) * xd[b])
+    return acc
+
+
+@numba.njit(**_NB)
+def q3_K_matvec(w, xp, out, r0, r1):
+    xq, xd, _ = xp
+    for i in range(r0, r1):
+        out[i] = _dot_q3_K(w[i], xq, xd)
+
+
+@numba.njit(**_NB)
+def q3_K_matmat(w, xp, out, r0, r1):
+    xq, xd, _ = xp
+    for i in range(r0, r1):
+        for c in range(xq.shape[0]):
+            out[c, i] = _dot_q3_K(w[i], xq[c], xd[c])
+
+
+# ggml's dequantize_row_q3_K (and gguf.quants): dl = d * (sc - 32), then dl * q
+@numba.njit(**_NB)
+def dequant_q3_K(w, r0, r1):
+    nb = w.shape[1] // 110
+    out = np.empty((r1 - r0, nb * 256), np.float32)
+    for i in range(r0, r1):
+        row = w[i]
+        for b in range(nb):
+            o = b * 110
+            d = f16_to_f32(row, o + 108)
+            s0, s1, s2, s3 = q3_K_scales(row, o)
+            for sb in range(16):
+                dl = d * f32(q3_K_scale(s0, s1, s2, s3, sb))
+                for e in range(16 * sb, 16 * sb + 16):
+                    out[i - r0, b * 256 + e] = dl * f32(_q3_K_q(row, o, e))
+    return out
+
+
+# ----------------------------------------------------------------------------- Q2_K
+# Q2_K = scales[16] | qs[64] | d f16 | dmin f16  (84 bytes, 256 values): element 128 j + 32 i + l
+# (l < 32) is (qs[32 j + l] >> 2 i) & 3; sub-block s (16 values) has scale scales[s] & 15 and min
+# scales[s] >> 4; value = d * sc * q - dmin * m.
+@numba.njit(inline="always")
+def _dot_q2_K(row, xq, xd, xb):
+    acc = f32(0.0)
+    for b in range(xd.shape[0]):
+        o = b * 84
+        s = np.int32(0)
+        m = np.int32(0)
+        for sb in range(16):
+            t = np.int32(0)
+            for e in range(16 * sb, 16 * sb + 16):
+                j, r = e // 128, e % 128
+                q = (np.int32(row[o + 16 + 32 * j + r % 32]) >> (2 * (r // 32))) & 3
+                t += q * np.int32(xq[b * 256 + e])
+            s += (np.int32(row[o + sb]) & 15) * t
+            m += (np.int32(row[o + sb]) >> 4) * np.int32(xb[b * 16 + sb])
+        acc += f32(s) * (f16_to_f32(row, o + 80) * xd[b]) - f32(m) * (f16_to_f32(row, o + 82) * xd[b])
+    return acc
+
+
+@numba.njit(**_NB)
+def q2_K_matvec(w, xp, out, r0, r1):
+    xq, xd, xb = xp
+    for i in range(r0, r1):
+        out[i] = _dot_q2_K(w[i], xq, xd, xb)
+
+
+@numba.njit(**_NB)
+def q2_K_matmat(w, xp, out, r0, r1):
+    xq, xd, xb = xp
+    for i in range(r0, r1):
+        for c in range(xq.shape[0]):
+            out[c, i] = _dot_q2_K(w[i], xq[c], xd[c], xb[c])
+
+
+# gguf.quants' dequantize (and ggml's dequantize_row_q2_K): dl = d * sc, ml = dmin * m, dl * q - ml
+@numba.njit(**_NB)
+def dequant_q2_K(w, r0, r1):
+    nb = w.shape[1] // 84
+    out = np.empty((r1 - r0, nb * 256), np.float32)
+    for i in range(r0, r1):
+        row = w[i]
+        for b in range(nb):
+            o = b * 84
+            d = f16_to_f32(row, o + 80)
+            dmin = f16_to_f32(row, o + 82)
+            for e in range(256):
+                sb = e // 16
+                dl = d * f32(np.int32(row[o + sb]) & 15)
+                ml = dmin * f32(np.int32(row[o + sb]) >> 4)
+                j, r = e // 128, e % 128
+                q = (np.int32(row[o + 16 + 32 * j + r % 32]) >> (2 * (r // 32))) & 3
+                out[i - r0, b * 256 + e] = dl * f32(q) - ml
+    return out

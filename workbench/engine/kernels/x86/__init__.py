@@ -1,7 +1,8 @@
 """Explicit-SIMD kernels (256-bit) for the "avx2" and "avx512-vnni" paths, by family as in ggml-cpu.
 
     legacy_quants  Q4_0, Q4_1, Q5_0, Q5_1, Q8_0          (ggml-cpu arch/x86/quants.c)
-    k_quants       Q4_K, Q5_K, Q6_K                      (arch/x86/quants.c, repack.cpp orders)
+    k_quants       Q2_K, Q3_K, Q4_K, Q5_K, Q6_K          (arch/x86/quants.c, repack.cpp orders)
+    i_quants       IQ4_NL, IQ4_XS                        (arch/x86/quants.c, repack.cpp, llamafile sgemm)
     floats         F32, F16, BF16                        (vec.cpp, llamafile sgemm)
     repack         prompt kernels over regrouped weights or activations (repack.cpp, tinyBLAS)
     blocks         block-format helpers they share
@@ -16,13 +17,13 @@ from __future__ import annotations
 
 from .. import jitcache  # noqa: F401  (before any kernel is defined)
 from ..intrinsics import AVX2, VNNI
-from . import floats, k_quants, legacy_quants
+from . import floats, i_quants, k_quants, legacy_quants
 
 MODES = {"avx2": AVX2, "avx512-vnni": VNNI}
 #: family module of each type name (the order in which tables() builds them)
-FAMILIES = (legacy_quants, k_quants, floats)
-TYPE_IDS = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8,
-            "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "BF16": 30}
+FAMILIES = (legacy_quants, k_quants, i_quants, floats)
+TYPE_IDS = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q2_K": 10, "Q3_K": 11,
+            "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "IQ4_NL": 20, "IQ4_XS": 23, "BF16": 30}
 _cache: dict[str, tuple[dict, dict]] = {}
 
 

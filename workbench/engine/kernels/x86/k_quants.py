@@ -1,4 +1,4 @@
-"""K-quants (Q4_K, Q5_K, Q6_K) as explicit SIMD (ggml-cpu arch/x86/quants.c and repack.cpp orders).
+"""K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) as explicit SIMD (ggml-cpu arch/x86/quants.c and repack.cpp orders).
 
 pmaddubsw then pmaddwd/vpdpwssd with the sub-block scales; the sub-block scales are gathered into one
 i16x16 vector per super-block and selected with constant shuffles (``madd_sv``) rather than moved one
@@ -17,6 +17,8 @@ from ..intrinsics import (b_and, b_or, b_shl, b_shr, f16_to_f32, f_zero, fmadd_i
 
 from . import repack
 from .blocks import _k4_scales
+from ..intrinsics import VNNI, b_add, i_add, madd_sc, madd_sc_s, q2_mins_lanes
+from ..k_quants import q3_K_scale, q3_K_scales
 
 
 _NB = dict(nogil=True, cache=True)
@@ -27,7 +29,7 @@ REGROUP_COLUMNS = 32
 
 
 def kernels(mode: int) -> dict:
-    """(matvec, matmat) of Q4_K, Q5_K, Q6_K for one instruction-set mode."""
+    """(matvec, matmat) of Q2_K, Q3_K, Q4_K, Q5_K, Q6_K for one instruction-set mode."""
     # Sub-block scales: one i16x16 vector per super-block (Q4_K/Q5_K: lanes 0-7 scales, 8-15 mins;
     # Q6_K: its 16 int8 scales); madd_sv picks a pair of lanes with a constant shuffle.
     @numba.njit(inline="always")
@@ -426,6 +428,145 @@ def kernels(mode: int) -> dict:
         else:
             q6_K_matmat_rows(w, xp, out, r0, r1)
 
-    return dict(Q4_K=(q4_K_matvec, q4_K_matmat), Q5_K=(q5_K_matvec, q5_K_matmat),
+    # ---- Q3_K: never repacked nor taken by llamafile's sgemm on x86, so every output is
+    # ggml_vec_dot_q3_K_q8_K (AVX2): per super-block exact i32 lanes (lane l: elements 4l..4l+3 of each
+    # 32-element chunk, pair products times the 16-element sub-block scales), one FMA with
+    # d_x * d_w into an f32x8 accumulator, hsum_float_8 at the end
+    @numba.njit(inline="always")
+    def q3_K_lanes(wf, o, xq, xo):
+        s0, s1, s2, s3 = q3_K_scales(wf, o)
+        hm = load_b32(wf, o)
+        acc = i_zero()
+        for j in range(2):
+            raw = load_b32(wf, o + 32 + 32 * j)
+            for i in range(4):
+                q = b_add(b_or(b_and(b_shr(raw, 2 * i), 3), b_shl(b_and(b_shr(hm, 4 * j + i), 1), 2)), 252)
+                sb = 8 * j + 2 * i
+                acc = madd_sc_s(mode, acc, q, load_b32(xq, xo + 128 * j + 32 * i),
+                                q3_K_scale(s0, s1, s2, s3, sb), q3_K_scale(s0, s1, s2, s3, sb + 1))
+        return acc
+
+    @numba.njit(inline="always")
+    def q3_K_dot(wf, base, nb, xq, xo, xd):
+        acc = f_zero()
+        for b in range(nb):
+            o = base + b * 110
+            acc = fmadd_i(acc, q3_K_lanes(wf, o, xq, xo + b * 256), xd[b] * f16_to_f32(wf, o + 108))
+        return hsum_f(acc)
+
+    @numba.njit(**_NB)
+    def q3_K_matvec(w, xp, out, r0, r1):
+        xq, xd, _ = xp
+        nb = xd.shape[0]
+        rb = w.shape[1]
+        wf = w.reshape(-1)
+        for i in range(r0, r1):
+            out[i] = q3_K_dot(wf, i * rb, nb, xq, 0, xd)
+
+    @numba.njit(**_NB)
+    def q3_K_matmat(w, xp, out, r0, r1):
+        xq, xd, _ = xp
+        n, k = xq.shape
+        nb = xd.shape[1]
+        rb = w.shape[1]
+        wf = w.reshape(-1)
+        xf = xq.reshape(-1)
+        for i in range(r0, r1):
+            for c in range(n):
+                out[c, i] = q3_K_dot(wf, i * rb, nb, xf, c * k, xd[c])
+
+    # ---- Q2_K.  Not repacked (AVX2 machines, or a row count that is not a multiple of 8): every output is
+    # ggml_vec_dot_q2_K_q8_K (AVX2): per super-block acc = fma(-d_x * dmin, f32(min lanes), acc), then
+    # acc = fma(d_x * d_w, f32(scaled lanes), acc), hsum_float_8 at the end.  Repacked (ggml-cpu repacks
+    # Q2_K to q2_K_8x8 on AVX-512 when rows % 8 == 0; the "avx512-vnni" path): one scalar chain per
+    # output for the scaled part and one for the mins, out = acc - accm, with one FMA per super-block
+    # (gemv: the last n % 4 columns, or all when n < 4) or per half super-block (gemm: the others).
+    repacks = mode == VNNI
+
+    @numba.njit(inline="always")
+    def q2_K_half(wf, o, xq, xo, j):
+        """i32x8 lanes of half j (values 128 j ..) of the Q2_K block at o: pmaddubsw + pmaddwd by scale."""
+        raw = load_b32(wf, o + 16 + 32 * j)
+        acc = i_zero()
+        for i in range(4):
+            s = o + 8 * j + 2 * i
+            acc = madd_sc(mode, acc, b_and(b_shr(raw, 2 * i), 3), load_b32(xq, xo + 128 * j + 32 * i),
+                          np.int32(wf[s]) & 15, np.int32(wf[s + 1]) & 15)
+        return acc
+
+    @numba.njit(inline="always")
+    def q2_K_vec(wf, base, nb, xq, xo, xd, xb, xbo):
+        acc = f_zero()
+        for b in range(nb):
+            o = base + b * 84
+            acc = fmadd_i(acc, q2_mins_lanes(wf, o, xb, xbo + b * 16), -xd[b] * f16_to_f32(wf, o + 82))
+            acc = fmadd_i(acc, i_add(q2_K_half(wf, o, xq, xo + b * 256, 0), q2_K_half(wf, o, xq, xo + b * 256, 1)),
+                          xd[b] * f16_to_f32(wf, o + 80))
+        return hsum_f(acc)
+
+    @numba.njit(inline="always")
+    def q2_K_gemv(wf, base, nb, xq, xo, xd, xb, xbo):
+        acc = f32(0.0)
+        accm = f32(0.0)
+        for b in range(nb):
+            o = base + b * 84
+            s = hsum_i(i_add(q2_K_half(wf, o, xq, xo + b * 256, 0), q2_K_half(wf, o, xq, xo + b * 256, 1)))
+            m = hsum_i(q2_mins_lanes(wf, o, xb, xbo + b * 16))
+            acc = fma_s(f32(s), f16_to_f32(wf, o + 80) * xd[b], acc)
+            accm = fma_s(f32(m), f16_to_f32(wf, o + 82) * xd[b], accm)
+        return acc - accm
+
+    @numba.njit(inline="always")
+    def q2_K_gemm(wf, base, nb, xq, xo, xd, xb, xbo):
+        acc = f32(0.0)
+        accm = f32(0.0)
+        for b in range(nb):
+            o = base + b * 84
+            dd = f16_to_f32(wf, o + 80) * xd[b]
+            dm = f16_to_f32(wf, o + 82) * xd[b]
+            for j in range(2):
+                s = hsum_i(q2_K_half(wf, o, xq, xo + b * 256, j))
+                m = np.int32(0)
+                for t in range(8 * j, 8 * j + 8):
+                    m += (np.int32(wf[o + t]) >> 4) * xb[xbo + b * 16 + t]
+                acc = fma_s(f32(s), dd, acc)
+                accm = fma_s(f32(m), dm, accm)
+        return acc - accm
+
+    @numba.njit(**_NB)
+    def q2_K_matvec(w, xp, out, r0, r1):
+        xq, xd, xb = xp
+        nb = xd.shape[0]
+        rb = w.shape[1]
+        wf = w.reshape(-1)
+        rep = repacks and w.shape[0] % 8 == 0
+        for i in range(r0, r1):
+            if rep:
+                out[i] = q2_K_gemv(wf, i * rb, nb, xq, 0, xd, xb, 0)
+            else:
+                out[i] = q2_K_vec(wf, i * rb, nb, xq, 0, xd, xb, 0)
+
+    @numba.njit(**_NB)
+    def q2_K_matmat(w, xp, out, r0, r1):
+        xq, xd, xb = xp
+        n, k = xq.shape
+        nb = xd.shape[1]
+        rb = w.shape[1]
+        k16 = xb.shape[1]
+        wf = w.reshape(-1)
+        xf = xq.reshape(-1)
+        xbf = xb.reshape(-1)
+        rep = repacks and w.shape[0] % 8 == 0
+        n_gemm = n - n % 4 if n > 3 else 0
+        for i in range(r0, r1):
+            for c in range(n):
+                if not rep:
+                    out[c, i] = q2_K_vec(wf, i * rb, nb, xf, c * k, xd[c], xbf, c * k16)
+                elif c < n_gemm:
+                    out[c, i] = q2_K_gemm(wf, i * rb, nb, xf, c * k, xd[c], xbf, c * k16)
+                else:
+                    out[c, i] = q2_K_gemv(wf, i * rb, nb, xf, c * k, xd[c], xbf, c * k16)
+
+    return dict(Q2_K=(q2_K_matvec, q2_K_matmat), Q3_K=(q3_K_matvec, q3_K_matmat), Q4_K=(q4_K_matvec, q4_K_matmat), Q5_K=(q5_K_matvec, q5_K_matmat),
                 Q6_K=(q6_K_matvec, q6_K_matmat))
 

@@ -135,9 +135,26 @@ def kernels(mode: int) -> dict:
                 out[c, i] = hsum_f(acc)
                 c += 1
 
-    q4_0_matmat = repack.q0_matmat(mode, u_q4_0, 18, 3)
+    q4_0_tiled_matmat = repack.q0_matmat(mode, u_q4_0, 18, 3)
     q5_0_matmat = repack.q0_matmat(mode, u_q5_0, 22, 4)
-    q4_0_matvec = make_offset_matvec(u_q4_0, 18, 3)
+    q4_0_vec_matvec = make_offset_matvec(u_q4_0, 18, 3)
+    q4_0_rep_matvec, q4_0_rep_matmat = repack.q4_0_repacked(mode, u_q4_0, 18, 3)
+
+    # Q4_0: llama.cpp repacks a weight whose row count is a multiple of 8 (q4_0_8x8, AVX2 / AVX-512) and
+    # then runs the repacked gemv/gemm; other weights take ggml_vec_dot_q4_0_q8_0 / tinyBLAS
+    @numba.njit(**_NB)
+    def q4_0_matvec(w, xp, out, r0, r1):
+        if w.shape[0] % 8 == 0:
+            q4_0_rep_matvec(w, xp, out, r0, r1)
+        else:
+            q4_0_vec_matvec(w, xp, out, r0, r1)
+
+    @numba.njit(**_NB)
+    def q4_0_matmat(w, xp, out, r0, r1):
+        if w.shape[0] % 8 == 0:
+            q4_0_rep_matmat(w, xp, out, r0, r1)
+        else:
+            q4_0_tiled_matmat(w, xp, out, r0, r1)
     q5_0_matvec = make_offset_matvec(u_q5_0, 22, 4)
 
     # Q8_0 matvec: one f32 chain per row in block order, written out (llama.cpp's ggml_vec_dot_q8_0_q8_0

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..intrinsics import (dot_us, f16_to_f32, f_zero, fmadd_i, hsum_f, i_zero, load_b32, load_f32x8, load_i8,
+from ..intrinsics import (dot_ss, f4_make, reduce4, f4_zero, fma4_i, fma_s, hsum_i, f4_lane, dot_us, f16_to_f32, f_zero, fmadd_i, hsum_f, i_zero, load_b32, load_f32x8, load_i8,
                           ld_u32, i_sub, load_f32x4, f4_scale, i_shl, fmadd_im, store_f32x4, bcast_b4, bcast_i32, madd16,
                           i_add, i_mul, fmadd_v, f_scale, f_sub, f_lane, fma_sv)
 
@@ -431,3 +431,117 @@ def q6_K_rows8(mode):
             c += 4 if four else 1
 
     return q6_K_tiled_rows8
+
+
+# ============================================================================= Q4_0 repacked (q4_0_8x8)
+def q4_0_repacked(mode, unpack, bsz, shift, signed=False):
+    """(matvec, matmat) of Q4_0 (or IQ4_NL: ``signed``, grid values from ``unpack``) in the float order of
+    llama.cpp's repacked kernels.
+
+    On x86 with AVX2 (or AVX-512) ggml-cpu repacks a Q4_0 weight used by mul_mat whose row count is a
+    multiple of 8 into block_q4_0x8 (repack.cpp, q4_0_8x8_q8_0) and runs ggml_gemv_q4_0_8x8_q8_0 /
+    ggml_gemm_q4_0_8x8_q8_0 on it.  Both give every output (row i, column c) one f32 chain over the
+    32-blocks b in order:  acc = fma(f32(S_ib), d_w(i, b) * d_x(c, b), acc)  with S_ib the block's exact
+    integer dot product (no lane-wise partial sums, no final horizontal sum): the order here.  The
+    vector lanes hold 4 rows at a time (the integer sums of 4 rows transposed into one i32x4 by
+    ``reduce4``), so each row's chain stays scalar and in block order; prompts reuse each unpacked block
+    of 4 rows for 4 columns.
+    """
+    @numba.njit(inline="always")
+    def lanes(m, u, x):
+        """i32x8 whose sum is the block's exact dot product: unsigned quants with the offset folded into
+        the initial lanes m (Q4_0), or signed grid values by the sign trick (IQ4_NL)."""
+        if signed:
+            return dot_ss(mode, i_zero(), u, x)
+        return dot_us(mode, m, u, x)
+
+    @numba.njit(inline="always")
+    def sums4(w, o, rb, m, xq, xo):
+        """i32x4: the exact integer dot products of the blocks at byte o of 4 consecutive rows."""
+        x = load_b32(xq, xo)
+        return reduce4(lanes(m, unpack(w, o), x), lanes(m, unpack(w, o + rb), x),
+                       lanes(m, unpack(w, o + 2 * rb), x), lanes(m, unpack(w, o + 3 * rb), x))
+
+    @numba.njit(inline="always")
+    def dw4(w, o, rb):
+        """f32x4 of the f16 block scales at byte o of 4 consecutive rows."""
+        return f4_make(f16_to_f32(w, o), f16_to_f32(w, o + rb), f16_to_f32(w, o + 2 * rb), f16_to_f32(w, o + 3 * rb))
+
+    @numba.njit(inline="always")
+    def chain1(w, i, nb, ns, no, xq, xo, dx):
+        rb = w.shape[1]
+        acc = f32(0.0)
+        for b in range(nb):
+            o = i * rb + b * bsz
+            s = hsum_i(lanes(load_i8(ns, no + b * 8), unpack(w, o), load_b32(xq, xo + b * 32)))
+            acc = fma_s(f32(s), f16_to_f32(w, o) * dx[b], acc)
+        return acc
+
+    @numba.njit(**_NB)
+    def matvec(w, xp, out, r0, r1):
+        xq, xd, n4 = xp
+        nb = xd.shape[0]
+        rb = w.shape[1]
+        ns = (n4 << shift).astype(np.int32)
+        i = r0
+        while i + 4 <= r1:
+            acc = f4_zero()
+            for b in range(nb):
+                o = i * rb + b * bsz
+                s = sums4(w, o, rb, load_i8(ns, b * 8), xq, b * 32)
+                acc = fma4_i(acc, s, f4_scale(dw4(w, o, rb), xd[b]))
+            out[i] = f4_lane(acc, 0); out[i + 1] = f4_lane(acc, 1)
+            out[i + 2] = f4_lane(acc, 2); out[i + 3] = f4_lane(acc, 3)
+            i += 4
+        while i < r1:
+            out[i] = chain1(w, i, nb, ns, 0, xq, 0, xd)
+            i += 1
+
+    @numba.njit(inline="always")
+    def col4(acc, m, u0, u1, u2, u3, xq, xo, sc):
+        x = load_b32(xq, xo)
+        s = reduce4(lanes(m, u0, x), lanes(m, u1, x), lanes(m, u2, x), lanes(m, u3, x))
+        return fma4_i(acc, s, sc)
+
+    @numba.njit(inline="always")
+    def put4(out, c, i, acc):
+        out[c, i] = f4_lane(acc, 0); out[c, i + 1] = f4_lane(acc, 1)
+        out[c, i + 2] = f4_lane(acc, 2); out[c, i + 3] = f4_lane(acc, 3)
+
+    @numba.njit(**_NB)
+    def matmat(w, xp, out, r0, r1):
+        xq, xd, n4 = xp
+        n, k = xq.shape
+        nb = xd.shape[1]
+        rb = w.shape[1]
+        k4 = n4.shape[1]
+        ns = (n4 << shift).astype(np.int32).reshape(-1)
+        xf = xq.reshape(-1)
+        c = 0
+        while c < n:
+            four = c + 4 <= n   # 4 columns share each unpacked block of 4 rows
+            i = r0
+            while i + 4 <= r1:
+                a0 = f4_zero(); a1 = f4_zero(); a2 = f4_zero(); a3 = f4_zero()
+                for b in range(nb):
+                    o = i * rb + b * bsz
+                    u0 = unpack(w, o); u1 = unpack(w, o + rb); u2 = unpack(w, o + 2 * rb); u3 = unpack(w, o + 3 * rb)
+                    d = dw4(w, o, rb)
+                    xo = c * k + b * 32
+                    no = c * k4 + b * 8
+                    a0 = col4(a0, load_i8(ns, no), u0, u1, u2, u3, xf, xo, f4_scale(d, xd[c, b]))
+                    if four:
+                        a1 = col4(a1, load_i8(ns, no + k4), u0, u1, u2, u3, xf, xo + k, f4_scale(d, xd[c + 1, b]))
+                        a2 = col4(a2, load_i8(ns, no + 2 * k4), u0, u1, u2, u3, xf, xo + 2 * k, f4_scale(d, xd[c + 2, b]))
+                        a3 = col4(a3, load_i8(ns, no + 3 * k4), u0, u1, u2, u3, xf, xo + 3 * k, f4_scale(d, xd[c + 3, b]))
+                put4(out, c, i, a0)
+                if four:
+                    put4(out, c + 1, i, a1); put4(out, c + 2, i, a2); put4(out, c + 3, i, a3)
+                i += 4
+            while i < r1:
+                for j in range(c, c + 4 if four else c + 1):
+                    out[j, i] = chain1(w, i, nb, ns, j * k4, xf, j * k, xd[j])
+                i += 1
+            c += 4 if four else 1
+
+    return matvec, matmat
