@@ -212,3 +212,15 @@ def test_expert_split_hook_gives_the_same_results(moe_file):
     finally:
         eng.rt.set_layout(eng.layout._base if isinstance(eng.layout, _OwnedExperts) else eng.layout, eng.pool)
         eng.close()
+
+
+def test_active_bytes_per_token(moe_file):
+    eng = Engine.load(moe_file)
+    try:
+        ts = eng.gguf.tensors
+        exps = sum(t.nbytes for n, t in ts.items() if "_exps." in n)
+        other = sum(t.nbytes for n, t in ts.items() if "_exps." not in n)
+        # tied embedding: the output product reads it whole
+        assert eng.model.active_bytes_per_token() == other + exps * eng.cfg.n_expert_used // eng.cfg.n_expert
+    finally:
+        eng.close()

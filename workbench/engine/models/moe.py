@@ -201,6 +201,19 @@ class MoEDecoder(Decoder):
             if got != shape:
                 raise ModelLoadError(f"{name} has shape {list(got)}, expected {list(shape)} (shape mismatch)")
 
+    def active_bytes_per_token(self) -> int:
+        """Weight bytes one decoded token reads: every tensor but the embedding table (one row)
+        and the routed experts, of which only n_expert_used of n_expert are read per layer."""
+        c, total = self.cfg, 0
+        for name, t in self.rt.gguf.tensors.items():
+            if name == "token_embd.weight" and self.output_name != name:
+                total += t.row_bytes
+            elif "_exps." in name and len(t.shape) == 3:
+                total += t.nbytes * c.n_expert_used // c.n_expert
+            else:
+                total += t.nbytes
+        return total
+
     # -- forward ---------------------------------------------------------------------
     def attention(self, il: int, h: np.ndarray, kv: KVCache, pos0: int, positions: np.ndarray,
                   ropes: dict) -> np.ndarray:
