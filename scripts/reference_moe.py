@@ -7,9 +7,9 @@ llama.cpp (llama-cpp-python, as scripts/reference.py does) with greedy decoding,
 llama.cpp's tokens and first-step top logits are stored in ``tests/data/moe_golden.json``
 together with each file's spec and sha256 (the test rebuilds the same bytes and checks them).
 
-Models: qwen3moe (Q8_0 and Q4_K), a Mixtral-style llama file (Q8_0), deepseek2 with a
-plain attn_q, with q-LoRA, and V3-style (sigmoid gating, selection bias, expert groups,
-normalised and scaled weights, YaRN).
+Models: qwen3moe (Q8_0 and Q4_K, 8 experts; Q8_0 with 32), a Mixtral-style llama file
+(Q8_0), deepseek2 with a plain attn_q, with q-LoRA, with fused gate/up experts, with 32 experts in 4 softmax groups, and
+V3-style (sigmoid gating, selection bias, expert groups, normalised and scaled weights, YaRN).
 
 Rerun (llama-cpp-python lives in its own venv, see scripts/reference.py)::
 
@@ -50,8 +50,19 @@ MODELS: dict[str, dict] = {
     "qwen3moe-q8_0": dict(arch="qwen3moe", qtype=8, seed=11, **_MOE),
     "qwen3moe-q4_k": dict(arch="qwen3moe", qtype=12, seed=12, **_MOE),
     "mixtral-q8_0": dict(arch="llama", qtype=8, seed=13, **_MOE),
+    # K-quants that x86 llama.cpp does not repack: an expert with >= 8 of a batch's tokens takes
+    # ggml's tiled mul_mat_id (ggml-cpu/tiled), fewer take vec_dot
+    "qwen3moe-q6_k": dict(arch="qwen3moe", qtype=14, seed=20, **_MOE),
+    "qwen3moe-q5_k": dict(arch="qwen3moe", qtype=13, seed=21, **_MOE),
     "deepseek2-q8_0": dict(qtype=8, seed=14, **_DS),
     "deepseek2-qlora-q8_0": dict(qtype=8, seed=15, q_lora_rank=64, weights_norm=True, **_DS),
+    # 32 experts: the router's softmax takes ggml's 16-lane exp blocks (8 experts are all leftovers)
+    "qwen3moe-e32-q8_0": dict(arch="qwen3moe", qtype=8, seed=17, tied=False, n_expert=32, n_expert_used=4,
+                              n_ff=256, n_ff_exp=64),
+    "deepseek2-e32-groups-q8_0": dict(qtype=8, seed=18, q_lora_rank=64, n_groups=4, n_group_used=2, weights_norm=True,
+                                      **{**_DS, "n_expert": 32, "n_expert_used": 4}),
+    # converted with --fuse-gate-up-exps: one ffn_gate_up_exps tensor per MoE layer
+    "deepseek2-fused-q8_0": dict(qtype=8, seed=19, q_lora_rank=64, fuse_gate_up=True, **_DS),
     "deepseek2-v3-q8_0": dict(qtype=8, seed=16, q_lora_rank=64, gating=2, probs_bias=True, n_groups=4, n_group_used=2,
                               weights_norm=True, weights_scale=2.5, yarn=(4.0, 64, 0.707), **_DS),
 }
@@ -59,6 +70,8 @@ PROMPTS = [
     [2, 270, 262, 280, 265],
     [2, 270, 262, 280, 265, 285, 271, 268, 288, 262, 275, 281],
     [2, 267, 263, 272, 279, 262, 264, 283, 270, 266, 261, 287, 277, 263, 269, 284, 262, 276, 273, 282],
+    # 48 tokens: at 2 of 8 experts, experts get 8 or more of the batch's tokens
+    [2] + [260 + (7 * i) % 30 for i in range(47)],
 ]
 
 

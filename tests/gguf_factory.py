@@ -58,6 +58,7 @@ class TinySpec:
     n_expert_used: int = 0
     n_ff_exp: int = 0
     router_scale: float = 0.25
+    fuse_gate_up: bool = False    # one ffn_gate_up_exps (same weights as the separate pair)
     # deepseek2 (multi-head latent attention)
     q_lora_rank: int = 0          # 0: a plain attn_q
     kv_lora_rank: int = 64
@@ -210,12 +211,25 @@ def write_tiny_model(path: str | os.PathLike, spec: TinySpec, split_max_tensors:
         if reference:
             ref[name] = dequant(data, qtype).reshape(rows, ne0)
 
+    held: dict[str, np.ndarray] = {}
+
     def experts(name: str, n_exp: int, rows: int, ne0: int, qtype: T = spec.qtype, scale: float = 0.05) -> None:
-        """A 3-D expert tensor: GGUF shape [ne0, rows, n_exp] (numpy [n_exp, rows, ne0])."""
-        data = random_tensor(qtype, n_exp * rows, ne0, rng, scale)
-        w.add_tensor(name, data.reshape(n_exp, rows, -1), raw_dtype=qtype if qtype not in (T.F32, T.F16) else None)
+        """A 3-D expert tensor: GGUF shape [ne0, rows, n_exp] (numpy [n_exp, rows, ne0]). With
+        spec.fuse_gate_up, gate is held back and written with up as ffn_gate_up_exps (each
+        expert's gate rows, then its up rows), the reference keeping the two apart."""
+        data = random_tensor(qtype, n_exp * rows, ne0, rng, scale).reshape(n_exp, rows, -1)
         if reference:  # (benchmark-sized files skip the float64 copy)
-            ref[name] = dequant(data, qtype).reshape(n_exp, rows, ne0)
+            ref[name] = dequant(data.reshape(n_exp * rows, -1), qtype).reshape(n_exp, rows, ne0)
+        raw = qtype if qtype not in (T.F32, T.F16) else None
+        if spec.fuse_gate_up and name.endswith("ffn_gate_exps.weight"):
+            held[name] = data
+            return
+        if spec.fuse_gate_up and name.endswith("ffn_up_exps.weight"):
+            gate = held.pop(name.replace("ffn_up_exps", "ffn_gate_exps"))
+            w.add_tensor(name.replace("ffn_up_exps", "ffn_gate_up_exps"), np.concatenate([gate, data], axis=1),
+                         raw_dtype=raw)
+            return
+        w.add_tensor(name, data, raw_dtype=raw)
 
     def vec(name: str, n: int, base: float = 1.0) -> None:
         data = (base + rng.standard_normal(n) * 0.1).astype(np.float32)

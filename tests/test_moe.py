@@ -292,3 +292,25 @@ def test_step_imbalance_of_owned_experts_is_measured_per_layer_step():
     snap = st.snapshot()
     assert snap.node_bytes == {0: 400.0, 1: 400.0} and snap.imbalance == 1.0  # even over the window ...
     assert snap.step_imbalance == pytest.approx((1.5 + 1.5) / 2)             # ... but not per step
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "deepseek2"])
+def test_fused_gate_up_experts_give_the_same_logits(tmp_path, arch):
+    """A file converted with --fuse-gate-up-exps (one ffn_gate_up_exps per layer) computes the same
+    logits, bit for bit, as the file with separate gate and up experts holding the same weights."""
+    if arch == "deepseek2":
+        kw = dict(n_layer=3, n_head=4, head_dim=64, n_ff=256, n_ff_exp=64, n_expert=8, n_expert_used=2, q_lora_rank=64)
+    else:
+        kw = dict(n_expert=8, n_expert_used=2, n_ff=256, n_ff_exp=256)
+    outs = []
+    for fused in (False, True):
+        path = tmp_path / f"{arch}-{fused}.gguf"
+        write_tiny_model(path, TinySpec(arch=arch, qtype=T.Q8_0, seed=5, fuse_gate_up=fused, **kw))
+        eng = Engine.load(str(path))
+        try:
+            assert eng.rt.has("blk.1.ffn_gate_up_exps.weight") == fused
+            s = eng.new_session(64)
+            outs.append((s.eval(IDS, logit_rows=slice(0, len(IDS))), s.eval([281])))
+        finally:
+            eng.close()
+    assert all(np.array_equal(a, b) for a, b in zip(*outs))

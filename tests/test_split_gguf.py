@@ -65,3 +65,19 @@ def test_split_errors_are_one_line(models, tmp_path):
     os.link(parts[1], tmp_path / os.path.basename(parts[2]))
     with pytest.raises(ModelLoadError, match="out of order"):
         read_gguf(tmp_path / os.path.basename(parts[0]))
+
+
+def test_cli_generates_from_a_split_moe_model_and_refuses_a_later_part(models):
+    import subprocess
+    import sys
+
+    _whole, parts = models
+    run = lambda *a: subprocess.run([sys.executable, "-m", "workbench", *a], capture_output=True,  # noqa: E731
+                                    text=True, timeout=600)
+    r = run("generate", "-m", parts[0], "-p", "the cat", "-n", "4", "--temp", "0", "-t", "1")
+    assert r.returncode == 0, r.stderr
+    assert "decode:" in r.stdout
+    r = run("generate", "-m", parts[2], "-p", "the cat", "-n", "4")
+    assert r.returncode != 0
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and "pass the first part" in err[0] and "Traceback" not in r.stderr

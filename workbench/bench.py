@@ -286,7 +286,7 @@ for ev in s.generate(ids, SamplingParams(temperature=0.0), n_gen):
     n += 1
 end = status()
 print(json.dumps({"baseline_rss": baseline, "peak_rss": end["VmHWM"], "end_rss": end["VmRSS"],
-                  "file_bytes": os.path.getsize(path), "kv_bytes": s.kv.nbytes, "n_ctx": s.n_ctx,
+                  "file_bytes": eng.gguf.file_size, "kv_bytes": s.kv.nbytes, "n_ctx": s.n_ctx,
                   "n_gen": n_gen}))
 """
 

@@ -99,7 +99,7 @@ def config_from_metadata(md: dict[str, Any], n_vocab: int) -> ModelConfig:
     head_dim_v = int(get("attention.value_length", head_dim))
     n_layer = int(get("block_count"))
     for what, v in (("embedding_length", n_embd), ("head_count", n_head), ("block_count", n_layer),
-                    ("key_length", head_dim)):
+                    ("key_length", head_dim), ("value_length", head_dim_v)):
         if not 0 < v < 1 << 20:
             raise ModelLoadError(f"model metadata {arch}.{what} = {v} is out of range")
     if n_head_kv <= 0 or n_head % n_head_kv:

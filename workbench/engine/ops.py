@@ -249,10 +249,16 @@ def gelu_mul(g: np.ndarray, u: np.ndarray, out: np.ndarray, table: np.ndarray) -
 
 @nb.njit(**_JIT)
 def silu_mul(g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
-    """out = silu(g) * u (SwiGLU)."""
+    """out = silu(g) * u (SwiGLU) as ggml_vec_swiglu_f32 on AVX-512: ggml_v_silu, x / (1 +
+    ggml_v_expf(-x)), on blocks of 16, expf on a row's last d % 16 values (rows passed whole, or
+    from a multiple of 16: the blocks are counted from the start of what is passed)."""
     n, d = g.shape
+    d16 = d - d % 16
     for i in range(n):
-        for j in range(d):
+        for j in range(d16):
+            x = g[i, j]
+            out[i, j] = (x / (np.float32(1.0) + ggml_expf(-x))) * u[i, j]
+        for j in range(d16, d):
             x = g[i, j]
             out[i, j] = (x / (np.float32(1.0) + np.float32(math.exp(-x)))) * u[i, j]
 

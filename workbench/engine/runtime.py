@@ -545,11 +545,12 @@ class Runtime:
             self._eplans[key] = plan
         return plan
 
-    def moe(self, x: np.ndarray, gate: str, up: str, down: str, experts: np.ndarray, weights: np.ndarray,
+    def moe(self, x: np.ndarray, gate: str | None, up: str, down: str, experts: np.ndarray, weights: np.ndarray,
             activation: str = "silu") -> np.ndarray:
         """The routed experts' gated FFN: x [n, n_embd] float32, experts [n, k] (ids, in slot order),
         weights [n, k] float32 -> [n, n_embd] = sum over slots i (in order) of
-        weights[:, i] * down_e(act(gate_e x) * up_e x), e = experts[:, i].
+        weights[:, i] * down_e(act(gate_e x) * up_e x), e = experts[:, i]. gate None: `up` is a
+        fused ffn_gate_up_exps (each expert's gate rows, then its up rows).
 
         As ggml's mul_mat_id: tokens are grouped by expert so each routed expert's rows are read once
         per call (only the routed experts are read); every output is one vec_dot per (row, token)
@@ -569,7 +570,12 @@ class Runtime:
         for r, e in enumerate(ids.reshape(-1).tolist()):
             rows.setdefault(e, []).append(r)
         groups = [(e, np.array(rs, dtype=np.int64) // k, np.array(rs, dtype=np.int64)) for e, rs in rows.items()]
-        g, u = self._expert_products((gate, up), x, groups, n * k)
+        if gate is None:
+            (gu,) = self._expert_products((up,), x, groups, n * k)
+            half = gu.shape[1] // 2
+            g, u = np.ascontiguousarray(gu[:, :half]), np.ascontiguousarray(gu[:, half:])
+        else:
+            g, u = self._expert_products((gate, up), x, groups, n * k)
         a = np.empty_like(g)
         if activation == "gelu":
             ops.gelu_mul(g, u, a, ops.GELU_F16)

@@ -160,6 +160,9 @@ class MoEDecoder(Decoder):
     def is_moe_layer(self, il: int) -> bool:
         return self.rt.has(f"blk.{il}.ffn_gate_inp.weight")
 
+    def fused_gate_up(self, il: int) -> bool:
+        return self.rt.has(f"blk.{il}.ffn_gate_up_exps.weight")
+
     def attention_tensors(self, il: int) -> list[str]:
         names = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output"]
         if self.qk_norm:
@@ -169,7 +172,9 @@ class MoEDecoder(Decoder):
     def layer_tensors(self, il: int) -> list[str]:
         names = self.attention_tensors(il) + ["ffn_norm"]
         if self.is_moe_layer(il):
-            names += ["ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"]
+            names += ["ffn_gate_inp", "ffn_down_exps"]
+            # gate and up as two tensors, or fused (convert_hf_to_gguf.py --fuse-gate-up-exps)
+            names += ["ffn_gate_up_exps"] if self.fused_gate_up(il) else ["ffn_gate_exps", "ffn_up_exps"]
             if self.cfg.n_expert_shared:
                 names += ["ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"]
         else:
@@ -183,8 +188,11 @@ class MoEDecoder(Decoder):
             if self.is_moe_layer(il):
                 p = f"blk.{il}."
                 out[p + "ffn_gate_inp.weight"] = (c.n_embd, c.n_expert)
-                out[p + "ffn_gate_exps.weight"] = (c.n_embd, c.n_ff_exp, c.n_expert)
-                out[p + "ffn_up_exps.weight"] = (c.n_embd, c.n_ff_exp, c.n_expert)
+                if self.fused_gate_up(il):
+                    out[p + "ffn_gate_up_exps.weight"] = (c.n_embd, 2 * c.n_ff_exp, c.n_expert)
+                else:
+                    out[p + "ffn_gate_exps.weight"] = (c.n_embd, c.n_ff_exp, c.n_expert)
+                    out[p + "ffn_up_exps.weight"] = (c.n_embd, c.n_ff_exp, c.n_expert)
                 out[p + "ffn_down_exps.weight"] = (c.n_ff_exp, c.n_embd, c.n_expert)
         return out
 
@@ -247,8 +255,11 @@ class MoEDecoder(Decoder):
         ids, w = self.router(il, h)
         if self.tap:
             self.tap(f"ffn_moe_topk-{il}", ids); self.tap(f"ffn_moe_weights-{il}", w)
-        out = rt.moe(h, p + "ffn_gate_exps.weight", p + "ffn_up_exps.weight", p + "ffn_down_exps.weight",
-                     ids, w, self.activation)
+        if self.fused_gate_up(il):
+            gate, up = None, p + "ffn_gate_up_exps.weight"
+        else:
+            gate, up = p + "ffn_gate_exps.weight", p + "ffn_up_exps.weight"
+        out = rt.moe(h, gate, up, p + "ffn_down_exps.weight", ids, w, self.activation)
         if rt.has(p + "ffn_up_shexp.weight"):
             _g, _u, a = rt.gated(h, p + "ffn_gate_shexp.weight", p + "ffn_up_shexp.weight", self.activation)
             (s,) = rt.linear(a, (p + "ffn_down_shexp.weight",))
