@@ -265,6 +265,11 @@ def test_prefix_reuse_only_for_a_continuation(eng):
         sch.submit(other)
         assert c3.done.wait(60)
         assert other.reused == 0
+        # and so is the same prompt again (its numbers stay those of a fresh session)
+        again, c4 = _req(PROMPTS[2][:3] + [290, 291], 4, stop_ids=set())
+        sch.submit(again)
+        assert c4.done.wait(60)
+        assert again.reused == 0 and c4.last.tokens == c3.last.tokens
     finally:
         sch.close()
 

@@ -210,11 +210,14 @@ class Scheduler:
     One thread runs the loop: take queued requests into free slots, process one piece of one
     prompt, then one batched pass for every slot that is decoding; requests leave between passes.
     A request that continues a slot's previous request (its prompt starts with that whole
-    prompt) reuses the slot's cache; any other prompt is processed in full, so its numbers are
-    those of `Session.generate` on a fresh session.
+    prompt and goes on, as the next turn of a chat does) reuses the slot's cache, as `Chat`
+    does; any other prompt is processed in full, so its numbers are those of
+    `Session.generate` on a fresh session.
     """
 
     def __init__(self, engine: Engine, n_parallel: int = 4, n_ctx: int = 4096, max_queue: int = 64):
+        """`n_parallel` slots of `n_ctx` tokens each (KV caches placed as the engine's sessions);
+        up to `max_queue` requests may wait for a slot."""
         if n_parallel < 1:
             raise ValueError(f"n_parallel must be >= 1 (got {n_parallel})")
         self.engine = engine
@@ -256,7 +259,7 @@ class Scheduler:
         with self._cv:
             if not self._accepting:
                 raise ShuttingDownError("the server is shutting down")
-            if len(self._queue) >= self.max_queue:
+            if self.running + len(self._queue) >= self.n_parallel + self.max_queue:
                 raise QueueFullError(f"all {self.n_parallel} slots are busy and {len(self._queue)} "
                                      "requests are waiting")
             if not req.id:
@@ -363,8 +366,10 @@ class Scheduler:
         return n
 
     def _reusable(self, slot: _Slot, prompt: list[int]) -> int:
-        """Cached tokens a prompt may reuse: only when it continues the slot's last request."""
-        if not slot.prompt or len(prompt) < len(slot.prompt) or prompt[:len(slot.prompt)] != slot.prompt:
+        """Cached tokens a prompt may reuse: only when it continues the slot's last request (starts
+        with its whole prompt and goes on). Any other prompt, the same one again included, is
+        processed in full, so that its numbers are those of a fresh `Session.generate`."""
+        if not slot.prompt or len(prompt) <= len(slot.prompt) or prompt[:len(slot.prompt)] != slot.prompt:
             return 0
         return min(self._common(slot.session.tokens, prompt), len(prompt) - 1)
 

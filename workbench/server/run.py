@@ -83,3 +83,40 @@ def serve(args: argparse.Namespace) -> int:
             sched.close(timeout=0)
         eng.close()
     return 0
+
+
+class BackgroundServer:
+    """Serve an app from a thread of this process (tests, or the workbench app serving its engine):
+    `start()` returns once the port listens; `stop()` asks uvicorn to finish and waits."""
+
+    def __init__(self, state: ServerState, host: str = "127.0.0.1", port: int = 0, shutdown_timeout: float = 5.0):
+        import socket
+        if port == 0:
+            with socket.socket() as s:
+                s.bind((host, 0))
+                port = s.getsockname()[1]
+        self.state, self.host, self.port = state, host, port
+        config = uvicorn.Config(create_app(state), host=host, port=port, log_level="warning", lifespan="off",
+                                timeout_graceful_shutdown=shutdown_timeout, access_log=False)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="numawb-http", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> "BackgroundServer":
+        import time
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the server did not start on {self.url}")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self.state.shutting_down = True
+        self.state.scheduler.stop_accepting()
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
