@@ -28,7 +28,10 @@ import numpy as np
 
 from . import kernels, ops
 from .engine import ContextFullError, DoneEvent, Engine, Session, Stats, TokenEvent
+from .attention import one_token_attention
+from .crew import Crew
 from .kv_cache import KVCache
+from .runtime import SKIP_SLID_VALUES, USE_CREW
 from .sampling import Sampler, SamplingParams
 from .tokenizer import StreamDecoder
 
@@ -80,8 +83,41 @@ class _BatchRuntime:
 
     def attention(self, q, k, v, kv, il, pos0, window, scale):
         rt = self._rt
-        return np.concatenate([rt.attention(q[i:i + 1], k[i:i + 1], v[i:i + 1], c, il, c.n, window, scale)
+        return np.concatenate([self._one(q[i:i + 1], k[i:i + 1], v[i:i + 1], c, il, window, scale)
                                for i, c in enumerate(self._caches)])
+
+    def _one(self, q, k, v, kv: KVCache, il: int, window: int, scale: float) -> np.ndarray:
+        """One row's attention over its own cache at its own position: the one-token attention in
+        one compiled call on this thread (a cache on one node), else the runtime's general path
+        for one token; both are the single-sequence decode's operations in its order."""
+        rt = self._rt
+        pos0 = kv.n
+        if kv.n_workers != 1 or not USE_CREW:
+            return rt.attention(q, k, v, kv, il, pos0, window, scale)
+        jobs = kv.jobs.get(il)
+        if jobs is None:
+            jobs = kv.jobs[il] = rt._attention_jobs(kv, il, q.shape[1] // kv.cfg.n_head_kv)
+        keys, values = ((job.tasks, job.chunks, job.n_owned) for job in jobs)
+        start = max(pos0 - window + 1, 0) if window else 0
+        base = start // 64 * 64 if SKIP_SLID_VALUES else 0
+        crew = _solo_crew(rt.pool)
+        out, ok = one_token_attention(crew.lead)(crew.ctl, 1, keys, values, q[0], k[0], v[0], kv.k[il][0],
+                                                 kv.v[il][0], pos0, window, scale, start, base, kv.cap)
+        if not ok:
+            raise RuntimeError("attention failed")
+        return out.reshape(1, q.shape[1], -1)
+
+
+_SOLO: dict[int, Crew] = {}
+
+
+def _solo_crew(pool) -> Crew:
+    """A one-worker crew: its compiled jobs run on the calling thread (no workers launched)."""
+    crew = _SOLO.get(id(pool))
+    if crew is None or crew.pool is not pool:
+        crew = _SOLO[id(pool)] = Crew(pool, 1)
+        crew.start()
+    return crew
 
 
 class _BatchKV:
