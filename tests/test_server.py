@@ -245,7 +245,7 @@ def test_client_mistakes_get_openai_errors(srv):
         c.chat.completions.create(model="gpt-4o", messages=ok)
     with pytest.raises(openai.BadRequestError):
         c.completions.create(model=srv.state.model_id, prompt="x", temperature=-3)
-    assert srv.state.scheduler.running == 0
+    _until(lambda: srv.state.scheduler.running == 0 and srv.state.scheduler.queued == 0)
 
 
 def test_api_key_on_every_request(eng):

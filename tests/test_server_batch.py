@@ -254,6 +254,18 @@ def test_scheduler_close_cancels_running(eng):
     assert not sch._thread.is_alive()
 
 
+def test_zero_tokens_processes_the_prompt_only(eng):
+    sch = Scheduler(eng, n_parallel=1, n_ctx=128)
+    try:
+        r, c = _req(PROMPTS[0], 0)
+        sch.submit(r)
+        assert c.done.wait(60)
+        assert c.last.tokens == [] and c.last.stats.stop_reason == "length"
+        assert c.last.stats.prompt_tokens == len(PROMPTS[0])
+    finally:
+        sch.close()
+
+
 def test_stop_strings_are_cut_and_never_sent(eng):
     free, fc = _req(PROMPTS[0], 24, stop_ids=set())
     sch = Scheduler(eng, n_parallel=2, n_ctx=128)

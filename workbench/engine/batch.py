@@ -559,7 +559,10 @@ class Scheduler:
                 self.prompt_tokens_total += req.stats.prompt_tokens
                 req.state = "decode"
                 req._logits = logits
-                self._sample(slot)
+                if req.n_predict == 0:  # the prompt only (as generate -n 0)
+                    self._finish(slot, reason="length")
+                else:
+                    self._sample(slot)
         # one pass for every sequence with a token to feed
         rows = [s for s in self.slots if s.request is not None and s.request.state == "decode"
                 and s.request._next >= 0]
