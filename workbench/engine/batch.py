@@ -153,31 +153,45 @@ class _BatchRuntime:
         return getattr(self._rt, name)
 
     def linear(self, x: np.ndarray, names: tuple[str, ...]) -> list[np.ndarray]:
+        """A group of products over n rows in one hand-off to the workers (each its own row
+        range of each weight, as `Runtime.linear`): Q8_0 by q8_0_rows_vnni on VNNI; other types
+        by matmat in pieces of at most `exact_columns` rows (F16: matvec row by row)."""
         rt = self._rt
+        x = np.ascontiguousarray(x)
         n = x.shape[0]
-        types = {rt.weights[name].ggml_type for name in names}
-        if n > 1 and types == {kernels.Q8_0} and kernels.kernel_path() == "avx512-vnni":
-            return self._q8_0(x, names)
-        step = max(exact_columns(types), 1)
-        if step >= n:
-            return rt.linear(x, names)
-        parts = [rt.linear(np.ascontiguousarray(x[a:a + step]), names) for a in range(0, n, step)]
-        return [np.concatenate([p[j] for p in parts]) for j in range(len(names))]
-
-    def _q8_0(self, x: np.ndarray, names: tuple[str, ...]) -> list[np.ndarray]:
-        """A group of Q8_0 products (the output matrix) with q8_0_rows_vnni, each worker its rows."""
-        rt = self._rt
         group = rt._group(names)
-        n = x.shape[0]
-        xq, xd, _ = kernels.prepare(kernels.Q8_0, np.ascontiguousarray(x))
-        xu = xq.view(np.uint8) ^ np.uint8(0x80)
+        if x.shape[1] != group.ne0:
+            raise ValueError(f"input width {x.shape[1]} != row length {group.ne0}")
+        types = [t for t, _, _ in group.jobs]
+        xps = [kernels.prepare(t, x) for t in group.prep_types]
         outs = [np.empty((n, rows), dtype=np.float32) for rows in group.rows]
+        if set(types) == {kernels.Q8_0} and kernels.kernel_path() == "avx512-vnni":
+            xq, xd, _ = xps[0]
+            xu = xq.view(np.uint8) ^ np.uint8(0x80)
+
+            def work(wk: int) -> None:
+                for (_, plan, _), out in zip(group.jobs, outs):
+                    arr, first, lo, hi = plan[wk]
+                    if hi > lo:
+                        q8_0_rows_vnni(arr, xu, xd, _ONES, out[:, first:first + arr.shape[0]], lo - first,
+                                       hi - first)
+            rt.each_worker(work)
+            return outs
+        step = exact_columns(types)
+        pieces = [(a, min(a + max(step, 1), n)) for a in range(0, n, max(step, 1))]
 
         def work(wk: int) -> None:
-            for (_, plan, _), out in zip(group.jobs, outs):
+            for (qtype, plan, p), out in zip(group.jobs, outs):
                 arr, first, lo, hi = plan[wk]
-                if hi > lo:
-                    q8_0_rows_vnni(arr, xu, xd, _ONES, out[:, first:first + arr.shape[0]], lo - first, hi - first)
+                if hi <= lo:
+                    continue
+                part = out[:, first:first + arr.shape[0]]
+                for a, b in pieces:
+                    if step == 0:  # one row: the one-token kernel
+                        kernels.matvec(qtype, arr, tuple(t[a] for t in xps[p]), part[a], lo - first, hi - first)
+                    else:
+                        kernels.matmat(qtype, arr, tuple(t[a:b] for t in xps[p]), part[a:b], lo - first,
+                                       hi - first)
         rt.each_worker(work)
         return outs
 
@@ -323,6 +337,7 @@ class Request:
     _sent: str = ""                      # text given out
     _held: str = ""                      # text held back: it may be the start of a stop string
     _logits: np.ndarray | None = None
+    _t_dec: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -558,6 +573,7 @@ class Scheduler:
             if req._fed >= len(req.prompt):
                 self.prompt_tokens_total += req.stats.prompt_tokens
                 req.state = "decode"
+                req._t_dec = time.perf_counter()
                 req._logits = logits
                 if req.n_predict == 0:  # the prompt only (as generate -n 0)
                     self._finish(slot, reason="length")
@@ -581,7 +597,6 @@ class Scheduler:
                 self._recent.popleft()
             for s, lg in zip(rows, logits):
                 r = s.request
-                r.stats.decode_seconds += dt
                 r._logits = lg
                 r._next = -1
                 self._sample(s)
@@ -673,6 +688,8 @@ class Scheduler:
         st = req.stats
         st.stop_reason = reason
         st.decode_tokens = max(len(req.out) - 1, 0)
+        # as Session.generate: the wall time from the end of the prompt to the last token
+        st.decode_seconds = time.perf_counter() - req._t_dec if st.decode_tokens and req._t_dec else 0.0
         if reason == "cancelled":
             self.requests_cancelled += 1
         else:
