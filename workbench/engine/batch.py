@@ -205,7 +205,7 @@ class _BatchRuntime:
         return g, u, a
 
     def attention(self, q, k, v, kv, il, pos0, window, scale):
-        rt = self._rt
+        # (pos0 is the batch stand-in; each row attends at its own cache position)
         return np.concatenate([self._one(q[i:i + 1], k[i:i + 1], v[i:i + 1], c, il, window, scale)
                                for i, c in enumerate(self._caches)])
 

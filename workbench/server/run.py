@@ -33,6 +33,13 @@ class _Server(uvicorn.Server):
             for s, h in old.items():
                 signal.signal(s, h)
 
+    banner = ""
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if self.started and self.banner:  # only once the port listens
+            print(self.banner, file=sys.stderr, flush=True)
+
     def handle_exit(self, sig, frame) -> None:
         if self.state is not None:  # new requests get 503 from now on; running ones go on
             self.state.shutting_down = True
@@ -69,8 +76,8 @@ def serve(args: argparse.Namespace) -> int:
                                 access_log=False)
         server = _Server(config)
         server.state = state
-        print(f"numawb: serving {state.model_id} on http://{args.host}:{args.port} "
-              f"({args.parallel} slots x {sched.n_ctx} tokens)", file=sys.stderr, flush=True)
+        server.banner = (f"numawb: serving {state.model_id} on http://{args.host}:{args.port} "
+                         f"({args.parallel} slots x {sched.n_ctx} tokens)")
         try:
             server.run()
         except SystemExit:  # uvicorn exits when it cannot bind
