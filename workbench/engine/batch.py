@@ -471,7 +471,8 @@ class Scheduler:
             self._accepting = False
 
     def close(self, timeout: float = 10.0) -> None:
-        """Stop accepting; let requests finish for up to `timeout` seconds, cancel the rest."""
+        """Stop accepting; let requests finish for up to `timeout` seconds, cancel the rest, and
+        release the slots' KV caches."""
         self.stop_accepting()
         deadline = time.perf_counter() + timeout
         while (self.running or self.queued) and time.perf_counter() < deadline and self._thread.is_alive():
@@ -482,6 +483,10 @@ class Scheduler:
             self._stop = True
             self._cv.notify()
         self._thread.join(timeout=30)
+        if not self._thread.is_alive():
+            with self.engine.lock:  # the slots' KV caches go back now, not at garbage collection
+                for s in self.slots:
+                    s.session.close()
 
     # -- the loop ----------------------------------------------------------------
     def _run(self) -> None:
