@@ -178,6 +178,8 @@ class _BatchRuntime:
             rt.each_worker(work)
             return outs
         step = exact_columns(types)
+        if n < 8 and set(types) <= {kernels.Q4_0, kernels.Q5_0}:
+            step = 0  # their matmat tiles are 8 columns wide: below that, row by row is cheaper
         pieces = [(a, min(a + max(step, 1), n)) for a in range(0, n, max(step, 1))]
 
         def work(wk: int) -> None:
