@@ -52,12 +52,38 @@ def test_exact_columns_table(t):
         assert not same[limit], f"{t.name}: the limit {limit} is not needed"
 
 
+@pytest.mark.parametrize("path", K.available_paths())
+def test_q8_0_batch_kernel_equals_matvec(path):
+    """The many-row Q8_0 product (u8-offset activations on VNNI) gives matvec's bits, extremes included."""
+    from workbench.engine.batch import q8_0_batch
+    prev = K.kernel_path()
+    K.set_kernel_path(path)
+    try:
+        w = _weights(T.Q8_0, rows=37, k=640)
+        w.reshape(37, 20, 34)[0, :, 2:] = np.uint8(0x81)  # quants of -127
+        w.reshape(37, 20, 34)[1, :, 2:] = np.uint8(127)
+        X = np.random.default_rng(2).standard_normal((N_MAX, 640)).astype(np.float32)
+        X[1] = 50.0
+        X[2, ::2] = -50.0
+        ref = np.empty((N_MAX, 37), np.float32)
+        for c in range(N_MAX):
+            K.matvec(int(T.Q8_0), w, K.prepare(int(T.Q8_0), X[c]), ref[c], 0, 37)
+        for n in (1, 3, 4, 5, 8, 9, 12):
+            out = np.full((n, 37), np.nan, np.float32)
+            q8_0_batch(w, X[:n], out, 0, 20)
+            q8_0_batch(w, X[:n], out, 20, 37)
+            np.testing.assert_array_equal(out, ref[:n])
+    finally:
+        K.set_kernel_path(prev)
+
+
 # ----------------------------------------------------------------------------- decode_batch
 SPECS = {
     "gemma3-q4k": TinySpec(arch="gemma3", qtype=T.Q4_K, n_layer=2, n_ctx=512),
     "llama-q6k": TinySpec(arch="llama", qtype=T.Q6_K, n_layer=2, n_ctx=512),
     "qwen2-f16": TinySpec(arch="qwen2", qtype=T.F16, n_layer=2, n_ctx=512),
     "qwen3-q5_0": TinySpec(arch="qwen3", qtype=T.Q5_0, n_layer=2, n_ctx=512),
+    "llama-q8_0": TinySpec(arch="llama", qtype=T.Q8_0, n_layer=2, n_ctx=512, tied=False),
 }
 
 
@@ -228,6 +254,18 @@ def test_scheduler_close_cancels_running(eng):
     assert not sch._thread.is_alive()
 
 
+def test_zero_tokens_processes_the_prompt_only(eng):
+    sch = Scheduler(eng, n_parallel=1, n_ctx=128)
+    try:
+        r, c = _req(PROMPTS[0], 0)
+        sch.submit(r)
+        assert c.done.wait(60)
+        assert c.last.tokens == [] and c.last.stats.stop_reason == "length"
+        assert c.last.stats.prompt_tokens == len(PROMPTS[0])
+    finally:
+        sch.close()
+
+
 def test_stop_strings_are_cut_and_never_sent(eng):
     free, fc = _req(PROMPTS[0], 24, stop_ids=set())
     sch = Scheduler(eng, n_parallel=2, n_ctx=128)
@@ -265,6 +303,11 @@ def test_prefix_reuse_only_for_a_continuation(eng):
         sch.submit(other)
         assert c3.done.wait(60)
         assert other.reused == 0
+        # and so is the same prompt again (its numbers stay those of a fresh session)
+        again, c4 = _req(PROMPTS[2][:3] + [290, 291], 4, stop_ids=set())
+        sch.submit(again)
+        assert c4.done.wait(60)
+        assert again.reused == 0 and c4.last.tokens == c3.last.tokens
     finally:
         sch.close()
 

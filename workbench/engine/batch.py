@@ -24,11 +24,16 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numba
 import numpy as np
 
 from . import kernels, ops
+from .kernels.simd import VNNI, dot_us, f16_to_f32, f_zero, fmadd_i, hsum_f, i_shl, i_sub, i_zero, load_b32
 from .engine import ContextFullError, DoneEvent, Engine, Session, Stats, TokenEvent
+from .attention import one_token_attention
+from .crew import Crew
 from .kv_cache import KVCache
+from .runtime import SKIP_SLID_VALUES, USE_CREW
 from .sampling import Sampler, SamplingParams
 from .tokenizer import StreamDecoder
 
@@ -50,6 +55,93 @@ def exact_columns(types) -> int:
     return min([EXACT_COLUMNS.get(int(t), 1 << 30) for t in types])
 
 
+# ----------------------------------------------------------------------------- Q8_0, many rows
+_ONES = np.ones(32, dtype=np.uint8)
+
+
+@numba.njit(nogil=True, cache=True)
+def q8_0_rows_vnni(w, xu, xd, ones, out, r0, r1):
+    """out[c, i] = the Q8_0 matvec's dot of weight row i with activation row c, for every c.
+
+    matvec's integer lanes come from the sign trick (|w| . sign(w) x); here each activation row
+    is stored offset as u8 (xu = x + 128) and one vpdpbusd per block gives the same exact lanes
+    from an accumulator started at -128 * (sum of the lane's weights), computed once per block
+    for all rows. The float operations (lanes to f32, one FMA by d_w * d_x per block, the
+    pairwise hsum) are matvec's, so every output is matvec's to the bit, at about half the
+    instructions per row and block (the output matrix dominates a decode pass). AVX512-VNNI
+    only: AVX2's pmaddubsw would saturate u8 x s8 pairs."""
+    n, k = xu.shape
+    nb = xd.shape[1]
+    rb = w.shape[1]
+    xf = xu.reshape(-1)
+    one = load_b32(ones, 0)
+    for i in range(r0, r1):
+        base = i * rb
+        c = 0
+        while c + 8 <= n:
+            a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
+            a4 = f_zero(); a5 = f_zero(); a6 = f_zero(); a7 = f_zero()
+            for b in range(nb):
+                o = base + b * 34
+                wv = load_b32(w, o + 2)
+                dw = f16_to_f32(w, o)
+                corr = i_sub(i_zero(), i_shl(dot_us(VNNI, i_zero(), one, wv), 7))
+                xo = c * k + b * 32
+                a0 = fmadd_i(a0, dot_us(VNNI, corr, load_b32(xf, xo), wv), dw * xd[c, b])
+                a1 = fmadd_i(a1, dot_us(VNNI, corr, load_b32(xf, xo + k), wv), dw * xd[c + 1, b])
+                a2 = fmadd_i(a2, dot_us(VNNI, corr, load_b32(xf, xo + 2 * k), wv), dw * xd[c + 2, b])
+                a3 = fmadd_i(a3, dot_us(VNNI, corr, load_b32(xf, xo + 3 * k), wv), dw * xd[c + 3, b])
+                a4 = fmadd_i(a4, dot_us(VNNI, corr, load_b32(xf, xo + 4 * k), wv), dw * xd[c + 4, b])
+                a5 = fmadd_i(a5, dot_us(VNNI, corr, load_b32(xf, xo + 5 * k), wv), dw * xd[c + 5, b])
+                a6 = fmadd_i(a6, dot_us(VNNI, corr, load_b32(xf, xo + 6 * k), wv), dw * xd[c + 6, b])
+                a7 = fmadd_i(a7, dot_us(VNNI, corr, load_b32(xf, xo + 7 * k), wv), dw * xd[c + 7, b])
+            out[c, i] = hsum_f(a0)
+            out[c + 1, i] = hsum_f(a1)
+            out[c + 2, i] = hsum_f(a2)
+            out[c + 3, i] = hsum_f(a3)
+            out[c + 4, i] = hsum_f(a4)
+            out[c + 5, i] = hsum_f(a5)
+            out[c + 6, i] = hsum_f(a6)
+            out[c + 7, i] = hsum_f(a7)
+            c += 8
+        while c + 4 <= n:
+            a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
+            for b in range(nb):
+                o = base + b * 34
+                wv = load_b32(w, o + 2)
+                dw = f16_to_f32(w, o)
+                corr = i_sub(i_zero(), i_shl(dot_us(VNNI, i_zero(), one, wv), 7))
+                xo = c * k + b * 32
+                a0 = fmadd_i(a0, dot_us(VNNI, corr, load_b32(xf, xo), wv), dw * xd[c, b])
+                a1 = fmadd_i(a1, dot_us(VNNI, corr, load_b32(xf, xo + k), wv), dw * xd[c + 1, b])
+                a2 = fmadd_i(a2, dot_us(VNNI, corr, load_b32(xf, xo + 2 * k), wv), dw * xd[c + 2, b])
+                a3 = fmadd_i(a3, dot_us(VNNI, corr, load_b32(xf, xo + 3 * k), wv), dw * xd[c + 3, b])
+            out[c, i] = hsum_f(a0)
+            out[c + 1, i] = hsum_f(a1)
+            out[c + 2, i] = hsum_f(a2)
+            out[c + 3, i] = hsum_f(a3)
+            c += 4
+        while c < n:
+            acc = f_zero()
+            for b in range(nb):
+                o = base + b * 34
+                wv = load_b32(w, o + 2)
+                corr = i_sub(i_zero(), i_shl(dot_us(VNNI, i_zero(), one, wv), 7))
+                acc = fmadd_i(acc, dot_us(VNNI, corr, load_b32(xf, c * k + b * 32), wv), f16_to_f32(w, o) * xd[c, b])
+            out[c, i] = hsum_f(acc)
+            c += 1
+
+
+def q8_0_batch(w: np.ndarray, x: np.ndarray, out: np.ndarray, r0: int, r1: int) -> None:
+    """out[:, r0:r1] = each row of x (float32 [n, k]) times Q8_0 weight rows r0..r1-1, every row
+    with the one-token (matvec) numbers; the VNNI kernel when the active path has it."""
+    xq, xd, _ = kernels.prepare(kernels.Q8_0, x)
+    if kernels.kernel_path() == "avx512-vnni":
+        q8_0_rows_vnni(w, xq.view(np.uint8) ^ np.uint8(0x80), xd, _ONES, out, r0, r1)
+    else:
+        kernels.matmat(kernels.Q8_0, w, (xq, xd, _), out, r0, r1)
+
+
 class _BatchRuntime:
     """The runtime as `Decoder._forward` sees it during a batched pass: products through
     `_Products`, attention per row on that row's own cache; everything else is the runtime's."""
@@ -61,13 +153,49 @@ class _BatchRuntime:
         return getattr(self._rt, name)
 
     def linear(self, x: np.ndarray, names: tuple[str, ...]) -> list[np.ndarray]:
+        """A group of products over n rows in one hand-off to the workers (each its own row
+        range of each weight, as `Runtime.linear`): Q8_0 by q8_0_rows_vnni on VNNI; other types
+        by matmat in pieces of at most `exact_columns` rows (F16: matvec row by row)."""
         rt = self._rt
+        x = np.ascontiguousarray(x)
         n = x.shape[0]
-        step = max(exact_columns(rt.weights[name].ggml_type for name in names), 1)
-        if step >= n:
-            return rt.linear(x, names)
-        parts = [rt.linear(np.ascontiguousarray(x[a:a + step]), names) for a in range(0, n, step)]
-        return [np.concatenate([p[j] for p in parts]) for j in range(len(names))]
+        group = rt._group(names)
+        if x.shape[1] != group.ne0:
+            raise ValueError(f"input width {x.shape[1]} != row length {group.ne0}")
+        types = [t for t, _, _ in group.jobs]
+        xps = [kernels.prepare(t, x) for t in group.prep_types]
+        outs = [np.empty((n, rows), dtype=np.float32) for rows in group.rows]
+        if set(types) == {kernels.Q8_0} and kernels.kernel_path() == "avx512-vnni":
+            xq, xd, _ = xps[0]
+            xu = xq.view(np.uint8) ^ np.uint8(0x80)
+
+            def work(wk: int) -> None:
+                for (_, plan, _), out in zip(group.jobs, outs):
+                    arr, first, lo, hi = plan[wk]
+                    if hi > lo:
+                        q8_0_rows_vnni(arr, xu, xd, _ONES, out[:, first:first + arr.shape[0]], lo - first,
+                                       hi - first)
+            rt.each_worker(work)
+            return outs
+        step = exact_columns(types)
+        if n < 8 and set(types) <= {kernels.Q4_0, kernels.Q5_0}:
+            step = 0  # their matmat tiles are 8 columns wide: below that, row by row is cheaper
+        pieces = [(a, min(a + max(step, 1), n)) for a in range(0, n, max(step, 1))]
+
+        def work(wk: int) -> None:
+            for (qtype, plan, p), out in zip(group.jobs, outs):
+                arr, first, lo, hi = plan[wk]
+                if hi <= lo:
+                    continue
+                part = out[:, first:first + arr.shape[0]]
+                for a, b in pieces:
+                    if step == 0:  # one row: the one-token kernel
+                        kernels.matvec(qtype, arr, tuple(t[a] for t in xps[p]), part[a], lo - first, hi - first)
+                    else:
+                        kernels.matmat(qtype, arr, tuple(t[a:b] for t in xps[p]), part[a:b], lo - first,
+                                       hi - first)
+        rt.each_worker(work)
+        return outs
 
     def gated(self, x: np.ndarray, gate: str, up: str, activation: str):
         g, u = self.linear(x, (gate, up))
@@ -79,9 +207,42 @@ class _BatchRuntime:
         return g, u, a
 
     def attention(self, q, k, v, kv, il, pos0, window, scale):
-        rt = self._rt
-        return np.concatenate([rt.attention(q[i:i + 1], k[i:i + 1], v[i:i + 1], c, il, c.n, window, scale)
+        # (pos0 is the batch stand-in; each row attends at its own cache position)
+        return np.concatenate([self._one(q[i:i + 1], k[i:i + 1], v[i:i + 1], c, il, window, scale)
                                for i, c in enumerate(self._caches)])
+
+    def _one(self, q, k, v, kv: KVCache, il: int, window: int, scale: float) -> np.ndarray:
+        """One row's attention over its own cache at its own position: the one-token attention in
+        one compiled call on this thread (a cache on one node), else the runtime's general path
+        for one token; both are the single-sequence decode's operations in its order."""
+        rt = self._rt
+        pos0 = kv.n
+        if kv.n_workers != 1 or not USE_CREW:
+            return rt.attention(q, k, v, kv, il, pos0, window, scale)
+        jobs = kv.jobs.get(il)
+        if jobs is None:
+            jobs = kv.jobs[il] = rt._attention_jobs(kv, il, q.shape[1] // kv.cfg.n_head_kv)
+        keys, values = ((job.tasks, job.chunks, job.n_owned) for job in jobs)
+        start = max(pos0 - window + 1, 0) if window else 0
+        base = start // 64 * 64 if SKIP_SLID_VALUES else 0
+        crew = _solo_crew(rt.pool)
+        out, ok = one_token_attention(crew.lead)(crew.ctl, 1, keys, values, q[0], k[0], v[0], kv.k[il][0],
+                                                 kv.v[il][0], pos0, window, scale, start, base, kv.cap)
+        if not ok:
+            raise RuntimeError("attention failed")
+        return out.reshape(1, q.shape[1], -1)
+
+
+_SOLO: dict[int, Crew] = {}
+
+
+def _solo_crew(pool) -> Crew:
+    """A one-worker crew: its compiled jobs run on the calling thread (no workers launched)."""
+    crew = _SOLO.get(id(pool))
+    if crew is None or crew.pool is not pool:
+        crew = _SOLO[id(pool)] = Crew(pool, 1)
+        crew.start()
+    return crew
 
 
 class _BatchKV:
@@ -178,6 +339,7 @@ class Request:
     _sent: str = ""                      # text given out
     _held: str = ""                      # text held back: it may be the start of a stop string
     _logits: np.ndarray | None = None
+    _t_dec: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -210,11 +372,14 @@ class Scheduler:
     One thread runs the loop: take queued requests into free slots, process one piece of one
     prompt, then one batched pass for every slot that is decoding; requests leave between passes.
     A request that continues a slot's previous request (its prompt starts with that whole
-    prompt) reuses the slot's cache; any other prompt is processed in full, so its numbers are
-    those of `Session.generate` on a fresh session.
+    prompt and goes on, as the next turn of a chat does) reuses the slot's cache, as `Chat`
+    does; any other prompt is processed in full, so its numbers are those of
+    `Session.generate` on a fresh session.
     """
 
     def __init__(self, engine: Engine, n_parallel: int = 4, n_ctx: int = 4096, max_queue: int = 64):
+        """`n_parallel` slots of `n_ctx` tokens each (KV caches placed as the engine's sessions);
+        up to `max_queue` requests may wait for a slot."""
         if n_parallel < 1:
             raise ValueError(f"n_parallel must be >= 1 (got {n_parallel})")
         self.engine = engine
@@ -256,7 +421,7 @@ class Scheduler:
         with self._cv:
             if not self._accepting:
                 raise ShuttingDownError("the server is shutting down")
-            if len(self._queue) >= self.max_queue:
+            if self.running + len(self._queue) >= self.n_parallel + self.max_queue:
                 raise QueueFullError(f"all {self.n_parallel} slots are busy and {len(self._queue)} "
                                      "requests are waiting")
             if not req.id:
@@ -308,7 +473,8 @@ class Scheduler:
             self._accepting = False
 
     def close(self, timeout: float = 10.0) -> None:
-        """Stop accepting; let requests finish for up to `timeout` seconds, cancel the rest."""
+        """Stop accepting; let requests finish for up to `timeout` seconds, cancel the rest, and
+        release the slots' KV caches."""
         self.stop_accepting()
         deadline = time.perf_counter() + timeout
         while (self.running or self.queued) and time.perf_counter() < deadline and self._thread.is_alive():
@@ -319,6 +485,10 @@ class Scheduler:
             self._stop = True
             self._cv.notify()
         self._thread.join(timeout=30)
+        if not self._thread.is_alive():
+            with self.engine.lock:  # the slots' KV caches go back now, not at garbage collection
+                for s in self.slots:
+                    s.session.close()
 
     # -- the loop ----------------------------------------------------------------
     def _run(self) -> None:
@@ -363,8 +533,10 @@ class Scheduler:
         return n
 
     def _reusable(self, slot: _Slot, prompt: list[int]) -> int:
-        """Cached tokens a prompt may reuse: only when it continues the slot's last request."""
-        if not slot.prompt or len(prompt) < len(slot.prompt) or prompt[:len(slot.prompt)] != slot.prompt:
+        """Cached tokens a prompt may reuse: only when it continues the slot's last request (starts
+        with its whole prompt and goes on). Any other prompt, the same one again included, is
+        processed in full, so that its numbers are those of a fresh `Session.generate`."""
+        if not slot.prompt or len(prompt) <= len(slot.prompt) or prompt[:len(slot.prompt)] != slot.prompt:
             return 0
         return min(self._common(slot.session.tokens, prompt), len(prompt) - 1)
 
@@ -408,8 +580,12 @@ class Scheduler:
             if req._fed >= len(req.prompt):
                 self.prompt_tokens_total += req.stats.prompt_tokens
                 req.state = "decode"
+                req._t_dec = time.perf_counter()
                 req._logits = logits
-                self._sample(slot)
+                if req.n_predict == 0:  # the prompt only (as generate -n 0)
+                    self._finish(slot, reason="length")
+                else:
+                    self._sample(slot)
         # one pass for every sequence with a token to feed
         rows = [s for s in self.slots if s.request is not None and s.request.state == "decode"
                 and s.request._next >= 0]
@@ -428,7 +604,6 @@ class Scheduler:
                 self._recent.popleft()
             for s, lg in zip(rows, logits):
                 r = s.request
-                r.stats.decode_seconds += dt
                 r._logits = lg
                 r._next = -1
                 self._sample(s)
@@ -520,6 +695,8 @@ class Scheduler:
         st = req.stats
         st.stop_reason = reason
         st.decode_tokens = max(len(req.out) - 1, 0)
+        # as Session.generate: the wall time from the end of the prompt to the last token
+        st.decode_seconds = time.perf_counter() - req._t_dec if st.decode_tokens and req._t_dec else 0.0
         if reason == "cancelled":
             self.requests_cancelled += 1
         else:

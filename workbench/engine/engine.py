@@ -377,6 +377,7 @@ class Session:
         old.close()
 
     def close(self) -> None:
+        self.engine._sessions.discard(self)  # a closed cache is no longer relaid out nor proven
         self.kv_layout.close()
 
     @property

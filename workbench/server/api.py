@@ -58,7 +58,8 @@ class GenRequest:
     stop: list[str] = field(default_factory=list)
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
-    include_usage: bool = True
+    ignore_eos: bool = False             # llama-server's: generate past end-of-generation tokens
+    return_tokens: bool = False          # llama-server's: the generated token ids in the response
 
 
 def parse_common(body: Any) -> GenRequest:
@@ -107,9 +108,15 @@ def parse_common(body: Any) -> GenRequest:
     so = body.get("stream_options")
     if so is not None and not isinstance(so, dict):
         raise _bad("'stream_options' must be an object", "stream_options")
+    flags = {}
+    for key in ("ignore_eos", "return_tokens"):
+        v = body.get(key, False)
+        if v is not None and not isinstance(v, bool):
+            raise _bad(f"'{key}' must be a boolean", key)
+        flags[key] = bool(v)
     return GenRequest(model, stream, params, n_predict, stops,
                       _number(body, "frequency_penalty", -2, 2, default=0.0),
-                      _number(body, "presence_penalty", -2, 2, default=0.0))
+                      _number(body, "presence_penalty", -2, 2, default=0.0), **flags)
 
 
 ROLES = ("system", "developer", "user", "assistant", "tool")

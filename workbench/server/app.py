@@ -108,7 +108,7 @@ def _submit(state: ServerState, g: api.GenRequest, ids: list[int]) -> tuple[Requ
         raise ApiError(400, f"token ids must be in [0, {vocab})", param="prompt")
     req = Request(prompt=ids, params=g.params, n_predict=g.n_predict, stop=g.stop,
                   frequency_penalty=g.frequency_penalty, presence_penalty=g.presence_penalty,
-                  on_event=on_event, id=uuid.uuid4().hex[:24])
+                  stop_ids=set() if g.ignore_eos else None, on_event=on_event, id=uuid.uuid4().hex[:24])
     sch = state.scheduler
     try:
         sch.submit(req)
@@ -154,8 +154,11 @@ async def _generate(request: HTTPRequest, state: ServerState, g: api.GenRequest,
         return d
 
     def final(done: DoneEvent) -> dict:
-        return {"usage": api.usage(len(ids), len(done.tokens)),
-                "timings": api.timings(done.stats, req.reused, len(done.tokens))}
+        d = {"usage": api.usage(len(ids), len(done.tokens)),
+             "timings": api.timings(done.stats, req.reused, len(done.tokens))}
+        if g.return_tokens:
+            d["tokens"] = list(done.tokens)
+        return d
 
     if g.stream:
         async def events():

@@ -33,6 +33,13 @@ class _Server(uvicorn.Server):
             for s, h in old.items():
                 signal.signal(s, h)
 
+    banner = ""
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if self.started and self.banner:  # only once the port listens
+            print(self.banner, file=sys.stderr, flush=True)
+
     def handle_exit(self, sig, frame) -> None:
         if self.state is not None:  # new requests get 503 from now on; running ones go on
             self.state.shutting_down = True
@@ -69,8 +76,8 @@ def serve(args: argparse.Namespace) -> int:
                                 access_log=False)
         server = _Server(config)
         server.state = state
-        print(f"numawb: serving {state.model_id} on http://{args.host}:{args.port} "
-              f"({args.parallel} slots x {sched.n_ctx} tokens)", file=sys.stderr, flush=True)
+        server.banner = (f"numawb: serving {state.model_id} on http://{args.host}:{args.port} "
+                         f"({args.parallel} slots x {sched.n_ctx} tokens)")
         try:
             server.run()
         except SystemExit:  # uvicorn exits when it cannot bind
@@ -83,3 +90,40 @@ def serve(args: argparse.Namespace) -> int:
             sched.close(timeout=0)
         eng.close()
     return 0
+
+
+class BackgroundServer:
+    """Serve an app from a thread of this process (tests, or the workbench app serving its engine):
+    `start()` returns once the port listens; `stop()` asks uvicorn to finish and waits."""
+
+    def __init__(self, state: ServerState, host: str = "127.0.0.1", port: int = 0, shutdown_timeout: float = 5.0):
+        import socket
+        if port == 0:
+            with socket.socket() as s:
+                s.bind((host, 0))
+                port = s.getsockname()[1]
+        self.state, self.host, self.port = state, host, port
+        config = uvicorn.Config(create_app(state), host=host, port=port, log_level="warning", lifespan="off",
+                                timeout_graceful_shutdown=shutdown_timeout, access_log=False)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="numawb-http", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> "BackgroundServer":
+        import time
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the server did not start on {self.url}")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self.state.shutting_down = True
+        self.state.scheduler.stop_accepting()
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
