@@ -39,26 +39,36 @@ def err(pred: float, meas: float) -> str:
     return f"{(pred / meas - 1) * 100:+.0f} %" if meas else "-"
 
 
+def cpu_seconds() -> float:
+    """CPU time of this process (all threads), user + system."""
+    t = os.times()
+    return t.user + t.system
+
+
 def this_machine(model: str | None, label: str, threads: list[int], reps: int) -> list[str]:
+    """Predicted against measured, per thread count. The machine is shared: next to each
+    measurement, the share of CPU time the bench's threads got (process CPU seconds over wall
+    seconds x threads) and the measurement divided by it (what the rate per full core would be)."""
     prog = bench.Progress(True)
     prog(f"{label}: advise ...")
     adv = advise(model, None, 4096, threads=threads, weights=["none"], kvs=["first-touch"],
                  progress=lambda m: prog(m))
-    la0 = loadavg()
-    prog(f"{label}: bench ...")
-    rep = bench.run_bench(model, threads, (512,), (128,), (0,), reps, ("none",), ("first-touch",),
-                          measure_startup=False, progress=prog)
-    la1 = loadavg()
     rows = []
     for t in threads:
+        la0 = loadavg()
+        prog(f"{label}: bench -t {t} ...")
+        c0, w0 = cpu_seconds(), time.perf_counter()
+        rep = bench.run_bench(model, [t], (512,), (128,), (0,), reps, ("none",), ("first-touch",),
+                              measure_startup=False, progress=prog)
+        share = min(1.0, (cpu_seconds() - c0) / ((time.perf_counter() - w0) * t))
         c = adv.find("none", "first-touch", threads=t)
-        tg = next(r for r in rep.results if r.threads == t and r.n_gen)
-        pp = next(r for r in rep.results if r.threads == t and r.n_prompt)
+        tg = next(r for r in rep.results if r.n_gen)
+        pp = next(r for r in rep.results if r.n_prompt)
         rows.append(f"| {label} | {t} | {c.predicted_decode_tps:.1f} | {tg.avg_ts:.1f} ± {tg.stdev_ts:.1f} | "
-                    f"{err(c.predicted_decode_tps, tg.avg_ts)} | {c.predicted_prompt_tps:.0f} | "
+                    f"{err(c.predicted_decode_tps, tg.avg_ts)} | {share * 100:.0f} % | "
+                    f"{err(c.predicted_decode_tps, tg.avg_ts / share)} | {c.predicted_prompt_tps:.0f} | "
                     f"{pp.avg_ts:.0f} ± {pp.stdev_ts:.0f} | {err(c.predicted_prompt_tps, pp.avg_ts)} | "
-                    f"{c.decode_limit} |")
-    rows.append(f"<!-- load average before/after bench: {la0} -> {la1} -->")
+                    f"{err(c.predicted_prompt_tps, pp.avg_ts / share)} | {la0} | {c.decode_limit} |")
     return rows
 
 
@@ -151,9 +161,9 @@ def main() -> None:
         print("probe: " + ", ".join(f"{t} thread{'s' if t > 1 else ''} {b / GB:.1f} GB/s"
                                     for t, b in prof.scaling[topo.cpu_node_ids[0]])
               + f"; load average before: {loadavg()}\n")
-        print("| model | threads | predicted tg128 | measured tg128 | error | predicted pp512 | measured pp512 | "
-              "error | decode bound by |")
-        print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
+        print("| model | threads | predicted tg128 | measured tg128 | error | CPU share | error per full core | "
+              "predicted pp512 | measured pp512 | error | error per full core | load average | decode bound by |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
         for line in this_machine(None, "default (Gemma 3 270M Q4_K_M)", threads, args.repetitions):
             print(line, flush=True)
         if not args.skip_large:

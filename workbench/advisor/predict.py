@@ -366,8 +366,9 @@ def recommend(cands: Sequence[Candidate]) -> tuple[int | None, str]:
         c = cands[smallest]
         return None, (f"nothing fits: the smallest plan ({c.weights}) needs "
                       f"{_need_text(c)} and free memory is short")
+    # ties (same predicted rate, e.g. compute-bound): less memory, then fewer remote reads
     best = max(fitting, key=lambda i: (round(cands[i].predicted_decode_tps, 6),
-                                       -sum(cands[i].memory_per_node.values())))
+                                       -sum(cands[i].memory_per_node.values()), -cands[i].remote_share))
     c = cands[best]
     # compare with the best fitting candidate of another weights mode, interleave first
     others = [i for i in fitting if cands[i].weights != c.weights and not _same_mode(cands[i], c.weights)]
@@ -378,7 +379,8 @@ def recommend(cands: Sequence[Candidate]) -> tuple[int | None, str]:
         ref = max(pool, key=lambda i: cands[i].predicted_decode_tps)
     if ref is not None and cands[ref].predicted_decode_tps > 0:
         gain = (c.predicted_decode_tps / cands[ref].predicted_decode_tps - 1) * 100
-        vs = f"{gain:+.0f} % over {cands[ref].weights}"
+        vs = (f"{gain:+.0f} % over {cands[ref].weights}" if abs(gain) >= 0.5 else
+              f"as fast as {cands[ref].weights} (bound by {c.decode_limit}), less memory or fewer remote reads")
     else:
         vs = "every weights mode predicts the same here"
     where = (f"{c.threads} thread{'s' if c.threads > 1 else ''} on node{'s' if len(c.nodes) > 1 else ''} "

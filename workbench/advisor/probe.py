@@ -298,6 +298,13 @@ def probe(topology: Topology | None = None, *, size_mb: int = 256, reps: int = 3
             p.close()
     for i in cpu_nodes:
         scaling.setdefault(i, [])
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = 0.0
+    if load > 0.5 * len(topo.allowed_cpus):
+        notes.append(f"load average {load:.1f} on {len(topo.allowed_cpus)} CPUs while probing: other work "
+                     "shares the machine, the figures (best of several reads) may still be low")
     return MemoryProfile(
         key=machine_key(topo), date=time.strftime("%Y-%m-%d %H:%M:%S %Z"), cpu_model=cpu_model(topo),
         source="probed", nodes=src_nodes, cpu_nodes=cpu_nodes, bandwidth=bandwidth, latency_ns=latency,
