@@ -114,13 +114,19 @@ def seeds() -> list[str]:
         paths = headers(d)
         for seed, fx, model, key, depth, n_prompt, runs, how in SEEDS:
             kv = "first-touch" if key == "r1q4mla" else "interleave"
-            adv = advise(paths[key], fx, max(8192, depth + 2048), depth=depth, kvs=[kv])
+            adv = advise(paths[key], fx, max(8192, depth + 2048), depth=depth, kvs=sorted({kv, "first-touch"}))
             for label, (mode, tps) in runs.items():
                 c = adv.find(mode, kv, nodes=[0, 1])
                 mem = max(c.memory_per_node.values()) / 2**30
                 out.append(f"| {seed} | {fx} | {model} | {label} | {mode} | {depth} | {c.predicted_decode_tps:.2f} | "
                            f"{tps:.2f} | {err(c.predicted_decode_tps, tps)} | {mem:.0f} GiB | "
                            f"{'yes' if c.fits else 'no'} |")
+            one = adv.find("none", "first-touch", nodes=[0])
+            if one is not None:  # our own single-node figure: threads and memory on socket 0
+                mem = max(one.memory_per_node.values()) / 2**30
+                out.append(f"| {seed} | {fx} | {model} | (not run: one socket, threads and memory on node 0) | "
+                           f"none, isolate:0 | {depth} | {one.predicted_decode_tps:.2f} | - | - | {mem:.0f} GiB | "
+                           f"{'yes' if one.fits else 'no'} |")
         out += ["", "| seed | machine | model | published run | mode predicted | prompt tokens | predicted prompt t/s | "
                 "published | error |", "|---|---|---|---|---|---:|---:|---:|---:|"]
         for seed, fx, key, n_prompt, depth, runs in SEED_PROMPTS:

@@ -78,8 +78,10 @@ class MemoryProfile:
         return self.threads_bw(reader, threads) * full / loc
 
     def capacity(self, source: int) -> float:
-        """What one node's memory can serve in total (its best reader's bandwidth)."""
-        return max((row.get(source, 0.0) for row in self.bandwidth.values()), default=0.0)
+        """What one node's memory can serve in total: its best reader's bandwidth, or the best
+        point of its own thread curve (on a busy machine fewer threads can measure higher)."""
+        best = max((row.get(source, 0.0) for row in self.bandwidth.values()), default=0.0)
+        return max([best] + [b for _, b in self.scaling.get(source, [])])
 
     # ---- (de)serialisation ---------------------------------------------
     def to_json(self) -> dict:
@@ -119,9 +121,10 @@ def cpu_model(topology: Topology) -> str:
 
 
 def machine_key(topology: Topology) -> str:
-    """Stable id of a machine for the cache: nodes, their CPUs, memory size and distances, and the CPU."""
+    """Stable id of a machine for the cache: nodes, their CPUs and distances, memory-only nodes, and
+    the CPU model. Memory sizes are left out: a VM's node MemTotal moves with memory hot-plug."""
     desc = {"cpu": cpu_model(topology),
-            "nodes": [[n.id, list(n.cpus), n.mem_total >> 30, sorted(n.distances.items())]
+            "nodes": [[n.id, list(n.cpus), n.memory_only, sorted(n.distances.items())]
                       for n in topology.nodes]}
     return hashlib.sha1(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:16]
 
