@@ -72,6 +72,36 @@ def this_machine(model: str | None, label: str, threads: list[int], reps: int) -
     return rows
 
 
+# A quiet-machine reference: benchmarks/results.md (2026-11-29, load average 1.47 at its end) measured
+# this engine on this kind of machine with its own bandwidth probe (best of the run).
+QUIET = {"date": "2026-11-29", "probe_gbs": {1: 28.2, 2: 56.2},
+         "tg128": {1: 79.20, 2: 124.06}, "pp512": {1: 520.94, 2: 765.23}}
+
+
+def quiet_reference() -> list[str]:
+    """Predictions for the default model from that day's probe figures (and the engine constants
+    measured now) against that day's measurements."""
+    from workbench.advisor.probe import MemoryProfile
+    topo = load_topology()
+    threads = sorted(QUIET["tg128"])
+    advise(None, topo, 4096, threads=threads, weights=["none"], kvs=["first-touch"])  # engine constants
+    prof, _ = machine_profile(topo)
+    node = topo.cpu_node_ids[0]
+    ref = MemoryProfile.from_json(prof.to_json())
+    ref.bandwidth = {node: {node: QUIET["probe_gbs"][max(QUIET["probe_gbs"])] * GB}}
+    ref.scaling = {node: [(t, b * GB) for t, b in sorted(QUIET["probe_gbs"].items())]}
+    adv = advise(None, topo, 4096, profile=ref, measure=False, threads=threads,
+                 weights=["none"], kvs=["first-touch"])
+    out = ["| threads | probe that day | predicted tg128 | measured tg128 that day | error | predicted pp512 | "
+           "measured pp512 that day | error |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for t in sorted(QUIET["tg128"]):
+        c = adv.find("none", "first-touch", threads=t)
+        out.append(f"| {t} | {QUIET['probe_gbs'][t]:.1f} GB/s | {c.predicted_decode_tps:.1f} | {QUIET['tg128'][t]:.1f} | "
+                   f"{err(c.predicted_decode_tps, QUIET['tg128'][t])} | {c.predicted_prompt_tps:.0f} | "
+                   f"{QUIET['pp512'][t]:.0f} | {err(c.predicted_prompt_tps, QUIET['pp512'][t])} |")
+    return out
+
+
 # The seeds' published runs: (fixture, model, header recipe, depth, published {mode: t/s}, how measured).
 SEEDS = [
     ("001", "epyc-9275f-2s", "QwQ-32B F16", "qwq", 650, 0,
@@ -179,6 +209,9 @@ def main() -> None:
                 write_model(p, "llama", 10, d=2048, ff=5632, n_head=16, n_head_kv=16, head_dim=128, qtype=8)
                 for line in this_machine(p, "synthetic llama Q8_0 (546 MB)", threads, args.repetitions):
                     print(line, flush=True)
+        print()
+        print(f"### Against the quiet day of benchmarks/results.md ({QUIET['date']})\n")
+        print("\n".join(quiet_reference()))
         print()
     print("## Seeds' published runs (fixture machines, figures from published specifications)\n")
     print("\n".join(seeds()))
