@@ -186,7 +186,7 @@ def _thread_counts(n: int) -> list[int]:
     return out + [n]
 
 
-def probe(topology: Topology | None = None, *, size_mb: int = 256, reps: int = 3,
+def probe(topology: Topology | None = None, *, size_mb: int = 256, reps: int = 5,
           progress: ProgressFn | None = None) -> MemoryProfile:
     """Measure this machine (seconds): see the module docstring. ``size_mb`` is the buffer per
     source node (raised to 4x the largest L3 so caches do not flatter the figures)."""
