@@ -195,3 +195,13 @@ def test_memory_only_node_as_kv_source(dense):
     assert kv_cxl, "the CXL node is offered as a KV cache place"
     c = kv_cxl[0]
     assert c.kv_per_node.get(1, 0) > 0 and c.reads[0].get(1, 0) == pytest.approx(model_cost(path).kv_read_bytes(1024))
+
+
+def test_nothing_fits(tmp_path):
+    p = tmp_path / "r1q8.gguf"
+    deepseek_r1(p, "Q8_0")   # 664 GiB of weights on a machine with 2 x ~200 GiB free
+    adv = advise(p, "xeon-e5-2690v3-2s", 4096)
+    assert not any(c.fits for c in adv.candidates)
+    assert adv.recommended is None and adv.best is None
+    assert adv.reason.startswith("nothing fits") and "GiB" in adv.reason
+    assert adv.to_json()["recommended"] is None

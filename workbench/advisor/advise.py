@@ -160,7 +160,11 @@ def advise(path: str | os.PathLike[str] | None = None, topology: Topology | str 
     engine = EngineModel(flops_per_core=profile.flops_per_core)
     if not simulated:
         from .predict import thread_configs, PlanPool
-        counts = sorted({PlanPool(topo, t, pol).n_threads for t, pol in thread_configs(topo, threads)})
+        n_cpus = len(topo.allowed_cpus)
+        counts = sorted({min(PlanPool(topo, t, pol).n_threads, n_cpus) for t, pol in thread_configs(topo, threads)})
+        if threads and max(threads) > n_cpus:
+            notes.append(f"more threads than the {n_cpus} CPUs this process may use: oversubscribed workers "
+                         "wait for each other, the prediction does not model it")
         if measure:
             from . import engine_cal
             from ..engine import kernels as K
