@@ -58,12 +58,12 @@ def test_engine_constants_are_measured_once(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     topo = load_topology()
     prof, _ = machine_profile(topo)
-    assert engine_cal.ensure_engine(prof, [8], "llama", [1]) is True
+    assert engine_cal.ensure_engine(prof, {8: 512}, "llama", [1]) is True
     a, b = prof.engine["overhead"]["llama"]["1"]
     assert a >= 0 and b >= 0 and a + b > 0
-    k = prof.engine["kernels"]["Q8_0"]
+    k = prof.engine["kernels"]["1"]["Q8_0@512"]  # per thread count, then type and row length
     assert k["decode_bytes_per_s"] > 0 and k["prompt_flops_per_s"] > 0
-    assert engine_cal.ensure_engine(prof, [8], "llama", [1]) is False  # nothing left to measure
+    assert engine_cal.ensure_engine(prof, {8: 512}, "llama", [1]) is False  # nothing left to measure
 
 
 def test_advise_json_on_this_machine(cache):

@@ -150,7 +150,7 @@ def test_engine_overhead_and_compute_limits(dense):
     c = predict(cost, t, profile_2node(), engine=slow, kvs=["first-touch"], weights=["mirror"])[0]
     assert 1 / c.predicted_decode_tps == pytest.approx(1 / base.predicted_decode_tps + 1e-3 + 4 * 1e-4)
     # a kernel slower than memory bounds decode: 1 GB/s per thread for Q8_0
-    k = EngineModel(decode_rate={8: 1 * GB, 0: 100 * GB})
+    k = EngineModel(decode_rates={32: {8: 1 * GB, 0: 100 * GB}})
     c2 = predict(cost, t, profile_2node(), engine=k, kvs=["first-touch"], weights=["mirror"])[0]
     assert c2.decode_limit.startswith("compute")
     q8 = sum(tc.nbytes * cost.read_fraction[tc.name] for tc in cost.tensors if tc.ggml_type == 8)

@@ -112,6 +112,18 @@ def _size(n: float) -> str:
     return f"{n / 2**20:.1f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"
 
 
+def dominant_rows(cost: ModelCost, supported: Callable[[int], bool] | None = None) -> dict[int, int]:
+    """Per GGML type, the row length holding most of the bytes a token reads (the kernels are
+    measured at that length: per-row work makes short rows slower per byte)."""
+    by: dict[int, dict[int, float]] = {}
+    for t in cost.tensors:
+        if len(t.shape) < 2 or (supported is not None and not supported(t.ggml_type)):
+            continue
+        d = by.setdefault(t.ggml_type, {})
+        d[t.shape[0]] = d.get(t.shape[0], 0.0) + t.nbytes * cost.read_fraction[t.name]
+    return {ty: max(d, key=lambda k: d[k]) for ty, d in by.items()}
+
+
 def resolve_topology(name: str | None) -> Topology:
     """This machine (None), a sysfs tree directory, or a fixture name; ValueError with one line."""
     if not name:
@@ -168,10 +180,10 @@ def advise(path: str | os.PathLike[str] | None = None, topology: Topology | str 
         if measure:
             from . import engine_cal
             from ..engine import kernels as K
-            types = sorted({t.ggml_type for t in cost.tensors if K.is_supported(t.ggml_type)})
-            if engine_cal.ensure_engine(profile, types, cost.arch, counts, progress):
+            if engine_cal.ensure_engine(profile, dominant_rows(cost, K.is_supported), cost.arch, counts,
+                                        progress):
                 save_profile(profile, topo)
-        engine = EngineModel.from_profile(profile, cost.arch)
+        engine = EngineModel.from_profile(profile, cost.arch, dominant_rows(cost))
         if cost.arch not in ENGINE_ARCHS:
             notes.append(f"the engine cannot run {cost.arch!r} yet: its overhead is taken from a tiny llama")
         if not engine.overhead:
