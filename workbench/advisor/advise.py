@@ -186,6 +186,10 @@ def advise(path: str | os.PathLike[str] | None = None, topology: Topology | str 
         engine = EngineModel.from_profile(profile, cost.arch, dominant_rows(cost))
         if cost.arch not in ENGINE_ARCHS:
             notes.append(f"the engine cannot run {cost.arch!r} yet: its overhead is taken from a tiny llama")
+        load = float(profile.engine.get("load_average", 0.0))
+        if load > 0.5 * len(topo.allowed_cpus):
+            notes.append(f"the engine's constants were measured at load average {load:.1f} on "
+                         f"{len(topo.allowed_cpus)} CPUs: predictions may be low (--refresh on a quieter machine)")
         if not engine.overhead:
             notes.append("engine constants not measured: no per-token overhead or kernel limits included")
     cands = predict(cost, topo, profile, n_ctx=ctx, depth=depth, threads=threads, weights=weights, kvs=kvs,

@@ -251,6 +251,11 @@ def ensure_engine(profile: MemoryProfile, types: dict[int, int], arch: str, thre
     for (n, name), r in best.items():
         kern.setdefault(str(n), {})[name] = r
         changed = True
+    if changed:
+        try:
+            eng["load_average"] = max(float(eng.get("load_average", 0.0)), os.getloadavg()[0])
+        except OSError:
+            pass
     tiny = arch if arch in TINY_ARCHS else "llama"
     per = over.setdefault(tiny, {})
     for n in threads:
