@@ -39,27 +39,67 @@ def err(pred: float, meas: float) -> str:
     return f"{(pred / meas - 1) * 100:+.0f} %" if meas else "-"
 
 
+def cpu_seconds() -> float:
+    """CPU time of this process (all threads), user + system."""
+    t = os.times()
+    return t.user + t.system
+
+
 def this_machine(model: str | None, label: str, threads: list[int], reps: int) -> list[str]:
+    """Predicted against measured, per thread count. The machine is shared: next to each
+    measurement, the share of CPU time the bench's threads got (process CPU seconds over wall
+    seconds x threads) and the measurement divided by it (what the rate per full core would be)."""
     prog = bench.Progress(True)
     prog(f"{label}: advise ...")
     adv = advise(model, None, 4096, threads=threads, weights=["none"], kvs=["first-touch"],
                  progress=lambda m: prog(m))
-    la0 = loadavg()
-    prog(f"{label}: bench ...")
-    rep = bench.run_bench(model, threads, (512,), (128,), (0,), reps, ("none",), ("first-touch",),
-                          measure_startup=False, progress=prog)
-    la1 = loadavg()
     rows = []
     for t in threads:
+        la0 = loadavg()
+        prog(f"{label}: bench -t {t} ...")
+        c0, w0 = cpu_seconds(), time.perf_counter()
+        rep = bench.run_bench(model, [t], (512,), (128,), (0,), reps, ("none",), ("first-touch",),
+                              measure_startup=False, progress=prog)
+        share = min(1.0, (cpu_seconds() - c0) / ((time.perf_counter() - w0) * t))
         c = adv.find("none", "first-touch", threads=t)
-        tg = next(r for r in rep.results if r.threads == t and r.n_gen)
-        pp = next(r for r in rep.results if r.threads == t and r.n_prompt)
+        tg = next(r for r in rep.results if r.n_gen)
+        pp = next(r for r in rep.results if r.n_prompt)
         rows.append(f"| {label} | {t} | {c.predicted_decode_tps:.1f} | {tg.avg_ts:.1f} ± {tg.stdev_ts:.1f} | "
-                    f"{err(c.predicted_decode_tps, tg.avg_ts)} | {c.predicted_prompt_tps:.0f} | "
+                    f"{err(c.predicted_decode_tps, tg.avg_ts)} | {share * 100:.0f} % | "
+                    f"{err(c.predicted_decode_tps, tg.avg_ts / share)} | {c.predicted_prompt_tps:.0f} | "
                     f"{pp.avg_ts:.0f} ± {pp.stdev_ts:.0f} | {err(c.predicted_prompt_tps, pp.avg_ts)} | "
-                    f"{c.decode_limit} |")
-    rows.append(f"<!-- load average before/after bench: {la0} -> {la1} -->")
+                    f"{err(c.predicted_prompt_tps, pp.avg_ts / share)} | {la0} | {c.decode_limit} |")
     return rows
+
+
+# A quiet-machine reference: benchmarks/results.md (2026-11-29, load average 1.47 at its end) measured
+# this engine on this kind of machine with its own bandwidth probe (best of the run).
+QUIET = {"date": "2026-11-29", "probe_gbs": {1: 28.2, 2: 56.2},
+         "tg128": {1: 79.20, 2: 124.06}, "pp512": {1: 520.94, 2: 765.23}}
+
+
+def quiet_reference() -> list[str]:
+    """Predictions for the default model from that day's probe figures (and the engine constants
+    measured now) against that day's measurements."""
+    from workbench.advisor.probe import MemoryProfile
+    topo = load_topology()
+    threads = sorted(QUIET["tg128"])
+    advise(None, topo, 4096, threads=threads, weights=["none"], kvs=["first-touch"])  # engine constants
+    prof, _ = machine_profile(topo)
+    node = topo.cpu_node_ids[0]
+    ref = MemoryProfile.from_json(prof.to_json())
+    ref.bandwidth = {node: {node: QUIET["probe_gbs"][max(QUIET["probe_gbs"])] * GB}}
+    ref.scaling = {node: [(t, b * GB) for t, b in sorted(QUIET["probe_gbs"].items())]}
+    adv = advise(None, topo, 4096, profile=ref, measure=False, threads=threads,
+                 weights=["none"], kvs=["first-touch"])
+    out = ["| threads | probe that day | predicted tg128 | measured tg128 that day | error | predicted pp512 | "
+           "measured pp512 that day | error |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for t in sorted(QUIET["tg128"]):
+        c = adv.find("none", "first-touch", threads=t)
+        out.append(f"| {t} | {QUIET['probe_gbs'][t]:.1f} GB/s | {c.predicted_decode_tps:.1f} | {QUIET['tg128'][t]:.1f} | "
+                   f"{err(c.predicted_decode_tps, QUIET['tg128'][t])} | {c.predicted_prompt_tps:.0f} | "
+                   f"{QUIET['pp512'][t]:.0f} | {err(c.predicted_prompt_tps, QUIET['pp512'][t])} |")
+    return out
 
 
 # The seeds' published runs: (fixture, model, header recipe, depth, published {mode: t/s}, how measured).
@@ -104,13 +144,19 @@ def seeds() -> list[str]:
         paths = headers(d)
         for seed, fx, model, key, depth, n_prompt, runs, how in SEEDS:
             kv = "first-touch" if key == "r1q4mla" else "interleave"
-            adv = advise(paths[key], fx, max(8192, depth + 2048), depth=depth, kvs=[kv])
+            adv = advise(paths[key], fx, max(8192, depth + 2048), depth=depth, kvs=sorted({kv, "first-touch"}))
             for label, (mode, tps) in runs.items():
                 c = adv.find(mode, kv, nodes=[0, 1])
                 mem = max(c.memory_per_node.values()) / 2**30
                 out.append(f"| {seed} | {fx} | {model} | {label} | {mode} | {depth} | {c.predicted_decode_tps:.2f} | "
                            f"{tps:.2f} | {err(c.predicted_decode_tps, tps)} | {mem:.0f} GiB | "
                            f"{'yes' if c.fits else 'no'} |")
+            one = adv.find("none", "first-touch", nodes=[0])
+            if one is not None:  # our own single-node figure: threads and memory on socket 0
+                mem = max(one.memory_per_node.values()) / 2**30
+                out.append(f"| {seed} | {fx} | {model} | (not run: one socket, threads and memory on node 0) | "
+                           f"none, isolate:0 | {depth} | {one.predicted_decode_tps:.2f} | - | - | {mem:.0f} GiB | "
+                           f"{'yes' if one.fits else 'no'} |")
         out += ["", "| seed | machine | model | published run | mode predicted | prompt tokens | predicted prompt t/s | "
                 "published | error |", "|---|---|---|---|---|---:|---:|---:|---:|"]
         for seed, fx, key, n_prompt, depth, runs in SEED_PROMPTS:
@@ -151,9 +197,9 @@ def main() -> None:
         print("probe: " + ", ".join(f"{t} thread{'s' if t > 1 else ''} {b / GB:.1f} GB/s"
                                     for t, b in prof.scaling[topo.cpu_node_ids[0]])
               + f"; load average before: {loadavg()}\n")
-        print("| model | threads | predicted tg128 | measured tg128 | error | predicted pp512 | measured pp512 | "
-              "error | decode bound by |")
-        print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
+        print("| model | threads | predicted tg128 | measured tg128 | error | CPU share | error per full core | "
+              "predicted pp512 | measured pp512 | error | error per full core | load average | decode bound by |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
         for line in this_machine(None, "default (Gemma 3 270M Q4_K_M)", threads, args.repetitions):
             print(line, flush=True)
         if not args.skip_large:
@@ -163,6 +209,9 @@ def main() -> None:
                 write_model(p, "llama", 10, d=2048, ff=5632, n_head=16, n_head_kv=16, head_dim=128, qtype=8)
                 for line in this_machine(p, "synthetic llama Q8_0 (546 MB)", threads, args.repetitions):
                     print(line, flush=True)
+        print()
+        print(f"### Against the quiet day of benchmarks/results.md ({QUIET['date']})\n")
+        print("\n".join(quiet_reference()))
         print()
     print("## Seeds' published runs (fixture machines, figures from published specifications)\n")
     print("\n".join(seeds()))

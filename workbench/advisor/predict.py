@@ -189,28 +189,58 @@ class EngineModel:
     have none: no overhead, and compute bounded only by the fixture's stated FLOP/s per core."""
 
     overhead: dict[int, tuple[float, float]] = field(default_factory=dict)  # threads -> (a, b)
-    decode_rate: dict[int, float] = field(default_factory=dict)             # type -> streamed bytes/s per thread
-    prompt_rate: dict[int, float] = field(default_factory=dict)             # type -> FLOP/s per thread
+    # threads -> type -> rate per thread, measured with that many threads at once
+    decode_rates: dict[int, dict[int, float]] = field(default_factory=dict)  # streamed bytes/s
+    prompt_rates: dict[int, dict[int, float]] = field(default_factory=dict)  # FLOP/s
     flops_per_core: float = 0.0
 
     @classmethod
-    def from_profile(cls, prof: MemoryProfile, arch: str) -> "EngineModel":
+    def from_profile(cls, prof: MemoryProfile, arch: str, rows: Mapping[int, int] | None = None) -> "EngineModel":
+        """The measured constants; per type the kernel measured at ``rows[type]`` (row length)
+        when there is one, else the one at the nearest row length."""
         eng = prof.engine or {}
         ids = {v: k for k, v in TYPE_NAMES.items()}
-        kern = eng.get("kernels", {})
+        rows = dict(rows or {})
+
+        def pick(kern: Mapping[str, Any]) -> dict[int, Mapping[str, float]]:
+            out: dict[int, tuple[int, Mapping[str, float]]] = {}
+            for key, v in kern.items():
+                name, _, k = key.partition("@")
+                if name not in ids:
+                    continue
+                t, k_ = ids[name], int(k or 0)
+                dist = abs(k_ - rows.get(t, k_))
+                if t not in out or dist < out[t][0]:
+                    out[t] = (dist, v)
+            return {t: v for t, (_, v) in out.items()}
         over_all = eng.get("overhead", {})
         over = over_all.get(arch) or over_all.get("llama") or {}
+        dec: dict[int, dict[int, float]] = {}
+        pro: dict[int, dict[int, float]] = {}
+        for n, kern in eng.get("kernels", {}).items():
+            if not n.isdigit():
+                continue
+            chosen = pick(kern)
+            dec[int(n)] = {t: float(v.get("stream_bytes_per_s", v["decode_bytes_per_s"])) for t, v in chosen.items()}
+            pro[int(n)] = {t: float(v["prompt_flops_per_s"]) for t, v in chosen.items()}
         return cls(overhead={int(k): (float(v[0]), float(v[1])) for k, v in over.items()},
-                   decode_rate={ids[n]: float(v.get("stream_bytes_per_s", v["decode_bytes_per_s"]))
-                                for n, v in kern.items() if n in ids},
-                   prompt_rate={ids[n]: float(v["prompt_flops_per_s"]) for n, v in kern.items() if n in ids},
-                   flops_per_core=prof.flops_per_core)
+                   decode_rates=dec, prompt_rates=pro, flops_per_core=prof.flops_per_core)
+
+    @staticmethod
+    def _nearest(table: Mapping[int, Any], threads: int) -> Any:
+        return table[min(table, key=lambda t: (abs(t - threads), -t))] if table else {}
+
+    def decode_rate(self, threads: int) -> dict[int, float]:
+        """Streamed bytes/s per thread by type, measured with the nearest thread count."""
+        return self._nearest(self.decode_rates, threads)
+
+    def prompt_rate(self, threads: int) -> dict[int, float]:
+        return self._nearest(self.prompt_rates, threads)
 
     def overhead_s(self, threads: int, n_layer: int) -> float:
         if not self.overhead:
             return 0.0
-        k = min(self.overhead, key=lambda t: (abs(t - threads), -t))
-        a, b = self.overhead[k]
+        a, b = self._nearest(self.overhead, threads)
         return a + b * n_layer
 
 
@@ -227,9 +257,9 @@ def _decode_time(B: Mapping[int, Mapping[int, float]], by_type: Mapping[int, Map
         if t_mem > worst:
             worst, why = t_mem, f"memory reads of node {i}"
         t_cmp = 0.0
-        if eng.decode_rate:
-            t_cmp = sum(v / (n_i * eng.decode_rate.get(t, min(eng.decode_rate.values())))
-                        for t, v in by_type[i].items())
+        rate = eng.decode_rate(pool.n_threads)
+        if rate:
+            t_cmp = sum(v / (n_i * rate.get(t, min(rate.values()))) for t, v in by_type[i].items())
         elif eng.flops_per_core:
             share = sum(by_type[i].values()) / sum_bytes
             t_cmp = total_flops * share / (n_i * eng.flops_per_core)
@@ -260,10 +290,11 @@ def _prompt_time(cost: ModelCost, by_type: Mapping[int, Mapping[int, float]], B:
     for i in pool.nodes:
         n_i = per_node[i]
         share = sum(by_type[i].values()) / wbytes
-        if eng.prompt_rate:
-            fallback = min(eng.prompt_rate.values())
-            t_cmp = sum(f * share / (n_i * eng.prompt_rate.get(t, fallback)) for t, f in flops_by_type.items())
-            t_cmp += attn * share / (n_i * eng.prompt_rate.get(1, fallback))
+        rate = eng.prompt_rate(pool.n_threads)
+        if rate:
+            fallback = min(rate.values())
+            t_cmp = sum(f * share / (n_i * rate.get(t, fallback)) for t, f in flops_by_type.items())
+            t_cmp += attn * share / (n_i * rate.get(1, fallback))
         elif eng.flops_per_core:
             t_cmp = (sum(flops_by_type.values()) + attn) * share / (n_i * eng.flops_per_core)
         else:
@@ -368,8 +399,9 @@ def recommend(cands: Sequence[Candidate]) -> tuple[int | None, str]:
         c = cands[smallest]
         return None, (f"nothing fits: the smallest plan ({c.weights}) needs "
                       f"{_need_text(c)} and free memory is short")
+    # ties (same predicted rate, e.g. compute-bound): less memory, then fewer remote reads
     best = max(fitting, key=lambda i: (round(cands[i].predicted_decode_tps, 6),
-                                       -sum(cands[i].memory_per_node.values())))
+                                       -sum(cands[i].memory_per_node.values()), -cands[i].remote_share))
     c = cands[best]
     # compare with the best fitting candidate of another weights mode, interleave first
     others = [i for i in fitting if cands[i].weights != c.weights and not _same_mode(cands[i], c.weights)]
@@ -380,7 +412,8 @@ def recommend(cands: Sequence[Candidate]) -> tuple[int | None, str]:
         ref = max(pool, key=lambda i: cands[i].predicted_decode_tps)
     if ref is not None and cands[ref].predicted_decode_tps > 0:
         gain = (c.predicted_decode_tps / cands[ref].predicted_decode_tps - 1) * 100
-        vs = f"{gain:+.0f} % over {cands[ref].weights}"
+        vs = (f"{gain:+.0f} % over {cands[ref].weights}" if abs(gain) >= 0.5 else
+              f"as fast as {cands[ref].weights} (bound by {c.decode_limit}), less memory or fewer remote reads")
     else:
         vs = "every weights mode predicts the same here"
     where = (f"{c.threads} thread{'s' if c.threads > 1 else ''} on node{'s' if len(c.nodes) > 1 else ''} "

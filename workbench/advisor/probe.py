@@ -29,7 +29,7 @@ from ..numa.topology import Topology, load_topology
 GB = 1e9
 #: progress(done, total, message)
 ProgressFn = Callable[[int, int, str], None]
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2  # 2: kernel rates per thread count
 
 
 @dataclass
@@ -78,8 +78,10 @@ class MemoryProfile:
         return self.threads_bw(reader, threads) * full / loc
 
     def capacity(self, source: int) -> float:
-        """What one node's memory can serve in total (its best reader's bandwidth)."""
-        return max((row.get(source, 0.0) for row in self.bandwidth.values()), default=0.0)
+        """What one node's memory can serve in total: its best reader's bandwidth, or the best
+        point of its own thread curve (on a busy machine fewer threads can measure higher)."""
+        best = max((row.get(source, 0.0) for row in self.bandwidth.values()), default=0.0)
+        return max([best] + [b for _, b in self.scaling.get(source, [])])
 
     # ---- (de)serialisation ---------------------------------------------
     def to_json(self) -> dict:
@@ -119,9 +121,10 @@ def cpu_model(topology: Topology) -> str:
 
 
 def machine_key(topology: Topology) -> str:
-    """Stable id of a machine for the cache: nodes, their CPUs, memory size and distances, and the CPU."""
+    """Stable id of a machine for the cache: nodes, their CPUs and distances, memory-only nodes, and
+    the CPU model. Memory sizes are left out: a VM's node MemTotal moves with memory hot-plug."""
     desc = {"cpu": cpu_model(topology),
-            "nodes": [[n.id, list(n.cpus), n.mem_total >> 30, sorted(n.distances.items())]
+            "nodes": [[n.id, list(n.cpus), n.memory_only, sorted(n.distances.items())]
                       for n in topology.nodes]}
     return hashlib.sha1(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -183,7 +186,7 @@ def _thread_counts(n: int) -> list[int]:
     return out + [n]
 
 
-def probe(topology: Topology | None = None, *, size_mb: int = 256, reps: int = 3,
+def probe(topology: Topology | None = None, *, size_mb: int = 256, reps: int = 5,
           progress: ProgressFn | None = None) -> MemoryProfile:
     """Measure this machine (seconds): see the module docstring. ``size_mb`` is the buffer per
     source node (raised to 4x the largest L3 so caches do not flatter the figures)."""
@@ -298,6 +301,13 @@ def probe(topology: Topology | None = None, *, size_mb: int = 256, reps: int = 3
             p.close()
     for i in cpu_nodes:
         scaling.setdefault(i, [])
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = 0.0
+    if load > 0.5 * len(topo.allowed_cpus):
+        notes.append(f"load average {load:.1f} on {len(topo.allowed_cpus)} CPUs while probing: other work "
+                     "shares the machine, the figures (best of several reads) may still be low")
     return MemoryProfile(
         key=machine_key(topo), date=time.strftime("%Y-%m-%d %H:%M:%S %Z"), cpu_model=cpu_model(topo),
         source="probed", nodes=src_nodes, cpu_nodes=cpu_nodes, bandwidth=bandwidth, latency_ns=latency,
