@@ -41,7 +41,7 @@ def main() -> int:
     moe = eng.rt.moe
 
     def spy(x, gate, up, down, experts, weights, activation="silu"):
-        steps.append((gate, np.array(experts)))
+        steps.append((up, np.array(experts)))
         return moe(x, gate, up, down, experts, weights, activation)
     eng.rt.moe = spy
     s = eng.new_session(512)

@@ -564,7 +564,7 @@ class Runtime:
         if ids.size and (ids.min() < 0 or ids.max() >= n_exp):
             raise ValueError(f"expert ids outside [0, {n_exp})")
         if self.routing is not None:
-            self.routing.record(gate, ids, (gate, up, down))
+            self.routing.record(up, ids, tuple(n for n in (gate, up, down) if n))
         # (expert, input rows, output rows): gate/up read token t, write row t*k + i
         rows: dict[int, list[int]] = {}
         for r, e in enumerate(ids.reshape(-1).tolist()):
