@@ -13,8 +13,9 @@ excluded, the same clock for both servers). Best round reported. The single-stre
 compared with `numawb generate` (same prompt, -n and threads) in a fresh process.
 
 `--load N` adds the fault run: N requests of random lengths from 8 clients, a quarter closed
-midway; every request must complete or be cancelled by its client, nothing may hang, and the
-server's RSS must return to its level (measured from /proc after a warm-up round and after).
+midway, run twice; every request must complete or be cancelled by its client, nothing may
+hang, and the server's RSS must return to its level (from /proc after a warm-up round, after
+the run and after the second one). The outcomes reported are the second run's.
 """
 from __future__ import annotations
 
@@ -176,17 +177,21 @@ def load_run(cmd: list[str], port: int, n_requests: int) -> dict:
             if r["status"] != 200:
                 return f"error {r['status']}"
             return r["finish"] or "no-finish"
-        with ThreadPoolExecutor(8) as ex:
-            outcomes = list(ex.map(one, range(n_requests), timeout=3600))
-        wall = time.perf_counter() - t0
-        time.sleep(2.0)  # closed streams are cancelled at the next pass
+        afters = []
+        for _ in range(2):  # twice: the second run shows whether memory keeps growing
+            with ThreadPoolExecutor(8) as ex:
+                outcomes = list(ex.map(one, range(n_requests), timeout=3600))
+            wall = time.perf_counter() - t0
+            time.sleep(2.0)  # closed streams are cancelled at the next pass
+            afters.append(srv.rss())
+            t0 = time.perf_counter()
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         c.request("GET", "/health")
         health = json.loads(c.getresponse().read())
-        after = srv.rss()
         counts = {k: outcomes.count(k) for k in sorted(set(outcomes))}
         return {"requests": n_requests, "outcomes": counts, "seconds": wall, "rss_before": base,
-                "rss_after": after, "idle_after": health.get("slots_processing") == 0}
+                "rss_after": afters[0], "rss_after_second_run": afters[1],
+                "idle_after": health.get("slots_processing") == 0}
     finally:
         srv.stop()
 
@@ -295,7 +300,8 @@ def table(res: dict, levels: list[int]) -> str:
         ld = res["load"]
         lines += ["", f"fault run: {ld['requests']} requests in {ld['seconds']:.0f} s, outcomes {ld['outcomes']}, "
                       f"idle after: {ld['idle_after']}, RSS {ld['rss_before'] / 2**20:.0f} -> "
-                      f"{ld['rss_after'] / 2**20:.0f} MiB"]
+                      f"{ld['rss_after'] / 2**20:.0f} MiB, after the same run again "
+                      f"{ld['rss_after_second_run'] / 2**20:.0f} MiB"]
     return "\n".join(lines)
 
 
