@@ -80,15 +80,13 @@ def bandwidth_probe(threads: list[int], gib: float = 1.0, reps: int = 7) -> dict
 
 # ----------------------------------------------------------------------------- model facts
 def model_facts(path: str) -> dict:
-    from workbench.engine.gguf_file import read_gguf
-    g = read_gguf(path)
-    total = sum(t.nbytes for t in g.tensors.values())
-    tied = "output.weight" not in g.tensors
-    emb = g.tensors.get("token_embd.weight")
-    # decode streams every matrix once per token; an untied token_embd is only looked up (one row)
-    per_token = total if tied or emb is None else total - emb.nbytes
-    return {"path": path, "file_bytes": os.path.getsize(path), "tensor_bytes": total,
-            "bytes_per_token": per_token, "tied_output": tied}
+    """File size and the weight bytes a decoded token streams, from the header's cost model (a
+    mixture of experts reads only its routed experts; an untied embedding only one row)."""
+    from workbench.advisor.cost import model_cost
+    c = model_cost(path)
+    return {"path": path, "file_bytes": c.file_size, "tensor_bytes": c.weight_bytes,
+            "bytes_per_token": c.weight_bytes_per_token, "tied_output": "output.weight" not in
+            {t.name for t in c.tensors}}
 
 
 # ----------------------------------------------------------------------------- llama.cpp
