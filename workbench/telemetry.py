@@ -389,9 +389,13 @@ class Telemetry:
             wb = getattr(eng, "weight_bytes", 0) if eng is not None else 0
             cur = rates.current_decode
             serving, requests = self._serving()
+            routing = self._routing(eng)
+            notes = snap.notes
+            if routing is not None and self._fixture is not None:
+                notes += ("expert routing is counted on this machine's own placement, not the simulated one",)
             return dataclasses.replace(
                 snap, seq=self._seq, t=time.time() if now is None else now, rates=rates,
-                bandwidth=wb * cur if (cur and wb) else None, routing=self._routing(eng),
+                bandwidth=wb * cur if (cur and wb) else None, routing=routing, notes=notes,
                 serving=serving, requests=requests, sample_seconds=time.perf_counter() - t0)
 
     @staticmethod

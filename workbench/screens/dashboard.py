@@ -184,8 +184,7 @@ def _bins(n: int, k: int) -> list[tuple[int, int]]:
     return [(i * n // k, (i + 1) * n // k) for i in range(k)]
 
 
-def routing_view(r: RoutingInfo, palette: Palette, width: int, max_rows: int = 24,
-                 simulated: bool = False) -> RenderableType:
+def routing_view(r: RoutingInfo, palette: Palette, width: int, max_rows: int = 24) -> RenderableType:
     """A mixture-of-experts model's routing: a heat map (MoE layers as rows, experts binned into
     columns, shade by hits in the window), each node's share of the expert bytes read per token,
     and the imbalance between nodes."""
@@ -227,8 +226,6 @@ def routing_view(r: RoutingInfo, palette: Palette, width: int, max_rows: int = 2
                    style="bold red" if imb >= 1.5 else ("yellow" if imb >= 1.15 else "green"))
     else:
         out.append("\nexpert bytes per node: not counted yet", style="dim")
-    if simulated:
-        out.append("\nrouting is counted on this machine's own placement, not the simulated one", style="yellow")
     return out
 
 
@@ -241,22 +238,21 @@ class RoutingView(Widget):
         super().__init__(**kw)
         self.routing: RoutingInfo | None = None
         self.palette = Palette()
-        self.simulated = False
 
-    def show(self, routing: RoutingInfo | None, palette: Palette, simulated: bool = False) -> None:
-        self.routing, self.palette, self.simulated = routing, palette, simulated
+    def show(self, routing: RoutingInfo | None, palette: Palette) -> None:
+        self.routing, self.palette = routing, palette
         self.refresh(layout=True)
 
     def get_content_height(self, container, viewport, width: int) -> int:  # noqa: ANN001
         r = self.routing
         if r is None or not r.layers:
             return 1
-        return 2 + min(len(r.layers), 24) + (2 + len(r.node_bytes) if r.node_bytes else 1) + self.simulated
+        return 2 + min(len(r.layers), 24) + (2 + len(r.node_bytes) if r.node_bytes else 1)
 
     def render(self) -> RenderableType:
         if self.routing is None:
             return Text("")
-        return routing_view(self.routing, self.palette, self.size.width, simulated=self.simulated)
+        return routing_view(self.routing, self.palette, self.size.width)
 
 
 @dataclass(frozen=True)
@@ -447,7 +443,7 @@ class Dashboard(VerticalScroll):
         routing = self.query_one("#routing-panel")
         routing.display = s.routing is not None  # dense models have no routing
         if s.routing is not None:
-            self.query_one(RoutingView).show(s.routing, self.palette, s.simulated and s.source != "replay")
+            self.query_one(RoutingView).show(s.routing, self.palette)
         self._requests(s)
         self._workers(s)
         self.query_one("#topology", Static).update(topology_view(s, self.palette))
