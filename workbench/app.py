@@ -6,6 +6,10 @@ that report back with messages. The dashboard is fed by one snapshot source: liv
 (``workbench.replay``). Widgets live in ``workbench/screens/``; this module is the only UI code
 that talks to the engine. It receives a ready ``Placement`` and never reads the command line
 (``workbench.cli`` is the front door).
+
+Beside the chat it can serve the loaded model (``serve=PORT``, ``numawb --serve``: an
+``AppServer`` runs ``workbench.server`` on its own thread, the telemetry lists its requests) and
+predict placements with ``workbench.advisor`` in a worker (F9; F10: another file's header).
 """
 from __future__ import annotations
 
@@ -472,8 +476,8 @@ class WorkbenchApp(App[int]):
         self.loading = False  # only now is the new model fully shown
         if restart:
             self.start_serving(self.serve_port or 0)
-        self.advice = None
-        if self.auto_advice:
+        self.advice = self.advice_current = None
+        if self.auto_advice and not self.advising:
             self.request_advice(probe=False)
         self.sample_now()
 
