@@ -725,6 +725,14 @@ async def test_advice_panel_predicts_current_and_best_mode_and_a_what_if(tiny, t
         text = app.dashboard.query_one("#advice-text").render().plain
         assert f"predicted {cur.predicted_decode_tps:,.1f} t/s · measured {measured:,.1f} t/s" in text
         assert "best mode: weights" in text
+        # a switch: "this mode" follows the placement in force
+        assert app.request_switch(weights="interleave")
+        await until(pilot, lambda: not app.switching, 120)
+        await until(pilot, lambda: app.advice_view.current.startswith("weights interleave /") and not app.advising, 120)
+        inter = advise(tiny, "epyc-2socket", app.settings.n_ctx, threads=[n], weights=["interleave"],
+                       kvs=["first-touch"], measure=False)
+        assert app.advice_view.current_tps == next(c for c in inter.candidates
+                                                   if c.policy == "distribute").predicted_decode_tps
         # what-if: F10 opens a file's header only; the loaded model stays
         engine = app.engine
         await pilot.press("f10")

@@ -131,7 +131,7 @@ def stats_line(stats: Any, placement: str) -> str:
 def mode_label(weights: str, kv: str, threads: int, policy: str = "distribute") -> str:
     """A placement in the advice panel's words."""
     pol = "" if policy in ("", "distribute") else f" ({policy})"
-    return f"weights {weights} / KV {kv} / {threads} threads{pol}"
+    return f"weights {weights} / KV {kv} / {threads} thread{'s' if threads != 1 else ''}{pol}"
 
 
 def current_candidate(advice: Any, weights: str, kv: str, threads: int, policy: str) -> Any:
@@ -553,6 +553,7 @@ class WorkbenchApp(App[int]):
         if eng is not None:
             self.controls.set_values(eng.placement.weights, eng.placement.kv, eng.placement.policy, eng.pool.n_threads)
         self.notify("; ".join(parts) or "placement unchanged", title="switched")
+        self._advice_follows_placement()
         self.sample_now()
 
     def on_switch_refused(self, msg: SwitchRefused) -> None:
@@ -881,7 +882,7 @@ class WorkbenchApp(App[int]):
                     cur = None
         p = adv.profile
         machine = (f"SIMULATED {os.path.basename(adv.topology.root)}" if adv.simulated else
-                   f"this machine (memory probe {p.source}{' ' + p.date if p.date else ''})")
+                   f"this machine (memory {p.source}{' ' + p.date if p.date else ''})")
         view = AdviceView(
             machine=machine,
             current=mode_label(*current) if current is not None and cur is not None else "",
@@ -894,6 +895,22 @@ class WorkbenchApp(App[int]):
                     recommended=best.to_json() if best else None, reason=adv.reason)
         self.advice, self.advice_current = adv, cur
         self.post_message(AdviceReady(view))
+
+    def _advice_follows_placement(self) -> None:
+        """After a switch: the advice panel's "this mode" line is the new mode's prediction (from
+        the advice at hand, else predicted again, which needs no probe)."""
+        eng, adv = self.engine, self.advice
+        if eng is None or adv is None:
+            return
+        p = eng.placement
+        current = (p.weights, p.kv, eng.pool.n_threads, p.policy)
+        cur = current_candidate(adv, *current)
+        if cur is None:
+            self.request_advice(probe=False)
+            return
+        self.advice_current = cur
+        self._show_advice(dataclasses.replace(self.advice_view, current=mode_label(*current),
+                                              current_tps=cur.predicted_decode_tps, current_fits=cur.fits))
 
     def on_advice_progress(self, msg: AdviceProgress) -> None:
         self._show_advice(dataclasses.replace(self.advice_view, status=msg.text))
