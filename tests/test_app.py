@@ -862,3 +862,21 @@ def test_serve_flag_on_the_command_line(tmp_path):
     from workbench.errors import UserError
     with pytest.raises(UserError, match="--serve: the port must be in 0..65535"):
         cmd_app(parse_args(["--serve", "70000"]))
+
+
+def test_routing_heat_map_bins_many_layers_and_experts_into_the_width():
+    """A DeepSeek-sized routing (58 MoE layers x 256 experts) fits 24 rows and the panel's width;
+    each cell sums the hits of the experts and layers it stands for."""
+    from workbench.screens.dashboard import SHADES, routing_view
+    from workbench.screens.themes import Palette
+    from workbench.telemetry import RoutingInfo
+    layers = tuple(range(3, 61))
+    hits = tuple(tuple(8 if e == (il * 7) % 256 else 0 for e in range(256)) for il in layers)
+    r = RoutingInfo(64, 256, layers, hits, ((0, 3.0e8), (1, 1.0e8)))
+    text = routing_view(r, Palette(), width=76).plain
+    rows = [line for line in text.splitlines() if line.lstrip().startswith("L")]
+    assert len(rows) == 24 and rows[0].split()[0] == "L3-4" and rows[-1].split()[0].endswith("-60")
+    cells = [line[8:] for line in rows]
+    assert all(len(c) == 64 for c in cells)  # 256 experts, 4 per column
+    assert all(set(c) <= set(SHADES) for c in cells) and all(c.strip() for c in cells)
+    assert "(4 per column)" in text and "imbalance 1.50×" in text and " 75.0%" in text
