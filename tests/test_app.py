@@ -43,6 +43,14 @@ def tiny2(tmp_path_factory) -> str:
     return str(path)
 
 
+@pytest.fixture(scope="module")
+def tiny_moe(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("models") / "tiny-qwen3moe.gguf"
+    write_tiny_model(path, TinySpec(arch="qwen3moe", n_expert=8, n_expert_used=2, n_ff=256, n_ff_exp=256,
+                                    n_ctx=512))
+    return str(path)
+
+
 @pytest.fixture(autouse=True)
 def xdg(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
@@ -55,6 +63,7 @@ def make_app(model: str | None, **kw) -> WorkbenchApp:
     settings.sampling.seed = 1
     settings.n_ctx = 512
     kw.setdefault("settings", settings)
+    kw.setdefault("auto_advice", False)  # the advice tests turn it on
     return WorkbenchApp(model, **kw)
 
 
@@ -65,8 +74,8 @@ async def until(pilot, cond, timeout: float = 60.0) -> None:
         await pilot.pause(0.05)
 
 
-async def loaded(app, pilot) -> None:
-    await until(pilot, lambda: app.engine is not None and not app.loading)
+async def loaded(app, pilot, timeout: float = 60.0) -> None:
+    await until(pilot, lambda: app.engine is not None and not app.loading, timeout)
 
 
 async def chat_once(app, pilot, text: str = "the cat sat") -> Reply:
@@ -625,3 +634,249 @@ async def test_conversation_is_saved_and_restored_and_survives_reload(tiny, tmp_
         assert len(again.query(UserMessage)) == 1 and len(again.query(Reply)) == 1
         await again.action_clear_chat()
     assert history.load() == []
+
+
+# ---- mixture-of-experts routing ---------------------------------------------------
+
+@aio
+async def test_routing_panel_shows_expert_hits_node_shares_and_imbalance(tiny_moe):
+    app = make_app(tiny_moe)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(app, pilot, timeout=600)
+        await chat_once(app, pilot)
+        snap = app.source.sample_now()  # after the reply: the engine's window no longer moves
+        await until(pilot, lambda: app.dashboard.snapshot.seq >= snap.seq)
+        r = app.dashboard.snapshot.routing
+        assert r is not None and r.window > 0
+        eng_r = app.engine.routing()
+        assert r.n_expert == 8 and r.layers == tuple(eng_r.layers) == (0, 1)
+        # every token routes to n_expert_used = 2 experts, all of them counted (the last layer of a
+        # prompt pass computes only the rows whose logits are wanted, as llama.cpp does)
+        assert sum(r.hits[0]) == 2 * r.window and all(0 < sum(h) <= 2 * r.window and sum(h) % 2 == 0
+                                                       for h in r.hits)
+        assert r.hits == tuple(tuple(int(v) for v in eng_r.hits[il]) for il in r.layers)
+        assert r.node_bytes and abs(sum(r.node_shares.values()) - 1) < 1e-9 and r.imbalance >= 1.0
+        panel = app.dashboard.query_one("#routing-panel")
+        assert panel.display
+        text = app.dashboard.query_one("#routing").render().plain
+        assert "2 MoE layers × 8 experts" in text and "imbalance" in text and "node 0" in text
+        assert text.count("\n     L") == 2  # one row per layer
+
+
+@aio
+async def test_routing_panel_is_hidden_for_a_dense_model(tiny):
+    app = make_app(tiny)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(app, pilot)
+        app.sample_now()
+        await until(pilot, lambda: app.dashboard.snapshot.model == "tiny-llama.gguf")
+        assert app.dashboard.snapshot.routing is None
+        assert not app.dashboard.query_one("#routing-panel").display
+        assert not app.dashboard.query_one("#serving-panel").display
+
+
+def test_record_writes_routing_samples_and_replay_shows_them(tmp_path, tiny_moe):
+    from workbench.record import run_record
+    from workbench.replay import Recording, replayed
+    script = tmp_path / "s.txt"
+    script.write_text("set n_predict=4 seed=1\nload\nchat the cat\n")
+    out = tmp_path / "rec"
+    assert run_record(str(out), script=str(script), model=tiny_moe, size=(120, 40), timeout=600) == 0
+    rec = Recording.load(str(out / "events.jsonl"))
+    routed = [replayed(e["data"]).routing for e in rec.events if e["kind"] == "snapshot"
+              and e["data"].get("routing")]
+    assert routed and routed[-1].window > 0 and routed[-1].layers == (0, 1)
+    assert sum(routed[-1].hits[0]) == 2 * routed[-1].window and routed[-1].n_expert == 8
+
+    async def replay() -> None:
+        app = make_app(None, replay=str(out / "events.jsonl"), autoload=False)
+        async with app.run_test(size=SIZE) as pilot:
+            app.source.set_interval(0.25)
+            await until(pilot, lambda: app.dashboard.snapshot.routing is not None
+                        and app.dashboard.snapshot.routing.window > 0, 60)
+            assert app.dashboard.query_one("#routing-panel").display
+    asyncio.run(replay())
+
+
+# ---- advice ------------------------------------------------------------------------
+
+@aio
+async def test_advice_panel_predicts_current_and_best_mode_and_a_what_if(tiny, tiny2, tmp_path):
+    """On a fixture machine advice needs no probe: it runs after the load, in a worker."""
+    app = make_app(tiny, simulate="epyc-2socket", auto_advice=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(app, pilot)
+        await until(pilot, lambda: app.advice is not None and not app.advising, 120)
+        v = app.advice_view
+        best = app.advice.best
+        assert v.machine == "SIMULATED epyc-2socket" and v.best.startswith(f"weights {best.weights} / KV {best.kv}")
+        from workbench.advisor.advise import advise
+        n = app.engine.pool.n_threads
+        alone = advise(tiny, "epyc-2socket", app.settings.n_ctx, threads=[n], weights=["none"], kvs=["first-touch"],
+                       measure=False)
+        cur = next(c for c in alone.candidates if c.policy == "distribute")
+        assert cur is not None and v.current_tps == cur.predicted_decode_tps
+        assert (app.advice_current.weights, app.advice_current.threads) == ("none", n)
+        assert v.reason == app.advice.reason and v.reason
+        await chat_once(app, pilot)
+        app.sample_now()
+        measured = app.telemetry.rates.rates().current_decode
+        await until(pilot, lambda: app.dashboard.snapshot.rates.current_decode == measured)
+        text = app.dashboard.query_one("#advice-text").render().plain
+        assert f"predicted {cur.predicted_decode_tps:,.1f} t/s · measured {measured:,.1f} t/s" in text
+        assert "best mode: weights" in text
+        # a switch: "this mode" follows the placement in force
+        assert app.request_switch(weights="interleave")
+        await until(pilot, lambda: not app.switching, 120)
+        await until(pilot, lambda: app.advice_view.current.startswith("weights interleave /") and not app.advising, 120)
+        inter = advise(tiny, "epyc-2socket", app.settings.n_ctx, threads=[n], weights=["interleave"],
+                       kvs=["first-touch"], measure=False)
+        assert app.advice_view.current_tps == next(c for c in inter.candidates
+                                                   if c.policy == "distribute").predicted_decode_tps
+        # what-if: F10 opens a file's header only; the loaded model stays
+        engine = app.engine
+        await pilot.press("f10")
+        assert isinstance(app.screen, OpenModelScreen) and app.screen.what_if
+        app.screen.query_one("#open-path").value = tiny2
+        await pilot.click("#open-load")
+        await until(pilot, lambda: "tiny-other.gguf" in app.advice_view.whatif and not app.advising, 120)
+        assert app.engine is engine and "t/s" in app.advice_view.whatif
+        assert "what-if: tiny-other.gguf" in app.dashboard.query_one("#advice-text").render().plain
+        # a file that is not a GGUF: one line in the panel, the app keeps running
+        bad = tmp_path / "bad.gguf"
+        bad.write_bytes(b"not a gguf at all")
+        assert app.request_advice(what_if=str(bad))
+        await until(pilot, lambda: not app.advising, 60)
+        assert app.advice_view.status.startswith("✗ what-if bad.gguf:") and "\n" not in app.advice_view.status
+        assert app.advice_view.best == v.best
+
+
+@aio
+async def test_advice_without_a_cached_probe_waits_for_f9(tiny, tmp_path, monkeypatch):
+    """On this machine, with no probe cached, the app does not probe on its own: it says F9 does."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    app = make_app(tiny, auto_advice=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(app, pilot)
+        await until(pilot, lambda: "F9 probes it" in app.advice_view.status)
+        assert app.advice is None and not app.advising
+        assert "F9 probes it" in app.dashboard.query_one("#advice-text").render().plain
+
+
+# ---- serving -------------------------------------------------------------------------
+
+def _complete(url: str, prompt: str, max_tokens: int) -> dict:
+    import urllib.request
+    body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0}).encode()
+    req = urllib.request.Request(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as r:
+        return json.loads(r.read())
+
+
+@aio
+async def test_serve_from_the_app_shows_active_requests(tiny):
+    app = make_app(tiny, serve=0, serve_slots=2)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(app, pilot)
+        await until(pilot, lambda: app.server is not None)
+        srv = app.server
+        assert srv.port > 0 and f"serving {srv.url}" in app.sub_title
+        results: list[dict] = []
+        threads = [threading.Thread(target=lambda: results.append(_complete(srv.url, "the cat", 200)))
+                   for _ in range(2)]
+        engine = app.engine
+        for t in threads:
+            t.start()
+        # look between passes (holding the engine's lock stops the scheduler) until both decode
+        end = time.monotonic() + 120
+        while True:
+            engine.lock.acquire()
+            if sum(1 for a in srv.active() if a.state == "decode" and a.tokens > 0) == 2:
+                break
+            engine.lock.release()
+            assert time.monotonic() < end and any(t.is_alive() for t in threads)
+            await pilot.pause(0.01)
+        try:
+            snap = app.source.sample_now()
+            await until(pilot, lambda: app.dashboard.snapshot.seq >= snap.seq)
+            rows = app.dashboard.snapshot.requests
+            assert app.dashboard.snapshot.serving == srv.label
+            assert len(rows) == 2 and {q.slot for q in rows} == {0, 1} and {q.state for q in rows} == {"decode"}
+            assert all(q.kv_nodes and q.tokens > 0 and q.prompt_tokens > 0 for q in rows)
+            assert app.dashboard.query_one("#serving-panel").display
+            table = app.dashboard.query_one("#requests")
+            assert table.row_count == 2 and {str(table.get_row_at(i)[0]) for i in range(2)} == {q.id for q in rows}
+        finally:
+            engine.lock.release()
+        # the app's own chat goes on beside the server (the engine's lock interleaves them)
+        await chat_once(app, pilot)
+        await until(pilot, lambda: all(not t.is_alive() for t in threads), 300)
+        assert len(results) == 2 and all(r["usage"]["completion_tokens"] > 0 for r in results)
+        # greedy and batched: both got the same tokens
+        assert results[0]["choices"][0]["text"] == results[1]["choices"][0]["text"]
+    assert app.server is None and srv.scheduler._stop
+
+
+@aio
+async def test_serve_on_a_port_in_use_is_one_line(tiny):
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        app = make_app(tiny, serve=port)
+        async with app.run_test(size=SIZE) as pilot:
+            await loaded(app, pilot)
+            await until(pilot, lambda: app.last_error)
+            assert app.server is None and app.last_error == (f"could not listen on 127.0.0.1:{port} "
+                                                             "(in use, or not an address here)")
+            await chat_once(app, pilot)  # the model is still usable
+
+
+def test_record_script_requests_shows_a_serving_dashboard(tmp_path, tiny):
+    from workbench.record import run_record
+    script = tmp_path / "s.txt"
+    script.write_text("set n_predict=64 seed=1\nview dashboard\nload\nrequests 2 the cat sat\nwait 0.5\n")
+    out = tmp_path / "rec"
+    assert run_record(str(out), script=str(script), model=tiny, size=(120, 60)) == 0
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    kinds = [e["kind"] for e in events]
+    assert "serve.start" in kinds and kinds.count("request.done") == 2 and "request.error" not in kinds
+    serving = [e["data"] for e in events if e["kind"] == "snapshot" and e["data"].get("requests")]
+    rows = [q for snap in serving for q in snap["requests"]]
+    assert any(q["state"] == "decode" and q["tokens"] > 0 for q in rows)
+    assert all(q["kv_nodes"] for q in rows if q["slot"] >= 0)  # a queued request has no slot yet
+    import html
+    svg = html.unescape((out / "04-requests.svg").read_text()).replace("\xa0", " ")
+    assert "serving tiny-llama.gguf on http://127.0.0.1:" in svg and "KV node" in svg
+
+
+def test_serve_flag_on_the_command_line(tmp_path):
+    from workbench.cli import parse_args
+    assert parse_args(["--serve"]).serve == 8080
+    assert parse_args(["--serve", "9000", "-m", "x.gguf"]).serve == 9000
+    assert parse_args([]).serve is None
+    with pytest.raises(SystemExit):
+        parse_args(["generate", "-p", "x", "--serve"])
+    from workbench.cli import cmd_app
+    from workbench.errors import UserError
+    with pytest.raises(UserError, match="--serve: the port must be in 0..65535"):
+        cmd_app(parse_args(["--serve", "70000"]))
+
+
+def test_routing_heat_map_bins_many_layers_and_experts_into_the_width():
+    """A DeepSeek-sized routing (58 MoE layers x 256 experts) fits 24 rows and the panel's width;
+    each cell sums the hits of the experts and layers it stands for."""
+    from workbench.screens.dashboard import SHADES, routing_view
+    from workbench.screens.themes import Palette
+    from workbench.telemetry import RoutingInfo
+    layers = tuple(range(3, 61))
+    hits = tuple(tuple(8 if e == (il * 7) % 256 else 0 for e in range(256)) for il in layers)
+    r = RoutingInfo(64, 256, layers, hits, ((0, 3.0e8), (1, 1.0e8)))
+    text = routing_view(r, Palette(), width=76).plain
+    rows = [line for line in text.splitlines() if line.lstrip().startswith("L")]
+    assert len(rows) == 24 and rows[0].split()[0] == "L3-4" and rows[-1].split()[0].endswith("-60")
+    cells = [line[8:] for line in rows]
+    assert all(len(c) == 64 for c in cells)  # 256 experts, 4 per column
+    assert all(set(c) <= set(SHADES) for c in cells) and all(c.strip() for c in cells)
+    assert "(4 per column)" in text and "imbalance 1.50×" in text and " 75.0%" in text

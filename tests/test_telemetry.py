@@ -240,3 +240,50 @@ def test_worker_zero_shows_the_thread_that_ran_its_share(tmp_path):
         w0_after = tel.sample().workers[0]
         eng.close()
     assert (w0_after.thread, w0_after.actual_cpu) == ("caller", last)  # kept: where it last ran
+
+
+def test_dense_model_has_no_routing(engine):
+    eng, _ = engine
+    snap = Telemetry(eng).sample()
+    assert snap.routing is None and snap.requests == () and snap.serving == ""
+    assert roundtrip(snap) == snap
+
+
+def test_moe_routing_is_carried_in_snapshots_and_survives_json(tmp_path):
+    """The snapshot's routing is the engine's window (hits per MoE layer, expert bytes per node),
+    and it comes back unchanged from a recording's JSON."""
+    from workbench.telemetry import RoutingInfo
+    path = tmp_path / "moe.gguf"
+    write_tiny_model(path, TinySpec(arch="qwen3moe", n_expert=8, n_expert_used=2, n_ff=256, n_ff_exp=256))
+    eng = Engine.load(str(path))
+    try:
+        tel = Telemetry(eng)
+        assert tel.sample().routing == RoutingInfo(0, 8, (), (), ())  # nothing routed yet
+        s = eng.new_session(64)
+        for _ in s.generate([2, 270, 271, 272, 273, 274], SamplingParams(temperature=0.0), 3):
+            pass
+        snap = tel.sample()
+        r, want = snap.routing, eng.routing()
+        assert r.layers == tuple(want.layers) and r.window == want.window > 0
+        assert r.hits == tuple(tuple(int(v) for v in want.hits[il]) for il in want.layers)
+        assert dict(r.node_bytes) == pytest.approx(want.node_bytes) and r.imbalance == pytest.approx(want.imbalance)
+        assert r.node_shares == pytest.approx(want.node_shares)
+        assert sum(r.hits[0]) == 2 * r.window  # 2 experts per token, every token of layer 0
+        back = roundtrip(snap)
+        assert back.routing == r and back == snap
+    finally:
+        eng.close()
+
+
+def test_routing_info_of_a_counted_window():
+    """Shares and imbalance as the engine's RoutingSnapshot defines them, from its own counter."""
+    import numpy as np
+    from workbench.engine.routing import RoutingStats
+    from workbench.telemetry import RoutingInfo
+    st = RoutingStats(2, 4, window=3, bytes_by_node=lambda name, e: {0 if e < 2 else 1: 100.0})
+    for ids in ([0, 1], [0, 2], [0, 1], [3, 0]):  # four tokens: the first leaves the 3-token window
+        st.record("blk.1.ffn_gate_exps.weight", np.array([ids]), ("t",))
+    r = RoutingInfo.from_routing(st.snapshot())
+    assert r.layers == (1,) and r.window == 3 and r.hits == ((3, 1, 1, 1),)
+    want = st.snapshot()
+    assert r.imbalance == pytest.approx(want.imbalance) and r.node_shares == pytest.approx(want.node_shares)

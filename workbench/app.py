@@ -6,6 +6,10 @@ that report back with messages. The dashboard is fed by one snapshot source: liv
 (``workbench.replay``). Widgets live in ``workbench/screens/``; this module is the only UI code
 that talks to the engine. It receives a ready ``Placement`` and never reads the command line
 (``workbench.cli`` is the front door).
+
+Beside the chat it can serve the loaded model (``serve=PORT``, ``numawb --serve``: an
+``AppServer`` runs ``workbench.server`` on its own thread, the telemetry lists its requests) and
+predict placements with ``workbench.advisor`` in a worker (F9; F10: another file's header).
 """
 from __future__ import annotations
 
@@ -35,7 +39,7 @@ from .replay import FINISHED, Recording, ReplaySource
 from .telemetry import FrozenSource, Sampler, Snapshot, SnapshotSource, Telemetry
 from .screens.chat import ChatPane, Reply
 from .numa.modes import WEIGHT_MODES, kv_choices
-from .screens.dashboard import Controls, Dashboard, LoadPanel
+from .screens.dashboard import AdviceView, Controls, Dashboard, LoadPanel
 from .screens.dialogs import ErrorScreen, HelpScreen, OpenModelScreen, SamplingScreen
 from .screens.main import MainScreen
 from .screens.themes import Palette, load_themes
@@ -90,6 +94,20 @@ class ReplayEvent(Message):
         self.kind, self.data = kind, data
 
 
+class AdviceProgress(Message):
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+
+class AdviceReady(Message):
+    """Advice for the loaded model (``what_if``: for another file's header, shown beside it)."""
+
+    def __init__(self, view: AdviceView | None, what_if: str = "", error: str = "") -> None:
+        super().__init__()
+        self.view, self.what_if, self.error = view, what_if, error
+
+
 class ReplyDone(Message):
     def __init__(self, stats: Any, placement: str) -> None:
         super().__init__()
@@ -108,6 +126,83 @@ def stats_line(stats: Any, placement: str) -> str:
     return (f"{n} tokens · prompt {stats.prompt_tokens} tok @ {stats.prompt_tps:,.1f} t/s · "
             f"decode {stats.decode_tps:,.1f} t/s · ttft {1000 * stats.ttft:,.0f} ms · "
             f"{stats.stop_reason} · {placement}")
+
+
+def mode_label(weights: str, kv: str, threads: int, policy: str = "distribute") -> str:
+    """A placement in the advice panel's words."""
+    pol = "" if policy in ("", "distribute") else f" ({policy})"
+    return f"weights {weights} / KV {kv} / {threads} thread{'s' if threads != 1 else ''}{pol}"
+
+
+def current_candidate(advice: Any, weights: str, kv: str, threads: int, policy: str) -> Any:
+    """The advisor's candidate for the placement in force: same modes (or merged into an
+    identical one), same thread count and policy (``isolate:N`` included); None when absent."""
+    for c in advice.candidates:
+        if c.threads != threads or c.policy != (policy or "distribute"):
+            continue
+        if (c.weights, c.kv) == (weights, kv) or f"{weights}/{kv}" in c.same_as:
+            return c
+    return None
+
+
+class AppServer:
+    """``numawb --serve``: the OpenAI-compatible server (``workbench.server``) over the app's
+    loaded engine, on its own thread: a ``Scheduler`` batches the requests, uvicorn serves them.
+    The engine's lock interleaves its passes with the app's own chat and placement switches."""
+
+    def __init__(self, engine: Any, port: int, host: str = "127.0.0.1", n_parallel: int = 4,
+                 n_ctx: int = 2048) -> None:
+        import uvicorn
+        from .engine.batch import Scheduler
+        from .server.app import ServerState, create_app
+        self.host, self.port = host, port
+        self.scheduler = Scheduler(engine, n_parallel, n_ctx)
+        self.state = ServerState(engine, self.scheduler)
+        config = uvicorn.Config(create_app(self.state), host=host, port=port, log_level="warning",
+                                lifespan="off", access_log=False, timeout_graceful_shutdown=2)
+        self.server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._run, name="numawb-server", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.server.run()
+        except SystemExit:  # uvicorn exits when it cannot bind
+            pass
+
+    def start(self, timeout: float = 10.0) -> None:
+        """Listen; raises OSError (one line) when the port cannot be had."""
+        self._thread.start()
+        end = time.monotonic() + timeout
+        while not self.server.started and self._thread.is_alive() and time.monotonic() < end:
+            time.sleep(0.02)
+        if not self.server.started:
+            self.stop()
+            raise OSError(f"could not listen on {self.host}:{self.port} (in use, or not an address here)")
+        if self.port == 0:  # an ephemeral port: the one the socket got
+            self.port = self.server.servers[0].sockets[0].getsockname()[1]
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def label(self) -> str:
+        """What the dashboard's serving panel is titled with."""
+        s = self.scheduler
+        return f"serving {self.state.model_id} on {self.url} · {s.n_parallel} slots × {s.n_ctx} tokens"
+
+    def active(self) -> list:
+        """The scheduler's thread-safe snapshot of its requests (``ActiveRequest``)."""
+        return self.state.active()
+
+    def stop(self) -> None:
+        """Stop listening, cancel what runs (the engine stays loaded)."""
+        self.state.shutting_down = True
+        self.scheduler.stop_accepting()
+        self.server.should_exit = True
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        self.scheduler.close(timeout=0)
 
 
 def placement_text(eng: Any) -> str:
@@ -130,6 +225,8 @@ class WorkbenchApp(App[int]):
         Binding("f6", "sampling", "Sampling", id="sampling"),
         Binding("f7", "next_theme", "Theme", id="theme"),
         Binding("f8,p", "pause", "Pause", id="pause"),
+        Binding("f9", "advise", "Advice", id="advise"),
+        Binding("f10", "what_if", "What-if", id="what-if"),
         Binding("plus,equals_sign", "faster", "Faster", id="faster", key_display="+"),
         Binding("minus", "slower", "Slower", id="slower", key_display="-"),
         Binding("escape", "stop", "Stop", id="stop"),
@@ -144,11 +241,23 @@ class WorkbenchApp(App[int]):
                  simulate: str | None = None, autoload: bool = True, settings: Settings | None = None,
                  settings_file: Path | None = None, persist: bool = True, frozen: Snapshot | None = None,
                  replay: Recording | str | None = None, recorder: Recorder | None = None, theme: str | None = None,
-                 sample_on_start: bool = True, history: ChatHistory | None = None) -> None:
+                 sample_on_start: bool = True, history: ChatHistory | None = None,
+                 serve: int | None = None, serve_slots: int = 4, auto_advice: bool = True) -> None:
         """``placement``: the placement the first load uses (built and checked by the caller).
         The dashboard's source: ``frozen`` (a fixed snapshot), ``replay`` (a recording or its
-        path), else live telemetry of the loaded engine (``simulate``: a fixture topology)."""
+        path), else live telemetry of the loaded engine (``simulate``: a fixture topology).
+        ``serve``: serve the loaded model on 127.0.0.1:PORT (0: any free port) with
+        ``serve_slots`` batched slots. ``auto_advice``: predict after each load when that needs
+        no probe (the memory probe is cached, or the topology is a fixture)."""
         super().__init__()
+        self.serve_port, self.serve_slots = serve, serve_slots
+        self.server: AppServer | None = None
+        self.auto_advice = auto_advice
+        self.advice: Any = None           # the last workbench.advisor Advice for the loaded model
+        self.advice_current: Any = None   # its Candidate for the placement in force (None: not predicted)
+        self.advice_view = AdviceView()
+        self.advising = False
+        self.scripted_clients: Any = None  # the ``requests`` step's clients (workbench.record)
         self.history = history  # saved conversation (interactive runs only)
         self.settings_file = settings_file
         self.settings = settings or load_settings(settings_file)
@@ -230,6 +339,7 @@ class WorkbenchApp(App[int]):
         self.controls.set_values(self.placement_req.weights, self.placement_req.kv, self.placement_req.policy,
                                  self.placement_req.threads)
         self.query_one(LoadPanel).display = False
+        self.dashboard.query_one("#advice-panel").display = self.live
         if self.source.current is not None:  # a frozen snapshot is shown at once
             self.dashboard.snapshot = self.source.current
         self.source.start()
@@ -247,6 +357,7 @@ class WorkbenchApp(App[int]):
     def on_unmount(self) -> None:
         self._cancel.set()
         self.source.stop()
+        self.stop_serving()
         eng, self.engine = self.engine, None
         if eng is not None:
             with eng.lock:
@@ -273,6 +384,8 @@ class WorkbenchApp(App[int]):
             parts.append("loading…")
         if self.simulate:
             parts.append(f"SIMULATED {self.simulate}")
+        if self.server is not None:
+            parts.append(f"serving {self.server.url}")
         status = self.source.status()
         if status:
             parts.append(status)
@@ -356,9 +469,16 @@ class WorkbenchApp(App[int]):
             self.settings.last_model = eng.path
             self.save()
         self._update_subtitle()
+        restart = self.server is not None or self.serve_port is not None
         if old is not None:
+            self.stop_serving()  # the server follows the model: it restarts on the new engine
             self._close_engine(old)
         self.loading = False  # only now is the new model fully shown
+        if restart:
+            self.start_serving(self.serve_port or 0)
+        self.advice = self.advice_current = None
+        if self.auto_advice and not self.advising:
+            self.request_advice(probe=False)
         self.sample_now()
 
     @work(thread=True, group="close", exit_on_error=False)
@@ -433,6 +553,7 @@ class WorkbenchApp(App[int]):
         if eng is not None:
             self.controls.set_values(eng.placement.weights, eng.placement.kv, eng.placement.policy, eng.pool.n_threads)
         self.notify("; ".join(parts) or "placement unchanged", title="switched")
+        self._advice_follows_placement()
         self.sample_now()
 
     def on_switch_refused(self, msg: SwitchRefused) -> None:
@@ -601,6 +722,17 @@ class WorkbenchApp(App[int]):
             self.notify("telemetry paused" if src.paused else "telemetry resumed")
         self._update_subtitle()
 
+    def action_advise(self) -> None:
+        self.request_advice(probe=True)
+
+    def action_what_if(self) -> None:
+        start = self.engine.path if self.engine is not None else os.getcwd()
+
+        def done(path: str | None) -> None:
+            if path:
+                self.request_advice(what_if=path)
+        self.push_screen(OpenModelScreen(start, what_if=True), done)
+
     def _set_refresh(self, interval: float) -> None:
         self.settings.refresh = Sampler.clamp(interval)
         self.source.set_interval(self.settings.refresh)
@@ -682,3 +814,154 @@ class WorkbenchApp(App[int]):
             self.chat_pane.set_status("replay finished")
         else:
             self.controls.set_status(f"{kind}: {data.get('reports') or data.get('error') or data.get('path', '')}")
+
+    # ---- advice (workbench.advisor) ---------------------------------------
+    def request_advice(self, probe: bool = True, what_if: str | None = None) -> bool:
+        """Predict every placement of the loaded model (or, ``what_if``, of another file: its
+        header only) on this machine or the simulated one, in a worker. On this machine the
+        memory profile comes from the probe cache; with ``probe`` a missing one is measured
+        (seconds, with progress) and so are missing engine constants."""
+        if self.engine is None and what_if is None:
+            self.notify("no model loaded yet", severity="warning")
+            return False
+        if self.advising:
+            self.notify("advice is already being worked out", severity="warning")
+            return False
+        topology: Any = self.simulate
+        if not topology and not probe:
+            from .advisor.probe import cached_profile
+            from .numa.topology import load_topology
+            if cached_profile(load_topology()) is None:
+                self._show_advice(dataclasses.replace(
+                    self.advice_view, status="this machine has no memory probe yet: F9 probes it (a few seconds)"))
+                return False
+        self.advising = True
+        self._show_advice(dataclasses.replace(self.advice_view, status="predicting…"))
+        eng = self.engine
+        current = None
+        if eng is not None:
+            p = eng.placement
+            current = (p.weights, p.kv, eng.pool.n_threads, p.policy)
+        self.record("advice.start", path=what_if or (eng.path if eng is not None else None), probe=probe)
+        self._advice_worker(what_if or eng.path, current, topology, self.settings.n_ctx, probe, what_if is not None)
+        return True
+
+    @work(thread=True, exclusive=True, group="advice", exit_on_error=False)
+    def _advice_worker(self, path: str, current: tuple[str, str, int, str] | None, topology: Any, ctx: int,
+                       probe: bool, what_if: bool) -> None:
+        from .advisor.advise import advise
+
+        def progress(text: str) -> None:
+            self.post_message(AdviceProgress(text))
+        try:
+            adv = advise(path, topology, ctx, measure=probe and not topology, progress=progress)
+        except Exception as e:  # noqa: BLE001 - a bad file or machine is one line in the panel
+            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+            self.record("advice.error", path=path, error=msg)
+            self.post_message(AdviceReady(None, os.path.basename(path) if what_if else "", msg))
+            return
+        best = adv.best
+        if what_if:
+            line = (f"{os.path.basename(path)} ({adv.cost.arch}, {fmt_bytes(adv.cost.weight_bytes)}): " +
+                    (f"best {mode_label(best.weights, best.kv, best.threads, best.policy)} · "
+                     f"{best.predicted_decode_tps:,.1f} t/s · {'fits' if best.fits else 'does NOT fit'}"
+                     if best is not None else adv.reason))
+            self.record("advice.done", path=path, what_if=True, recommended=best.to_json() if best else None,
+                        reason=adv.reason)
+            self.post_message(AdviceReady(None, line))
+            return
+        cur = None
+        if current is not None:
+            cur = current_candidate(adv, *current)
+            if cur is None:  # the mode in force is not among the default candidates: predict it alone
+                w, kv, threads, _ = current
+                try:
+                    cur = current_candidate(advise(path, topology, ctx, threads=[threads], weights=[w], kvs=[kv],
+                                                   profile=adv.profile, measure=False), *current)
+                except Exception:  # noqa: BLE001 - shown as "not among the candidates"
+                    cur = None
+        p = adv.profile
+        machine = (f"SIMULATED {os.path.basename(adv.topology.root)}" if adv.simulated else
+                   f"this machine (memory {p.source}{' ' + p.date if p.date else ''})")
+        view = AdviceView(
+            machine=machine,
+            current=mode_label(*current) if current is not None and cur is not None else "",
+            current_tps=cur.predicted_decode_tps if cur is not None else None,
+            current_fits=cur.fits if cur is not None else True,
+            best=mode_label(best.weights, best.kv, best.threads, best.policy) if best is not None else "",
+            best_tps=best.predicted_decode_tps if best is not None else None, reason=adv.reason,
+            whatif=self.advice_view.whatif, status="; ".join(adv.notes[:1]))
+        self.record("advice.done", path=path, what_if=False, current=cur.to_json() if cur else None,
+                    recommended=best.to_json() if best else None, reason=adv.reason)
+        self.advice, self.advice_current = adv, cur
+        self.post_message(AdviceReady(view))
+
+    def _advice_follows_placement(self) -> None:
+        """After a switch: the advice panel's "this mode" line is the new mode's prediction (from
+        the advice at hand, else predicted again, which needs no probe)."""
+        eng, adv = self.engine, self.advice
+        if eng is None or adv is None:
+            return
+        p = eng.placement
+        current = (p.weights, p.kv, eng.pool.n_threads, p.policy)
+        cur = current_candidate(adv, *current)
+        if cur is None:
+            self.request_advice(probe=False)
+            return
+        self.advice_current = cur
+        self._show_advice(dataclasses.replace(self.advice_view, current=mode_label(*current),
+                                              current_tps=cur.predicted_decode_tps, current_fits=cur.fits))
+
+    def on_advice_progress(self, msg: AdviceProgress) -> None:
+        self._show_advice(dataclasses.replace(self.advice_view, status=msg.text))
+
+    def on_advice_ready(self, msg: AdviceReady) -> None:
+        self.advising = False
+        if msg.error:
+            what = f"what-if {msg.what_if}: " if msg.what_if else ""
+            self._show_advice(dataclasses.replace(self.advice_view, status=f"✗ {what}{msg.error}"))
+            self.last_error = msg.error
+            return
+        if msg.view is None:
+            self._show_advice(dataclasses.replace(self.advice_view, whatif=msg.what_if, status=""))
+        else:
+            self._show_advice(msg.view)
+
+    def _show_advice(self, view: AdviceView) -> None:
+        self.advice_view = view
+        if self.screen_stack:
+            self.dashboard.query_one("#advice-panel").display = True
+            self.dashboard.show_advice(view)
+
+    # ---- serving (numawb --serve) ---------------------------------------
+    def start_serving(self, port: int = 0) -> bool:
+        """Serve the loaded model on 127.0.0.1:``port`` (0: any free port) from this process."""
+        if self.engine is None:
+            self.notify("no model loaded yet", severity="warning")
+            return False
+        if self.server is not None:
+            return True
+        try:
+            srv = AppServer(self.engine, port, n_parallel=self.serve_slots, n_ctx=self.settings.n_ctx)
+            srv.start()
+        except (OSError, MemoryError, ValueError) as e:
+            self.last_error = str(e).splitlines()[0] if str(e) else type(e).__name__
+            self.record("serve.error", port=port, error=self.last_error)
+            self.notify(self.last_error, title="cannot serve", severity="error", timeout=10)
+            return False
+        self.server = srv
+        self.serve_port = port
+        self.telemetry.server = srv
+        self.record("serve.start", url=srv.url, slots=srv.scheduler.n_parallel, n_ctx=srv.scheduler.n_ctx)
+        self.notify(f"{srv.url}/v1/chat/completions", title="serving")
+        self._update_subtitle()
+        self.sample_now()
+        return True
+
+    def stop_serving(self) -> None:
+        srv, self.server = self.server, None
+        if srv is None:
+            return
+        self.telemetry.server = None
+        srv.stop()
+        self.record("serve.stop", url=srv.url)

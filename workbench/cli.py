@@ -21,7 +21,7 @@ from .numa.modes import KV_MODE_HELP, WEIGHT_MODE_HELP
 #: subcommands that load a model and take every model/placement option
 MODEL_COMMANDS = ("generate", "perplexity", "placement")
 #: options of the app alone (no subcommand), by dest
-APP_ONLY = ("record", "script", "replay", "simulate_topology", "new_chat", "theme")
+APP_ONLY = ("record", "script", "replay", "simulate_topology", "new_chat", "theme", "serve")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -107,6 +107,9 @@ class CommandLine:
         ap.add_argument("--simulate-topology", metavar="FIXTURE", help="show a fixture topology (simulated)")
         ap.add_argument("--new-chat", action="store_true", help="start a fresh conversation")
         ap.add_argument("--theme", metavar="NAME", help="app theme from themes/ (saved for next time)")
+        ap.add_argument("--serve", nargs="?", const=8080, type=int, metavar="PORT",
+                        help="also serve the loaded model (OpenAI API) on 127.0.0.1:PORT (default 8080; 0: any "
+                             "free port) and show its requests in the dashboard")
         _add_model(ap)
         sub = ap.add_subparsers(dest="cmd", metavar="COMMAND")
 
@@ -448,6 +451,10 @@ def cmd_app(args: argparse.Namespace) -> int:
         raise UserError("--script needs --record DIR")
     if args.record and args.replay:
         raise UserError("--record and --replay cannot be used together")
+    if args.serve is not None and not 0 <= args.serve < 65536:
+        raise UserError(f"--serve: the port must be in 0..65535 (got {args.serve})")
+    if args.serve is not None and args.replay:
+        raise UserError("--serve and --replay cannot be used together (a replay has no model)")
     recording = None
     if args.replay:
         from .replay import Recording
@@ -457,7 +464,7 @@ def cmd_app(args: argparse.Namespace) -> int:
     if args.record:
         from .record import run_record
         return run_record(args.record, script=args.script, model=args.model, placement=placement,
-                          simulate=simulate)
+                          simulate=simulate, serve=args.serve)
     from .app import WorkbenchApp
     history = None
     if recording is None:
@@ -466,7 +473,7 @@ def cmd_app(args: argparse.Namespace) -> int:
         if args.new_chat:
             history.start_new()
     app = WorkbenchApp(args.model, placement=placement, simulate=simulate, replay=recording,
-                       theme=args.theme, autoload=recording is None, history=history)
+                       theme=args.theme, autoload=recording is None, history=history, serve=args.serve)
     app.run()
     return 0
 

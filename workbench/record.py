@@ -22,6 +22,15 @@ Script format: one step per line (``#`` starts a comment), or a JSON list of
     press KEY ...                 key presses, e.g. "press f1" (help) or "press escape"
     wait SECONDS                  let telemetry run
     clear                         clear the chat
+    serve [PORT]                  serve the loaded model from the app (127.0.0.1; default: any free port)
+    requests N [TEXT]             send N completions to the app's server at once (starting it if needed)
+                                  and wait until each is decoding or done; they go on in the background
+                                  (``request.done`` / ``request.error`` events), so the next screenshot
+                                  shows a serving dashboard. Tokens: the sampling's n_predict.
+
+Telemetry ``snapshot`` events carry, for a mixture-of-experts model, the ``routing`` window
+(expert hits per layer, expert bytes read per node per token: ``workbench.telemetry.RoutingInfo``)
+and, while serving, the server's ``requests``. Advice adds ``advice.start|done|error`` events.
 
 Exit status: 0 when every step succeeded, 1 otherwise (the recording is written either way).
 """
@@ -49,7 +58,7 @@ switch kv=interleave
 chat Say that again in five words.
 """
 
-OPS = ("load", "set", "chat", "switch", "view", "press", "wait", "clear")
+OPS = ("load", "set", "chat", "switch", "view", "press", "wait", "clear", "serve", "requests")
 
 
 @dataclass(frozen=True)
@@ -86,7 +95,56 @@ def parse_script(text: str) -> list[Step]:
             raise ValueError(f"unknown script step {s.op!r} (one of {', '.join(OPS)})")
         if s.op in ("set", "switch"):
             s.pairs()
+        if s.op == "serve" and s.arg and not s.arg.isdigit():
+            raise ValueError(f"serve: expected a port number, got {s.arg!r}")
+        if s.op == "requests":
+            n = s.arg.split(maxsplit=1)[0] if s.arg else ""
+            if not n.isdigit() or int(n) < 1:
+                raise ValueError(f"requests: expected a count >= 1 first, got {s.arg!r}")
     return steps
+
+
+class ScriptedClients:
+    """HTTP clients of the app's own server (the ``requests`` step): each a thread posting one
+    ``/v1/completions`` and recording how it ended."""
+
+    def __init__(self, rec: "Recorder") -> None:
+        self.rec = rec
+        self.threads: list[threading.Thread] = []
+        self.sent = 0
+        self.finished = 0
+        self._lock = threading.Lock()
+
+    def send(self, url: str, n: int, prompt: str, body: dict[str, Any]) -> None:
+        for _ in range(n):
+            self.sent += 1
+            t = threading.Thread(target=self._one, args=(url, {**body, "prompt": prompt}), daemon=True,
+                                 name=f"numawb-client-{self.sent}")
+            t.start()
+            self.threads.append(t)
+
+    def _one(self, url: str, body: dict[str, Any]) -> None:
+        import urllib.error
+        import urllib.request
+        req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=600) as r:
+                out = json.loads(r.read())
+            self.rec("request.done", {"id": out.get("id"), "usage": out.get("usage"),
+                                      "finish_reason": (out.get("choices") or [{}])[0].get("finish_reason")})
+        except (OSError, ValueError) as e:
+            detail = e.read().decode(errors="replace")[:200] if isinstance(e, urllib.error.HTTPError) else str(e)
+            self.rec("request.error", {"error": detail})
+        finally:
+            with self._lock:
+                self.finished += 1
+
+    def join(self, timeout: float) -> bool:
+        end = time.monotonic() + timeout
+        for t in self.threads:
+            t.join(max(0.0, end - time.monotonic()))
+        return all(not t.is_alive() for t in self.threads)
 
 
 class Recorder:
@@ -175,6 +233,29 @@ async def run_step(app: Any, pilot: Any, step: Step, model: str | None, timeout:
     if step.op == "clear":
         await app.action_clear_chat()
         return None
+    if step.op == "serve":
+        app.last_error = ""
+        return None if app.start_serving(int(step.arg or 0)) else (app.last_error or "serve: no model loaded")
+    if step.op == "requests":
+        if app.server is None and not app.start_serving(app.serve_port or 0):
+            return app.last_error or "requests: no model loaded to serve"
+        n_text, _, prompt = step.arg.partition(" ")
+        n = int(n_text)
+        sp = app.settings.sampling
+        body: dict[str, Any] = {"max_tokens": sp.n_predict, "temperature": sp.temperature}
+        if sp.seed is not None:
+            body["seed"] = sp.seed
+        clients = app.scripted_clients
+        before = clients.finished
+        sched = app.server.scheduler
+        clients.send(app.server.url, n, prompt or "Once upon a time", body)
+
+        def waiting() -> bool:  # until every new request decodes (or has already ended)
+            decoding = sum(1 for a in sched.active() if a.state == "decode" and a.tokens > 0)
+            return decoding + clients.finished - before < min(n, sched.n_parallel)
+        if not await _wait(pilot, waiting, timeout):
+            return "requests timed out"
+        return None
     return f"unknown step {step.op}"
 
 
@@ -201,11 +282,17 @@ async def _drive(app: Any, steps: list[Step], out: Path, rec: Recorder, model: s
             if isinstance(app.screen, ErrorScreen):
                 app.pop_screen()
                 await pilot.pause(0.1)
+        clients = getattr(app, "scripted_clients", None)
+        if clients is not None and clients.threads and not clients.join(timeout):
+            failures.append("requests: some did not finish")
     return failures
 
 
 def run_record(out_dir: str, script: str | None = None, model: str | None = None, placement: Any = None,
-               simulate: str | None = None, size: tuple[int, int] = (160, 48), timeout: float = 900.0) -> int:
+               simulate: str | None = None, size: tuple[int, int] = (160, 48), timeout: float = 900.0,
+               serve: int | None = None) -> int:
+    """Play ``script`` (default: ``DEFAULT_SCRIPT``) headless into ``out_dir``; ``serve``: serve
+    each loaded model from the app as ``numawb --serve PORT`` does. Returns the exit status."""
     from .app import WorkbenchApp
     from .settings import Settings
     try:
@@ -217,7 +304,8 @@ def run_record(out_dir: str, script: str | None = None, model: str | None = None
     out.mkdir(parents=True, exist_ok=True)
     rec = Recorder(out / "events.jsonl")
     app = WorkbenchApp(model, placement=placement, simulate=simulate, autoload=False, persist=False,
-                       settings=Settings(), recorder=rec)
+                       settings=Settings(), recorder=rec, serve=serve)
+    app.scripted_clients = ScriptedClients(rec)
     try:
         failures = asyncio.run(_drive(app, steps, out, rec, model, size, timeout))
     finally:

@@ -114,6 +114,58 @@ class TopoInfo:
 
 
 @dataclass(frozen=True)
+class RoutingInfo:
+    """A mixture-of-experts model's routing over the engine's sliding window (from
+    ``Engine.routing()``), in a JSON-friendly form: routed hits per MoE layer and expert, and the
+    expert bytes read from each node per token. Counted by the runtime, not estimated."""
+
+    window: int = 0                                  # tokens counted per layer (at most the window)
+    n_expert: int = 0
+    layers: tuple[int, ...] = ()                     # the MoE layers, in order
+    hits: tuple[tuple[int, ...], ...] = ()           # per layer in ``layers``: hits per expert
+    node_bytes: tuple[tuple[int, float], ...] = ()   # (node, expert bytes read per token)
+
+    @classmethod
+    def from_routing(cls, r: Any) -> "RoutingInfo":
+        """From the engine's ``RoutingSnapshot``."""
+        layers = tuple(int(il) for il in r.layers)
+        n_expert = int(r.hits.shape[1]) if r.hits.ndim == 2 else 0
+        return cls(int(r.window), n_expert, layers, tuple(tuple(int(v) for v in r.hits[il]) for il in layers),
+                   tuple((int(n), float(b)) for n, b in sorted(r.node_bytes.items())))
+
+    @property
+    def node_shares(self) -> dict[int, float]:
+        total = sum(b for _, b in self.node_bytes)
+        return {n: b / total for n, b in self.node_bytes} if total else {}
+
+    @property
+    def imbalance(self) -> float:
+        """Busiest node's expert bytes over the mean across nodes (1.0: even), as the engine's."""
+        vals = [b for _, b in self.node_bytes]
+        mean = sum(vals) / len(vals) if vals else 0.0
+        return max(vals) / mean if mean else 1.0
+
+    @property
+    def bytes_per_token(self) -> float:
+        return sum(b for _, b in self.node_bytes)
+
+
+@dataclass(frozen=True)
+class RequestRow:
+    """One request of the in-process server (``numawb --serve``), from ``Scheduler.active()``."""
+
+    id: str
+    state: str                 # queued | prompt | decode | done
+    slot: int                  # -1 while queued
+    prompt_tokens: int
+    tokens: int                # generated so far
+    tps: float                 # its own decode rate
+    kv_nodes: tuple[int, ...]  # nodes its slot's KV cache is on
+    age: float                 # seconds since it was submitted
+    reused_tokens: int = 0
+
+
+@dataclass(frozen=True)
 class Snapshot:
     seq: int
     t: float                              # wall clock (time.time()) of the sample
@@ -130,6 +182,9 @@ class Snapshot:
     topo: TopoInfo = field(default_factory=TopoInfo)
     notes: tuple[str, ...] = ()
     sample_seconds: float = 0.0           # what taking this sample cost
+    routing: RoutingInfo | None = None    # mixture-of-experts models only
+    serving: str = ""                     # the in-process server's address and slots ('' when not serving)
+    requests: tuple[RequestRow, ...] = ()  # its active requests
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -147,6 +202,13 @@ class Snapshot:
                                 "node_cpus": tuple(topo.get("node_cpus", ())),
                                 "distances": tuple(tuple(r) for r in topo.get("distances", ()))})
         d["notes"] = tuple(d.get("notes", ()))
+        r = d.get("routing")
+        if r is not None:
+            d["routing"] = RoutingInfo(int(r.get("window", 0)), int(r.get("n_expert", 0)),
+                                       tuple(r.get("layers", ())), tuple(tuple(h) for h in r.get("hits", ())),
+                                       tuple((int(n), float(b)) for n, b in r.get("node_bytes", ())))
+        d["requests"] = tuple(RequestRow(**{**q, "kv_nodes": tuple(q.get("kv_nodes", ()))})
+                              for q in d.get("requests", ()))
         return cls(**d)
 
 
@@ -288,6 +350,9 @@ class Telemetry:
         self._lock = threading.Lock()
         self._caller: int | None = None
         self._caller_seen: CallerSeen | None = None
+        #: the in-process server (``numawb --serve``): anything with ``label`` and ``active()``
+        #: returning the scheduler's ``ActiveRequest`` list (``workbench.server.app.ServerState``-like)
+        self.server: Any = None
 
     def note_caller(self, tid: int | None = None) -> None:
         """Call from the thread that runs the engine's forward passes (default: the calling
@@ -323,9 +388,32 @@ class Telemetry:
             rates = self.rates.rates()
             wb = getattr(eng, "weight_bytes", 0) if eng is not None else 0
             cur = rates.current_decode
+            serving, requests = self._serving()
+            routing = self._routing(eng)
+            notes = snap.notes
+            if routing is not None and self._fixture is not None:
+                notes += ("expert routing is counted on this machine's own placement, not the simulated one",)
             return dataclasses.replace(
                 snap, seq=self._seq, t=time.time() if now is None else now, rates=rates,
-                bandwidth=wb * cur if (cur and wb) else None, sample_seconds=time.perf_counter() - t0)
+                bandwidth=wb * cur if (cur and wb) else None, routing=routing, notes=notes,
+                serving=serving, requests=requests, sample_seconds=time.perf_counter() - t0)
+
+    @staticmethod
+    def _routing(eng: Any) -> RoutingInfo | None:
+        """The engine's routing window (None for a dense model or no engine)."""
+        fn = getattr(eng, "routing", None) if eng is not None else None
+        r = fn() if fn is not None else None
+        return RoutingInfo.from_routing(r) if r is not None else None
+
+    def _serving(self) -> tuple[str, tuple[RequestRow, ...]]:
+        """The in-process server's label and its active requests (thread-safe snapshot)."""
+        srv = self.server
+        if srv is None:
+            return "", ()
+        rows = tuple(RequestRow(a.id, a.state, a.slot, a.prompt_tokens, a.tokens, float(a.tps),
+                                tuple(a.kv_nodes), float(a.age), a.reused_tokens)
+                     for a in srv.active())
+        return srv.label, rows
 
     # -- common engine facts
     @staticmethod

@@ -1,6 +1,8 @@
 """The live NUMA dashboard: memory per node, workers, rates, topology and the placement controls."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
@@ -14,7 +16,7 @@ from textual.widgets import Button, DataTable, Input, Label, ProgressBar, Select
 
 from ..numa.budget import fmt_bytes
 from ..numa.modes import POLICIES, WEIGHT_MODES, kv_choices
-from ..telemetry import Rates, Snapshot, empty_snapshot
+from ..telemetry import Rates, RoutingInfo, Snapshot, empty_snapshot
 from .themes import Palette
 
 _BALANCING = {0: "off", 1: "on", 2: "on (tiering)", 3: "on (normal + tiering)"}
@@ -173,6 +175,133 @@ def topology_view(s: Snapshot, palette: Palette) -> RenderableType:
     return Group(Text("distance matrix", style="dim"), t, info)
 
 
+SHADES = " ░▒▓█"  # no hits … most hits: readable in any theme, colour only adds to it
+
+
+def _bins(n: int, k: int) -> list[tuple[int, int]]:
+    """``n`` items into at most ``k`` contiguous bins: (start, end) pairs."""
+    k = max(1, min(n, k))
+    return [(i * n // k, (i + 1) * n // k) for i in range(k)]
+
+
+def routing_view(r: RoutingInfo, palette: Palette, width: int, max_rows: int = 24) -> RenderableType:
+    """A mixture-of-experts model's routing: a heat map (MoE layers as rows, experts binned into
+    columns, shade by hits in the window), each node's share of the expert bytes read per token,
+    and the imbalance between nodes."""
+    out = Text()
+    n_exp = r.n_expert
+    if not r.layers or not n_exp:
+        out.append("no routed token yet", style="dim")
+        return out
+    cols = _bins(n_exp, max(4, width - 12))
+    rows = _bins(len(r.layers), max_rows)
+    cells = [[sum(r.hits[i][e] for i in range(a, b) for e in range(c0, c1)) for c0, c1 in cols] for a, b in rows]
+    top = max((v for row in cells for v in row), default=0)
+    per_col = cols[0][1] - cols[0][0]
+    out.append(f"expert hits over the last {r.window} tokens · {len(r.layers)} MoE layers × {n_exp} experts"
+               + (f" ({per_col} per column)" if per_col > 1 else ""), style="dim")
+    for (a, b), row in zip(rows, cells):
+        first, last = r.layers[a], r.layers[b - 1]
+        label = f"L{first}" if first == last else f"L{first}-{last}"
+        out.append(f"\n{label:>7} ")
+        for v in row:
+            level = 0 if not v or not top else 1 + min(3, int(4 * v / (top + 1)))
+            out.append(SHADES[level], style="bold yellow" if level == 4 else ("yellow" if level else palette.system))
+    out.append(f"\n{'':>7} ")
+    out.append("░ few … █ most hits (shade scaled to the busiest cell)", style="dim")
+    shares = r.node_shares
+    if shares:
+        out.append(f"\nexpert bytes read per token: {fmt_bytes(r.bytes_per_token)}", style="bold")
+        bar_w = max(10, min(40, width - 40))
+        for node, b in r.node_bytes:
+            share = shares.get(node, 0.0)
+            col = palette.node(node)
+            out.append(f"\n  node {node:<2} ", style=f"bold {col}")
+            filled = round(bar_w * share)
+            out.append("█" * filled, style=col)
+            out.append("·" * (bar_w - filled), style=palette.system)
+            out.append(f" {100 * share:5.1f}%  {fmt_bytes(b)}/token")
+        imb = r.imbalance
+        out.append(f"\nimbalance {imb:.2f}× (busiest node over the mean; 1.00 = even)",
+                   style="bold red" if imb >= 1.5 else ("yellow" if imb >= 1.15 else "green"))
+    else:
+        out.append("\nexpert bytes per node: not counted yet", style="dim")
+    return out
+
+
+class RoutingView(Widget):
+    """The routing section: redrawn on each snapshot and on resize (columns follow the width)."""
+
+    DEFAULT_CSS = "RoutingView { height: auto; }"
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.routing: RoutingInfo | None = None
+        self.palette = Palette()
+
+    def show(self, routing: RoutingInfo | None, palette: Palette) -> None:
+        self.routing, self.palette = routing, palette
+        self.refresh(layout=True)
+
+    def get_content_height(self, container, viewport, width: int) -> int:  # noqa: ANN001
+        r = self.routing
+        if r is None or not r.layers:
+            return 1
+        return 2 + min(len(r.layers), 24) + (2 + len(r.node_bytes) if r.node_bytes else 1)
+
+    def render(self) -> RenderableType:
+        if self.routing is None:
+            return Text("")
+        return routing_view(self.routing, self.palette, self.size.width)
+
+
+@dataclass(frozen=True)
+class AdviceView:
+    """What the advice panel shows (made by the app from ``workbench.advisor.advise``)."""
+
+    status: str = ""                       # progress, or why there is no advice
+    machine: str = ""                      # "this machine (probe 2026-12-01)" / "SIMULATED epyc-2socket"
+    current: str = ""                      # the mode in force, e.g. "mirror / first-touch / 32 threads"
+    current_tps: float | None = None       # its predicted decode rate
+    current_fits: bool = True
+    best: str = ""
+    best_tps: float | None = None
+    reason: str = ""
+    whatif: str = ""                       # another file's header: its model, best mode and rate
+
+
+def advice_view(a: AdviceView, measured: float | None) -> RenderableType:
+    """Predicted against measured decode for the mode in force, the best mode and why, the what-if."""
+    out = Text()
+    if a.machine:
+        out.append(f"predictions for {a.machine}", style="dim")
+    if a.current:
+        out.append(f"\nthis mode ({a.current}): ", style="bold")
+        out.append(f"predicted {fmt_rate(a.current_tps)}")
+        out.append(" · measured ")
+        out.append(fmt_rate(measured), style="bold" if measured else "dim")
+        if measured and a.current_tps:
+            out.append(f" ({100 * (measured / a.current_tps - 1):+.0f} %)", style="dim")
+        if not a.current_fits:
+            out.append("  does not fit", style="bold red")
+    elif a.machine:
+        out.append("\nthis mode: not among the predicted candidates", style="dim")
+    if a.best:
+        out.append("\nbest mode: ", style="bold")
+        out.append(f"{a.best} · {fmt_rate(a.best_tps)}", style="green")
+    if a.reason:
+        out.append(f"\n  {a.reason}", style="dim")
+    if a.whatif:
+        out.append("\nwhat-if: ", style="bold")
+        out.append(a.whatif)
+    if a.status:
+        out.append(("\n" if out.plain else "") + a.status, style="yellow" if not a.machine else "dim")
+    if not out.plain:
+        out.append("no advice yet (F9 predicts every placement for this model; F10: what-if for another file)",
+                   style="dim")
+    return out
+
+
 class Controls(Vertical):
     """Weight mode, KV mode, thread policy and count; Apply switches live."""
 
@@ -267,13 +396,18 @@ class Dashboard(VerticalScroll):
     def __init__(self, **kw) -> None:
         super().__init__(**kw)
         self.palette = Palette()
+        self.advice = AdviceView()
 
     def compose(self) -> ComposeResult:
         yield Static("", id="banner")
         yield LoadPanel(id="load-panel")
         yield DashPanel("placement", Controls(id="controls"), id="controls-panel")
         yield DashPanel("memory per node", MemoryBars(id="memory"), id="memory-panel")
+        requests: DataTable = DataTable(id="requests", cursor_type="none", zebra_stripes=True)
+        yield DashPanel("serving", Static("", id="serving-text"), requests, id="serving-panel")
         yield DashPanel("token rates", RatesPanel(id="rates"), id="rates-panel")
+        yield DashPanel("advice", Static("", id="advice-text"), id="advice-panel")
+        yield DashPanel("expert routing", RoutingView(id="routing"), id="routing-panel")
         table: DataTable = DataTable(id="workers", cursor_type="none", zebra_stripes=True)
         yield DashPanel("workers", table, id="workers-panel")
         yield DashPanel("topology", Static("", id="topology"), id="topology-panel")
@@ -281,7 +415,20 @@ class Dashboard(VerticalScroll):
     def on_mount(self) -> None:
         self.query_one("#workers", DataTable).add_columns("worker", "thread", "cpu", "node", "reads", "busy",
                                                           "state")
+        self.query_one("#requests", DataTable).add_columns("request", "state", "slot", "prompt", "tokens", "t/s",
+                                                           "KV node", "age")
         self.snapshot = self.snapshot
+
+    def show_advice(self, advice: AdviceView) -> None:
+        """Show new advice (the app's advice worker made it); the measured rate follows the snapshots."""
+        self.advice = advice
+        self._advice(self.snapshot)
+
+    def _advice(self, s: Snapshot) -> None:
+        try:
+            self.query_one("#advice-text", Static).update(advice_view(self.advice, s.rates.current_decode))
+        except NoMatches:
+            pass
 
     def set_palette(self, palette: Palette) -> None:
         self.palette = palette
@@ -295,6 +442,12 @@ class Dashboard(VerticalScroll):
         banner.update(self._banner(s))
         self.query_one(MemoryBars).show(s, self.palette)
         self.query_one(RatesPanel).show(s)
+        self._advice(s)
+        routing = self.query_one("#routing-panel")
+        routing.display = s.routing is not None  # dense models have no routing
+        if s.routing is not None:
+            self.query_one(RoutingView).show(s.routing, self.palette)
+        self._requests(s)
         self._workers(s)
         self.query_one("#topology", Static).update(topology_view(s, self.palette))
 
@@ -336,3 +489,23 @@ class Dashboard(VerticalScroll):
                 state = Text("ok", style="green")
             table.add_row(str(w.index), w.thread, "-" if w.actual_cpu is None else str(w.actual_cpu), where,
                           w.uses, f"{100 * w.busy:5.1f}%", state)
+
+    def _requests(self, s: Snapshot) -> None:
+        """The in-process server's active requests (``numawb --serve``); hidden when not serving."""
+        panel = self.query_one("#serving-panel")
+        panel.display = bool(s.serving or s.requests)
+        if not panel.display:
+            return
+        running = [q for q in s.requests if q.state != "queued"]
+        agg = sum(q.tps for q in running)
+        self.query_one("#serving-text", Static).update(
+            Text(f"{s.serving} · {len(running)} running, {len(s.requests) - len(running)} queued · "
+                 f"{agg:,.1f} t/s together", style="bold"))
+        table = self.query_one("#requests", DataTable)
+        table.clear()
+        for q in s.requests:
+            kv = Text("-", style="dim") if not q.kv_nodes else Text(
+                ",".join(str(n) for n in q.kv_nodes), style=self.palette.node(q.kv_nodes[0]))
+            table.add_row(q.id, q.state, "-" if q.slot < 0 else str(q.slot),
+                          str(q.prompt_tokens) + (f" ({q.reused_tokens} reused)" if q.reused_tokens else ""),
+                          str(q.tokens), f"{q.tps:,.1f}" if q.tps else "-", kv, f"{q.age:,.1f} s")

@@ -92,27 +92,30 @@ class GGUFTree(DirectoryTree):
 
 
 class OpenModelScreen(ModalScreen[str | None]):
-    """F4: type a path (Tab/→ completes) or pick a .gguf file in the tree."""
+    """F4: type a path (Tab/→ completes) or pick a .gguf file in the tree. ``what_if`` (F10):
+    the same dialog for the advice panel's what-if, which reads the file's header only."""
 
     BINDINGS = [Binding("escape", "cancel", "Cancel", id="open-cancel")]
 
-    def __init__(self, start: str | None = None) -> None:
+    def __init__(self, start: str | None = None, what_if: bool = False) -> None:
         super().__init__()
         self.start = start or os.getcwd()
+        self.what_if = what_if
 
     def compose(self) -> ComposeResult:
         root = self.start if os.path.isdir(self.start) else os.path.dirname(self.start) or "."
         with Vertical(id="open-box"):
-            yield Label("GGUF file to load (the current model keeps running until it has loaded):")
+            yield Label("GGUF file for a what-if: only its header is read, nothing is loaded" if self.what_if else
+                        "GGUF file to load (the current model keeps running until it has loaded):")
             yield Input(value=self.start if os.path.isfile(self.start) else "", id="open-path",
                         placeholder="/path/to/model.gguf", suggester=PathSuggester())
             yield GGUFTree(root, id="open-tree")
             with Horizontal(classes="buttons"):
-                yield Button("Load", id="open-load", variant="primary")
+                yield Button("Predict" if self.what_if else "Load", id="open-load", variant="primary")
                 yield Button("Cancel", id="open-cancel-btn")
 
     def on_mount(self) -> None:
-        self.query_one("#open-box").border_title = "open model"
+        self.query_one("#open-box").border_title = "what-if (header only)" if self.what_if else "open model"
         self.query_one("#open-path", Input).focus()
 
     def on_directory_tree_file_selected(self, event: DirectoryTree.FileSelected) -> None:
