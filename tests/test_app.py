@@ -661,6 +661,9 @@ async def test_routing_panel_shows_expert_hits_node_shares_and_imbalance(tiny_mo
         text = app.dashboard.query_one("#routing").render().plain
         assert "2 MoE layers × 8 experts" in text and "imbalance" in text and "node 0" in text
         assert text.count("\n     L") == 2  # one row per layer
+        # a mixture of experts offers the `experts` weights mode in the controls
+        opts = [v for _, v in app.controls.query_one("#weights")._options]
+        assert "experts" in opts
 
 
 @aio

@@ -38,7 +38,7 @@ from .settings import SamplingSettings, Settings, load_settings, save_settings
 from .replay import FINISHED, Recording, ReplaySource
 from .telemetry import FrozenSource, Sampler, Snapshot, SnapshotSource, Telemetry
 from .screens.chat import ChatPane, Reply
-from .numa.modes import WEIGHT_MODES, kv_choices
+from .numa.modes import EXPERT_MODES, WEIGHT_MODES, kv_choices
 from .screens.dashboard import AdviceView, Controls, Dashboard, LoadPanel
 from .screens.dialogs import ErrorScreen, HelpScreen, OpenModelScreen, SamplingScreen
 from .screens.main import MainScreen
@@ -455,6 +455,7 @@ class WorkbenchApp(App[int]):
         self.telemetry.engine = msg.engine
         self.query_one(LoadPanel).display = False
         eng = msg.engine
+        self.controls.set_weight_modes(moe=bool(eng.cfg.n_expert))
         self.controls.set_values(eng.placement.weights, eng.placement.kv, eng.placement.policy, eng.pool.n_threads)
         await self.chat_pane.clear()
         for m in carry:
@@ -787,7 +788,8 @@ class WorkbenchApp(App[int]):
                 continue
             yield SystemCommand(f"{desc} ({key})", f"action {bid}",
                                 (lambda a=b.action: self.run_action(a)))
-        for m in WEIGHT_MODES:
+        moe = self.engine is not None and bool(self.engine.cfg.n_expert)
+        for m in WEIGHT_MODES + (EXPERT_MODES if moe else ()):
             yield SystemCommand(f"Weights: {m}", f"switch the weights to '{m}' live",
                                 (lambda m=m: self.request_switch(weights=m)))
         from .numa.topology import load_topology

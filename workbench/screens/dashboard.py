@@ -15,7 +15,7 @@ from textual.widget import Widget
 from textual.widgets import Button, DataTable, Input, Label, ProgressBar, Select, Sparkline, Static
 
 from ..numa.budget import fmt_bytes
-from ..numa.modes import POLICIES, WEIGHT_MODES, kv_choices
+from ..numa.modes import EXPERT_MODES, POLICIES, WEIGHT_MODES, kv_choices
 from ..telemetry import Rates, RoutingInfo, Snapshot, empty_snapshot
 from .themes import Palette
 
@@ -333,6 +333,14 @@ class Controls(Vertical):
         modes = kv_choices(node_ids)
         sel.set_options([(m, m) for m in modes])
         sel.value = cur if cur in modes else "first-touch"
+
+    def set_weight_modes(self, moe: bool) -> None:
+        """The weights modes a model can take (``experts`` only for a mixture of experts)."""
+        sel = self.query_one("#weights", Select)
+        cur = sel.value
+        modes = WEIGHT_MODES + (EXPERT_MODES if moe else ())
+        sel.set_options([(m, m) for m in modes])
+        sel.value = cur if cur in modes else "none"
 
     def set_values(self, weights: str, kv: str, policy: str, threads: int | None) -> None:
         """Show the placement in force (after a switch, or to restore it after a refusal)."""
