@@ -242,14 +242,14 @@ def test_refused_switch_keeps_the_previous_placement(model_path):
 def test_skipping_slid_out_values_changes_no_bit(model_path, eng, monkeypatch, threads):
     """Decode on sliding-window layers skips the softmax, probabilities and values of keys that
     left the window (bit-exact), on the calling thread alone and through the crew."""
-    from workbench.engine import runtime
+    from workbench.engine import attention
     e = eng if threads == 2 else Engine.load(model_path, placement=Placement(threads=1))
     try:
         long = [2 + (i * 11) % 280 for i in range(300)]  # window 8: most keys slid out
         fast = e.new_session(512)
         fast.eval(long)
         got = [fast.eval([t]) for t in (5, 9, 11)]
-        monkeypatch.setattr(runtime, "SKIP_SLID_VALUES", False)
+        monkeypatch.setattr(attention, "SKIP_SLID_VALUES", False)
         full = e.new_session(512)
         full.eval(long)
         for t, g in zip((5, 9, 11), got):

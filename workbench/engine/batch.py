@@ -33,7 +33,8 @@ from .engine import ContextFullError, DoneEvent, Engine, Session, Stats, TokenEv
 from .attention import one_token_attention
 from .crew import Crew
 from .kv_cache import KVCache
-from .runtime import SKIP_SLID_VALUES, USE_CREW
+from .attention import SKIP_SLID_VALUES
+from .runtime import USE_CREW
 from .sampling import Sampler, SamplingParams
 from .tokenizer import StreamDecoder
 

@@ -377,6 +377,13 @@ class CrewError(RuntimeError):
     pass
 
 
+class Table:
+    """A crew job's tables composed per call (routed experts): the `Job` fields `Crew.run` reads."""
+
+    def __init__(self, tasks: np.ndarray, chunks: np.ndarray):
+        self.tasks, self.chunks, self.n_owned = tasks, chunks, len(chunks)
+
+
 class Job:
     """A reusable job: the static part of its tables (weights, row ranges, who does what).
 

@@ -27,16 +27,11 @@ import numpy as np
 
 from . import kernels
 from . import ops
-from .crew import (C_HI, C_OWNER, C_SPAN, C_TASK, NO_LIMIT, T_HI, T_OUT, T_OUTOFF, T_OUTROW, T_ROWLEN, T_ROWS,
-                   T_TYPE, T_W, T_XROW, TASK_FIELDS, Crew, CrewError, Job, product_runner)
-from .attention import (merge_stats, one_token_attention, owners_token_attention, probabilities,
-                        softmax_stats)
+from .attention import AttentionPaths
+from .crew import C_OWNER, C_SPAN, C_TASK, T_OUT, T_OUTOFF, T_XROW, TASK_FIELDS, Crew, CrewError, Job, Table, product_runner
 from .gguf_file import GGUFFile, ModelLoadError, TensorInfo
-from .kv_cache import KVCache, filled_slots, owner_slots
 
 F32, F16, BF16 = 0, 1, 30
-SPREAD_ATTENTION = 2048  # key slots x query rows above which attention is spread over the workers
-SKIP_SLID_VALUES = True  # decode: no value products for keys outside the sliding window
 # weight bytes of a one-token product below which the calling thread computes it alone (when it
 # stands in for worker 0): a hand-off to the other workers costs more than it saves
 SPLIT_BYTES = 8 << 20
@@ -46,9 +41,6 @@ CHUNK_ALIGN = 64  # rows
 # least this many weight bytes; NUMAWB_CREW=0 turns the crew off (Python hand-offs, as before)
 CREW_CHUNK_BYTES = 96 << 10
 EXPERT_ROWS = 32  # prompt: expert rows per piece, read once from memory for all of its tokens
-CAUSAL_ROWS = 64  # prompt: query rows per attention piece (each piece stops at its last visible key)
-CREW_KEYS = 128  # key positions per chunk of a one-token attention's scores
-CREW_DIMS = 32   # value dimensions per chunk of its weighted sum
 USE_CREW = os.environ.get("NUMAWB_CREW", "1") != "0"
 # a pass whose caller waited for the crew's workers longer than this share of it is "starved":
 # another process holds a worker's CPU and the spinning only delays it. After CREW_STARVED such
@@ -139,40 +131,6 @@ def _expert_loop(qtype: int) -> Callable:
     return fn
 
 
-def _head_rows(mats: list[np.ndarray], which: list[int], heads: int, rows: list[int]) -> "_Table":
-    """A crew job of F16 matvecs: for each listed matrix i (uint8 [rows, bytes]) and head h, row h
-    of the prepared input times the matrix's first rows[i] rows into row h of output i; one
-    shared chunk per task."""
-    n = len(which) * heads
-    tasks = np.zeros((n, TASK_FIELDS), dtype=np.int64)
-    if n:
-        m = np.repeat(np.array(which, dtype=np.int64), heads)
-        tasks[:, T_TYPE] = F16
-        tasks[:, T_W] = np.array([mats[i].ctypes.data for i in which], dtype=np.int64).repeat(heads)
-        tasks[:, T_ROWS] = np.array([mats[i].shape[0] for i in which], dtype=np.int64).repeat(heads)
-        tasks[:, T_ROWLEN] = np.array([mats[i].shape[1] for i in which], dtype=np.int64).repeat(heads)
-        tasks[:, T_OUT] = m
-        tasks[:, T_XROW] = np.tile(np.arange(heads, dtype=np.int64), len(which))
-        tasks[:, T_OUTROW] = tasks[:, T_XROW]
-        tasks[:, T_HI] = NO_LIMIT
-    chunks = np.zeros((n, 5), dtype=np.int64)
-    chunks[:, C_TASK] = np.arange(n)
-    chunks[:, C_HI] = np.array([rows[i] for i in which], dtype=np.int64).repeat(heads)
-    chunks[:, C_OWNER] = -1
-    chunks[:, C_SPAN] = 1
-    t = _Table(tasks, chunks)
-    t.n_owned = 0
-    t.keep = mats  # the matrices stay alive while the job runs
-    return t
-
-
-class _Table:
-    """A crew job's tables composed per call (routed experts): the `Job` fields `Crew.run` reads."""
-
-    def __init__(self, tasks: np.ndarray, chunks: np.ndarray):
-        self.tasks, self.chunks, self.n_owned = tasks, chunks, len(chunks)
-
-
 def _chunks(rows: int, min_rows: int, n_workers: int) -> list[tuple[int, int]]:
     """Row ranges, each a share of what is left (guided scheduling): big first, small at the end,
     so that workers finish together however fast each one runs."""
@@ -207,7 +165,7 @@ class _Group:
     runner_lead: Callable | None = None  # the crew `lead` the runner was built around
 
 
-class Runtime:
+class Runtime(AttentionPaths):
     """Owns the weights, the worker pool and the split of every product."""
 
     def __init__(self, gguf: GGUFFile, layout: Layout, pool: Pool,
@@ -674,7 +632,7 @@ class Runtime:
         tasks[:, T_XROW] = np.repeat(np.array(ri, dtype=np.int64), n_t)
         chunks = chunks3[es_a]
         chunks[:, :, C_TASK] += (np.arange(m, dtype=np.int64) * n_t)[:, None]
-        self._crew.run(_Table(tasks, chunks.reshape(-1, chunks.shape[2])), xps[0], xps[-1],
+        self._crew.run(Table(tasks, chunks.reshape(-1, chunks.shape[2])), xps[0], xps[-1],
                        [o.reshape(-1) for o in outs])
 
     def sub_products(self, name: str, x: np.ndarray) -> np.ndarray:
@@ -719,221 +677,3 @@ class Runtime:
                 self._crew.start()
         else:
             self.pool.run(fn, lead=self._leading)
-
-    def mla_attention(self, q: np.ndarray, rows: np.ndarray, kv, il: int, pos0: int, scale: float) -> np.ndarray:
-        """Multi-head latent attention with the absorption (llama.cpp's MQA form): q [n, n_head,
-        kv_lora + n_rot] against the cache's rows [latent, rotary key], values = the latent.
-        Stores `rows` [n, kv_lora + n_rot] at pos0.. first; returns [n, n_head, kv_lora]."""
-        n = q.shape[0]
-        kv.store(il, rows, pos0)
-        if n == 1 and self._crewing:
-            return self._mla_token(q, kv, il, pos0, scale)
-        view = kv.attention_view(il, pos0 + n)
-        return self.attention(q, rows.reshape(n, 1, -1), rows.reshape(n, 1, -1), view, il, pos0, 0, scale,
-                              compiled=False)
-
-    def _mla_token(self, q: np.ndarray, kv, il: int, pos0: int, scale: float) -> np.ndarray:
-        """One token's MLA attention with the crew: the general path's steps for one query row
-        per head (f16 queries, one vec_dot per key, softmax_stats per owner, merged max/sum,
-        f16 probabilities, one vec_dot per latent dimension over the owner's slots), the head
-        rows of each product dealt to the workers as crew chunks."""
-        H, width = q.shape[1], q.shape[2]
-        lora, no, cap = kv.kv_lora, kv.n_workers, kv.cap
-        xq = kernels.prepare(F16, np.ascontiguousarray(q[0]))
-        n_slots = [filled_slots(pos0 + 1, o, no) for o in range(no)]
-        owners = [o for o in range(no) if n_slots[o]]
-        scores = [np.empty((1, H, max(ns, 1)), dtype=np.float32) for ns in n_slots]
-        mxs = np.full((no, 1, H), -np.inf, dtype=np.float32)
-        sms = np.zeros((no, 1, H), dtype=np.float64)
-        keys = [kv.k[il][o].view(np.uint8) for o in range(no)]
-        self._crew.run(_head_rows(keys, owners, H, n_slots), xq, xq, [scores[o][0] for o in range(no)])
-        for o in owners:
-            softmax_stats(scores[o], o, no, n_slots[o], pos0, H, 0, scale, mxs[o], sms[o], 0)
-        big_m = np.empty((1, H), dtype=np.float32)
-        inv_l = np.empty((1, H), dtype=np.float32)
-        merge_stats(mxs, sms, big_m, inv_l)
-        outs = np.zeros((no, H, lora), dtype=np.float32)
-        for o in owners:  # llama.cpp sums over whole 64-slot steps (masked slots: probability 0)
-            kp = min(-(-n_slots[o] // 64) * 64, cap)
-            probs = probabilities(scores[o], n_slots[o], kp, big_m, inv_l)
-            xp = kernels.prepare(F16, probs.reshape(H, kp))
-            vt = np.ascontiguousarray(kv.k[il][o][:kp, :lora].T).view(np.uint8)
-            self._crew.run(_head_rows([vt], [0], H, [lora]), xp, xp, [outs[o]])
-        out = outs[0] if no == 1 else outs.sum(axis=0)
-        return out.reshape(1, H, lora)
-
-    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, kv: KVCache, il: int, pos0: int,
-                  window: int, scale: float, compiled: bool = True) -> np.ndarray:
-        """Store K/V at pos0.. and attend; each node's workers read only their node's part of the cache.
-
-        The cache is split between owners (one per node); within an owner, the query rows are
-        split between the node's workers, so each output is one worker's dot over the owner's
-        positions in order. On one node that is exactly llama.cpp's order, whatever the threads.
-        """
-        n, n_head, hd = q.shape
-        if n == 1 and self._crewing and compiled:
-            return self._attend_token(q, k, v, kv, il, pos0, window, scale)
-        kv.store(il, k, v, pos0)
-        n_kv = kv.cfg.n_head_kv
-        group = n_head // n_kv
-        rows = n * group
-        no = kv.n_workers
-        n_slots = [filled_slots(pos0 + n, o, no) for o in range(no)]
-        # queries grouped by their kv head: [n_kv, n * group, hd]
-        qg = np.ascontiguousarray(q.reshape(n, n_kv, group, hd).transpose(1, 0, 2, 3)).reshape(n_kv, rows, hd)
-        xq = kernels.prepare(F16, qg.reshape(n_kv * rows, hd))[0].reshape(n_kv, rows, hd)
-        scores = [np.empty((n_kv, rows, max(ns, 1)), dtype=np.float32) for ns in n_slots]
-        mxs = np.full((no, n_kv, rows), -np.inf, dtype=np.float32)
-        sms = np.zeros((no, n_kv, rows), dtype=np.float64)
-        kb, vb = kv.k_bytes[il], kv.v_bytes[il]
-        hdv = kv.cfg.head_dim_v
-        # ggml takes llamafile's tinyBLAS for products with >= 2 columns (tokens) and
-        # ggml_vec_dot_f16 for one: our F16 matmat / matvec follow those two summation orders
-        decode = n == 1
-
-        def window_start(o: int, align: int = 1) -> int:
-            """One token: owner o's first slot inside the sliding window (rounded down to `align`)."""
-            return filled_slots(max(pos0 - window + 1, 0), o, no) // align * align if decode and window else 0
-        # one token, one owner: the softmax and the probabilities start from the window's first
-        # 64-slot boundary too (slots before it hold whole groups of 16 masked positions, whose
-        # exps add exactly 0 to the sums); on one owner slot j holds position j
-        base = window_start(0, 64) if decode and no == 1 and SKIP_SLID_VALUES else 0
-
-        def visible(o: int, r1: int) -> int:
-            """Owner o's slots that query rows < r1 can see (causal: up to token (r1 - 1) // group)."""
-            return min(filled_slots(pos0 + (r1 - 1) // group + 1, o, no), n_slots[o])
-
-        def scores_rows(o: int, r0: int, r1: int) -> None:
-            ns = n_slots[o]
-            if not ns or r1 <= r0:
-                return
-            # one token: no dots for keys that slid out of the window (softmax_stats masks them)
-            lo = window_start(o)
-            for h in range(n_kv):
-                keys, sc = kb[o][h], scores[o][h]
-                if decode:
-                    for r in range(r0, r1 if lo < ns else r0):
-                        kernels.matvec(F16, keys, (xq[h, r],), sc[r], lo, ns)
-                else:  # the prompt, in pieces of rows: no dots for keys in a piece's future
-                    for a in range(r0, r1, CAUSAL_ROWS):
-                        b = min(a + CAUSAL_ROWS, r1)
-                        kernels.matmat(F16, keys, (xq[h, a:b],), sc[a:b], 0, visible(o, b))
-            softmax_stats(scores[o][:, r0:r1, base:], o, no, ns - base, pos0 - base, group, window, scale,
-                          mxs[o][:, r0:r1], sms[o][:, r0:r1], r0)
-
-        big_m = np.empty((n_kv, rows), dtype=np.float32)
-        inv_l = np.empty((n_kv, rows), dtype=np.float32)
-        outs = np.zeros((no, n_kv, rows, hdv), dtype=np.float32)
-
-        def values_rows(o: int, r0: int, r1: int) -> None:
-            ns = n_slots[o]
-            if not ns or r1 <= r0:
-                return
-            # llama.cpp sums over its whole (256-padded) cache row, masked positions with
-            # probability 0: pad with zeros to whole 16-lane (64 for one token) steps
-            step = 64 if decode else 16
-            kp = min(-(-ns // step) * step, kv.cap)
-            probs = probabilities(scores[o][:, r0:r1, base:], ns - base, kp - base, big_m[:, r0:r1],
-                                  inv_l[:, r0:r1])
-            xp = kernels.prepare(F16, probs.reshape(n_kv * (r1 - r0), kp - base))[0].reshape(n_kv, r1 - r0, kp - base)
-            # one token: skip values of keys that slid out of the window, from a 64-slot boundary:
-            # they have probability 0, and starting on the 64-wide step keeps every remaining
-            # product in the same accumulator lane, so the sum is the same to the bit
-            # (xp starts at slot `base`; the values are read from slot `lo`)
-            lo = window_start(o, 64) if SKIP_SLID_VALUES else 0
-            for h in range(n_kv):
-                values, out = vb[o][h], outs[o][h]
-                if lo:
-                    # rows of V^T seen from slot lo on: same row stride, start moved by lo slots
-                    # (each row is read for kp - lo slots only, never past the buffer's end)
-                    values = np.lib.stride_tricks.as_strided(values.reshape(-1)[lo * 2:], values.shape,
-                                                             values.strides)
-                if decode:
-                    for r in range(r1 - r0):
-                        kernels.matvec(F16, values, (xp[h, r, lo - base:],), out[r0 + r], 0, hdv)
-                else:
-                    # per piece of rows, the sums stop at the last visible key's 16-slot step:
-                    # the dropped terms are 0 x v added last to accumulators that are never -0
-                    for a in range(r0, r1, CAUSAL_ROWS):
-                        b = min(a + CAUSAL_ROWS, r1)
-                        width = min(-(-visible(o, b) // 16) * 16, kp)
-                        x = np.ascontiguousarray(xp[h, a - r0:b - r0, :width])
-                        kernels.matmat(F16, values, (x,), out[a:b], 0, hdv)
-
-        spread = sum(n_slots) * rows > SPREAD_ATTENTION
-        self._attention_pass(kv, rows, spread, scores_rows)
-        merge_stats(mxs, sms, big_m, inv_l)
-        self._attention_pass(kv, rows, spread, values_rows)
-        out = outs[0] if no == 1 else outs.sum(axis=0)
-        return np.ascontiguousarray(out.reshape(n_kv, n, group, hdv).transpose(1, 0, 2, 3)).reshape(n, n_head, hdv)
-
-    def _attend_token(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, kv: KVCache, il: int, pos0: int,
-                      window: int, scale: float) -> np.ndarray:
-        """One token with the crew: the general path's steps in one compiled call around the
-        crew's jobs (attention.one_token_attention, or owners_token_attention for a cache split
-        between nodes, whose chunks run on each owner's own workers)."""
-        crew = self._crew
-        jobs = kv.jobs.get(il)
-        if jobs is None:
-            jobs = kv.jobs[il] = self._attention_jobs(kv, il, q.shape[1] // kv.cfg.n_head_kv)
-        keys, values = ((job.tasks, job.chunks, job.n_owned) for job in jobs)
-        start = max(pos0 - window + 1, 0) if window else 0  # the window's first position
-        no = kv.n_workers
-        if no == 1:
-            # keys from the window's first slot; softmax, probabilities and values from its
-            # 64-slot boundary (see the general path); on one owner slot j holds position j
-            base = start // 64 * 64 if SKIP_SLID_VALUES else 0
-            out, ok = one_token_attention(crew.lead)(
-                crew.ctl, crew.n_workers, keys, values, q[0], k[0], v[0], kv.k[il][0], kv.v[il][0],
-                pos0, window, scale, start, base, kv.cap)
-        else:
-            owner, slot = (int(a[0]) for a in owner_slots(np.array([pos0]), no))
-            ns = np.array([filled_slots(pos0 + 1, o, no) for o in range(no)], dtype=np.int64)
-            lo = np.array([filled_slots(start, o, no) for o in range(no)], dtype=np.int64)
-            lo64 = lo // 64 * 64 if SKIP_SLID_VALUES else np.zeros_like(lo)
-            out, ok = owners_token_attention(crew.lead)(
-                crew.ctl, crew.n_workers, keys, values, q[0], k[0], v[0], tuple(kv.k[il]), tuple(kv.v[il]),
-                pos0, owner, slot, window, scale, ns, lo, lo64, kv.cap)
-        if not ok:
-            crew.stop()
-            raise CrewError("a worker failed during attention")
-        return out.reshape(1, q.shape[1], -1)
-
-    def _attention_jobs(self, kv: KVCache, il: int, rows: int) -> tuple[Job, Job]:
-        """Crew jobs of a one-token attention over layer il: tasks per (owner, kv head, query
-        row) for the scores (key positions) and the weighted values (V^T rows = value
-        dimensions). A chunk is one piece of the keys or values for all query rows of a kv head:
-        read from memory once, then from the cache for the other rows. One owner: chunks are
-        shared, position-major so that the filled ones come first; several owners (nodes): an
-        owner's chunks are dealt in turn to that owner's workers, which read only its part."""
-        n_kv, hdv = kv.cfg.n_head_kv, kv.cfg.head_dim_v
-        per = n_kv * rows
-        idx = [(o, h, r) for o in range(kv.n_workers) for h in range(n_kv) for r in range(rows)]
-
-        def chunks(step: int, end: int) -> tuple[list, list]:
-            pieces = [(lo, min(lo + step, end)) for lo in range(0, end, step)]
-            if kv.n_workers == 1:
-                return [], [(h * rows, lo, hi, rows) for lo, hi in pieces for h in range(n_kv)]
-            return [(o * per + h * rows, lo, hi, ws[p % len(ws)], rows) for o, ws in enumerate(kv.owner_workers)
-                    for p, (lo, hi) in enumerate(pieces) for h in range(n_kv)], []
-        keys = Job([(F16, kv.k_bytes[il][o][h], 0, 0, 0, h * rows + r, o * per + h * rows + r) for o, h, r in idx],
-                   *chunks(CREW_KEYS, kv.cap))
-        values = Job([(F16, kv.v_bytes[il][o][h], 0, 0, 0, o * per + h * rows + r, o * per + h * rows + r)
-                      for o, h, r in idx], *chunks(CREW_DIMS, hdv))
-        return keys, values
-
-    def _attention_pass(self, kv: KVCache, rows: int, spread: bool, fn: Callable[[int, int, int], None]) -> None:
-        """fn(owner, r0, r1) over every owner's rows; spread: the owner's workers take turns at
-        pieces of CAUSAL_ROWS rows (later rows see more keys: taking turns keeps the work even)."""
-        if not spread or self.n_workers == 1:
-            for o in range(kv.n_workers):
-                fn(o, 0, rows)
-            return
-        pieces = [(a, min(a + CAUSAL_ROWS, rows)) for a in range(0, rows, CAUSAL_ROWS)]
-        shares = {w: [(o, a, b) for a, b in pieces[i::len(ws)]]
-                  for o, ws in enumerate(kv.owner_workers) for i, w in enumerate(ws)}
-
-        def work(w: int) -> None:
-            for share in shares.get(w, ()):
-                fn(*share)
-        self.each_worker(work)
