@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 GOLDEN = json.loads((DATA / "gemma3_golden.json").read_text())
 CASES = GOLDEN["greedy"]
 

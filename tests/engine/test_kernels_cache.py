@@ -18,7 +18,7 @@ import pytest
 from workbench.engine import kernels as K
 from workbench.engine.kernels import jitcache
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SIMD = [p for p in K.available_paths() if p != "portable"]
 
 #: run in the copy: one F32 product on the first SIMD path (or portable), then report whether the

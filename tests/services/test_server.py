@@ -26,7 +26,7 @@ from workbench.engine.engine import Placement  # noqa: E402
 from workbench.server.app import ServerState  # noqa: E402
 from workbench.server.run import BackgroundServer  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SLOT_CTX = 1024
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "llamacpp_build.sh"
 NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 XEON = "Intel(R) Xeon(R) Platinum 8480+"

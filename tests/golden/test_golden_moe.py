@@ -22,9 +22,9 @@ from gguf_factory import write_tiny_model
 from workbench.engine import Engine
 from workbench.engine.engine import Placement
 
-DATA = Path(__file__).parent / "data" / "moe_golden.json"
+DATA = Path(__file__).parents[1] / "data" / "moe_golden.json"
 GOLDEN = json.loads(DATA.read_text()) if DATA.exists() else {"models": {}}
-sys.path.insert(0, str(Path(__file__).parent.parent / "scripts"))
+sys.path.insert(0, str(Path(__file__).parents[2] / "scripts"))
 #: measured on this machine (AVX-512 VNNI kernels): the first step's top-10 logits are bit-identical to
 #: llama.cpp's for every Q8_0 file (MoE, MLA, q-LoRA, fused gate/up, sigmoid+bias+groups, YaRN) and
 #: within 7.6e-6 (Q4_K), 4.8e-7 (Q6_K) and 3.6e-4 (Q5_K) for the K-quant files; every greedy token

@@ -26,7 +26,7 @@ from workbench.engine.tokenizer import (
     split_qwen2,
 )
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 GOLDEN_PATH = DATA / "gemma3_golden.json"
 
 

@@ -13,7 +13,7 @@ from gguf import GGMLQuantizationType as T
 
 from workbench.engine import kernels as K
 
-from test_kernels_exact import SIMD_PATHS, activations, emulate, path, weights  # noqa: F401 (path: fixture)
+from kernel_emulation import SIMD_PATHS, activations, emulate, weights  # noqa: F401
 
 pytestmark = pytest.mark.skipif(not SIMD_PATHS, reason="no SIMD kernel path on this CPU")
 
