@@ -137,9 +137,18 @@ def test_a_host_without_room_is_refused_before_loading(cluster, tiny, capsys):
     assert "\n" not in msg and "nothing was loaded" in msg
     assert msg.count("layers ") == 2 and "node 0 need" in msg and "free 64.0 KiB" in msg
     assert pipe.hosts == []
-    rc = main(["generate", "--ray", cluster.address, "-m", tiny, "-p", "hi", "--weights", "mirror",
-               "-t", "1", "-n", "1"])
-    assert rc == 0 or rc == 2  # room on this machine decides; either way one line, no traceback
+
+
+def test_generate_command_over_ray_equals_without(cluster, tiny, capsys):
+    args = ["generate", "-m", tiny, "-p", "a b c d e", "--temp", "0", "-n", "6", "-t", "1", "--json"]
+    assert main(args) == 0
+    want = json.loads(capsys.readouterr().out)
+    assert main(args + ["--ray", cluster.address]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["prompt_tokens"] == want["prompt_tokens"] and got["tokens"] == want["tokens"]
+    assert got["text"] == want["text"] and len(got["hosts"]) == 2
+    assert main(args[:-1] + ["--ray", cluster.address, "--kv", "bogus"]) == 2
+    assert "numawb: error:" in capsys.readouterr().err
 
 
 def test_a_host_dying_mid_generation_ends_the_request_then_reload(cluster, tiny):

@@ -111,35 +111,45 @@ class RayPipeline:
 
     def _failure(self, e: BaseException, refs: list, hosts: Sequence[Host], what: str, timeout: float) -> ClusterError:
         """The one-line error for a failed call over `refs` (one per host, in pipeline order): the
-        first host whose call failed, or (timeout) the first that has not answered."""
+        host whose actor died (its id travels with the error down the chain), the host whose step
+        raised (its message starts with the host), or on a timeout the first that has not answered."""
         ray = self.ray
         exc = ray.exceptions
         culprit, reason = None, None
-        for h, r in zip(hosts, refs):
-            ready, _ = ray.wait([r], timeout=0)
-            if not ready:
-                culprit, reason = h, f"did not answer {what} within {timeout:g} s"
-                break
-            try:
-                ray.get(r, timeout=0)
-            except exc.RayActorError as err:
-                aid = getattr(err, "actor_id", None)
-                dead = next((x for x in hosts if x.actor is not None and aid and
-                             x.actor._actor_id.hex() == aid), h)
-                culprit, reason = dead, f"stopped during {what} (its Ray actor died)"
-                break
-            except exc.RayTaskError as err:
-                cause = err.cause if getattr(err, "cause", None) is not None else err
-                text = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
-                if text.startswith(f"host {h.label}: "):
-                    text = text[len(f"host {h.label}: "):]
-                culprit, reason = h, f"failed during {what}: {text}"
-                break
-            except Exception:  # noqa: BLE001 -- a later ref tells more
-                continue
-        self.broken = f"host {culprit.label} {reason}" if culprit else f"{what} failed: {type(e).__name__}: {e}"
-        line = self.broken.splitlines()[0]
-        if what not in ("describe", "plan"):
+        if isinstance(e, exc.RayActorError):
+            aid = getattr(e, "actor_id", None)
+            culprit = next((h for h in hosts if h.actor is not None and aid and h.actor._actor_id.hex() == aid), None)
+            reason = f"stopped during {what} (its Ray actor died)"
+            if culprit is None:  # no id: the first host whose call ended with a death
+                for h, r in zip(hosts, refs):
+                    if ray.wait([r], timeout=0)[0]:
+                        try:
+                            ray.get(r, timeout=0)
+                        except exc.RayActorError:
+                            culprit = h
+                            break
+                        except Exception:  # noqa: BLE001
+                            continue
+        elif isinstance(e, exc.RayTaskError):
+            cause = e.cause if getattr(e, "cause", None) is not None else e
+            text = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+            culprit = next((h for h in hosts if text.startswith(f"host {h.label}: ")), None)
+            if culprit is not None:
+                text = text[len(f"host {culprit.label}: "):]
+            reason = f"failed during {what}: {text}"
+        elif isinstance(e, exc.GetTimeoutError):
+            for h, r in zip(hosts, refs):
+                if not ray.wait([r], timeout=0)[0]:
+                    culprit = h
+                    break
+            reason = f"did not answer {what} within {timeout:g} s"
+        if culprit is not None:
+            self.broken = f"host {culprit.label} {reason}"
+        else:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            self.broken = f"{what} failed: {reason or type(e).__name__}" + (f" ({first})" if first and not reason else "")
+        line = self.broken
+        if what not in ("describe", "plan", "metadata"):
             line += " -- reload to go on"
         return ClusterError(line)
 
@@ -234,16 +244,12 @@ class RayPipeline:
     def _run(self, chains: list[list], what: str) -> dict:
         """Wait for the last message of the last chain (all chains were submitted at once, so the
         stages work on consecutive prompt batches in parallel)."""
-        last = chains[-1]
         try:
-            out = self.ray.get(last[-1], timeout=self.step_timeout)
+            return self.ray.get(chains[-1][-1], timeout=self.step_timeout)
         except Exception as e:
-            for refs in chains:  # name the first host whose step failed or hangs
-                err = self._failure(e, refs, self.hosts, what, self.step_timeout)
-                if not err.args[0].startswith(f"{what} failed"):
-                    raise err from None
-            raise self._failure(e, last, self.hosts, what, self.step_timeout) from None
-        return out
+            # on a timeout, the first chain still waiting tells which host is stuck
+            refs = next((c for c in chains if not self.ray.wait([c[-1]], timeout=0)[0]), chains[-1])
+            raise self._failure(e, refs, self.hosts, what, self.step_timeout) from None
 
     def eval(self, ids: Sequence[int], sample: tuple | None) -> int:
         """Append tokens to every stage's cache from the longest cached prefix; the sampled next token."""
