@@ -75,6 +75,11 @@ def test_two_hosts_give_the_single_process_tokens(cluster, tiny):
         assert [h["layers"] for h in hosts][0][0] == 0 and hosts[-1]["layers"][1] == 4
         assert hosts[0]["layers"][1] == hosts[1]["layers"][0]  # contiguous
         assert got == want
+        assert pipe.dag is not None, pipe.transport_note  # one-token steps go through a compiled graph
+        # the same through one actor call per stage
+        pipe._teardown()
+        done = [e for e in pipe.generate(PROMPT, GREEDY, 12, stop_ids=set()) if isinstance(e, DoneEvent)][0]
+        assert done.tokens == want
         # a second request reuses the cached prefix on every host and still matches
         more = PROMPT + want[:5]
         done = [e for e in pipe.generate(more, GREEDY, 6, stop_ids=set()) if isinstance(e, DoneEvent)][0]

@@ -115,10 +115,13 @@ class StageHost:
         (x = this stage's hidden state), or on the last stage {token} when `want` (else {})."""
         from ..engine.sampling import Sampler
         s = self.sessions[msg["sid"]]
+        self.busy_since = time.monotonic()
         try:
             out = s.forward_stage(msg["x"], msg["n_past"])
         except Exception as e:  # the driver shows it as one line naming this host
             raise RuntimeError(f"host {self.label}: {type(e).__name__}: {e}") from None
+        finally:
+            self.busy_since = None
         if not self.engine.model.is_last:
             return {"sid": msg["sid"], "n_past": msg["n_past"], "x": out, "sample": msg.get("sample"),
                     "want": msg.get("want", True)}
@@ -133,8 +136,13 @@ class StageHost:
         history.append(tok)
         return {"token": tok}
 
-    def ping(self) -> str:
-        return self.label
+    busy_since: float | None = None
+
+    def ping(self) -> tuple[str, float]:
+        """This host's label and for how long its current step has run (0: idle); answered
+        beside a running step (a compiled graph runs steps on its own thread)."""
+        t = self.busy_since
+        return self.label, (time.monotonic() - t) if t is not None else 0.0
 
     # -- the proof -----------------------------------------------------------------
     def proof(self) -> dict[str, Any]:

@@ -61,7 +61,8 @@ class RayPipeline:
 
     def __init__(self, address: str, model: str | None = None, placement: Any = None, n_ctx: int = 4096,
                  paths: Mapping[str, str] | None = None, step_timeout: float = STEP_TIMEOUT,
-                 load_timeout: float = LOAD_TIMEOUT, call_timeout: float = CALL_TIMEOUT):
+                 load_timeout: float = LOAD_TIMEOUT, call_timeout: float = CALL_TIMEOUT,
+                 transport: str = "compiled"):
         from ..engine.engine import Placement, default_model_path
         self.ray = require_ray()
         self.address = address
@@ -71,6 +72,9 @@ class RayPipeline:
         self.paths = dict(paths or {})  # node id (or its first characters) or ip -> the model's path there
         self.step_timeout, self.load_timeout, self.call_timeout = step_timeout, load_timeout, call_timeout
         self.hosts: list[Host] = []
+        self.transport = transport  # one-token steps: "compiled" (a compiled graph) or "calls"
+        self.transport_note = ""
+        self.dag = None
         self.tokenizer = None
         self.n_embd = 0
         self.n_layer = 0
@@ -202,6 +206,7 @@ class RayPipeline:
             for h, info in zip(hosts, loaded):
                 h.info.update(info)
             self._open()
+            self._compile()
         except BaseException:
             self.close_actors()
             raise
@@ -213,12 +218,64 @@ class RayPipeline:
         self.n_ctx = min(got)
         self.tokens = []
 
+    def _compile(self) -> None:
+        """A compiled graph through every stage for one-token steps (Ray's channels: no task
+        submission per token; see benchmarks/cluster_handoff.py); actor calls if it cannot be built."""
+        self.dag = None
+        if self.transport != "compiled":
+            return
+        try:
+            from ray.dag import InputNode
+            with InputNode() as inp:
+                out = inp
+                for h in self.hosts:
+                    out = h.actor.step.bind(out)
+            self.dag = out.experimental_compile()
+        except Exception as e:  # noqa: BLE001 -- an older Ray, or channels this setup cannot make
+            self.dag = None
+            self.transport_note = f"compiled graph unavailable ({type(e).__name__}); actor calls per stage"
+
+    def _teardown(self) -> None:
+        dag, self.dag = getattr(self, "dag", None), None
+        if dag is not None:  # may wait on a dead actor: in the background, bounded
+            t = threading.Thread(target=dag.teardown, daemon=True)
+            t.start()
+            t.join(10)
+
+    def _whodunit(self, e: BaseException, what: str) -> ClusterError:
+        """After a compiled step failed: ask every host (short timeout) which one died or is stuck."""
+        ray = self.ray
+        exc = ray.exceptions
+        if isinstance(e, exc.RayTaskError) and not isinstance(e, exc.RayActorError):
+            return self._failure(e, [], self.hosts, what, self.step_timeout)
+        pings = [h.actor.ping.remote() for h in self.hosts]
+        culprit, reason = None, None
+        for h, r in zip(self.hosts, pings):
+            try:
+                _label, busy = ray.get(r, timeout=min(10.0, self.call_timeout))
+            except exc.RayActorError:
+                culprit, reason = h, f"stopped during {what} (its Ray actor died)"
+                break
+            except exc.GetTimeoutError:
+                culprit, reason = h, f"does not answer (during {what})"
+                break
+            if busy > 0 and culprit is None and isinstance(e, (exc.GetTimeoutError, TimeoutError)):
+                culprit, reason = h, f"did not finish {what} within {self.step_timeout:g} s"
+        if culprit is None:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            self.broken = f"{what} failed: {type(e).__name__}: {first}"
+        else:
+            self.broken = f"host {culprit.label} {reason}"
+        self._teardown()
+        return ClusterError(f"{self.broken} -- reload to go on")
+
     def reload(self) -> None:
         """Start over after a failure: new actors on the nodes alive now, every part loaded again."""
         with self.lock:
             self.load()
 
     def close_actors(self) -> None:
+        self._teardown()
         for h in self.hosts:
             if h.actor is not None:
                 try:
@@ -281,9 +338,15 @@ class RayPipeline:
         """Run one generated token through every stage; the next sampled token."""
         if self.broken:
             raise ClusterError(f"{self.broken} -- reload to go on")
-        chain = self._chain({"sid": self._sid, "n_past": len(self.tokens),
-                             "x": np.asarray([token], dtype=np.int64), "sample": None, "want": True})
-        out = self._run([chain], "token")
+        msg = {"sid": self._sid, "n_past": len(self.tokens), "x": np.asarray([token], dtype=np.int64),
+               "sample": None, "want": True}
+        if self.dag is not None:
+            try:
+                out = self.ray.get(self.dag.execute(msg), timeout=self.step_timeout)
+            except Exception as e:
+                raise self._whodunit(e, "token") from None
+        else:
+            out = self._run([self._chain(msg)], "token")
         self.tokens.append(int(token))
         return int(out["token"])
 
