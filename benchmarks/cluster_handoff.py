@@ -121,38 +121,47 @@ def main() -> int:
 
         if not args.no_model:
             from workbench.cluster.pipeline import RayPipeline
+            from workbench.engine import SamplingParams
             from workbench.engine.engine import Engine, Placement, default_model_path
             path = args.model or default_model_path()
             pl = Placement(threads=args.threads)
             eng = Engine.load(path, placement=pl)
-            try:
-                s = eng.new_session(1024)
-                s.eval(eng.tokenizer.encode("The capital of France is"))
-                single = _median_ms(lambda: s.eval([1000]) if s.kv.n < 900 else s.reset() or s.eval([2]), args.n, 5)
-                res["n_embd"] = eng.cfg.n_embd
-            finally:
-                eng.close()
             pipe = RayPipeline(c.address, path, pl, n_ctx=1024)
-            pipe.load()
             try:
-                from workbench.engine import SamplingParams
-                tok = pipe.eval([2, 651, 6037], (SamplingParams(temperature=0), []))
+                pipe.load()
+                res["n_embd"] = eng.cfg.n_embd
+                s = eng.new_session(1024)
+                greedy = (SamplingParams(temperature=0), [])
+                state = {"tok": pipe.eval([2, 651, 6037], greedy)}
+                s.eval([2, 651, 6037])
 
-                def step():
-                    nonlocal tok
+                def one_single() -> None:
+                    if s.kv.n > 900:
+                        s.reset()
+                        s.eval([2, 651])
+                    s.eval([1000 + s.kv.n % 50])
+
+                def one_piped() -> None:
                     if len(pipe.tokens) > 900:
                         pipe.tokens = []
-                        tok = pipe.eval([2, 651], (SamplingParams(temperature=0), []))
-                    tok = pipe.next_token(tok)
-                piped = _median_ms(step, args.n, 5)
+                        state["tok"] = pipe.eval([2, 651], greedy)
+                    state["tok"] = pipe.next_token(state["tok"])
+                # taking turns in blocks, so both see the same background load
+                singles, pipes = [], []
+                block = max(args.n // 10, 1)
+                for _ in range(10):
+                    singles.append(_median_ms(one_single, block, 2))
+                    pipes.append(_median_ms(one_piped, block, 2))
                 res["split"] = [d["layers"] for d in pipe.describe()]
                 res["hidden_bytes_per_token"] = pipe.hidden_bytes_per_token()
+                res["transport"] = "compiled graph" if pipe.dag is not None else "actor calls"
             finally:
                 pipe.close()
+                eng.close()
             res["model"] = os.path.basename(path)
-            res["single_ms_per_token"] = single
-            res["pipeline_ms_per_token"] = piped
-            res["pipeline_added_ms_per_token"] = piped - single
+            res["single_ms_per_token"] = statistics.median(singles)
+            res["pipeline_ms_per_token"] = statistics.median(pipes)
+            res["pipeline_added_ms_per_token"] = statistics.median([b - a for a, b in zip(singles, pipes)])
         res["load_average_after"] = os.getloadavg()
     finally:
         ray.shutdown()
@@ -167,16 +176,17 @@ def main() -> int:
           f"per stage boundary")
     print("| mechanism | " + " | ".join(f"{k} stage{'s' if k > 1 else ''}" for k in stages) + " | per hand-off |")
     print("| --- |" + " ---: |" * (len(stages) + 1))
-    print("| actor calls (RayPipeline) | " + " | ".join(f"{v:.2f} ms" for v in calls)
+    print("| actor calls (RayPipeline: prompt batches) | " + " | ".join(f"{v:.2f} ms" for v in calls)
           + f" | {res['calls_per_handoff_ms']:.2f} ms |")
     if compiled:
-        print("| compiled graph | " + " | ".join(f"{v:.2f} ms" for v in compiled)
+        print("| compiled graph (RayPipeline: tokens) | " + " | ".join(f"{v:.2f} ms" for v in compiled)
               + f" | {res['compiled_per_handoff_ms']:.2f} ms |")
     else:
         print(f"| compiled graph | {res.get('compiled_error', 'n/a')} |")
     if "single_ms_per_token" in res:
         print(f"{res['model']} decode, split {res['split']}: one process {res['single_ms_per_token']:.2f} ms/token, "
-              f"pipeline {res['pipeline_ms_per_token']:.2f} ms/token (+{res['pipeline_added_ms_per_token']:.2f} ms); "
+              f"pipeline ({res['transport']}) {res['pipeline_ms_per_token']:.2f} ms/token "
+              f"(added: {res['pipeline_added_ms_per_token']:+.2f} ms, median of per-block differences); "
               f"{res['hidden_bytes_per_token']} B of hidden state cross hosts per token")
     return 0
 
