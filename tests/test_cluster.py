@@ -202,3 +202,16 @@ def test_three_hosts_default_model(cluster):
         assert pipe.tokenizer.decode(done.tokens) == eng.tokenizer.decode(want)
     finally:
         pipe.close()
+
+
+def test_an_address_nobody_listens_on_is_one_line(capsys):
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there now
+    assert main(["generate", "--ray", f"127.0.0.1:{port}", "-p", "hi", "-n", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"numawb: error: cannot reach the Ray cluster at 127.0.0.1:{port}") and "\n" not in err
+    assert main(["placement", "--ray", "no-port-here"]) == 2
+    assert "HOST:PORT" in capsys.readouterr().err

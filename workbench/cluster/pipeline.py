@@ -56,6 +56,21 @@ def alive_nodes(ray) -> list[dict]:
     return nodes
 
 
+def reachable(address: str, timeout: float = 5.0) -> None:
+    """Refuse in one line, within `timeout`, an address nothing listens on (ray.init itself
+    retries for minutes). 'auto' and ray:// addresses are left to Ray."""
+    import socket
+    if address in ("auto", "local") or "://" in address:
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ClusterError(f"--ray {address!r}: give the head's HOST:PORT (e.g. 10.0.0.1:6379) or 'auto'")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as e:
+        raise ClusterError(f"cannot reach the Ray cluster at {address}: {e.strerror or e}") from None
+
+
 class RayPipeline:
     """A GGUF model split over a Ray cluster's nodes (see module doc)."""
 
@@ -88,6 +103,7 @@ class RayPipeline:
     def connect(self) -> None:
         ray = self.ray
         if not ray.is_initialized():
+            reachable(self.address)
             try:
                 ray.init(address=self.address, logging_level=logging.ERROR, log_to_driver=False,
                          include_dashboard=False)
