@@ -82,3 +82,35 @@ def test_stage_tensors_and_refusals(model):
     assert "output_norm.weight" not in parts[0]
     with pytest.raises(ModelLoadError, match="not within the model's 3 layers"):
         Engine.load(model, placement=Placement(threads=1), layers=(2, 5))
+
+
+def test_split_follows_free_memory_and_refusals_name_hosts():
+    from workbench.cluster import ClusterError
+    from workbench.cluster.split import HostNeed, check_files, check_room, split_layers
+    even = split_layers([10] * 12, [1, 1, 1])
+    assert even == [(0, 4), (4, 8), (8, 12)]
+    # a host with three times the free memory takes about three times the layers
+    lo, hi = split_layers([10] * 12, [1, 3])
+    assert lo == (0, 3) and hi == (3, 12)
+    # the embedding (first) and the head (last) count against their hosts
+    assert split_layers([10] * 12, [1, 1], first_extra=40) == [(0, 4), (4, 12)]
+    # every host gets a layer, even a tiny one
+    assert split_layers([10] * 3, [100, 1, 100]) == [(0, 1), (1, 2), (2, 3)]
+    with pytest.raises(ClusterError, match="2 layers, fewer than the cluster's 3 hosts"):
+        split_layers([10, 10], [1, 1, 1])
+    ok = HostNeed("10.0.0.1/aa", (0, 6), {0: 100, 1: 100}, {0: 200, 1: 200})
+    short = HostNeed("10.0.0.2/bb", (6, 12), {0: 300, 1: 10}, {0: 200, 1: 200})
+    check_room([ok])
+    with pytest.raises(ClusterError) as e:
+        check_room([ok, short])
+    msg = str(e.value)
+    assert "host(s) 10.0.0.2/bb (nothing was loaded)" in msg and "\n" not in msg
+    assert "host 10.0.0.1/aa layers 0..5: node 0 need 100 B free 200 B, node 1 need 100 B free 200 B" in msg
+    assert "host 10.0.0.2/bb layers 6..11: node 0 need 300 B free 200 B" in msg and msg.endswith("<- no room")
+    check_files([("a", "/m", 10, "x"), ("b", "/m", 10, "x")])
+    with pytest.raises(ClusterError, match="host b: /n is 9 bytes, host a's /m is 10"):
+        check_files([("a", "/m", 10, "x"), ("b", "/n", 9, "x")])
+    with pytest.raises(ClusterError, match="host c: /m has another GGUF header than host a's /m"):
+        check_files([("a", "/m", 10, "x"), ("b", "/m", 10, "x"), ("c", "/m", 10, "y")])
+    with pytest.raises(ClusterError, match="host b: /m: No such file"):
+        check_files([("a", "/m", 10, "x"), ("b", "/m", -1, "No such file or directory")])

@@ -102,8 +102,8 @@ class RayPipeline:
     # -- connecting and loading ----------------------------------------------------
     def connect(self) -> None:
         ray = self.ray
+        reachable(self.address)
         if not ray.is_initialized():
-            reachable(self.address)
             try:
                 ray.init(address=self.address, logging_level=logging.ERROR, log_to_driver=False,
                          include_dashboard=False)
