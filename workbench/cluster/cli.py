@@ -65,11 +65,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
         params.validate()
     except ValueError as e:
         raise UserError(str(e)) from None
+    if not args.prompt:
+        raise UserError("empty prompt: give some text with -p")
     pipe = _pipeline(args, args.ctx_size)
     try:
         ids = pipe.tokenizer.encode(args.prompt, add_bos=None)
-        if not args.prompt:
-            raise UserError("empty prompt: give some text with -p")
         done = None
         try:
             for ev in pipe.generate(ids, params, args.n_predict):
