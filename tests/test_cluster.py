@@ -23,6 +23,16 @@ from workbench.cluster.pipeline import RayPipeline  # noqa: E402
 from workbench.engine import SamplingParams  # noqa: E402
 from workbench.engine.engine import DoneEvent, Engine, Placement, TokenEvent, default_model_path  # noqa: E402
 
+@pytest.fixture(scope="module", autouse=True)
+def _kernel_set_restored():
+    """Models loaded here narrow the process's compiled kernel set (kernels.precompile); later
+    test modules that build crews for every type (test_crew.py) expect it as it was."""
+    from workbench.engine import kernels
+    saved = kernels._active
+    yield
+    kernels._active = saved
+
+
 NODE = {"num_cpus": 1, "object_store_memory": 100 << 20}
 GREEDY = SamplingParams(temperature=0)
 ONE = Placement(threads=1)
