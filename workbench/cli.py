@@ -146,6 +146,9 @@ class CommandLine:
 
         self.parser = ap
         self.commands: dict[str, argparse.ArgumentParser] = dict(sub.choices)
+        from .cluster.cli import RAY_COMMANDS, add_ray_argument  # --ray ADDRESS: over a Ray cluster
+        for name in RAY_COMMANDS:
+            add_ray_argument(self.commands[name])
         top_shared = {a.dest for a in _option_actions(ap)} - set(APP_ONLY)
         #: per command (None: the app), the defaults of the shared options it takes
         self.defaults: dict[str | None, dict[str, Any]] = {}
@@ -498,6 +501,9 @@ def _signal_exception(e: BaseException) -> BaseException | None:
 
 def run(args: argparse.Namespace) -> int:
     """Run a parsed request (errors propagate; `main` turns them into one line)."""
+    if getattr(args, "ray", None):
+        from .cluster.cli import run_ray
+        return run_ray(args)
     if args.cmd == "generate":
         return cmd_generate(args)
     if args.cmd == "perplexity":

@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -142,6 +142,30 @@ class _Background:
             raise self._error
 
 
+def stage_tensors(names: "Iterable[str]", n_layer: int, layers: tuple[int, int]) -> list[str]:
+    """The tensors a pipeline stage holding layers [lo, hi) reads: its layers' blocks, the token
+    embedding on the first stage, the output norm and head on the last (the embedding again when
+    the head is tied to it), and the small tensors every layer shares (rope_freqs)."""
+    lo, hi = layers
+    if not 0 <= lo < hi <= n_layer:
+        raise ModelLoadError(f"layer range {lo}..{hi} is not within the model's {n_layer} layers")
+    names = list(names)
+    tied = "output.weight" not in names
+    out = []
+    for name in names:
+        if name.startswith("blk."):
+            keep = lo <= int(name.split(".", 2)[1]) < hi
+        elif name == "token_embd.weight":
+            keep = lo == 0 or (hi == n_layer and tied)
+        elif name.startswith(("output_norm.", "output.")):
+            keep = hi == n_layer
+        else:
+            keep = True
+        if keep:
+            out.append(name)
+    return out
+
+
 def check_supported(g: GGUFFile) -> None:
     if g.architecture not in ARCHITECTURES:
         raise ModelLoadError(
@@ -208,10 +232,13 @@ class Engine:
 
     @classmethod
     def load(cls, path: str | None = None, *, placement: Placement | None = None,
-             progress: ProgressFn | None = None, pool: WorkerPool | None = None) -> "Engine":
+             progress: ProgressFn | None = None, pool: WorkerPool | None = None,
+             layers: tuple[int, int] | None = None) -> "Engine":
         """Read, validate and place a GGUF model. Raises ModelLoadError with a one-line message.
 
-        Sizes and memory needs are checked before anything big is allocated.
+        Sizes and memory needs are checked before anything big is allocated. `layers=(lo, hi)`
+        loads one pipeline stage: only the tensors of `stage_tensors` are read and placed, the KV
+        cache holds those layers, and `Session.forward_stage` runs them (workbench.cluster).
         """
         t0 = time.perf_counter()
         placement = placement or Placement()
@@ -234,13 +261,16 @@ class Engine:
             g.metadata["tokenizer.ggml.tokens"] = tokenizer.tokens
         cfg = config_from_metadata(g.metadata, tokenizer.n_vocab)
         arch = model_class(cfg.arch, g.tensors)
+        if layers is not None:  # a stage: the other tensors are neither read nor placed
+            g.tensors = {n: g.tensors[n] for n in stage_tensors(g.tensors, cfg.n_layer, layers)}
         arch.configure(cfg, g.metadata)
         own_pool = pool is None
         if pool is None:
             pool = WorkerPool(placement.threads, placement.policy, placement.cpus, placement.smt)
         try:
             plan = plan_for_pool(tensor_specs(g), placement.weights, pool, budget=placement.budget,
-                                 kv=KVRequest(cfg.n_layer, kv_sizes(cfg, min(DEFAULT_CTX, cfg.n_ctx_train), pool),
+                                 kv=KVRequest(layers[1] - layers[0] if layers else cfg.n_layer,
+                                              kv_sizes(cfg, min(DEFAULT_CTX, cfg.n_ctx_train), pool),
                                               placement.kv))
             # weights and a default-size KV cache must fit together, checked before allocating
             # either; the plan that was checked is the one allocated
@@ -249,6 +279,7 @@ class Engine:
             layout.load(path, {name: (t.path or path, t.offset) for name, t in g.tensors.items()}, progress)
             compiling.join()
             rt = Runtime(g, layout, pool, row_split)
+            rt.layers = tuple(layers) if layers is not None else None
             model = arch(cfg, rt)
         except BaseException:
             compiling.join(reraise=False)
@@ -284,15 +315,22 @@ class Engine:
         """The placement plan the weights were allocated from."""
         return self.layout.plan
 
+    @property
+    def layers(self) -> range:
+        """The layers this engine holds: all of them, or a pipeline stage's range."""
+        return self.model.layers
+
     def make_kv(self, n_ctx: int, mode: str | None = None) -> tuple[KVCache, KVLayout]:
         mode = mode or self.placement.kv
         # one owner of position blocks per node in use; its first worker first-touches its pages
         owners = self._owners()
+        # a stage's cache holds its own layers only (indexed from its first layer)
+        cfg = self.cfg if len(self.layers) == self.cfg.n_layer else replace(self.cfg, n_layer=len(self.layers))
         plan = plan_for_pool((), None, self.pool, budget=self.placement.budget,
-                             kv=KVRequest(self.cfg.n_layer, kv_sizes(self.cfg, n_ctx, self.pool, owners), mode))
+                             kv=KVRequest(cfg.n_layer, kv_sizes(cfg, n_ctx, self.pool, owners), mode))
         plan.check()
         kvl = KVLayout(plan.kv, self.pool, hugetlb_kb=self.placement.hugepages_kb)
-        kv = make_cache(self.cfg, n_ctx, len(owners), lambda il, o, nbytes: kvl.array_for(il, owners[o][0])[:nbytes],
+        kv = make_cache(cfg, n_ctx, len(owners), lambda il, o, nbytes: kvl.array_for(il, owners[o][0])[:nbytes],
                      owners)
         return kv, kvl
 
@@ -413,6 +451,21 @@ class Session:
         if logit_rows is None:
             return outs[-1][-1]
         return np.concatenate(outs, axis=0)
+
+    def forward_stage(self, inp: np.ndarray, n_past: int, last_only: bool = True) -> np.ndarray:
+        """A pipeline stage's step (see `Decoder.forward_stage`): forget positions >= n_past, then
+        run `inp` (token ids on the first stage, else the hidden state [n, n_embd]) at positions
+        n_past..; returns the hidden state, or on the last stage the logits of the last row
+        (of every row when not `last_only`)."""
+        model = self.engine.model
+        if n_past > self.kv.n:
+            raise ValueError(f"stage cache holds {self.kv.n} positions, asked to continue from {n_past}")
+        if n_past + len(inp) > self.kv.n_ctx:
+            raise ContextFullError(f"context full: {n_past} + {len(inp)} tokens exceed n_ctx {self.kv.n_ctx}")
+        with self.engine.lock:
+            self.kv.truncate(n_past)
+            rows = None if last_only else slice(0, len(inp))
+            return model.forward_stage(inp, self.kv, rows)
 
     def prefill(self, ids: list[int], cancel: threading.Event | None = None) -> np.ndarray:
         """Reuse the cached prefix shared with `ids`, evaluate the rest, return the last logits."""

@@ -187,6 +187,7 @@ class Runtime(AttentionPaths):
         self._starved = 0
         self._backoff_next = CREW_BACKOFF
         self.weights = {name: Weight(info) for name, info in gguf.tensors.items()}
+        self.layers: tuple[int, int] | None = None  # a pipeline stage's layer range [lo, hi) (None: all)
 
     # -- weights -----------------------------------------------------------------
     def has(self, name: str) -> bool:

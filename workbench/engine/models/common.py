@@ -37,6 +37,9 @@ class Decoder:
     def __init__(self, cfg: ModelConfig, rt: Runtime):
         self.cfg = cfg
         self.rt = rt
+        # a pipeline stage holds layers [lo, hi) only (Runtime.layers); the whole model by default
+        lo, hi = getattr(rt, "layers", None) or (0, cfg.n_layer)
+        self.layers = range(lo, hi)
         self.output_name = "output.weight" if rt.has("output.weight") else "token_embd.weight"
         self._check_tensors()
         self.freq_factors = rt.f32("rope_freqs.weight") if rt.has("rope_freqs.weight") else _EMPTY
@@ -51,9 +54,37 @@ class Decoder:
             names += ["post_attention_norm", "post_ffw_norm"]
         return [f"blk.{il}.{n}.weight" for n in names]
 
+    # -- pipeline stages -----------------------------------------------------------
+    @property
+    def is_first(self) -> bool:
+        """This model part embeds tokens (the first stage, or the whole model)."""
+        return self.layers.start == 0
+
+    @property
+    def is_last(self) -> bool:
+        """This model part ends with the output head (the last stage, or the whole model)."""
+        return self.layers.stop == self.cfg.n_layer
+
+    def stage_globals(self) -> list[str]:
+        """The tensors outside the layers this part needs: the embedding, the output norm and head."""
+        out = ["token_embd.weight"] if self.is_first else []
+        return out + (["output_norm.weight", self.output_name] if self.is_last else [])
+
+    def held_shapes(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+        """`shapes` for the tensors this part holds: layer 0's checks are made on its first layer."""
+        lo = self.layers.start
+        out = {}
+        for name, shape in shapes.items():
+            if lo and name.startswith("blk.0."):
+                name = f"blk.{lo}." + name[len("blk.0."):]
+            if name == "token_embd.weight" and not self.rt.has(name):
+                continue  # a later stage with its own output matrix
+            out.setdefault(name, shape)
+        return out
+
     def _check_tensors(self) -> None:
-        need = ["token_embd.weight", "output_norm.weight"]
-        for il in range(self.cfg.n_layer):
+        need = self.stage_globals()
+        for il in self.layers:
             need += self.layer_tensors(il)
         missing = [n for n in need if not self.rt.has(n)]
         if missing:
@@ -67,7 +98,7 @@ class Decoder:
             "blk.0.attn_v.weight": (c.n_embd, c.n_head_kv * c.head_dim_v),
             "blk.0.ffn_up.weight": (c.n_embd, c.n_ff),
         }
-        for name, shape in expect.items():
+        for name, shape in self.held_shapes(expect).items():
             got = tuple(self.rt.shape(name))
             if got != shape:
                 what = "vocabulary size does not match the embedding" if name == "token_embd.weight" else "shape mismatch"
@@ -96,23 +127,51 @@ class Decoder:
         with self.rt.step(len(ids)):
             return self._forward(ids, kv, logit_rows)
 
+    def forward_stage(self, inp: np.ndarray, kv: KVCache, logit_rows: slice | None = None) -> np.ndarray:
+        """One pipeline stage (layers `self.layers`): token ids [n] in on the first stage, else the
+        previous stage's hidden state [n, n_embd] float32; out the hidden state after this stage's
+        last layer, or on the last stage the logits of `logit_rows` (as `forward`). Only the residual
+        stream crosses stages: each stage norms it with its first layer's attn_norm, which gives the
+        same bits as the fused add + norm of a single-process pass."""
+        with self.rt.step(len(inp)):
+            return self._forward(inp, kv, logit_rows)
+
+    def embed(self, ids: np.ndarray) -> np.ndarray:
+        """The residual stream entering layer 0 for token ids (the embedding, scaled where the family does)."""
+        x = self.rt.rows("token_embd.weight", ids)
+        if self.embed_scale:
+            x *= np.float32(math.sqrt(self.cfg.n_embd))
+        return x
+
+    def _stage_input(self, inp: np.ndarray) -> np.ndarray:
+        if self.is_first:
+            return self.embed(inp)
+        return np.array(inp, dtype=np.float32, order="C")  # a copy: the residual is added in place
+
+    def _next_norm(self, il: int) -> str:
+        """The norm fused with layer il's last residual add: the next layer's input norm, the output
+        norm after the model's last layer, or (at the end of an earlier stage, whose successor norms
+        the residual itself) this layer's own input norm, whose result is not used."""
+        if il + 1 == self.cfg.n_layer:
+            return "output_norm.weight"
+        return f"blk.{il + 1}.attn_norm.weight" if il + 1 < self.layers.stop else f"blk.{il}.attn_norm.weight"
+
     def _forward(self, ids: np.ndarray, kv: KVCache, logit_rows: slice | None) -> np.ndarray:
         c, rt = self.cfg, self.rt
         n = len(ids)
         pos0 = kv.n
         if pos0 + n > kv.n_ctx:
             raise ValueError(f"context full: {pos0 + n} tokens > {kv.n_ctx}")
-        x = rt.rows("token_embd.weight", ids)
-        if self.embed_scale:
-            x *= np.float32(math.sqrt(c.n_embd))
+        x = self._stage_input(ids)
+        lo = self.layers.start
         tap = self.tap
         if tap:
             tap("inp_scaled", x)
         # a batch of sequences (engine/batch.py) gives each row its own position
         positions = kv.positions(n) if hasattr(kv, "positions") else np.arange(pos0, pos0 + n, dtype=np.int64)
         ropes: dict[float, np.ndarray] = {}
-        h = self.norm(x, "blk.0.attn_norm.weight")
-        for il in range(c.n_layer):
+        h = self.norm(x, f"blk.{lo}.attn_norm.weight")
+        for il in self.layers:
             p = f"blk.{il}."
             if tap:
                 tap(f"attn_norm-{il}", h)
@@ -139,7 +198,7 @@ class Decoder:
                 scale = 1.0
             if tap:
                 tap(f"Qrope-{il}", q); tap(f"Krope-{il}", k)
-            att = rt.attention(q, k, v, kv, il, pos0, c.layer_window(il), scale)
+            att = rt.attention(q, k, v, kv, il - lo, pos0, c.layer_window(il), scale)  # stage KV: its own layers
             (o,) = rt.linear(att.reshape(n, -1), (p + "attn_output.weight",))
             self._bias(o, p + "attn_output.bias")
             if tap:
@@ -160,11 +219,12 @@ class Decoder:
                 tap(f"ffn_gate-{il}", g); tap(f"ffn_up-{il}", u); tap(f"ffn_geglu-{il}", a)
                 tap(f"ffn_out-{il}", d)
             # the next layer's input norm (the output norm after the last layer) with the add
-            h = self.add_norm(x, d, p + "post_ffw_norm.weight" if self.post_norms else None,
-                              f"blk.{il + 1}.attn_norm.weight" if il + 1 < c.n_layer else "output_norm.weight")
+            h = self.add_norm(x, d, p + "post_ffw_norm.weight" if self.post_norms else None, self._next_norm(il))
             if tap:
                 tap(f"l_out-{il}", x)
         kv.n = pos0 + n
+        if not self.is_last:
+            return x
         (logits,) = rt.linear(h, (self.output_name,))
         if tap:
             tap("result_norm", h); tap("result_output", logits)

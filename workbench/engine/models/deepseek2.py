@@ -124,7 +124,8 @@ class DeepSeek2(MoEDecoder):
         rows = np.concatenate([latent, k_pe.reshape(n, rot)], axis=1)     # [n, lora + rot]
         if self.tap:
             self.tap(f"Qcur-{il}", qcat); self.tap(f"Kcur-{il}", rows)
-        att = rt.mla_attention(np.ascontiguousarray(qcat, dtype=np.float32), rows, kv, il, pos0, c.attn_scale)
+        att = rt.mla_attention(np.ascontiguousarray(qcat, dtype=np.float32), rows, kv, il - self.layers.start, pos0,
+                                c.attn_scale)  # a stage's cache holds its own layers
         # decompress each head's output from the latent space: [H, n, v_head]
         out = rt.sub_products(p + "attn_v_b.weight", np.ascontiguousarray(att.transpose(1, 0, 2)))
         (o,) = rt.linear(np.ascontiguousarray(out.transpose(1, 0, 2)).reshape(n, -1), (p + "attn_output.weight",))

@@ -184,7 +184,7 @@ class MoEDecoder(Decoder):
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
         c = self.cfg
         out = {"token_embd.weight": (c.n_embd, c.n_vocab)}
-        for il in range(c.n_layer):
+        for il in self.layers:
             if self.is_moe_layer(il):
                 p = f"blk.{il}."
                 out[p + "ffn_gate_inp.weight"] = (c.n_embd, c.n_expert)
@@ -197,14 +197,14 @@ class MoEDecoder(Decoder):
         return out
 
     def _check_tensors(self) -> None:
-        need = ["token_embd.weight", "output_norm.weight"]
-        for il in range(self.cfg.n_layer):
+        need = self.stage_globals()
+        for il in self.layers:
             need += self.layer_tensors(il)
         missing = [n for n in need if not self.rt.has(n)]
         if missing:
             more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
             raise ModelLoadError(f"{self.arch} model is missing tensor(s) {', '.join(missing[:3])}{more}")
-        for name, shape in self.expected_shapes().items():
+        for name, shape in self.held_shapes(self.expected_shapes()).items():
             got = tuple(self.rt.shape(name))
             if got != shape:
                 raise ModelLoadError(f"{name} has shape {list(got)}, expected {list(shape)} (shape mismatch)")
@@ -230,7 +230,7 @@ class MoEDecoder(Decoder):
                                               c.rope_ext_factor, c.rope_attn_factor, c.rope_corr[0], c.rope_corr[1])
         ops.apply_rope(q, cs, c.rope_neox)
         ops.apply_rope(k, cs, c.rope_neox)
-        att = rt.attention(q, k, v, kv, il, pos0, c.layer_window(il), c.attn_scale)
+        att = rt.attention(q, k, v, kv, il - self.layers.start, pos0, c.layer_window(il), c.attn_scale)
         (o,) = rt.linear(att.reshape(n, -1), (p + "attn_output.weight",))
         return self._bias(o, p + "attn_output.bias")
 
@@ -272,12 +272,12 @@ class MoEDecoder(Decoder):
         pos0 = kv.n
         if pos0 + n > kv.n_ctx:
             raise ValueError(f"context full: {pos0 + n} tokens > {kv.n_ctx}")
-        x = rt.rows("token_embd.weight", ids)
+        x = self._stage_input(ids)
         tap = self.tap
         positions = np.arange(pos0, pos0 + n, dtype=np.int64)
         ropes: dict = {}
-        h = self.norm(x, "blk.0.attn_norm.weight")
-        for il in range(c.n_layer):
+        h = self.norm(x, f"blk.{self.layers.start}.attn_norm.weight")
+        for il in self.layers:
             p = f"blk.{il}."
             if tap:
                 tap(f"attn_norm-{il}", h)
@@ -294,11 +294,12 @@ class MoEDecoder(Decoder):
             d = self.ffn(il, h)
             if tap:
                 tap(f"ffn_out-{il}", d)
-            h = self.add_norm(x, d, None,
-                              f"blk.{il + 1}.attn_norm.weight" if il + 1 < c.n_layer else "output_norm.weight")
+            h = self.add_norm(x, d, None, self._next_norm(il))
             if tap:
                 tap(f"l_out-{il}", x)
         kv.n = pos0 + n
+        if not self.is_last:
+            return x
         (logits,) = rt.linear(h, (self.output_name,))
         if tap:
             tap("result_norm", h); tap("result_output", logits)

@@ -1,0 +1,196 @@
+"""One host's part of a pipelined model: the object each Ray actor runs (no Ray import here).
+
+The host reads only its own layers' tensors from its own copy of the GGUF file, places them
+with its own NUMA plan (topology, pinned workers, weights and KV modes) and runs
+`Session.forward_stage`; the hidden state comes in and goes out, and the last stage samples
+the next token itself, so only a token id goes back to the driver.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import time
+from typing import Any
+
+import numpy as np
+
+HEADER_DIGEST_BYTES = 64 << 20  # a header longer than this is compared on its first 64 MiB
+
+
+def file_facts(path: str) -> tuple[int, str]:
+    """(size, sha256 of the GGUF header: metadata and tensor table), or (-1, reason)."""
+    from ..engine.gguf_file import ModelLoadError, read_gguf
+    try:
+        size = os.path.getsize(path)
+        g = read_gguf(path)
+    except OSError as e:
+        return -1, e.strerror or str(e)
+    except ModelLoadError as e:
+        return -1, str(e)
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        h.update(f.read(min(g.data_offset, HEADER_DIGEST_BYTES)))
+    return size, h.hexdigest()
+
+
+class StageHost:
+    """A pipeline stage on one host (see module doc). Every method returns plain data."""
+
+    def __init__(self, label: str):
+        self.label = label
+        self.engine = None
+        self.pool = None
+        self.sessions: dict[int, Any] = {}
+        self.samplers: dict[int, tuple[Any, list[int]]] = {}
+
+    # -- before loading ------------------------------------------------------------
+    def describe(self, path: str) -> dict[str, Any]:
+        """This host and its copy of the model: file size and header digest, layer sizes."""
+        size, digest = file_facts(path)
+        out: dict[str, Any] = {"label": self.label, "hostname": socket.gethostname(), "pid": os.getpid(),
+                               "path": path, "size": size, "digest": digest}
+        if size >= 0:
+            from ..engine.gguf_file import read_gguf
+            g = read_gguf(path)
+            arch = g.architecture
+            out["n_layer"] = int(g.metadata.get(f"{arch}.block_count", 0))
+            out["n_embd"] = int(g.metadata.get(f"{arch}.embedding_length", 0))
+            out["tensor_bytes"] = {n: t.nbytes for n, t in g.tensors.items()}
+        return out
+
+    def metadata(self, path: str) -> dict[str, Any]:
+        """The GGUF metadata (the driver's tokenizer is built from it)."""
+        from ..engine.gguf_file import read_metadata
+        return read_metadata(path)
+
+    def plan(self, path: str, layers: tuple[int, int], placement: Any, n_ctx: int) -> dict[str, Any]:
+        """Need and free per NUMA node of this host's part (weights of its layers + a KV cache of
+        n_ctx positions for them), from the placement plan; nothing of the model is allocated."""
+        from ..engine.config import config_from_metadata
+        from ..engine.engine import kv_sizes, stage_tensors, tensor_specs
+        from ..engine.gguf_file import read_gguf
+        from ..numa.plan import KVRequest, plan_for_pool
+        g = read_gguf(path)
+        tokens = g.metadata.get("tokenizer.ggml.tokens") or []
+        cfg = config_from_metadata(g.metadata, len(tokens))
+        keep = set(stage_tensors(g.tensors, cfg.n_layer, layers))
+        g.tensors = {n: t for n, t in g.tensors.items() if n in keep}
+        pool = self._pool(placement)
+        n_ctx = min(n_ctx, cfg.n_ctx_train)
+        plan = plan_for_pool(tensor_specs(g), placement.weights, pool, budget=placement.budget,
+                             kv=KVRequest(layers[1] - layers[0], kv_sizes(cfg, n_ctx, pool), placement.kv))
+        return {"need": plan.need(), "free": dict(plan.free), "notes": list(pool.notes)}
+
+    def _pool(self, placement: Any):
+        from ..numa.workers import WorkerPool
+        if self.pool is None:
+            self.pool = WorkerPool(placement.threads, placement.policy, placement.cpus, placement.smt)
+        return self.pool
+
+    # -- loading -------------------------------------------------------------------
+    def load(self, path: str, layers: tuple[int, int], placement: Any) -> dict[str, Any]:
+        """Read and place this host's layers (Engine.load(layers=...)) on its own workers."""
+        from ..engine.engine import Engine
+        self.close_engine()
+        pool = self._pool(placement)
+        self.engine = Engine.load(path, placement=placement, pool=pool, layers=tuple(layers))
+        eng = self.engine
+        return {"load_seconds": eng.load_seconds, "weight_bytes": eng.weight_bytes,
+                "tensors": len(eng.gguf.tensors), "threads": pool.n_threads,
+                "nodes": sorted({w.node for w in pool.workers})}
+
+    def open(self, sid: int, n_ctx: int) -> int:
+        """A session (KV cache of this host's layers) for request stream `sid`; returns its n_ctx."""
+        old = self.sessions.pop(sid, None)
+        if old is not None:
+            old.close()
+        s = self.engine.new_session(n_ctx)
+        self.sessions[sid] = s
+        return s.n_ctx
+
+    # -- running -------------------------------------------------------------------
+    def step(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """One pipeline step: msg {sid, n_past, x, sample?, want?} in; the next stage's msg out
+        (x = this stage's hidden state), or on the last stage {token} when `want` (else {})."""
+        from ..engine.sampling import Sampler
+        s = self.sessions[msg["sid"]]
+        self.busy_since = time.monotonic()
+        try:
+            out = s.forward_stage(msg["x"], msg["n_past"])
+        except Exception as e:  # the driver shows it as one line naming this host
+            raise RuntimeError(f"host {self.label}: {type(e).__name__}: {e}") from None
+        finally:
+            self.busy_since = None
+        if not self.engine.model.is_last:
+            return {"sid": msg["sid"], "n_past": msg["n_past"], "x": out, "sample": msg.get("sample"),
+                    "want": msg.get("want", True)}
+        sample = msg.get("sample")
+        if sample is not None:  # a new request: its sampler and token history live here
+            params, history = sample
+            self.samplers[msg["sid"]] = (Sampler(params), list(history))
+        if not msg.get("want", True):
+            return {}
+        sampler, history = self.samplers[msg["sid"]]
+        tok = int(sampler.sample(out[-1] if out.ndim == 2 else out, history))
+        history.append(tok)
+        return {"token": tok}
+
+    busy_since: float | None = None
+
+    def ping(self) -> tuple[str, float]:
+        """This host's label and for how long its current step has run (0: idle); answered
+        beside a running step (a compiled graph runs steps on its own thread)."""
+        t = self.busy_since
+        return self.label, (time.monotonic() - t) if t is not None else 0.0
+
+    # -- the proof -----------------------------------------------------------------
+    def proof(self) -> dict[str, Any]:
+        """Where this host's pages and threads are: the proof per buffer, numastat and the workers."""
+        from ..numa.proof import format_proof, process_numastat, prove
+        from ..numa.views import format_numastat
+        eng = self.engine
+        buffers = eng.buffers()
+        proofs = prove(buffers)
+        stat = process_numastat(buffers)
+        workers = eng.pool.check()
+        p = eng.placement
+        return {"label": self.label, "layers": [eng.layers.start, eng.layers.stop],
+                "weights_mode": p.weights, "kv_mode": p.kv, "load_seconds": eng.load_seconds,
+                "proof": format_proof(proofs), "numastat": format_numastat(stat),
+                "nodes": {str(n): {k: v.get(n, 0) for k, v in stat.items()}
+                          for n in sorted({n for d in stat.values() for n in d})},
+                "buffers": [{"label": b.label, "kind": b.kind, "intended": list(b.intended), "bytes": b.nbytes,
+                             "pages_by_node": {str(k): v for k, v in b.pages_by_node.items()},
+                             "share_in_place": b.share} for b in proofs],
+                "workers": [{"index": w.index, "cpu": w.actual_cpu, "node": w.actual_node, "wanted_cpu": w.cpu,
+                             "wanted_node": w.node, "misplaced": w.misplaced} for w in workers]}
+
+    # -- cost ----------------------------------------------------------------------
+    def relay(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Pass a message on untouched (the hand-off benchmark: transport cost without compute)."""
+        return msg
+
+    def close_engine(self) -> None:
+        for s in self.sessions.values():
+            s.close()
+        self.sessions.clear()
+        self.samplers.clear()
+        if self.engine is not None:
+            self.engine.close()  # closes the pool too
+            self.engine = None
+            self.pool = None
+
+    def close(self) -> None:
+        self.close_engine()
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+
+    def now(self) -> float:
+        return time.time()
+
+
+def hidden_bytes(n_tokens: int, n_embd: int) -> int:
+    """Bytes of the hidden state one stage hands the next for n_tokens (float32 rows)."""
+    return int(np.dtype(np.float32).itemsize) * n_tokens * n_embd
