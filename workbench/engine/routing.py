@@ -66,6 +66,7 @@ class RoutingStats:
         self._bytes: deque = deque()    # (token count, {node: bytes}) per recorded call
         self._bytes_by_node = bytes_by_node
         self._nodes = nodes
+        self._per_expert: dict[tuple[str, int], dict[int, float]] = {}  # (tensor, expert) -> node bytes
         self._lock = threading.Lock()
         self._layers: set[int] = set()
 
@@ -79,18 +80,23 @@ class RoutingStats:
         ids = np.asarray(experts, dtype=np.int64)
         per_node: dict[int, float] = {}
         if self._bytes_by_node is not None:
-            for e in np.unique(ids):
+            cache = self._per_expert
+            for e in (ids[0].tolist() if len(ids) == 1 else np.unique(ids).tolist()):
                 for name in tensors:
-                    for n, b in self._bytes_by_node(name, int(e)).items():
+                    nb = cache.get((name, e))
+                    if nb is None:
+                        nb = cache[(name, e)] = self._bytes_by_node(name, e)
+                    for n, b in nb.items():
                         per_node[n] = per_node.get(n, 0.0) + b
         with self._lock:
             self._layers.add(il)
             q = self._recent[il]
-            for row in ids:
+            hits = self._hits[il]
+            for row in ids:  # a token's experts are distinct
                 q.append(row)
-                np.add.at(self._hits[il], row, 1)
+                hits[row] += 1
                 if len(q) > self.window:
-                    np.subtract.at(self._hits[il], q.popleft(), 1)
+                    hits[q.popleft()] -= 1
             if per_node:
                 for n in (self._nodes() if self._nodes else ()):
                     per_node.setdefault(n, 0.0)
@@ -119,7 +125,9 @@ class RoutingStats:
                                sum(ratios) / len(ratios) if ratios else 1.0)
 
     def clear(self) -> None:
+        """Forget the window (and the bytes per expert: after a switch they come from other nodes)."""
         with self._lock:
+            self._per_expert = {}
             self._hits[:] = 0
             for q in self._recent:
                 q.clear()
