@@ -60,3 +60,45 @@ def test_the_app_never_imports_the_command_line():
     """One way through the code: the command line starts the app, never the reverse."""
     mods = modules_after_import("workbench.app", "workbench.record", "workbench.replay", "workbench.screens")
     assert "workbench.app" in mods and "workbench.cli" not in mods
+
+
+def test_no_import_cycles_between_modules():
+    """Module-level imports form no cycle (a package's own __init__ re-exporting its submodules
+    aside): each layer can be read and loaded bottom-up."""
+    import ast
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1] / "workbench"
+    mods: dict[str, Path] = {}
+    for p in root.rglob("*.py"):
+        parts = p.relative_to(root.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        mods[name] = p
+    edges: dict[str, set[str]] = {m: set() for m in mods}
+    for m, p in mods.items():
+        pkg = m if p.name == "__init__.py" else m.rsplit(".", 1)[0]
+        for node in ast.parse(p.read_text()).body:
+            if isinstance(node, ast.ImportFrom):
+                base = pkg.split(".")[:len(pkg.split(".")) - (node.level - 1)] if node.level else []
+                tgt = ".".join(base + ([node.module] if node.module else [])) if node.level else node.module or ""
+                subs = {f"{tgt}.{a.name}" for a in node.names} & set(mods)
+                edges[m] |= subs or ({tgt} & set(mods)) - {m}
+            elif isinstance(node, ast.Import):
+                edges[m] |= {a.name for a in node.names} & set(mods)
+    state: dict[str, int] = {}
+    cycle: list[str] = []
+
+    def visit(m: str, path: list[str]) -> bool:
+        state[m] = 1
+        for n in edges[m]:
+            if state.get(n) == 1:
+                cycle.extend(path[path.index(n):] + [n])
+                return True
+            if state.get(n) is None and visit(n, path + [n]):
+                return True
+        state[m] = 2
+        return False
+
+    for m in sorted(mods):
+        if state.get(m) is None and visit(m, [m]):
+            break
+    assert not cycle, " -> ".join(cycle)
