@@ -82,7 +82,19 @@ class Decoder:
             out.setdefault(name, shape)
         return out
 
+    def expected_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Shapes the configuration implies for a few tensors (GGUF order), checked at load."""
+        c = self.cfg
+        return {
+            "token_embd.weight": (c.n_embd, c.n_vocab),
+            "blk.0.attn_q.weight": (c.n_embd, c.n_head * c.head_dim),
+            "blk.0.attn_k.weight": (c.n_embd, c.n_head_kv * c.head_dim),
+            "blk.0.attn_v.weight": (c.n_embd, c.n_head_kv * c.head_dim_v),
+            "blk.0.ffn_up.weight": (c.n_embd, c.n_ff),
+        }
+
     def _check_tensors(self) -> None:
+        """Every tensor this part needs is there, with the shapes the configuration implies."""
         need = self.stage_globals()
         for il in self.layers:
             need += self.layer_tensors(il)
@@ -90,15 +102,7 @@ class Decoder:
         if missing:
             more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
             raise ModelLoadError(f"{self.arch} model is missing tensor(s) {', '.join(missing[:3])}{more}")
-        c = self.cfg
-        expect = {
-            "token_embd.weight": (c.n_embd, c.n_vocab),
-            "blk.0.attn_q.weight": (c.n_embd, c.n_head * c.head_dim),
-            "blk.0.attn_k.weight": (c.n_embd, c.n_head_kv * c.head_dim),
-            "blk.0.attn_v.weight": (c.n_embd, c.n_head_kv * c.head_dim_v),
-            "blk.0.ffn_up.weight": (c.n_embd, c.n_ff),
-        }
-        for name, shape in self.held_shapes(expect).items():
+        for name, shape in self.held_shapes(self.expected_shapes()).items():
             got = tuple(self.rt.shape(name))
             if got != shape:
                 what = "vocabulary size does not match the embedding" if name == "token_embd.weight" else "shape mismatch"

@@ -196,19 +196,6 @@ class MoEDecoder(Decoder):
                 out[p + "ffn_down_exps.weight"] = (c.n_ff_exp, c.n_embd, c.n_expert)
         return out
 
-    def _check_tensors(self) -> None:
-        need = self.stage_globals()
-        for il in self.layers:
-            need += self.layer_tensors(il)
-        missing = [n for n in need if not self.rt.has(n)]
-        if missing:
-            more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
-            raise ModelLoadError(f"{self.arch} model is missing tensor(s) {', '.join(missing[:3])}{more}")
-        for name, shape in self.held_shapes(self.expected_shapes()).items():
-            got = tuple(self.rt.shape(name))
-            if got != shape:
-                raise ModelLoadError(f"{name} has shape {list(got)}, expected {list(shape)} (shape mismatch)")
-
     # -- forward ---------------------------------------------------------------------
     def attention(self, il: int, h: np.ndarray, kv: KVCache, pos0: int, positions: np.ndarray,
                   ropes: dict) -> np.ndarray:
