@@ -48,7 +48,7 @@ def test_exact_columns_table(t):
         K.matmat(int(t), w, K.prepare(int(t), X[:n]), out, 0, rows)
         same.append(np.array_equal(out, ref[:n]))
     assert all(same[:min(limit, N_MAX)]), f"{t.name}: matmat differs from matvec within the limit {limit}"
-    if int(t) in EXACT_COLUMNS:
+    if int(t) in EXACT_COLUMNS and K.kernel_path() != "portable":  # the limits are the SIMD tiles'
         assert not same[limit], f"{t.name}: the limit {limit} is not needed"
 
 
