@@ -28,7 +28,7 @@ import numba
 import numpy as np
 
 from . import kernels, ops
-from .kernels.simd import VNNI, dot_us, f16_to_f32, f_zero, fmadd_i, hsum_f, i_shl, i_sub, i_zero, load_b32
+from .kernels.intrinsics import VNNI, dot_us, f16_to_f32, f_zero, fmadd_i, hsum_f, i_shl, i_sub, i_zero, load_b32
 from .engine import ContextFullError, DoneEvent, Engine, Session, Stats, TokenEvent
 from .attention import one_token_attention
 from .crew import Crew

@@ -30,7 +30,7 @@ from numba import types
 from numba.extending import intrinsic, overload
 
 from . import kernels
-from .kernels.simd import _fn
+from .kernels.intrinsics import _fn
 
 _NB = dict(nogil=True, cache=True)
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")

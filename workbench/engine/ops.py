@@ -20,7 +20,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .kernels.simd import round_f16
+from .kernels.intrinsics import round_f16
 
 _JIT = dict(nogil=True, cache=True)
 
