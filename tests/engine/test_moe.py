@@ -92,7 +92,7 @@ def test_generate_and_chat_same_tokens_at_1_and_2_threads(moe_file):
 def test_decode_reads_only_routed_experts(moe_file, threads, monkeypatch):
     """The weight rows handed to the kernels for one decoded token are those of the k routed
     experts of each layer, never the others'."""
-    from workbench.engine import crew
+    from workbench.engine import crew, runtime
     from workbench.engine.crew import T_W
 
     eng = Engine.load(moe_file, placement=Placement(threads=threads))
@@ -104,6 +104,20 @@ def test_decode_reads_only_routed_experts(moe_file, threads, monkeypatch):
             read.extend(int(a) for a in job.tasks[:, T_W])
             return run(self, job, xa, xb, outs)
         monkeypatch.setattr(crew.Crew, "run", spy)
+        # decode's compiled expert FFN composes its jobs from per-expert tables: note the rows of
+        # the tables it is given for the routed ids (expert_token.compose picks exactly those)
+        make = runtime.expert_runner
+
+        def spy_runner(*a):
+            real = make(*a)
+
+            def fn(ctl, nw, x, ids, wts, gu_t3, gu_c3, gu_w, d_t3, d_c3, d_w, *rest):
+                for t3 in (gu_t3, d_t3):
+                    read.extend(int(v) for v in t3[ids][:, :, T_W].reshape(-1) if v)
+                return real(ctl, nw, x, ids, wts, gu_t3, gu_c3, gu_w, d_t3, d_c3, d_w, *rest)
+            return fn
+        monkeypatch.setattr(runtime, "expert_runner", spy_runner)
+        eng.rt._etoken.clear()
         s = eng.new_session(64)
         s.eval([2, 270, 262])
         routed: dict[str, set[int]] = {}

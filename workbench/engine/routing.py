@@ -66,28 +66,47 @@ class RoutingStats:
         self._bytes: deque = deque()    # (token count, {node: bytes}) per recorded call
         self._bytes_by_node = bytes_by_node
         self._nodes = nodes
-        self._per_expert: dict[tuple[str, int], dict[int, float]] = {}  # (tensor, expert) -> node bytes
+        self._tables: dict[tuple, tuple] = {}  # (tensor, tensors) -> _layer_table's entry
         self._lock = threading.Lock()
         self._layers: set[int] = set()
+
+    def _layer_table(self, tensor: str, tensors: tuple[str, ...]) -> tuple[int, list[int], np.ndarray | None] | None:
+        """(layer, nodes, bytes [n_expert, len(nodes)] read per routed token of each expert), made
+        once per layer and placement: recording a token is then a row lookup, not 3k dict walks."""
+        key = (tensor, tensors)
+        entry = self._tables.get(key)
+        if entry is None:
+            m = _LAYER.search(tensor)
+            if m is None:
+                return None
+            il = int(m.group(1))
+            if self._bytes_by_node is None or not tensors:
+                entry = (il, [], None)
+            else:
+                per_expert = [[self._bytes_by_node(name, e) for name in tensors] for e in range(self.n_expert)]
+                nodes = sorted({n for row in per_expert for nb in row for n in nb} | set(self._nodes() if self._nodes else ()))
+                table = np.zeros((self.n_expert, len(nodes)), dtype=np.float64)
+                for e, row in enumerate(per_expert):
+                    for nb in row:
+                        for n, b in nb.items():
+                            table[e, nodes.index(n)] += b
+                entry = (il, nodes, table)
+            self._tables[key] = entry
+        return entry
 
     def record(self, tensor: str, experts: np.ndarray, tensors: tuple[str, ...] = ()) -> None:
         """Tokens' routed experts [n, k] of the layer that ``tensor`` (``blk.N.…``) belongs to;
         ``tensors``: the expert tensors read for them (their bytes per node are counted)."""
-        m = _LAYER.search(tensor)
-        if m is None:
+        entry = self._layer_table(tensor, tensors)
+        if entry is None:
             return
-        il = int(m.group(1))
+        il, nodes, table = entry
         ids = np.asarray(experts, dtype=np.int64)
         per_node: dict[int, float] = {}
-        if self._bytes_by_node is not None:
-            cache = self._per_expert
-            for e in (ids[0].tolist() if len(ids) == 1 else np.unique(ids).tolist()):
-                for name in tensors:
-                    nb = cache.get((name, e))
-                    if nb is None:
-                        nb = cache[(name, e)] = self._bytes_by_node(name, e)
-                    for n, b in nb.items():
-                        per_node[n] = per_node.get(n, 0.0) + b
+        if table is not None:
+            # each routed expert's rows are read once per call, however many tokens chose it
+            used = ids[0] if len(ids) == 1 else np.unique(ids)
+            per_node = dict(zip(nodes, table[used].sum(axis=0).tolist()))
         with self._lock:
             self._layers.add(il)
             q = self._recent[il]
@@ -98,8 +117,6 @@ class RoutingStats:
                 if len(q) > self.window:
                     hits[q.popleft()] -= 1
             if per_node:
-                for n in (self._nodes() if self._nodes else ()):
-                    per_node.setdefault(n, 0.0)
                 self._bytes.append((len(ids), il, per_node))
                 while len(self._bytes) > self.window * max(1, len(self._layers)):
                     self._bytes.popleft()
@@ -127,7 +144,7 @@ class RoutingStats:
     def clear(self) -> None:
         """Forget the window (and the bytes per expert: after a switch they come from other nodes)."""
         with self._lock:
-            self._per_expert = {}
+            self._tables = {}
             self._hits[:] = 0
             for q in self._recent:
                 q.clear()

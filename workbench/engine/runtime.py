@@ -29,6 +29,7 @@ from . import kernels
 from . import ops
 from .attention import AttentionPaths
 from .crew import C_OWNER, C_SPAN, C_TASK, T_OUT, T_OUTOFF, T_XROW, TASK_FIELDS, Crew, CrewError, Job, Table, product_runner
+from .expert_token import GELU, SILU, expert_runner
 from .gguf_file import GGUFFile, ModelLoadError, TensorInfo
 
 F32, F16, BF16 = 0, 1, 30
@@ -180,6 +181,7 @@ class Runtime(AttentionPaths):
         self._groups: dict[tuple[str, ...], _Group] = {}
         self._eplans: dict[tuple[str, int], list[tuple[np.ndarray, int, int, int]]] = {}
         self._eblocks: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._etoken: dict[tuple, tuple] = {}  # (gate, up, down) -> compiled one-token expert FFN
         self._leading = False
         self._crew: Crew | None = None
         self.routing = None  # RoutingStats of a mixture-of-experts model (set by the engine)
@@ -242,6 +244,7 @@ class Runtime(AttentionPaths):
         self._small.clear()
         self._eplans.clear()
         self._eblocks.clear()
+        self._etoken.clear()
 
     # -- products ----------------------------------------------------------------
     @contextmanager
@@ -524,6 +527,10 @@ class Runtime(AttentionPaths):
             raise ValueError(f"expert ids outside [0, {n_exp})")
         if self.routing is not None:
             self.routing.record(up, ids, tuple(n for n in (gate, up, down) if n))
+        if n == 1 and self._crewing:
+            out = self._moe_token(x, gate, up, down, ids[0], weights[0], activation)
+            if out is not None:
+                return out
         # (expert, input rows, output rows): gate/up read token t, write row t*k + i
         rows: dict[int, list[int]] = {}
         for r, e in enumerate(ids.reshape(-1).tolist()):
@@ -548,6 +555,48 @@ class Runtime(AttentionPaths):
         for i in range(1, k):
             out = out + d[:, i] * w[:, i:i + 1]
         return np.ascontiguousarray(out, dtype=np.float32)
+
+    def _moe_token(self, x: np.ndarray, gate: str | None, up: str, down: str, ids: np.ndarray,
+                   weights: np.ndarray, activation: str) -> np.ndarray | None:
+        """One token's routed experts in one compiled call with the crew (`expert_token`); None
+        when the tensors' types have no compiled path there (float experts, gate and up with
+        different activation formats): the caller takes the general path."""
+        crew = self._crew
+        key = (gate, up, down)
+        entry = self._etoken.get(key)
+        if entry is None or entry[0] is not crew.lead:
+            names_gu = (up,) if gate is None else (gate, up)
+            ws_gu = [self.weights[nm] for nm in names_gu]
+            wd = self.weights[down]
+            preps = {_VEC_DOT.get(w.ggml_type, w.ggml_type) for w in ws_gu}
+            prep_gu, prep_d = kernels.preparer(ws_gu[0].ggml_type), kernels.preparer(wd.ggml_type)
+            if len(preps) != 1 or prep_gu is None or prep_d is None:
+                entry = (crew.lead, None)
+            else:
+                n_sub = self.n_sub(up)
+                gu = self._expert_table(names_gu, ws_gu, [0] * len(names_gu),
+                                        [w.rows // n_sub for w in ws_gu])
+                dn = self._expert_table((down,), [wd], [0], [wd.rows // n_sub])
+                runner = expert_runner(crew.lead, prep_gu, prep_d, len(names_gu))
+                entry = (crew.lead, runner, gu, dn, ws_gu[0].rows // n_sub, wd.rows // n_sub)
+            self._etoken[key] = entry
+        if entry[1] is None:
+            return None
+        _lead, runner, (gu_t3, gu_c3, gu_w), (d_t3, d_c3, d_w), gu_rows, n_out = entry
+        k = ids.shape[0]
+        n_ff = gu_rows if gate is not None else gu_rows // 2
+        g = np.empty(k * gu_rows, dtype=np.float32)
+        u = np.empty(k * n_ff if gate is not None else 1, dtype=np.float32)
+        act = np.empty(k * n_ff, dtype=np.float32)
+        d = np.empty(k * n_out, dtype=np.float32)
+        out = np.empty((1, n_out), dtype=np.float32)
+        if not runner(crew.ctl, crew.n_workers, np.ascontiguousarray(x, dtype=np.float32),
+                      np.ascontiguousarray(ids, dtype=np.int64), np.ascontiguousarray(weights, dtype=np.float32),
+                      gu_t3, gu_c3, gu_w, d_t3, d_c3, d_w, g, u, act, d, out[0], n_ff,
+                      GELU if activation == "gelu" else SILU, ops.GELU_F16):
+            crew.stop()
+            raise CrewError("a worker failed during an expert product")
+        return out
 
     def _expert_products(self, names: tuple[str, ...], x: np.ndarray, groups: list, m_out: int
                          ) -> list[np.ndarray]:
