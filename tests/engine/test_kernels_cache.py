@@ -206,3 +206,38 @@ def test_matvec_kernels_links_only_the_prepared_types():
 def test_precompile_refuses_an_unknown_type():
     with pytest.raises(ValueError, match="unsupported ggml type"):
         K.precompile([99])
+
+
+HELPER_PROBE = r"""
+import json, sys
+from workbench.engine import kernels as K
+K.set_kernel_path(sys.argv[1])
+K.COMPILED_SECONDS = 0.0  # the first step counts as a compile however fast this machine is
+started = []
+from workbench.engine.kernels import compile_helper
+real = compile_helper.start
+compile_helper.start = lambda path, steps: started.append(steps) or real(path, steps)
+K.precompile([K.Q8_0])
+mm = K._MATMAT[K.Q8_0]
+print(json.dumps({"given": started, "hits": sum(mm.stats.cache_hits.values()),
+                  "misses": sum(mm.stats.cache_misses.values())}))
+"""
+
+
+def test_first_start_compiles_every_other_step_in_a_helper_process(tmp_path):
+    """A first start (empty cache) hands every other remaining step to a helper process: the
+    engine then loads that step's kernel from the disk cache instead of compiling it."""
+    cwd = _copy_package(tmp_path)
+    e = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "xdg"))
+    e.pop("NUMBA_CACHE_DIR", None)
+    e.pop("NUMAWB_PARALLEL_COMPILE", None)
+    r = subprocess.run([sys.executable, "-c", HELPER_PROBE, SIMD[0] if SIMD else "portable"], cwd=cwd, env=e,
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    if (os.cpu_count() or 1) < 2:
+        assert got["given"] == []
+        return
+    # steps: prepare (compiled here), matvec, matmat, dequantize -> the helper gets matmat
+    assert got["given"] == [[[K.Q8_0, "matmat"]]]
+    assert got["hits"] >= 1 and got["misses"] == 0

@@ -149,35 +149,55 @@ def _view(addr, n, dtype):
     return numba.carray(_voidptr(addr), (n,), dtype)
 
 
-def _row_address(a, row):
-    """Address and length of row `row` of a 2-D array, or of a whole 1-D array."""
+def _array_row(a):
+    """(address, bytes from one row to the next (0 for a 1-D array), row length, item size)."""
 
 
-@overload(_row_address)
-def _row_address_impl(a, row):
+@overload(_array_row)
+def _array_row_impl(a):
     if a.ndim == 2:
-        return lambda a, row: (address(a) + row * a.strides[0], a.shape[1])
-    return lambda a, row: (address(a), a.size)
+        return lambda a: (address(a), a.strides[0], a.shape[1], a.itemsize)
+    return lambda a: (address(a), 0, a.size, a.itemsize)
 
 
-def _set_inputs(tasks, t, xp):
-    """Task t's prepared-input addresses and lengths (a 1- or 3-array tuple)."""
+def input_table(xp):
+    """A prepared input (tuple of 1 or 3 arrays) as int64 rows (address, row stride, length, item size)."""
 
 
-@overload(_set_inputs)
-def _set_inputs_impl(tasks, t, xp):
+@overload(input_table)
+def _input_table_impl(xp):
     if len(xp) == 1:
-        def one(tasks, t, xp):
-            a, n = _row_address(xp[0], tasks[t, T_XROW])
-            tasks[t, T_X0] = a + tasks[t, T_XOFF] * xp[0].itemsize
-            tasks[t, T_N0] = tasks[t, T_XLEN] if tasks[t, T_XLEN] > 0 else n - tasks[t, T_XOFF]
+        def one(xp):
+            tab = np.empty((1, 4), dtype=np.int64)
+            tab[0, 0], tab[0, 1], tab[0, 2], tab[0, 3] = _array_row(xp[0])
+            return tab
         return one
 
-    def three(tasks, t, xp):
-        tasks[t, T_X0], tasks[t, T_N0] = _row_address(xp[0], tasks[t, T_XROW])
-        tasks[t, T_X1], tasks[t, T_N1] = _row_address(xp[1], tasks[t, T_XROW])
-        tasks[t, T_X2], tasks[t, T_N2] = _row_address(xp[2], tasks[t, T_XROW])
+    def three(xp):
+        tab = np.empty((3, 4), dtype=np.int64)
+        tab[0, 0], tab[0, 1], tab[0, 2], tab[0, 3] = _array_row(xp[0])
+        tab[1, 0], tab[1, 1], tab[1, 2], tab[1, 3] = _array_row(xp[1])
+        tab[2, 0], tab[2, 1], tab[2, 2], tab[2, 3] = _array_row(xp[2])
+        return tab
     return three
+
+
+def output_table(outs):
+    """Outputs (a tuple of float32 arrays, 1-D or 2-D) as int64 rows (address, row stride)."""
+
+
+@overload(output_table)
+def _output_table_impl(outs):
+    def impl(outs):
+        tab = np.empty((len(outs), 2), dtype=np.int64)
+        k = 0
+        for o in outs:
+            a = _array_row(o)
+            tab[k, 0] = a[0]
+            tab[k, 1] = a[1]
+            k += 1
+        return tab
+    return impl
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -299,23 +319,30 @@ def _build(mv: dict):
         return True
 
     @numba.njit(**_NB)
-    def lead(ctl, n_workers, tasks, chunks, n_owned, xa, xb, outs, row_lo, row_hi, w_shift):
-        """Fill the job's input/output addresses, post it, do worker 0's part, wait for the rest.
-
-        row_hi >= 0: every task's rows are [row_lo, row_hi); w_shift >= 0: every task's weight
-        shift (negative: keep what the caller put in the task table)."""
+    def lead_core(ctl, n_workers, tasks, chunks, n_owned, xa, xb, outs, row_lo, row_hi, w_shift):
+        """`lead` over address tables (`input_table`, `output_table`): every argument an int64
+        array or an int, so this, the crew's biggest function, compiles once (in the background
+        while a model loads: `warm`) instead of once per tuple of input and output arrays."""
         for t in range(tasks.shape[0]):
             if row_hi >= 0:
                 tasks[t, T_LO] = row_lo
                 tasks[t, T_HI] = row_hi
             if w_shift >= 0:
                 tasks[t, T_WSHIFT] = w_shift
-            if tasks[t, T_PREP] == 0:
-                _set_inputs(tasks, t, xa)
+            xp = xa if tasks[t, T_PREP] == 0 else xb
+            row = tasks[t, T_XROW]
+            if xp.shape[0] == 1:
+                tasks[t, T_X0] = xp[0, 0] + row * xp[0, 1] + tasks[t, T_XOFF] * xp[0, 3]
+                tasks[t, T_N0] = tasks[t, T_XLEN] if tasks[t, T_XLEN] > 0 else xp[0, 2] - tasks[t, T_XOFF]
             else:
-                _set_inputs(tasks, t, xb)
-            tasks[t, T_OUTADDR] = _row_address(outs[tasks[t, T_OUT]], tasks[t, T_OUTROW])[0] \
-                + 4 * tasks[t, T_OUTOFF]
+                tasks[t, T_X0] = xp[0, 0] + row * xp[0, 1]
+                tasks[t, T_N0] = xp[0, 2]
+                tasks[t, T_X1] = xp[1, 0] + row * xp[1, 1]
+                tasks[t, T_N1] = xp[1, 2]
+                tasks[t, T_X2] = xp[2, 0] + row * xp[2, 1]
+                tasks[t, T_N2] = xp[2, 2]
+            o = tasks[t, T_OUT]
+            tasks[t, T_OUTADDR] = outs[o, 0] + tasks[t, T_OUTROW] * outs[o, 1] + 4 * tasks[t, T_OUTOFF]
         ctl[TASKS] = address(tasks)
         ctl[CHUNKS] = address(chunks)
         ctl[N_TASKS] = tasks.shape[0]
@@ -330,7 +357,20 @@ def _build(mv: dict):
         ctl[WAITED] += now_ns() - t0
         return ok
 
-    return serve, lead
+    @numba.njit(**_NB)
+    def lead(ctl, n_workers, tasks, chunks, n_owned, xa, xb, outs, row_lo, row_hi, w_shift):
+        """Fill the job's input/output addresses, post it, do worker 0's part, wait for the rest.
+
+        xa, xb: the prepared inputs of the tasks marked 0 / 1 (tuples of 1 or 3 arrays, 1-D or
+        2-D with the row given by the task); outs: tuple of outputs (1-D, or 2-D with the row given
+        by the task). row_hi >= 0: every task's rows are [row_lo, row_hi); w_shift >= 0: every
+        task's weight shift (negative: keep what the caller put in the task table)."""
+        # plain int64s: a caller's literal constants would otherwise compile lead_core once more
+        i64 = np.int64
+        return lead_core(ctl, i64(n_workers), tasks, chunks, i64(n_owned), input_table(xa), input_table(xb),
+                         output_table(outs), i64(row_lo), i64(row_hi), i64(w_shift))
+
+    return serve, lead, lead_core
 
 
 _BUILT: dict[tuple, tuple] = {}
@@ -343,6 +383,17 @@ def _compiled() -> tuple:
     if fns is None:
         fns = _BUILT[key] = _build(kernels.matvec_kernels())
     return fns
+
+
+def warm() -> None:
+    """Compile (or load from the disk cache) the crew's loop for the active kernels now: on a
+    first start the engine calls this in the background while the weights load, after
+    `kernels.precompile`, so the first decoded token does not wait for it."""
+    serve, _lead, lead_core = _compiled()
+    i64 = types.int64
+    vec, tab = types.Array(i64, 1, "C"), types.Array(i64, 2, "C")
+    serve.compile((vec, i64, i64))
+    lead_core.compile((vec, i64, tab, tab, i64, tab, tab, tab, i64, i64, i64))
 
 
 _RUNNERS: dict = {}
@@ -418,7 +469,7 @@ class Crew:
         self.ctl = np.zeros(ACK + 8 * max(n_workers, 1) + 8, dtype=np.int64)
         self.active = False
         # `lead` is public for compiled callers that post jobs themselves (attention, runners)
-        self._serve, self.lead = _compiled()
+        self._serve, self.lead, _core = _compiled()
 
     def start(self) -> None:
         """Send workers 1..N-1 into the loop (returns at once; the caller stands in for worker 0)."""

@@ -10,7 +10,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from . import kernels
+from . import crew, kernels
 from .chat import ChatFormatter, Message
 from .config import ModelConfig, config_from_metadata
 from .gguf_file import GGUFFile, ModelLoadError, read_gguf
@@ -188,6 +188,7 @@ def precompile_kernels(g: GGUFFile, progress: ProgressFn | None = None) -> None:
         def report(done: int, total: int, name: str) -> None:
             progress(ProgressEvent("kernels", done=done, total=total, message=f"kernels: {name}"))
     kernels.precompile(sorted(mats), report, dequantize=sorted(deq))
+    crew.warm()
 
 
 class Engine:

@@ -31,6 +31,7 @@ from . import float_types as _ft
 from . import i_quants as _iq
 from . import k_quants as _kq
 from . import legacy_quants as _lq
+from . import compile_helper as _helper
 
 __all__ = [
     "SUPPORTED_TYPES", "is_supported", "prepare", "matvec", "matmat", "dequantize_rows",
@@ -206,6 +207,7 @@ def active_types() -> frozenset[int] | None:
 
 
 #: precompile's steps per type, in order
+COMPILED_SECONDS = 0.5  # a precompile step slower than this compiled (a cache load takes milliseconds)
 PRECOMPILE_STEPS = ("prepare", "matvec", "matmat", "dequantize")
 _PRECOMPILE_K = 256        # a row length every block size divides
 _PRECOMPILE_ROWS = 8
@@ -228,7 +230,7 @@ def _precompile_step(t: int, step: str) -> None:
 
 
 def precompile(types: Iterable[int], progress: Callable[[int, int, str], None] | None = None,
-               dequantize: Iterable[int] | None = None) -> float:
+               dequantize: Iterable[int] | None = None, parallel: bool = True) -> float:
     """Compile the active path's kernels for these ggml types before first use; returns the seconds taken.
 
     For each type: the activation preparation, the one-token product (matvec) and the prompt product
@@ -236,6 +238,9 @@ def precompile(types: Iterable[int], progress: Callable[[int, int, str], None] |
     only for its embedding and small float tensors).  ``progress(done, total, name)`` is called before each step (name
     like "Q4_K matmat") and once at the end with done == total, so a caller can show "compiling
     kernels (first start)".  With a warm disk cache every step is a cache load (milliseconds).
+    On a first start (a step that took more than COMPILED_SECONDS) every other remaining step is
+    compiled by a helper process into the disk cache at the same time (``compile_helper``;
+    ``parallel=False`` or NUMAWB_PARALLEL_COMPILE=0: all here).
     The types are added to ``active_types()``: compiled callers built afterwards (the crew) link only
     their kernels.  Raises ValueError for a type this module does not support.
     """
@@ -247,10 +252,29 @@ def precompile(types: Iterable[int], progress: Callable[[int, int, str], None] |
         raise ValueError(f"unsupported ggml type id(s) {bad}; supported: {sorted(SUPPORTED_TYPES.values())}")
     steps = [(t, s) for t in types for s in PRECOMPILE_STEPS[:3]] + [(t, PRECOMPILE_STEPS[3]) for t in deq]
     t0 = time.perf_counter()
+    helper, given, tried = None, set(), not parallel
     for i, (t, s) in enumerate(steps):
+        if i in given:
+            continue
         if progress is not None:
             progress(i, len(steps), f"{SUPPORTED_TYPES[t]} {s}")
+        t1 = time.perf_counter()
         _precompile_step(t, s)
+        if not tried and time.perf_counter() - t1 > COMPILED_SECONDS:
+            # that was a compile, not a cache load: a first start. Every other remaining step goes
+            # to a helper process that compiles it into the disk cache on another core meanwhile
+            tried = True
+            give = list(range(i + 1, len(steps)))[1::2]
+            if give and _helper.usable(_MATVEC[t]):
+                helper = _helper.start(kernel_path(), [steps[j] for j in give])
+                if helper is not None:
+                    given = set(give)
+    if helper is not None:
+        if progress is not None:
+            progress(len(steps) - 1, len(steps), "waiting for the helper process")
+        helper.wait()
+        for j in sorted(given):  # cache loads now (compiled here if the helper failed)
+            _precompile_step(*steps[j])
     _active = frozenset(types) | (_active or frozenset())
     if progress is not None:
         progress(len(steps), len(steps), "done")

@@ -1,0 +1,55 @@
+"""A second process that compiles part of a first start's kernels into the disk cache.
+
+Numba compiles on one core and holds the GIL while it does, so a first start's tens of seconds
+of kernel compilation leave every other core idle. When `precompile` finds that a step really
+compiled (not a cache load), it hands every other remaining step to this helper process, which
+compiles them into the same disk cache meanwhile; the engine then loads them from there in
+milliseconds. Without a disk cache, on one core, or with NUMAWB_PARALLEL_COMPILE=0 nothing is
+started and the engine compiles everything itself, as before.
+
+    python -m workbench.engine.kernels.compile_helper PATH TYPE:STEP[,TYPE:STEP...]
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from numba.core import caching
+
+PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def usable(probe) -> bool:
+    """Whether a helper could help: several CPUs, not turned off, and `probe` (a kernel dispatcher
+    that has compiled) writes to a disk cache the helper shares."""
+    if os.environ.get("NUMAWB_PARALLEL_COMPILE", "1") == "0" or (os.cpu_count() or 1) < 2:
+        return False
+    return not isinstance(getattr(probe, "_cache", None), caching.NullCache)
+
+
+def start(path: str, steps: list[tuple[int, str]]) -> subprocess.Popen | None:
+    """Start compiling `steps` ((ggml type, step name)) of kernel path `path` in a helper process."""
+    env = dict(os.environ, NUMAWB_KERNEL_PATH=path, NUMAWB_PARALLEL_COMPILE="0",
+               PYTHONPATH=os.pathsep.join(p for p in (PACKAGE_PARENT, os.environ.get("PYTHONPATH", "")) if p))
+    spec = ",".join(f"{t}:{s}" for t, s in steps)
+    try:
+        return subprocess.Popen([sys.executable, "-m", "workbench.engine.kernels.compile_helper", path, spec],
+                                env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+    except OSError:
+        return None
+
+
+def main(argv: list[str]) -> int:
+    from workbench.engine import kernels
+    path, spec = argv
+    kernels.set_kernel_path(path)
+    for item in spec.split(","):
+        t, step = item.split(":")
+        kernels._precompile_step(int(t), step)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
