@@ -22,6 +22,7 @@ ONE_CORE_GBS = 30.0
 SCALE_OFFSETS = {  # byte offsets of f16 scale fields inside a block (kept finite and small)
     "F16": None, "BF16": None, "F32": None, "Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2),
     "Q5_0": (0,), "Q5_1": (0, 2), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_NL": (0,),
+    "IQ4_XS": (0,), "Q2_K": (80, 82), "Q3_K": (108,),
 }
 
 
