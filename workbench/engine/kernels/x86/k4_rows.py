@@ -1,18 +1,21 @@
 """Q4_K one-token product (gemv) over 8 rows at a time, from the plain GGUF block layout.
 
-The per-row kernel (``k_quants.q4_K_matvec``'s tail) reduces each row's integer lanes with a horizontal
-sum per super-block, unpacks the 6-bit scales with scalar code and converts the f16 d / dmin and does
-the two FMAs one row at a time.  Here 8 consecutive rows go together:
+The per-row kernel (``k_quants``' ``q4_K_matvec_rows``, now only for the rows past the last whole
+group of 8) reduces each row's integer lanes with a horizontal sum per super-block, unpacks the 6-bit
+scales with scalar code, converts the f16 d / dmin and does the two FMAs one row at a time.  Here a
+group of 8 consecutive rows goes in two passes:
 
-* per row, the integer lanes of sum_j sc_j * dot_j exactly as before (pmaddubsw, then pmaddwd /
-  vpdpwssd with the scale pair picked from an i16x16 by a constant shuffle), the scales and mins
-  unpacked with vector shifts (``k4_sv``) and the mins' sum_j m_j * bsum_j as one pmaddwd against the
-  activations' bsums in the upper half (``bsum_sv``);
-* each row's two lane vectors folded into one (``fold_sm``: sums in lanes 0-3, mins in lanes 4-7) and
-  the 8 rows reduced together by a transpose-add tree (``reduce8x2``): the 8 rows' exact integer sums
-  and mins sums in two i32x8, no per-row horizontal sum;
-* the 8 rows' f16 d and dmin converted by one vcvtph2ps each (``f16x8_pairs``) and the gemv's two FMAs
-  done with rows in lanes.
+1. the group's 8 * nb blocks in memory order (one sequential stream: the hardware prefetcher follows
+   it; reading the 8 rows side by side, 8 interleaved streams, ran at a third of the memory speed).
+   Per block, the integer lanes of sum_j sc_j * dot_j as the per-row kernel (pmaddubsw, then pmaddwd
+   / vpdpwssd with the sub-block's scale put in every i16 lane by one vpshufb, ``madd_sb``), the
+   scales and mins unpacked with vector shifts (``k4_sv``), the mins' sum_j m_j * bsum_j as one
+   pmaddwd against the activations' bsums (``bsum_table``), both folded into one i32x8 (``fold_sm``:
+   sums in lanes 0-3, mins in lanes 4-7) and stored to a small scratch array;
+2. per super-block, the 8 rows' folded lanes reduced together by a transpose-add tree
+   (``reduce8x2``: the exact integer sums S and mins sums M of the 8 rows, no per-row horizontal
+   sum), the 8 rows' f16 d and dmin converted by one vcvtph2ps each (``f16x8_pairs``) and the gemv's
+   two FMAs done with rows in lanes.
 
 Per row the float operations are those of ggml_gemv_q4_K_8x8_q8_K (and of the per-row kernel): per
 super-block acc = fma(f32(S), d * d_x, acc), accm = fma(f32(M), dmin * d_x, accm), out = acc - accm,
@@ -28,7 +31,7 @@ from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
 from ..intrinsics import (_V8F, _V8I, _V16B, _V16S, _V32B, _arr_load, _check_array, _fn, _i16, _i32, _mode, _ptr, _BYTES, VNNI,
-                          b_and, b_shr, f_lane, f_scale, f_sub, f_zero, fmadd_v, i_zero, load_b32, load_i8, madd16, madd_sv,
+                          b_and, b_shr, f_lane, f_scale, f_sub, f_zero, fmadd_v, i_zero, load_b32, load_i8, madd16,
                           v8f, v8i, v16s, v32b)
 
 _NB = dict(nogil=True, cache=True)
@@ -45,7 +48,8 @@ def _sh(builder, a, b, idx):
 @intrinsic
 def k4_sv(typingctx, a, off):
     """The 12 packed scale bytes of a Q4_K block at byte ``off`` -> i16x16: lanes 0-7 the 6-bit scales,
-    8-15 the 6-bit mins (get_scale_min_k4; ggml's kmask word trick with vector shifts)."""
+    8-15 the 6-bit mins (get_scale_min_k4; ggml's kmask word trick with vector shifts).  Reads 16
+    bytes (the last 4 are quants of the same block)."""
     _check_array(a, _BYTES)
     sig = v16s(a, off)
 
@@ -76,17 +80,11 @@ def sv_bytes(typingctx, sv):
 
 
 @intrinsic
-def dup_lo(typingctx, sv):
-    """i16x16 with the low 128 bits of ``sv`` in both halves (the 8 scales, for in-lane byte shuffles)."""
-    sig = v16s(sv)
-    return sig, lambda context, builder, sig, args: _sh(builder, args[0], args[0], list(range(8)) * 2)
-
-
-@intrinsic
 def madd_sb(typingctx, mode, acc, a, b, svd, j):
-    """acc + pmaddwd(pmaddubsw(u8 a, s8 b), scale j of ``svd`` in every i16 lane): one sub-block's
-    scaled dot lanes.  The scale comes from ``dup_lo``'s vector by one vpshufb with a constant mask
-    (ggml's get_scale_shuffle_k4), vpdpwssd on VNNI."""
+    """acc + pmaddwd(pmaddubsw(u8 a, s8 b), byte j of ``svd`` in every i16 lane): one sub-block's
+    scaled dot lanes.  The scale comes from ``sv_bytes``' vector by one vpshufb with a constant mask
+    (as ggml's get_scale_shuffle_k4; a constant i16 shuffle of the i16x16 scales costs LLVM a shift
+    and a broadcast), vpdpwssd on VNNI."""
     m = _mode(mode)
     if not isinstance(j, types.IntegerLiteral):
         raise TypingError("madd_sb: the scale lane must be a compile-time int")
@@ -128,26 +126,9 @@ def bsum_table(xb):
 
 
 @intrinsic
-def bsum_sv(typingctx, xb, off):
-    """i16x16: lanes 0-7 zero, lane 8 + j the bsum of 32-element sub-block j (xb[off + 2j] + xb[off + 2j + 1],
-    |bsum| <= 32 * 127 exact in i16): pmaddwd of ``k4_sv`` with it gives the mins' pair sums in lanes 4-7."""
-    _check_array(xb, (types.int32,))
-    sig = v16s(xb, off)
-
-    def cg(context, builder, sig, args):
-        V16I = ir.VectorType(_i32, 16)
-        v = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], V16I), align=4)
-        s = builder.add(_sh(builder, v, v, list(range(0, 16, 2))), _sh(builder, v, v, list(range(1, 16, 2))))
-        s16 = builder.trunc(s, _V8S)
-        return _sh(builder, ir.Constant(_V8S, [0] * 8), s16, list(range(16)))
-
-    return sig, cg
-
-
-@intrinsic
 def fold_sm(typingctx, s, m):
-    """One i32x8 of a row's two lane vectors: lanes 0-3 the pairwise sums of s's halves (s's total),
-    lanes 4-7 those of m's (m's lanes 0-3 are zero, so m's total).  Exact integer adds."""
+    """One i32x8 of a row's two lane vectors: lanes 0-3 the sums of s's two halves (same total as s),
+    lanes 4-7 those of m's (m's lanes 0-3 are zero: same total as m).  Exact integer adds."""
     sig = v8i(s, m)
 
     def cg(context, builder, sig, args):
@@ -219,7 +200,7 @@ def q4_K_gemv_rows8(mode: int):
     ggml_gemv_q4_K_8x8_q8_K per row."""
     @numba.njit(inline="always")
     def row(wf, o, xq, xo, bsv):
-        """One row's super-block at byte o: fold_sm of (scaled dot lanes, mins lanes)."""
+        """The block at byte o: fold_sm of (its scaled dot lanes, its mins lanes)."""
         sv = k4_sv(wf, o + 4)
         sd = sv_bytes(sv)
         raw = load_b32(wf, o + 16)
