@@ -5,6 +5,7 @@
     i_quants       IQ4_NL, IQ4_XS                        (arch/x86/quants.c, repack.cpp, llamafile sgemm)
     floats         F32, F16, BF16                        (vec.cpp, llamafile sgemm)
     repack         prompt kernels over regrouped weights or activations (repack.cpp, tinyBLAS)
+    k4_rows        Q4_K one-token product over groups of 8 rows (gemv_q4_K_8x8 order, plain layout)
     blocks         block-format helpers they share
 
 Every family exposes ``kernels(mode) -> {type name: (matvec, matmat)}``: the factory closes over

@@ -15,7 +15,7 @@ from ..intrinsics import (b_and, b_or, b_shl, b_shr, f16_to_f32, f_zero, fmadd_i
                           mins_dot, scales_i8, scales_k4, fma_s, hsum_i, i_sub, q6_offset, reduce4, load_i32x4, load_f32x4,
                           f4_zero, i4_mul_add, f4_scale, fma4_i, f4_sub, f4_lane)
 
-from . import repack
+from . import k4_rows, repack
 from .blocks import _k4_scales
 from ..intrinsics import VNNI, b_add, i_add, madd_sc, madd_sc_s, q2_mins_lanes
 from ..k_quants import q3_K_scale, q3_K_scales
@@ -117,7 +117,8 @@ def kernels(mode: int) -> dict:
         return i_sub(acc, q6_offset(sv, xb, bo))   # ggml's per-lane offset: lane m gets sc[2m], sc[2m+1]
 
     @numba.njit(**_NB)
-    def q4_K_matvec(w, xp, out, r0, r1):
+    def q4_K_matvec_rows(w, xp, out, r0, r1):
+        """Row by row (the rows past the last whole group of 8)."""
         xq, xd, xb = xp
         nb = xd.shape[0]
         rb = w.shape[1]
@@ -132,6 +133,15 @@ def kernels(mode: int) -> dict:
                 acc = fma_s(f32(hsum_i(lanes)), f16_to_f32(w, o) * xd[b], acc)
                 accm = fma_s(f32(summ), f16_to_f32(w, o + 2) * xd[b], accm)
             out[i] = acc - accm
+
+    q4_K_gemv_rows8 = k4_rows.q4_K_gemv_rows8(mode)
+
+    @numba.njit(**_NB)
+    def q4_K_matvec(w, xp, out, r0, r1):
+        # whole groups of 8 rows with rows in lanes (k4_rows), the rest row by row: same float order
+        r8 = r0 + (r1 - r0) // 8 * 8
+        q4_K_gemv_rows8(w, xp, out, r0, r8)
+        q4_K_matvec_rows(w, xp, out, r8, r1)
 
     @numba.njit(**_NB)
     def q5_K_matvec(w, xp, out, r0, r1):
