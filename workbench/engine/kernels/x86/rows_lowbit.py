@@ -26,12 +26,13 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
+from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
 from ..intrinsics import (VNNI, _V16B, _V16S, _V32B, _V8F, _V8I, _check_array, _fn, _i16, _i32, _mode, _ptr, _BYTES,
                           b_and, b_or, b_shl, b_shr, b_add, dot_ss, dot_us, f16_to_f32, f_add, f_sub, f_scale, f_zero,
                           fma_s, fmadd_i, fmadd_v, hsum_f, hsum_i, i_add, i_zero, load_b32, load_i8, load_nib,
-                          lut_iq4nl, madd_sv, q2_mins_lanes, v16s, v32b, v8f, v8i)
+                          lut_iq4nl, madd_sv, KVALUES_IQ4NL, q2_mins_lanes, v16s, v32b, v8f, v8i)
 from ..intrinsics import ld_u32
 
 _NB = dict(nogil=True, cache=True)
@@ -119,6 +120,8 @@ def madd_svs(typingctx, mode, acc, a, b, sv, i0, i1):
     2 * |a| * 128 < 32768), then pmaddwd / vpdpwssd with the shuffled scales (ggml's mul_add_epi8 +
     madd_epi16).  Per lane the same integer as madd_sc_s or dot_ss times a scale."""
     m = _mode(mode)
+    if not isinstance(i0, types.IntegerLiteral) or not isinstance(i1, types.IntegerLiteral):
+        raise TypingError("madd_svs lanes must be compile-time ints")
     j0, j1 = i0.literal_value, i1.literal_value
     sig = v8i(mode, acc, a, b, sv, i0, i1)
 
@@ -192,6 +195,151 @@ def iq4_xs_scales(typingctx, a, off):
     return sig, cg
 
 
+@intrinsic
+def load_2x16(typingctx, a, off0, off1):
+    """32 bytes: the 16 at byte off0 of a uint8 array in the low half, the 16 at off1 in the high half
+    (vinserti128): the same block of two rows in one vector."""
+    _check_array(a, _BYTES)
+    sig = v32b(a, types.intp, types.intp)
+
+    def cg(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        lo = builder.load(builder.bitcast(builder.gep(ary.data, [args[1]]), _V16B.as_pointer()), align=1)
+        hi = builder.load(builder.bitcast(builder.gep(ary.data, [args[2]]), _V16B.as_pointer()), align=1)
+        return builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_i32, 32), list(range(32))))
+
+    return sig, cg
+
+
+@intrinsic
+def bcast_16(typingctx, a, off):
+    """The 16 bytes at ``off`` of a uint8/int8 array in both halves of a 32-byte vector (vbroadcasti128)."""
+    _check_array(a, _BYTES)
+    sig = v32b(a, off)
+
+    def cg(context, builder, sig, args):
+        v = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], _V16B), align=1)
+        return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_i32, 32), list(range(16)) * 2))
+
+    return sig, cg
+
+
+@intrinsic
+def reduce4x2(typingctx, v0, v1, v2, v3):
+    """i32x8 (rows 0..7) from four i32x8 v_j holding row j in lanes 0-3 and row j + 4 in lanes 4-7:
+    lane r = the sum of row r's four lanes (exact; two transpose-add levels)."""
+    sig = v8i(v0, v1, v2, v3)
+
+    def cg(context, builder, sig, args):
+        def sh(x, y, idx):
+            return builder.shuffle_vector(x, y, ir.Constant(ir.VectorType(_i32, len(idx)), idx))
+
+        ev, od = [0, 8, 2, 10, 4, 12, 6, 14], [1, 9, 3, 11, 5, 13, 7, 15]
+        p0 = builder.add(sh(args[0], args[1], ev), sh(args[0], args[1], od))
+        p1 = builder.add(sh(args[2], args[3], ev), sh(args[2], args[3], od))
+        return builder.add(sh(p0, p1, [0, 1, 8, 9, 4, 5, 12, 13]), sh(p0, p1, [2, 3, 10, 11, 6, 7, 14, 15]))
+
+    return sig, cg
+
+
+@intrinsic
+def lut_iq4nl_u(typingctx, v):
+    """Bytes 0..15 of ``v`` -> the IQ4_NL values + 128 as unsigned bytes (1..241; vpshufb)."""
+    sig = v32b(v)
+
+    def cg(context, builder, sig, args):
+        table = ir.Constant(_V32B, [(x + 128) & 0xFF for x in KVALUES_IQ4NL] * 2)
+        return builder.call(_fn(builder, "llvm.x86.avx2.pshuf.b", _V32B, [_V32B, _V32B]), [table, args[0]])
+
+    return sig, cg
+
+
+@numba.njit(**_NB)
+def _halves_init(n4, shift):
+    """Per block, 8 int32 lanes whose first 4 and last 4 each sum to the block's offset term
+    sum(n4 << shift): the initial lanes of a vector holding two rows' block dot products."""
+    nb = n4.shape[0] // 8
+    out = np.empty(nb * 8, np.int32)
+    for b in range(nb):
+        for l in range(4):
+            v = (np.int32(n4[b * 8 + l]) << shift) + (np.int32(n4[b * 8 + l + 4]) << shift)
+            out[b * 8 + l] = v
+            out[b * 8 + 4 + l] = v
+    return out
+
+
+@intrinsic
+def q2_tables(typingctx, a, off, half):
+    """vpshufb tables of the scaled Q2_K quants of half ``half`` (0/1, compile-time) of the super-block
+    whose 16 scale bytes are at ``off``: bytes 4i..4i+3 of the low 128 bits = sc[8 half + 2i] * (0, 1,
+    2, 3), of the high 128 bits = sc[8 half + 2i + 1] * (0, 1, 2, 3).  q * sc <= 45 fits a byte, so a
+    quarter's 32 products q * sc come from one vpshufb (index q + 4i) and vpdpbusd dots them with the
+    activations: per i32 lane the same integer as pmaddubsw(q, x) then pmaddwd by the scale."""
+    _check_array(a, _BYTES)
+    if not isinstance(half, types.IntegerLiteral):
+        raise TypingError("q2_tables' half must be a compile-time int")
+    h = half.literal_value
+    sig = v32b(a, off, half)
+
+    def cg(context, builder, sig, args):
+        raw = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], _V16B), align=1)
+        sc = builder.and_(raw, ir.Constant(_V16B, [15] * 16))
+        idx = [8 * h + 2 * (p // 4) for p in range(16)] + [8 * h + 2 * (p // 4) + 1 for p in range(16)]
+        rep = builder.shuffle_vector(sc, sc, ir.Constant(ir.VectorType(_i32, 32), idx))
+        one = builder.and_(rep, ir.Constant(_V32B, [0, 255, 0, 255] * 8))
+        two = builder.and_(builder.add(rep, rep), ir.Constant(_V32B, [0, 0, 255, 255] * 8))
+        return builder.add(one, two)
+
+    return sig, cg
+
+
+@intrinsic
+def pshufb(typingctx, table, idx):
+    """vpshufb: byte j of each 128-bit half = the table half's byte idx[j] (idx < 16)."""
+    sig = v32b(table, idx)
+
+    def cg(context, builder, sig, args):
+        return builder.call(_fn(builder, "llvm.x86.avx2.pshuf.b", _V32B, [_V32B, _V32B]), [args[0], args[1]])
+
+    return sig, cg
+
+
+@intrinsic
+def madd_off(typingctx, mode, acc, a, b, o16, oi, sv, i0, i1):
+    """acc + per i32 lane, pairs of (pmaddubsw(a, b) - o16[oi:oi + 16]) weighted by lane i0 of the
+    i16x16 ``sv`` (elements 0-15) and i1 (elements 16-31): unsigned quants a with their offset
+    removed in the i16 pair sums (o16: the offset times each pair's activation sum), exact while
+    |pairs| < 32768; the same integers as the sign trick on the signed quants."""
+    m = _mode(mode)
+    if not isinstance(i0, types.IntegerLiteral) or not isinstance(i1, types.IntegerLiteral):
+        raise TypingError("madd_off lanes must be compile-time ints")
+    _check_array(o16, (types.int16,))
+    j0, j1 = i0.literal_value, i1.literal_value
+    sig = v8i(mode, acc, a, b, o16, oi, sv, i0, i1)
+
+    def cg(context, builder, sig, args):
+        acc, a, b, o16, oi, sv = args[1:7]
+        p16 = builder.call(_fn(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16S, [_V32B, _V32B]), [a, b])
+        off = builder.load(_ptr(context, builder, sig.args[4], o16, oi, _V16S), align=2)
+        p16 = builder.sub(p16, off)
+        sc = builder.shuffle_vector(sv, sv, ir.Constant(ir.VectorType(_i32, 16), [j0] * 8 + [j1] * 8))
+        if m == VNNI:
+            return builder.call(_fn(builder, "llvm.x86.avx512.vpdpwssd.256", _V8I, [_V8I, _V16S, _V16S]), [acc, p16, sc])
+        return builder.add(acc, builder.call(_fn(builder, "llvm.x86.avx2.pmadd.wd", _V8I, [_V16S, _V16S]), [p16, sc]))
+
+    return sig, cg
+
+
+@numba.njit(**_NB)
+def _pair_offsets(xq, c):
+    """int16 [k / 2]: c * (x[2p] + x[2p + 1]), the offset term of each pmaddubsw pair."""
+    n = xq.shape[0] // 2
+    out = np.empty(n, np.int16)
+    for p in range(n):
+        out[p] = np.int16(c * (np.int32(xq[2 * p]) + np.int32(xq[2 * p + 1])))
+    return out
+
+
 def kernels(mode: int, per_row: dict) -> dict:
     """{type name: (matvec, matmat)} of Q2_K, Q3_K, Q4_0, IQ4_NL, IQ4_XS for one instruction-set mode:
     the grouped-rows matvec, with ``per_row``'s (the family modules' table) matvec for the rows after
@@ -199,12 +347,26 @@ def kernels(mode: int, per_row: dict) -> dict:
     repacks_q2 = mode == VNNI
 
     # ------------------------------------------------------------------ Q4_0 / IQ4_NL, repacked order
-    def make_q0_rows8(unpack, bsz, shift, signed):
+    # Only each row's block total counts in this order, so a vector holds two rows: the 16 quant bytes
+    # of row j in the low half and of row j + 4 in the high half; low nibbles against the block's first
+    # 16 activations (broadcast to both halves), high nibbles against the last 16.  Offsets (Q4_0: -8;
+    # IQ4_NL on VNNI: grid value + 128 unsigned, -128) start in the lanes (_halves_init); IQ4_NL on AVX2
+    # (pmaddubsw would saturate at 241 * 128) takes the sign trick.
+    iq4_unsigned = mode == VNNI
+
+    def make_q0_rows8(signed):
+        shift = (7 if iq4_unsigned else 0) if signed else 3
+
         @numba.njit(inline="always")
-        def lanes(m, u, x):
+        def two_rows(wf, o, rb, m, xlo, xhi):
+            raw = load_2x16(wf, o + 2, o + 4 * rb + 2)
+            lo = b_and(raw, 15)
+            hi = b_and(b_shr(raw, 4), 15)
+            if signed and iq4_unsigned:
+                return dot_us(mode, dot_us(mode, m, lut_iq4nl_u(lo), xlo), lut_iq4nl_u(hi), xhi)
             if signed:
-                return dot_ss(mode, i_zero(), u, x)
-            return dot_us(mode, m, u, x)
+                return dot_ss(mode, dot_ss(mode, i_zero(), lut_iq4nl(lo), xlo), lut_iq4nl(hi), xhi)
+            return dot_us(mode, dot_us(mode, m, lo, xlo), hi, xhi)
 
         @numba.njit(**_NB)
         def rows8(w, xp, out, r0, r1):
@@ -213,33 +375,24 @@ def kernels(mode: int, per_row: dict) -> dict:
             nb = xd.shape[0]
             rb = w.shape[1]
             wf = w.reshape(-1)
-            ns = (n4 << shift).astype(np.int32)
+            m2 = _halves_init(n4, shift)
             i = r0
             while i + 8 <= r1:
                 acc = f_zero()
                 for b in range(nb):
-                    o = i * rb + b * bsz
-                    x = load_b32(xq, b * 32)
-                    m = load_i8(ns, b * 8)
-                    s = reduce8(lanes(m, unpack(wf, o), x), lanes(m, unpack(wf, o + rb), x),
-                                lanes(m, unpack(wf, o + 2 * rb), x), lanes(m, unpack(wf, o + 3 * rb), x),
-                                lanes(m, unpack(wf, o + 4 * rb), x), lanes(m, unpack(wf, o + 5 * rb), x),
-                                lanes(m, unpack(wf, o + 6 * rb), x), lanes(m, unpack(wf, o + 7 * rb), x))
+                    o = i * rb + b * 18
+                    xlo = bcast_16(xq, b * 32)
+                    xhi = bcast_16(xq, b * 32 + 16)
+                    m = load_i8(m2, b * 8)
+                    s = reduce4x2(two_rows(wf, o, rb, m, xlo, xhi), two_rows(wf, o + rb, rb, m, xlo, xhi),
+                                  two_rows(wf, o + 2 * rb, rb, m, xlo, xhi), two_rows(wf, o + 3 * rb, rb, m, xlo, xhi))
                     acc = fmadd_v(acc, s, f_scale(gather_f16x8(wf, o, rb), xd[b]))
                 store_f32x8(out, i, acc)
                 i += 8
         return rows8
 
-    @numba.njit(inline="always")
-    def u_q4_0(w, o):
-        return load_nib(w, o + 2)
-
-    @numba.njit(inline="always")
-    def u_iq4_nl(w, o):
-        return lut_iq4nl(load_nib(w, o + 2))
-
-    q4_0_rows8 = make_q0_rows8(u_q4_0, 18, 3, False)
-    iq4_nl_rows8 = make_q0_rows8(u_iq4_nl, 18, 0, True)
+    q4_0_rows8 = make_q0_rows8(False)
+    iq4_nl_rows8 = make_q0_rows8(True)
 
     # ------------------------------------------------------------------ Q4_0, vec_dot order (rows % 8 != 0)
     @numba.njit(**_NB)
@@ -320,9 +473,27 @@ def kernels(mode: int, per_row: dict) -> dict:
         return madd_sv(mode, acc, b_and(b_shr(raw, 2 * i), 3), load_b32(xq, xo + 32 * i), sv, j0, j1)
 
     @numba.njit(inline="always")
+    def q2_quarter_t(acc, raw, xq, xo, t, i):
+        return dot_us(mode, acc, pshufb(t, b_or(b_and(b_shr(raw, 2 * i), 3), 4 * i)), load_b32(xq, xo + 32 * i))
+
+    @numba.njit(inline="always")
     def q2_lanes(wf, o, xq, xo):
         """i32x8 of the scaled part of the Q2_K super-block at o: the lanes of k_quants.q2_K_half(0) +
-        q2_K_half(1) (exact), with the scales picked from one i16x16 vector."""
+        q2_K_half(1) (exact).  VNNI: q * sc by table lookup (q2_tables), one vpdpbusd per 32 quants;
+        AVX2: pmaddubsw then pmaddwd by scales picked from one i16x16 vector."""
+        if mode == VNNI:
+            raw = load_b32(wf, o + 16)
+            t = q2_tables(wf, o, 0)
+            a = q2_quarter_t(i_zero(), raw, xq, xo, t, 0)
+            a = q2_quarter_t(a, raw, xq, xo, t, 1)
+            a = q2_quarter_t(a, raw, xq, xo, t, 2)
+            a = q2_quarter_t(a, raw, xq, xo, t, 3)
+            raw = load_b32(wf, o + 48)
+            t = q2_tables(wf, o, 1)
+            a = q2_quarter_t(a, raw, xq, xo + 128, t, 0)
+            a = q2_quarter_t(a, raw, xq, xo + 128, t, 1)
+            a = q2_quarter_t(a, raw, xq, xo + 128, t, 2)
+            return q2_quarter_t(a, raw, xq, xo + 128, t, 3)
         sv = q2_scales(wf, o)
         raw = load_b32(wf, o + 16)
         a = q2_quarter(i_zero(), raw, xq, xo, sv, 0, 0, 1)
@@ -391,27 +562,30 @@ def kernels(mode: int, per_row: dict) -> dict:
             i += 4
 
     # ------------------------------------------------------------------ Q3_K (always the vec_dot order)
+    # The quants q = u - 4 with u = low 2 bits | high bit << 2 in 0..7: pmaddubsw(u, x) minus 4 * the
+    # pair sums of x (_pair_offsets, once per call) are q * x pair sums -- the sign trick's integers
+    # (activations are in [-127, 127]) in 2 fewer operations per 32 quants.
     @numba.njit(inline="always")
-    def q3_quarter(acc, raw, hm, xq, xo, sv, j, i, s0, s1):
-        q = b_add(b_or(b_and(b_shr(raw, 2 * i), 3), b_shl(b_and(b_shr(hm, 4 * j + i), 1), 2)), 252)
-        return madd_svs(mode, acc, q, load_b32(xq, xo + 32 * i), sv, s0, s1)
+    def q3_quarter(acc, raw, hm, xq, xo, x4, sv, j, i, s0, s1):
+        u = b_or(b_and(b_shr(raw, 2 * i), 3), b_shl(b_and(b_shr(hm, 4 * j + i), 1), 2))
+        return madd_off(mode, acc, u, load_b32(xq, xo + 32 * i), x4, (xo + 32 * i) // 2, sv, s0, s1)
 
     @numba.njit(inline="always")
-    def q3_lanes(wf, o, xq, xo):
+    def q3_lanes(wf, o, xq, xo, x4):
         """The i32x8 lanes of k_quants.q3_K_lanes (exact), scales as one i16x16 vector."""
         u0, u1, u2, u3 = q3_K_scales(wf, o)
         sv = q3_scales_m32(u0, u1, u2, u3)
         hm = load_b32(wf, o)
         raw = load_b32(wf, o + 32)
-        a = q3_quarter(i_zero(), raw, hm, xq, xo, sv, 0, 0, 0, 1)
-        a = q3_quarter(a, raw, hm, xq, xo, sv, 0, 1, 2, 3)
-        a = q3_quarter(a, raw, hm, xq, xo, sv, 0, 2, 4, 5)
-        a = q3_quarter(a, raw, hm, xq, xo, sv, 0, 3, 6, 7)
+        a = q3_quarter(i_zero(), raw, hm, xq, xo, x4, sv, 0, 0, 0, 1)
+        a = q3_quarter(a, raw, hm, xq, xo, x4, sv, 0, 1, 2, 3)
+        a = q3_quarter(a, raw, hm, xq, xo, x4, sv, 0, 2, 4, 5)
+        a = q3_quarter(a, raw, hm, xq, xo, x4, sv, 0, 3, 6, 7)
         raw = load_b32(wf, o + 64)
-        a = q3_quarter(a, raw, hm, xq, xo + 128, sv, 1, 0, 8, 9)
-        a = q3_quarter(a, raw, hm, xq, xo + 128, sv, 1, 1, 10, 11)
-        a = q3_quarter(a, raw, hm, xq, xo + 128, sv, 1, 2, 12, 13)
-        return q3_quarter(a, raw, hm, xq, xo + 128, sv, 1, 3, 14, 15)
+        a = q3_quarter(a, raw, hm, xq, xo + 128, x4, sv, 1, 0, 8, 9)
+        a = q3_quarter(a, raw, hm, xq, xo + 128, x4, sv, 1, 1, 10, 11)
+        a = q3_quarter(a, raw, hm, xq, xo + 128, x4, sv, 1, 2, 12, 13)
+        return q3_quarter(a, raw, hm, xq, xo + 128, x4, sv, 1, 3, 14, 15)
 
     @numba.njit(**_NB)
     def q3_K_vec4(w, xp, out, r0, r1):
@@ -420,6 +594,7 @@ def kernels(mode: int, per_row: dict) -> dict:
         nb = xd.shape[0]
         rb = w.shape[1]
         wf = w.reshape(-1)
+        x4 = _pair_offsets(xq, 4)
         i = r0
         while i + 4 <= r1:
             a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
@@ -427,10 +602,10 @@ def kernels(mode: int, per_row: dict) -> dict:
                 o = i * rb + b * 110
                 xo = b * 256
                 dx = xd[b]
-                a0 = fmadd_i(a0, q3_lanes(wf, o, xq, xo), dx * f16_to_f32(wf, o + 108))
-                a1 = fmadd_i(a1, q3_lanes(wf, o + rb, xq, xo), dx * f16_to_f32(wf, o + rb + 108))
-                a2 = fmadd_i(a2, q3_lanes(wf, o + 2 * rb, xq, xo), dx * f16_to_f32(wf, o + 2 * rb + 108))
-                a3 = fmadd_i(a3, q3_lanes(wf, o + 3 * rb, xq, xo), dx * f16_to_f32(wf, o + 3 * rb + 108))
+                a0 = fmadd_i(a0, q3_lanes(wf, o, xq, xo, x4), dx * f16_to_f32(wf, o + 108))
+                a1 = fmadd_i(a1, q3_lanes(wf, o + rb, xq, xo, x4), dx * f16_to_f32(wf, o + rb + 108))
+                a2 = fmadd_i(a2, q3_lanes(wf, o + 2 * rb, xq, xo, x4), dx * f16_to_f32(wf, o + 2 * rb + 108))
+                a3 = fmadd_i(a3, q3_lanes(wf, o + 3 * rb, xq, xo, x4), dx * f16_to_f32(wf, o + 3 * rb + 108))
             out[i] = hsum_f(a0); out[i + 1] = hsum_f(a1); out[i + 2] = hsum_f(a2); out[i + 3] = hsum_f(a3)
             i += 4
 
