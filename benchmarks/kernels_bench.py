@@ -22,7 +22,7 @@ ONE_CORE_GBS = 30.0
 SCALE_OFFSETS = {  # byte offsets of f16 scale fields inside a block (kept finite and small)
     "F16": None, "BF16": None, "F32": None, "Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2),
     "Q5_0": (0,), "Q5_1": (0, 2), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_NL": (0,),
-    "IQ4_XS": (0,), "Q2_K": (80, 82), "Q3_K": (108,),
+    "IQ4_XS": (0,), "Q3_K": (108,), "Q2_K": (80, 82),
 }
 
 
@@ -63,6 +63,8 @@ def main() -> None:
     ap.add_argument("--paths", default=",".join(K.available_paths()))
     ap.add_argument("--types", default=",".join(K.SUPPORTED_TYPES.values()))
     ap.add_argument("--no-matmat", action="store_true")
+    ap.add_argument("--rows-multiple", type=int, default=1,
+                    help="round the matvec row count down to a multiple of this (8: the repacked orders of Q4_0, IQ4_NL, Q2_K)")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     names = {v: k for k, v in K.SUPPORTED_TYPES.items()}
@@ -78,7 +80,7 @@ def main() -> None:
     print("-" * len(hdr))
     for t in types:
         rb = K.row_bytes(t, k)
-        rows = max(64, int(args.mb * 1e6 / rb))
+        rows = max(64, int(args.mb * 1e6 / rb)) // args.rows_multiple * args.rows_multiple
         w = make_matrix(t, rows, k, rng)
         out = np.empty(rows, np.float32)
         mrows = max(16, int(0.5e6 / rb))  # ~0.5 MB: stays in L2 across batch columns

@@ -4,6 +4,7 @@
     k_quants       Q2_K, Q3_K, Q4_K, Q5_K, Q6_K          (arch/x86/quants.c, repack.cpp orders)
     i_quants       IQ4_NL, IQ4_XS                        (arch/x86/quants.c, repack.cpp, llamafile sgemm)
     floats         F32, F16, BF16                        (vec.cpp, llamafile sgemm)
+    rows_lowbit    one-token products of Q2_K, Q3_K, Q4_0, IQ4_NL, IQ4_XS with rows in groups
     repack         prompt kernels over regrouped weights or activations (repack.cpp, tinyBLAS)
     k4_rows        Q4_K one-token product over groups of 8 rows (gemv_q4_K_8x8 order, plain layout)
     blocks         block-format helpers they share
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from .. import jitcache  # noqa: F401  (before any kernel is defined)
 from ..intrinsics import AVX2, VNNI
-from . import floats, i_quants, k_quants, legacy_quants
+from . import floats, i_quants, k_quants, legacy_quants, rows_lowbit
 
 MODES = {"avx2": AVX2, "avx512-vnni": VNNI}
 #: family module of each type name (the order in which tables() builds them)
@@ -35,6 +36,7 @@ def tables(path: str) -> tuple[dict, dict]:
         fns: dict = {}
         for family in FAMILIES:
             fns.update(family.kernels(mode))
+        fns.update(rows_lowbit.kernels(mode, fns))   # grouped-rows matvec of Q2_K, Q3_K, Q4_0, IQ4_NL, IQ4_XS
         mv = {TYPE_IDS[n]: f[0] for n, f in fns.items()}
         mm = {TYPE_IDS[n]: f[1] for n, f in fns.items()}
         _cache[path] = (mv, mm)

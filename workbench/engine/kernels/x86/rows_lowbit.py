@@ -1,0 +1,702 @@
+"""One-token products (matvec) of Q2_K, Q3_K, Q4_0, IQ4_NL and IQ4_XS with several rows at a time.
+
+The per-row kernels of ``legacy_quants`` / ``k_quants`` / ``i_quants`` follow llama.cpp's float orders
+but were compute-bound: one row at a time, a horizontal integer sum per row and block (the repacked
+orders), scalar scale conversions and FMAs, one FMA chain per row.  Here, per type and order, the
+same per-row float operations run for a group of rows at once; the integer work (exact) is arranged
+freely.  Memory layouts are untouched: rows are read in their GGUF block layout.
+
+    repacked orders (one f32 chain per row over the blocks: Q4_0 / IQ4_NL when rows % 8 == 0, Q2_K on
+    "avx512-vnni" when rows % 8 == 0): 8 rows in the lanes of one vector.  Each row's integer lanes
+    of a block are summed with the other rows' by a transpose-add tree (``reduce8``: one i32x8 whose
+    lane r is row r's exact block sum, no per-row horizontal sum), the 8 rows' f16 scales are
+    converted with one vcvtph2ps (``gather_f16x8``), and ``acc = fma(f32(S), d_w * d_x, acc)`` runs
+    for the 8 rows in one vector FMA -- per lane the operations of the per-row code.
+    vec_dot orders (an f32x8 accumulator per row, hsum at the end: everything else): 4 rows
+    interleaved (4 independent FMA chains, the activations loaded once for 4 rows), each row's
+    lanes and FMAs exactly as the per-row code; the K-quants' and IQ4_XS's sub-block scales become
+    one i16x16 vector per super-block, picked by constant shuffles, instead of scalar extractions.
+
+Rows past the last whole group go through the per-row kernel (same float order).  ``kernels``
+returns the new matvec functions; the matmat functions are the family modules'.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core.errors import TypingError
+from numba.extending import intrinsic
+
+from ..intrinsics import (VNNI, _V16B, _V16S, _V32B, _V8F, _V8I, _check_array, _fn, _i16, _i32, _mode, _ptr, _BYTES,
+                          b_and, b_or, b_shl, b_shr, b_add, dot_ss, dot_us, f16_to_f32, f_add, f_sub, f_scale, f_zero,
+                          fma_s, fmadd_i, fmadd_v, hsum_f, hsum_i, i_add, i_zero, load_b32, load_i8, load_nib,
+                          lut_iq4nl, madd_sv, KVALUES_IQ4NL, q2_mins_lanes, v16s, v32b, v8f, v8i)
+from ..intrinsics import ld_u32
+
+_NB = dict(nogil=True, cache=True)
+f32 = np.float32
+_V8H = ir.VectorType(ir.HalfType(), 8)
+
+
+# ============================================================================= primitives
+@numba.njit(inline="always")
+def q3_K_scales(w, o):
+    """k_quants.q3_K_scales (the 16 6-bit Q3_K scales + 32 as the bytes of 4 uint32, ggml's kmask
+    unpacking) with unchecked 32-bit loads: Numba's indexing of single bytes kept a negative-index
+    check per byte in the loop."""
+    a0 = ld_u32(w, o + 96)
+    a1 = ld_u32(w, o + 100)
+    a2 = ld_u32(w, o + 104)
+    k1 = np.uint32(0x03030303)
+    k2 = np.uint32(0x0F0F0F0F)
+    s0 = (a0 & k2) | ((a2 & k1) << np.uint32(4))
+    s1 = (a1 & k2) | (((a2 >> np.uint32(2)) & k1) << np.uint32(4))
+    s2 = ((a0 >> np.uint32(4)) & k2) | (((a2 >> np.uint32(4)) & k1) << np.uint32(4))
+    s3 = ((a1 >> np.uint32(4)) & k2) | (((a2 >> np.uint32(6)) & k1) << np.uint32(4))
+    return s0, s1, s2, s3
+
+
+@intrinsic
+def reduce8(typingctx, a0, a1, a2, a3, a4, a5, a6, a7):
+    """i32x8 whose lane r is the sum of the 8 lanes of a_r (exact): a transpose-add tree of
+    7 vector adds instead of 8 horizontal sums."""
+    sig = v8i(a0, a1, a2, a3, a4, a5, a6, a7)
+
+    def cg(context, builder, sig, args):
+        def sh(x, y, idx):
+            return builder.shuffle_vector(x, y, ir.Constant(ir.VectorType(_i32, len(idx)), idx))
+
+        ev, od = [0, 8, 2, 10, 4, 12, 6, 14], [1, 9, 3, 11, 5, 13, 7, 15]
+        # pairs: (a0+a1, b0+b1, a2+a3, b2+b3, ...)
+        p = [builder.add(sh(args[2 * j], args[2 * j + 1], ev), sh(args[2 * j], args[2 * j + 1], od)) for j in range(4)]
+        # quads: (a0..3, b0..3, c0..3, d0..3, a4..7, b4..7, c4..7, d4..7)
+        lo, hi = [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15]
+        q0 = builder.add(sh(p[0], p[1], lo), sh(p[0], p[1], hi))
+        q1 = builder.add(sh(p[2], p[3], lo), sh(p[2], p[3], hi))
+        # halves: (a, b, c, d, e, f, g, h)
+        return builder.add(sh(q0, q1, [0, 1, 2, 3, 8, 9, 10, 11]), sh(q0, q1, [4, 5, 6, 7, 12, 13, 14, 15]))
+
+    return sig, cg
+
+
+@intrinsic
+def gather_f16x8(typingctx, a, off, stride):
+    """f32x8 of the 8 halves at byte offsets off + r * stride (r < 8) of a uint8 array: the f16 scales
+    of a block of 8 consecutive rows, converted with one vcvtph2ps (exact)."""
+    _check_array(a, _BYTES)
+    sig = v8f(a, types.intp, types.intp)
+
+    def cg(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        v = ir.Constant(ir.VectorType(_i16, 8), None)
+        for r in range(8):
+            o = builder.add(args[1], builder.mul(args[2], ir.Constant(args[2].type, r)))
+            p = builder.bitcast(builder.gep(ary.data, [o]), _i16.as_pointer())
+            v = builder.insert_element(v, builder.load(p, align=1), ir.Constant(_i32, r))
+        return builder.fpext(builder.bitcast(v, _V8H), _V8F)
+
+    return sig, cg
+
+
+@intrinsic
+def store_f32x8(typingctx, a, off, v):
+    """a[off:off + 8] = v (float32 array)."""
+    _check_array(a, (types.float32,))
+    sig = types.void(a, off, v)
+
+    def cg(context, builder, sig, args):
+        builder.store(args[2], _ptr(context, builder, sig.args[0], args[0], args[1], _V8F), align=4)
+        return context.get_dummy_value()
+
+    return sig, cg
+
+
+@intrinsic
+def madd_svs(typingctx, mode, acc, a, b, sv, i0, i1):
+    """acc + per i32 lane, elements 0-15 of a.b weighted by lane i0 of the i16x16 ``sv`` and elements
+    16-31 by lane i1 (compile-time ints), for SIGNED a: vpabsb / vpsignb, pmaddubsw (exact while
+    2 * |a| * 128 < 32768), then pmaddwd / vpdpwssd with the shuffled scales (ggml's mul_add_epi8 +
+    madd_epi16).  Per lane the same integer as madd_sc_s or dot_ss times a scale."""
+    m = _mode(mode)
+    if not isinstance(i0, types.IntegerLiteral) or not isinstance(i1, types.IntegerLiteral):
+        raise TypingError("madd_svs lanes must be compile-time ints")
+    j0, j1 = i0.literal_value, i1.literal_value
+    sig = v8i(mode, acc, a, b, sv, i0, i1)
+
+    def cg(context, builder, sig, args):
+        acc, a, b, sv = args[1:5]
+        absa = builder.call(_fn(builder, "llvm.abs.v32i8", _V32B, [_V32B, ir.IntType(1)]), [a, ir.Constant(ir.IntType(1), 0)])
+        sb = builder.call(_fn(builder, "llvm.x86.avx2.psign.b", _V32B, [_V32B, _V32B]), [b, a])
+        p16 = builder.call(_fn(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16S, [_V32B, _V32B]), [absa, sb])
+        sc = builder.shuffle_vector(sv, sv, ir.Constant(ir.VectorType(_i32, 16), [j0] * 8 + [j1] * 8))
+        if m == VNNI:
+            return builder.call(_fn(builder, "llvm.x86.avx512.vpdpwssd.256", _V8I, [_V8I, _V16S, _V16S]), [acc, p16, sc])
+        return builder.add(acc, builder.call(_fn(builder, "llvm.x86.avx2.pmadd.wd", _V8I, [_V16S, _V16S]), [p16, sc]))
+
+    return sig, cg
+
+
+@intrinsic
+def q2_scales(typingctx, a, off):
+    """i16x16 of the 16 Q2_K sub-block scales (low nibbles of the 16 bytes at ``off``)."""
+    _check_array(a, _BYTES)
+    sig = v16s(a, off)
+
+    def cg(context, builder, sig, args):
+        raw = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], _V16B), align=1)
+        return builder.zext(builder.and_(raw, ir.Constant(_V16B, [15] * 16)), _V16S)
+
+    return sig, cg
+
+
+@intrinsic
+def q3_scales_m32(typingctx, u0, u1, u2, u3):
+    """i16x16 of the 16 Q3_K scales minus 32 from q3_K_scales' four words (byte s % 4 of word s // 4)."""
+    sig = v16s(u0, u1, u2, u3)
+
+    def cg(context, builder, sig, args):
+        v = ir.Constant(ir.VectorType(_i32, 4), None)
+        for j, x in enumerate(args):
+            w = x.type.width
+            x = builder.trunc(x, _i32) if w > 32 else builder.zext(x, _i32) if w < 32 else x
+            v = builder.insert_element(v, x, ir.Constant(_i32, j))
+        s = builder.zext(builder.bitcast(v, _V16B), _V16S)
+        return builder.sub(s, ir.Constant(_V16S, [32] * 16))
+
+    return sig, cg
+
+
+@intrinsic
+def iq4_xs_scales(typingctx, a, off):
+    """i16x16, lanes 0-7 = ls_j - 32 of the IQ4_XS super-block at byte ``off`` (6-bit scales: low
+    nibbles at off + 4, two high bits each in the u16 at off + 2), lanes 8-15 a copy."""
+    _check_array(a, _BYTES)
+    sig = v16s(a, off)
+
+    def cg(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        pl = builder.bitcast(builder.gep(ary.data, [builder.add(args[1], ir.Constant(args[1].type, 4))]),
+                             ir.VectorType(ir.IntType(8), 4).as_pointer())
+        ph = builder.bitcast(builder.gep(ary.data, [builder.add(args[1], ir.Constant(args[1].type, 2))]), _i16.as_pointer())
+        V8S = ir.VectorType(_i16, 8)
+        lo4 = builder.load(pl, align=1)
+        lo8 = builder.zext(builder.shuffle_vector(lo4, lo4, ir.Constant(ir.VectorType(_i32, 8), [0, 0, 1, 1, 2, 2, 3, 3])), V8S)
+        lo = builder.and_(builder.lshr(lo8, ir.Constant(V8S, [0, 4] * 4)), ir.Constant(V8S, [15] * 8))
+        h = builder.load(ph, align=1)
+        hv = builder.insert_element(ir.Constant(V8S, None), h, ir.Constant(_i32, 0))
+        hv = builder.shuffle_vector(hv, hv, ir.Constant(ir.VectorType(_i32, 8), [0] * 8))
+        hi = builder.shl(builder.and_(builder.lshr(hv, ir.Constant(V8S, [0, 2, 4, 6, 8, 10, 12, 14])),
+                                      ir.Constant(V8S, [3] * 8)), ir.Constant(V8S, [4] * 8))
+        s8 = builder.sub(builder.or_(lo, hi), ir.Constant(V8S, [32] * 8))
+        return builder.shuffle_vector(s8, s8, ir.Constant(ir.VectorType(_i32, 16), list(range(8)) * 2))
+
+    return sig, cg
+
+
+@intrinsic
+def load_2x16(typingctx, a, off0, off1):
+    """32 bytes: the 16 at byte off0 of a uint8 array in the low half, the 16 at off1 in the high half
+    (vinserti128): the same block of two rows in one vector."""
+    _check_array(a, _BYTES)
+    sig = v32b(a, types.intp, types.intp)
+
+    def cg(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        lo = builder.load(builder.bitcast(builder.gep(ary.data, [args[1]]), _V16B.as_pointer()), align=1)
+        hi = builder.load(builder.bitcast(builder.gep(ary.data, [args[2]]), _V16B.as_pointer()), align=1)
+        return builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_i32, 32), list(range(32))))
+
+    return sig, cg
+
+
+@intrinsic
+def bcast_16(typingctx, a, off):
+    """The 16 bytes at ``off`` of a uint8/int8 array in both halves of a 32-byte vector (vbroadcasti128)."""
+    _check_array(a, _BYTES)
+    sig = v32b(a, off)
+
+    def cg(context, builder, sig, args):
+        v = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], _V16B), align=1)
+        return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_i32, 32), list(range(16)) * 2))
+
+    return sig, cg
+
+
+@intrinsic
+def reduce4x2(typingctx, v0, v1, v2, v3):
+    """i32x8 (rows 0..7) from four i32x8 v_j holding row j in lanes 0-3 and row j + 4 in lanes 4-7:
+    lane r = the sum of row r's four lanes (exact; two transpose-add levels)."""
+    sig = v8i(v0, v1, v2, v3)
+
+    def cg(context, builder, sig, args):
+        def sh(x, y, idx):
+            return builder.shuffle_vector(x, y, ir.Constant(ir.VectorType(_i32, len(idx)), idx))
+
+        ev, od = [0, 8, 2, 10, 4, 12, 6, 14], [1, 9, 3, 11, 5, 13, 7, 15]
+        p0 = builder.add(sh(args[0], args[1], ev), sh(args[0], args[1], od))
+        p1 = builder.add(sh(args[2], args[3], ev), sh(args[2], args[3], od))
+        return builder.add(sh(p0, p1, [0, 1, 8, 9, 4, 5, 12, 13]), sh(p0, p1, [2, 3, 10, 11, 6, 7, 14, 15]))
+
+    return sig, cg
+
+
+@intrinsic
+def lut_iq4nl_u(typingctx, v):
+    """Bytes 0..15 of ``v`` -> the IQ4_NL values + 128 as unsigned bytes (1..241; vpshufb)."""
+    sig = v32b(v)
+
+    def cg(context, builder, sig, args):
+        table = ir.Constant(_V32B, [(x + 128) & 0xFF for x in KVALUES_IQ4NL] * 2)
+        return builder.call(_fn(builder, "llvm.x86.avx2.pshuf.b", _V32B, [_V32B, _V32B]), [table, args[0]])
+
+    return sig, cg
+
+
+@numba.njit(**_NB)
+def _halves_init(n4, shift):
+    """Per block, 8 int32 lanes whose first 4 and last 4 each sum to the block's offset term
+    sum(n4 << shift): the initial lanes of a vector holding two rows' block dot products."""
+    nb = n4.shape[0] // 8
+    out = np.empty(nb * 8, np.int32)
+    for b in range(nb):
+        for l in range(4):
+            v = (np.int32(n4[b * 8 + l]) << shift) + (np.int32(n4[b * 8 + l + 4]) << shift)
+            out[b * 8 + l] = v
+            out[b * 8 + 4 + l] = v
+    return out
+
+
+@intrinsic
+def q2_tables(typingctx, a, off, half):
+    """vpshufb tables of the scaled Q2_K quants of half ``half`` (0/1, compile-time) of the super-block
+    whose 16 scale bytes are at ``off``: bytes 4i..4i+3 of the low 128 bits = sc[8 half + 2i] * (0, 1,
+    2, 3), of the high 128 bits = sc[8 half + 2i + 1] * (0, 1, 2, 3).  q * sc <= 45 fits a byte, so a
+    quarter's 32 products q * sc come from one vpshufb (index q + 4i) and vpdpbusd dots them with the
+    activations: per i32 lane the same integer as pmaddubsw(q, x) then pmaddwd by the scale."""
+    _check_array(a, _BYTES)
+    if not isinstance(half, types.IntegerLiteral):
+        raise TypingError("q2_tables' half must be a compile-time int")
+    h = half.literal_value
+    sig = v32b(a, off, half)
+
+    def cg(context, builder, sig, args):
+        raw = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], _V16B), align=1)
+        sc = builder.and_(raw, ir.Constant(_V16B, [15] * 16))
+        idx = [8 * h + 2 * (p // 4) for p in range(16)] + [8 * h + 2 * (p // 4) + 1 for p in range(16)]
+        rep = builder.shuffle_vector(sc, sc, ir.Constant(ir.VectorType(_i32, 32), idx))
+        one = builder.and_(rep, ir.Constant(_V32B, [0, 255, 0, 255] * 8))
+        two = builder.and_(builder.add(rep, rep), ir.Constant(_V32B, [0, 0, 255, 255] * 8))
+        return builder.add(one, two)
+
+    return sig, cg
+
+
+@intrinsic
+def pshufb(typingctx, table, idx):
+    """vpshufb: byte j of each 128-bit half = the table half's byte idx[j] (idx < 16)."""
+    sig = v32b(table, idx)
+
+    def cg(context, builder, sig, args):
+        return builder.call(_fn(builder, "llvm.x86.avx2.pshuf.b", _V32B, [_V32B, _V32B]), [args[0], args[1]])
+
+    return sig, cg
+
+
+@intrinsic
+def madd_off(typingctx, mode, acc, a, b, o16, oi, sv, i0, i1):
+    """acc + per i32 lane, pairs of (pmaddubsw(a, b) - o16[oi:oi + 16]) weighted by lane i0 of the
+    i16x16 ``sv`` (elements 0-15) and i1 (elements 16-31): unsigned quants a with their offset
+    removed in the i16 pair sums (o16: the offset times each pair's activation sum), exact while
+    |pairs| < 32768; the same integers as the sign trick on the signed quants."""
+    m = _mode(mode)
+    if not isinstance(i0, types.IntegerLiteral) or not isinstance(i1, types.IntegerLiteral):
+        raise TypingError("madd_off lanes must be compile-time ints")
+    _check_array(o16, (types.int16,))
+    j0, j1 = i0.literal_value, i1.literal_value
+    sig = v8i(mode, acc, a, b, o16, oi, sv, i0, i1)
+
+    def cg(context, builder, sig, args):
+        acc, a, b, o16, oi, sv = args[1:7]
+        p16 = builder.call(_fn(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16S, [_V32B, _V32B]), [a, b])
+        off = builder.load(_ptr(context, builder, sig.args[4], o16, oi, _V16S), align=2)
+        p16 = builder.sub(p16, off)
+        sc = builder.shuffle_vector(sv, sv, ir.Constant(ir.VectorType(_i32, 16), [j0] * 8 + [j1] * 8))
+        if m == VNNI:
+            return builder.call(_fn(builder, "llvm.x86.avx512.vpdpwssd.256", _V8I, [_V8I, _V16S, _V16S]), [acc, p16, sc])
+        return builder.add(acc, builder.call(_fn(builder, "llvm.x86.avx2.pmadd.wd", _V8I, [_V16S, _V16S]), [p16, sc]))
+
+    return sig, cg
+
+
+@numba.njit(**_NB)
+def _pair_offsets(xq, c):
+    """int16 [k / 2]: c * (x[2p] + x[2p + 1]), the offset term of each pmaddubsw pair."""
+    n = xq.shape[0] // 2
+    out = np.empty(n, np.int16)
+    for p in range(n):
+        out[p] = np.int16(c * (np.int32(xq[2 * p]) + np.int32(xq[2 * p + 1])))
+    return out
+
+
+def kernels(mode: int, per_row: dict) -> dict:
+    """{type name: (matvec, matmat)} of Q2_K, Q3_K, Q4_0, IQ4_NL, IQ4_XS for one instruction-set mode:
+    the grouped-rows matvec, with ``per_row``'s (the family modules' table) matvec for the rows after
+    the last whole group and its matmat unchanged."""
+    repacks_q2 = mode == VNNI
+
+    # ------------------------------------------------------------------ Q4_0 / IQ4_NL, repacked order
+    # Only each row's block total counts in this order, so a vector holds two rows: the 16 quant bytes
+    # of row j in the low half and of row j + 4 in the high half; low nibbles against the block's first
+    # 16 activations (broadcast to both halves), high nibbles against the last 16.  Offsets (Q4_0: -8;
+    # IQ4_NL on VNNI: grid value + 128 unsigned, -128) start in the lanes (_halves_init); IQ4_NL on AVX2
+    # (pmaddubsw would saturate at 241 * 128) takes the sign trick.
+    iq4_unsigned = mode == VNNI
+
+    def make_q0_rows8(signed):
+        shift = (7 if iq4_unsigned else 0) if signed else 3
+
+        @numba.njit(inline="always")
+        def two_rows(wf, o, rb, m, xlo, xhi):
+            raw = load_2x16(wf, o + 2, o + 4 * rb + 2)
+            lo = b_and(raw, 15)
+            hi = b_and(b_shr(raw, 4), 15)
+            if signed and iq4_unsigned:
+                return dot_us(mode, dot_us(mode, m, lut_iq4nl_u(lo), xlo), lut_iq4nl_u(hi), xhi)
+            if signed:
+                return dot_ss(mode, dot_ss(mode, i_zero(), lut_iq4nl(lo), xlo), lut_iq4nl(hi), xhi)
+            return dot_us(mode, dot_us(mode, m, lo, xlo), hi, xhi)
+
+        @numba.njit(**_NB)
+        def rows8(w, xp, out, r0, r1):
+            """ggml_gemv_q4_0_8x8_q8_0's order (see repack.q4_0_repacked) for rows r0.. in groups of 8."""
+            xq, xd, n4 = xp
+            nb = xd.shape[0]
+            rb = w.shape[1]
+            wf = w.reshape(-1)
+            m2 = _halves_init(n4, shift)
+            i = r0
+            while i + 8 <= r1:
+                acc = f_zero()
+                for b in range(nb):
+                    o = i * rb + b * 18
+                    xlo = bcast_16(xq, b * 32)
+                    xhi = bcast_16(xq, b * 32 + 16)
+                    m = load_i8(m2, b * 8)
+                    s = reduce4x2(two_rows(wf, o, rb, m, xlo, xhi), two_rows(wf, o + rb, rb, m, xlo, xhi),
+                                  two_rows(wf, o + 2 * rb, rb, m, xlo, xhi), two_rows(wf, o + 3 * rb, rb, m, xlo, xhi))
+                    acc = fmadd_v(acc, s, f_scale(gather_f16x8(wf, o, rb), xd[b]))
+                store_f32x8(out, i, acc)
+                i += 8
+        return rows8
+
+    q4_0_rows8 = make_q0_rows8(False)
+    iq4_nl_rows8 = make_q0_rows8(True)
+
+    # ------------------------------------------------------------------ Q4_0, vec_dot order (rows % 8 != 0)
+    @numba.njit(**_NB)
+    def q4_0_vec4(w, xp, out, r0, r1):
+        """ggml_vec_dot_q4_0_q8_0's order (legacy_quants.make_offset_matvec), 4 rows interleaved."""
+        xq, xd, n4 = xp
+        nb = xd.shape[0]
+        rb = w.shape[1]
+        wf = w.reshape(-1)
+        ns = (n4 << 3).astype(np.int32)
+        i = r0
+        while i + 4 <= r1:
+            a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
+            for b in range(nb):
+                o = i * rb + b * 18
+                x = load_b32(xq, b * 32)
+                m = load_i8(ns, b * 8)
+                a0 = fmadd_i(a0, dot_us(mode, m, load_nib(wf, o + 2), x), f16_to_f32(wf, o) * xd[b])
+                a1 = fmadd_i(a1, dot_us(mode, m, load_nib(wf, o + rb + 2), x), f16_to_f32(wf, o + rb) * xd[b])
+                a2 = fmadd_i(a2, dot_us(mode, m, load_nib(wf, o + 2 * rb + 2), x), f16_to_f32(wf, o + 2 * rb) * xd[b])
+                a3 = fmadd_i(a3, dot_us(mode, m, load_nib(wf, o + 3 * rb + 2), x), f16_to_f32(wf, o + 3 * rb) * xd[b])
+            out[i] = hsum_f(a0); out[i + 1] = hsum_f(a1); out[i + 2] = hsum_f(a2); out[i + 3] = hsum_f(a3)
+            i += 4
+
+    # ------------------------------------------------------------------ IQ4_NL, vec_dot order (rows % 8 != 0)
+    @numba.njit(inline="always")
+    def nl_blk(wf, o, x):
+        return dot_ss(mode, i_zero(), lut_iq4nl(load_nib(wf, o + 2)), x)
+
+    @numba.njit(inline="always")
+    def nl_row(a1, a2, wf, o, x0, x1, d0, d1):
+        a1 = fmadd_i(a1, nl_blk(wf, o, x0), d0 * f16_to_f32(wf, o))
+        a2 = fmadd_i(a2, nl_blk(wf, o + 18, x1), d1 * f16_to_f32(wf, o + 18))
+        return a1, a2
+
+    @numba.njit(inline="always")
+    def nl_end(a1, a2, wf, o, xq, xo, d, odd):
+        s = hsum_f(f_add(a1, a2))
+        if odd:
+            s = fma_s(d * f16_to_f32(wf, o), f32(hsum_i(nl_blk(wf, o, load_b32(xq, xo)))), s)
+        return s
+
+    @numba.njit(**_NB)
+    def iq4_nl_vec4(w, xp, out, r0, r1):
+        """ggml_vec_dot_iq4_nl_q8_0's order (i_quants.vec_matvec: blocks in pairs into two f32x8
+        accumulators, a last odd block by a scalar FMA), 4 rows interleaved."""
+        xq, xd, _ = xp
+        nb = xd.shape[0]
+        rb = w.shape[1]
+        wf = w.reshape(-1)
+        i = r0
+        while i + 4 <= r1:
+            p0 = f_zero(); q0 = f_zero(); p1 = f_zero(); q1 = f_zero()
+            p2 = f_zero(); q2 = f_zero(); p3 = f_zero(); q3 = f_zero()
+            b = 0
+            while b + 1 < nb:
+                o = i * rb + b * 18
+                x0 = load_b32(xq, b * 32)
+                x1 = load_b32(xq, b * 32 + 32)
+                d0 = xd[b]; d1 = xd[b + 1]
+                p0, q0 = nl_row(p0, q0, wf, o, x0, x1, d0, d1)
+                p1, q1 = nl_row(p1, q1, wf, o + rb, x0, x1, d0, d1)
+                p2, q2 = nl_row(p2, q2, wf, o + 2 * rb, x0, x1, d0, d1)
+                p3, q3 = nl_row(p3, q3, wf, o + 3 * rb, x0, x1, d0, d1)
+                b += 2
+            odd = b < nb
+            o = i * rb + b * 18
+            d = xd[b] if odd else f32(0.0)
+            out[i] = nl_end(p0, q0, wf, o, xq, b * 32, d, odd)
+            out[i + 1] = nl_end(p1, q1, wf, o + rb, xq, b * 32, d, odd)
+            out[i + 2] = nl_end(p2, q2, wf, o + 2 * rb, xq, b * 32, d, odd)
+            out[i + 3] = nl_end(p3, q3, wf, o + 3 * rb, xq, b * 32, d, odd)
+            i += 4
+
+    # ------------------------------------------------------------------ Q2_K
+    @numba.njit(inline="always")
+    def q2_quarter(acc, raw, xq, xo, sv, i, j0, j1):
+        return madd_sv(mode, acc, b_and(b_shr(raw, 2 * i), 3), load_b32(xq, xo + 32 * i), sv, j0, j1)
+
+    @numba.njit(inline="always")
+    def q2_quarter_t(acc, raw, xq, xo, t, i):
+        return dot_us(mode, acc, pshufb(t, b_or(b_and(b_shr(raw, 2 * i), 3), 4 * i)), load_b32(xq, xo + 32 * i))
+
+    @numba.njit(inline="always")
+    def q2_lanes(wf, o, xq, xo):
+        """i32x8 of the scaled part of the Q2_K super-block at o: the lanes of k_quants.q2_K_half(0) +
+        q2_K_half(1) (exact).  VNNI: q * sc by table lookup (q2_tables), one vpdpbusd per 32 quants;
+        AVX2: pmaddubsw then pmaddwd by scales picked from one i16x16 vector."""
+        if mode == VNNI:
+            raw = load_b32(wf, o + 16)
+            t = q2_tables(wf, o, 0)
+            a = q2_quarter_t(i_zero(), raw, xq, xo, t, 0)
+            a = q2_quarter_t(a, raw, xq, xo, t, 1)
+            a = q2_quarter_t(a, raw, xq, xo, t, 2)
+            a = q2_quarter_t(a, raw, xq, xo, t, 3)
+            raw = load_b32(wf, o + 48)
+            t = q2_tables(wf, o, 1)
+            a = q2_quarter_t(a, raw, xq, xo + 128, t, 0)
+            a = q2_quarter_t(a, raw, xq, xo + 128, t, 1)
+            a = q2_quarter_t(a, raw, xq, xo + 128, t, 2)
+            return q2_quarter_t(a, raw, xq, xo + 128, t, 3)
+        sv = q2_scales(wf, o)
+        raw = load_b32(wf, o + 16)
+        a = q2_quarter(i_zero(), raw, xq, xo, sv, 0, 0, 1)
+        a = q2_quarter(a, raw, xq, xo, sv, 1, 2, 3)
+        a = q2_quarter(a, raw, xq, xo, sv, 2, 4, 5)
+        a = q2_quarter(a, raw, xq, xo, sv, 3, 6, 7)
+        raw = load_b32(wf, o + 48)
+        a = q2_quarter(a, raw, xq, xo + 128, sv, 0, 8, 9)
+        a = q2_quarter(a, raw, xq, xo + 128, sv, 1, 10, 11)
+        a = q2_quarter(a, raw, xq, xo + 128, sv, 2, 12, 13)
+        return q2_quarter(a, raw, xq, xo + 128, sv, 3, 14, 15)
+
+    @numba.njit(**_NB)
+    def q2_K_rows8(w, xp, out, r0, r1):
+        """ggml_gemv_q2_K_8x8_q8_K's order (k_quants.q2_K_gemv: a scalar chain for the scaled part and
+        one for the mins, one FMA each per super-block, out = acc - accm), 8 rows in lanes."""
+        xq, xd, xb = xp
+        nb = xd.shape[0]
+        rb = w.shape[1]
+        wf = w.reshape(-1)
+        i = r0
+        while i + 8 <= r1:
+            acc = f_zero()
+            accm = f_zero()
+            for b in range(nb):
+                o = i * rb + b * 84
+                xo = b * 256
+                bo = b * 16
+                s = reduce8(q2_lanes(wf, o, xq, xo), q2_lanes(wf, o + rb, xq, xo),
+                            q2_lanes(wf, o + 2 * rb, xq, xo), q2_lanes(wf, o + 3 * rb, xq, xo),
+                            q2_lanes(wf, o + 4 * rb, xq, xo), q2_lanes(wf, o + 5 * rb, xq, xo),
+                            q2_lanes(wf, o + 6 * rb, xq, xo), q2_lanes(wf, o + 7 * rb, xq, xo))
+                mn = reduce8(q2_mins_lanes(wf, o, xb, bo), q2_mins_lanes(wf, o + rb, xb, bo),
+                             q2_mins_lanes(wf, o + 2 * rb, xb, bo), q2_mins_lanes(wf, o + 3 * rb, xb, bo),
+                             q2_mins_lanes(wf, o + 4 * rb, xb, bo), q2_mins_lanes(wf, o + 5 * rb, xb, bo),
+                             q2_mins_lanes(wf, o + 6 * rb, xb, bo), q2_mins_lanes(wf, o + 7 * rb, xb, bo))
+                acc = fmadd_v(acc, s, f_scale(gather_f16x8(wf, o + 80, rb), xd[b]))
+                accm = fmadd_v(accm, mn, f_scale(gather_f16x8(wf, o + 82, rb), xd[b]))
+            store_f32x8(out, i, f_sub(acc, accm))
+            i += 8
+
+    @numba.njit(inline="always")
+    def q2_vec_blk(acc, wf, o, xq, xo, xb, bo, dx):
+        acc = fmadd_i(acc, q2_mins_lanes(wf, o, xb, bo), -dx * f16_to_f32(wf, o + 82))
+        return fmadd_i(acc, q2_lanes(wf, o, xq, xo), dx * f16_to_f32(wf, o + 80))
+
+    @numba.njit(**_NB)
+    def q2_K_vec4(w, xp, out, r0, r1):
+        """ggml_vec_dot_q2_K_q8_K's order (k_quants.q2_K_vec: per super-block the mins' FMA with
+        -d_x * dmin, then the scaled lanes' FMA with d_x * d_w, hsum at the end), 4 rows interleaved."""
+        xq, xd, xb = xp
+        nb = xd.shape[0]
+        rb = w.shape[1]
+        wf = w.reshape(-1)
+        i = r0
+        while i + 4 <= r1:
+            a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
+            for b in range(nb):
+                o = i * rb + b * 84
+                dx = xd[b]
+                a0 = q2_vec_blk(a0, wf, o, xq, b * 256, xb, b * 16, dx)
+                a1 = q2_vec_blk(a1, wf, o + rb, xq, b * 256, xb, b * 16, dx)
+                a2 = q2_vec_blk(a2, wf, o + 2 * rb, xq, b * 256, xb, b * 16, dx)
+                a3 = q2_vec_blk(a3, wf, o + 3 * rb, xq, b * 256, xb, b * 16, dx)
+            out[i] = hsum_f(a0); out[i + 1] = hsum_f(a1); out[i + 2] = hsum_f(a2); out[i + 3] = hsum_f(a3)
+            i += 4
+
+    # ------------------------------------------------------------------ Q3_K (always the vec_dot order)
+    # The quants q = u - 4 with u = low 2 bits | high bit << 2 in 0..7: pmaddubsw(u, x) minus 4 * the
+    # pair sums of x (_pair_offsets, once per call) are q * x pair sums -- the sign trick's integers
+    # (activations are in [-127, 127]) in 2 fewer operations per 32 quants.
+    @numba.njit(inline="always")
+    def q3_quarter(acc, raw, hm, xq, xo, x4, sv, j, i, s0, s1):
+        u = b_or(b_and(b_shr(raw, 2 * i), 3), b_shl(b_and(b_shr(hm, 4 * j + i), 1), 2))
+        return madd_off(mode, acc, u, load_b32(xq, xo + 32 * i), x4, (xo + 32 * i) // 2, sv, s0, s1)
+
+    @numba.njit(inline="always")
+    def q3_lanes(wf, o, xq, xo, x4):
+        """The i32x8 lanes of k_quants.q3_K_lanes (exact), scales as one i16x16 vector."""
+        u0, u1, u2, u3 = q3_K_scales(wf, o)
+        sv = q3_scales_m32(u0, u1, u2, u3)
+        hm = load_b32(wf, o)
+        raw = load_b32(wf, o + 32)
+        a = q3_quarter(i_zero(), raw, hm, xq, xo, x4, sv, 0, 0, 0, 1)
+        a = q3_quarter(a, raw, hm, xq, xo, x4, sv, 0, 1, 2, 3)
+        a = q3_quarter(a, raw, hm, xq, xo, x4, sv, 0, 2, 4, 5)
+        a = q3_quarter(a, raw, hm, xq, xo, x4, sv, 0, 3, 6, 7)
+        raw = load_b32(wf, o + 64)
+        a = q3_quarter(a, raw, hm, xq, xo + 128, x4, sv, 1, 0, 8, 9)
+        a = q3_quarter(a, raw, hm, xq, xo + 128, x4, sv, 1, 1, 10, 11)
+        a = q3_quarter(a, raw, hm, xq, xo + 128, x4, sv, 1, 2, 12, 13)
+        return q3_quarter(a, raw, hm, xq, xo + 128, x4, sv, 1, 3, 14, 15)
+
+    @numba.njit(**_NB)
+    def q3_K_vec4(w, xp, out, r0, r1):
+        """ggml_vec_dot_q3_K_q8_K's order (k_quants.q3_K_dot), 4 rows interleaved."""
+        xq, xd, _ = xp
+        nb = xd.shape[0]
+        rb = w.shape[1]
+        wf = w.reshape(-1)
+        x4 = _pair_offsets(xq, 4)
+        i = r0
+        while i + 4 <= r1:
+            a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
+            for b in range(nb):
+                o = i * rb + b * 110
+                xo = b * 256
+                dx = xd[b]
+                a0 = fmadd_i(a0, q3_lanes(wf, o, xq, xo, x4), dx * f16_to_f32(wf, o + 108))
+                a1 = fmadd_i(a1, q3_lanes(wf, o + rb, xq, xo, x4), dx * f16_to_f32(wf, o + rb + 108))
+                a2 = fmadd_i(a2, q3_lanes(wf, o + 2 * rb, xq, xo, x4), dx * f16_to_f32(wf, o + 2 * rb + 108))
+                a3 = fmadd_i(a3, q3_lanes(wf, o + 3 * rb, xq, xo, x4), dx * f16_to_f32(wf, o + 3 * rb + 108))
+            out[i] = hsum_f(a0); out[i + 1] = hsum_f(a1); out[i + 2] = hsum_f(a2); out[i + 3] = hsum_f(a3)
+            i += 4
+
+    # ------------------------------------------------------------------ IQ4_XS (always the vec_dot order)
+    @numba.njit(inline="always")
+    def xs_sub(acc, wf, o, xq, xo, sv, j):
+        return madd_svs(mode, acc, lut_iq4nl(load_nib(wf, o + 8 + 16 * j)), load_b32(xq, xo + 32 * j), sv, j, j)
+
+    @numba.njit(inline="always")
+    def xs_lanes(wf, o, xq, xo):
+        """The i32x8 lanes of i_quants.xs_lanes (exact): sign trick, pmaddubsw, then pmaddwd by the
+        sub-block scale (ggml's order of integer operations), scales as one i16x16 vector."""
+        sv = iq4_xs_scales(wf, o)
+        a = xs_sub(i_zero(), wf, o, xq, xo, sv, 0)
+        a = xs_sub(a, wf, o, xq, xo, sv, 1)
+        a = xs_sub(a, wf, o, xq, xo, sv, 2)
+        a = xs_sub(a, wf, o, xq, xo, sv, 3)
+        a = xs_sub(a, wf, o, xq, xo, sv, 4)
+        a = xs_sub(a, wf, o, xq, xo, sv, 5)
+        a = xs_sub(a, wf, o, xq, xo, sv, 6)
+        return xs_sub(a, wf, o, xq, xo, sv, 7)
+
+    @numba.njit(**_NB)
+    def iq4_xs_vec4(w, xp, out, r0, r1):
+        """ggml_vec_dot_iq4_xs_q8_K's order (i_quants.xs_dot), 4 rows interleaved."""
+        xq, xd, _ = xp
+        nb = xd.shape[0]
+        rb = w.shape[1]
+        wf = w.reshape(-1)
+        i = r0
+        while i + 4 <= r1:
+            a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
+            for b in range(nb):
+                o = i * rb + b * 136
+                xo = b * 256
+                dx = xd[b]
+                a0 = fmadd_i(a0, xs_lanes(wf, o, xq, xo), f16_to_f32(wf, o) * dx)
+                a1 = fmadd_i(a1, xs_lanes(wf, o + rb, xq, xo), f16_to_f32(wf, o + rb) * dx)
+                a2 = fmadd_i(a2, xs_lanes(wf, o + 2 * rb, xq, xo), f16_to_f32(wf, o + 2 * rb) * dx)
+                a3 = fmadd_i(a3, xs_lanes(wf, o + 3 * rb, xq, xo), f16_to_f32(wf, o + 3 * rb) * dx)
+            out[i] = hsum_f(a0); out[i + 1] = hsum_f(a1); out[i + 2] = hsum_f(a2); out[i + 3] = hsum_f(a3)
+            i += 4
+
+    # ------------------------------------------------------------------ dispatch
+    q4_0_row = per_row["Q4_0"][0]
+    iq4_nl_row = per_row["IQ4_NL"][0]
+    q2_K_row = per_row["Q2_K"][0]
+    q3_K_row = per_row["Q3_K"][0]
+    iq4_xs_row = per_row["IQ4_XS"][0]
+
+    @numba.njit(**_NB)
+    def q4_0_matvec(w, xp, out, r0, r1):
+        if w.shape[0] % 8 == 0:   # llama.cpp's repacked q4_0_8x8 gemv
+            r = r0 + (r1 - r0) // 8 * 8
+            q4_0_rows8(w, xp, out, r0, r)
+        else:
+            r = r0 + (r1 - r0) // 4 * 4
+            q4_0_vec4(w, xp, out, r0, r)
+        q4_0_row(w, xp, out, r, r1)
+
+    @numba.njit(**_NB)
+    def iq4_nl_matvec(w, xp, out, r0, r1):
+        if w.shape[0] % 8 == 0:   # llama.cpp's repacked iq4_nl_8x8 gemv
+            r = r0 + (r1 - r0) // 8 * 8
+            iq4_nl_rows8(w, xp, out, r0, r)
+        else:   # (4 rows interleaved measured slower than the per-row code: not used)
+            r = r0
+        iq4_nl_row(w, xp, out, r, r1)
+
+    @numba.njit(**_NB)
+    def q2_K_matvec(w, xp, out, r0, r1):
+        if repacks_q2 and w.shape[0] % 8 == 0:   # llama.cpp's repacked q2_K_8x8 gemv (AVX-512)
+            r = r0 + (r1 - r0) // 8 * 8
+            q2_K_rows8(w, xp, out, r0, r)
+        else:
+            r = r0 + (r1 - r0) // 4 * 4
+            q2_K_vec4(w, xp, out, r0, r)
+        q2_K_row(w, xp, out, r, r1)
+
+    @numba.njit(**_NB)
+    def q3_K_matvec(w, xp, out, r0, r1):
+        r = r0 + (r1 - r0) // 4 * 4
+        q3_K_vec4(w, xp, out, r0, r)
+        q3_K_row(w, xp, out, r, r1)
+
+    @numba.njit(**_NB)
+    def iq4_xs_matvec(w, xp, out, r0, r1):
+        r = r0 + (r1 - r0) // 4 * 4
+        iq4_xs_vec4(w, xp, out, r0, r)
+        iq4_xs_row(w, xp, out, r, r1)
+
+    return dict(Q4_0=(q4_0_matvec, per_row["Q4_0"][1]), IQ4_NL=(iq4_nl_matvec, per_row["IQ4_NL"][1]),
+                Q2_K=(q2_K_matvec, per_row["Q2_K"][1]), Q3_K=(q3_K_matvec, per_row["Q3_K"][1]),
+                IQ4_XS=(iq4_xs_matvec, per_row["IQ4_XS"][1]))
