@@ -7,7 +7,7 @@
     repack         prompt kernels over regrouped weights or activations (repack.cpp, tinyBLAS)
     blocks         block-format helpers they share
 
-Every family exposes ``kernels(mode) -> {type name: (matvec, matmat)}``: the factory closes over
+Every family exposes ``kernels(mode) -> {type name: (matvec, matmat[, mul_mat_id])}``: the factory closes over
 ``mode`` (intrinsics.AVX2 or intrinsics.VNNI); Numba treats the closure value as a compile-time
 constant and the primitives emit only that instruction set, so one source gives two separately
 compiled (and separately cached, see ``jitcache``) implementations.  Building the tables compiles
@@ -36,5 +36,13 @@ def tables(path: str) -> tuple[dict, dict]:
             fns.update(family.kernels(mode))
         mv = {TYPE_IDS[n]: f[0] for n, f in fns.items()}
         mm = {TYPE_IDS[n]: f[1] for n, f in fns.items()}
-        _cache[path] = (mv, mm)
-    return _cache[path]
+        ids = {TYPE_IDS[n]: f[2] for n, f in fns.items() if len(f) > 2}
+        _cache[path] = (mv, mm, ids)
+    return _cache[path][:2]
+
+
+def id_tables(path: str) -> dict:
+    """The types with a mul_mat_id kernel on a SIMD path: ggml type id -> fn(w, xp, out, r0, r1, rows)
+    (families list it as an optional third element)."""
+    tables(path)
+    return _cache[path][2]
