@@ -452,3 +452,54 @@ def test_q2_K_orders_differ():
 def test_q2_K_dequantize_matches_gguf_py():
     w = q2_K_weights(5, 512)
     np.testing.assert_array_equal(K.dequantize_rows(K.Q2_K, w, 0, 5), gq.dequantize(w, T.Q2_K))
+
+
+def _red16(v):
+    """GCC's _mm512_reduce_add_ps on 16 float32 lanes (last axis): 8 + 8, then hsum_float_8's tree."""
+    v = np.asarray(v, f32)
+    return hsum8(v[..., :8] + v[..., 8:])
+
+
+def _emulate_f32(w, X, tiny):
+    """llama.cpp's F32 products on AVX-512: tinyBLAS<16> (16 lanes, one FMA chain each, then the
+    reduce tree) or ggml_vec_dot_f32 (4 accumulators x 16 lanes over steps of 64, (0+2)+(1+3), the
+    tree, leftovers in f32 FMAs)."""
+    rows, k = w.shape
+    out = np.empty((X.shape[0], rows), f32)
+    for c, x in enumerate(X):
+        if tiny:
+            acc = np.zeros((rows, 16), f32)
+            for j in range(0, k, 16):
+                acc = fma32(w[:, j:j + 16], x[j:j + 16][None], acc)
+            out[c] = _red16(acc)
+            continue
+        acc = np.zeros((4, rows, 16), f32)
+        np_ = k - k % 64
+        for j in range(0, np_, 64):
+            for a in range(4):
+                acc[a] = fma32(w[:, j + 16 * a:j + 16 * a + 16], x[j + 16 * a:j + 16 * a + 16][None], acc[a])
+        s = _red16((acc[0] + acc[2]) + (acc[1] + acc[3]))
+        for j in range(np_, k):
+            s = fma32(w[:, j], np.full(rows, x[j], f32), s)
+        out[c] = s
+    return out
+
+
+@pytest.mark.parametrize("k,rows,n", [(256, 8, 1), (256, 8, 2), (256, 8, 13), (320, 12, 5), (272, 8, 1),
+                                      (272, 8, 3), (256, 6, 4)])
+def test_f32_follows_llama_cpp(path, k, rows, n):
+    """F32 weights (a mixture of experts' router): one column ggml_vec_dot_f32, more llamafile's
+    tinyBLAS<16> when k % 16 == 0 and rows % 4 == 0, else vec_dot per column (AVX-512 orders)."""
+    rng = np.random.default_rng(k + rows + n)
+    w = rng.standard_normal((rows, k)).astype(f32)
+    X = rng.standard_normal((n, k)).astype(f32)
+    wb = w.view(np.uint8)
+    if n == 1:
+        out = np.full(rows, np.nan, f32)
+        K.matvec(int(T.F32), wb, K.prepare(int(T.F32), X[0]), out, 0, rows)
+        np.testing.assert_array_equal(out, _emulate_f32(w, X, False)[0])
+        return
+    out = np.full((n, rows), np.nan, f32)
+    K.matmat(int(T.F32), wb, K.prepare(int(T.F32), X), out, 0, 3)
+    K.matmat(int(T.F32), wb, K.prepare(int(T.F32), X), out, 3, rows)
+    np.testing.assert_array_equal(out, _emulate_f32(w, X, k % 16 == 0 and rows % 4 == 0))
