@@ -175,6 +175,8 @@ def _repack_q4_K(w, r0, ng, nb):
     dw, dm [group, block, row] the f16 d and dmin as float32."""
     rb = w.shape[1]
     wf = w.reshape(-1)
+    w32 = wf.view(np.uint32)  # (row bytes 144 * nb: whole words)
+    rw = rb // 4
     qt = np.empty(ng * nb * 2048, np.uint8)
     q32 = qt.view(np.uint32)
     sc = np.empty(ng * nb * 64, np.int32)
@@ -197,11 +199,17 @@ def _repack_q4_K(w, r0, ng, nb):
                 mn[(gb * 4 + 1) * 8 + r] = np.int32(((ml >> np.uint32(16)) & np.uint32(0xFF)) | ((ml >> np.uint32(24)) << np.uint32(16)))
                 mn[(gb * 4 + 2) * 8 + r] = np.int32((mh & np.uint32(0xFF)) | ((mh & np.uint32(0xFF00)) << np.uint32(8)))
                 mn[(gb * 4 + 3) * 8 + r] = np.int32(((mh >> np.uint32(16)) & np.uint32(0xFF)) | ((mh >> np.uint32(24)) << np.uint32(16)))
-                for p in range(4):
-                    for e in range(8):
-                        u = ld_u32(wf, o + 16 + 32 * p + 4 * e)
-                        q32[((gb * 8 + 2 * p) * 8 + e) * 8 + r] = u & lo4
-                        q32[((gb * 8 + 2 * p + 1) * 8 + e) * 8 + r] = (u >> np.uint32(4)) & lo4
+            # quants: for each 4-byte chunk (p, e) the 8 rows' words side by side (contiguous stores;
+            # the strided loads are the rows' 32 words of the block, read once)
+            w0 = ((r0 + 8 * g) * rb + b * 144 + 16) // 4
+            for p in range(4):
+                d0 = (gb * 8 + 2 * p) * 64
+                for e in range(8):
+                    src = w0 + 8 * p + e
+                    for r in range(8):
+                        u = w32[src + r * rw]
+                        q32[d0 + e * 8 + r] = u & lo4
+                        q32[d0 + 64 + e * 8 + r] = (u >> np.uint32(4)) & lo4
     return qt, sc, mn, dw, dm
 
 
