@@ -47,7 +47,7 @@ def weights(t, rows=ROWS, k=KDIM, seed=0):
     rng = np.random.default_rng(seed + int(t))
     if t in (T.Q8_0, T.Q5_0, T.Q4_0):
         return np.ascontiguousarray(gq.quantize(rng.standard_normal((rows, k)).astype(f32), t))
-    ts = {T.Q4_K: 144, T.Q6_K: 210}[t]
+    ts = {T.Q4_K: 144, T.Q5_K: 176, T.Q6_K: 210}[t]
     w = rng.integers(0, 256, (rows, k // 256, ts), dtype=np.uint8)
     sc = rng.uniform(1e-3, 2e-2, (rows, k // 256, 1)).astype(np.float16).view(np.uint8)
     if t == T.Q6_K:
@@ -141,6 +141,66 @@ def emulate_q4_K(w, xq, xd, n_gemm):
     return out
 
 
+def k4_quants(w, q5=False):
+    """(d_w, dmin [rows, nb], unsigned quants int64 [rows, nb, 8, 32] by sub-block, sc, m [rows, nb, 8])
+    of Q4_K (144-byte) or Q5_K (176-byte) blocks."""
+    bsz = 176 if q5 else 144
+    b = w.reshape(w.shape[0], -1, bsz)
+    rows, nb = b.shape[:2]
+    sc, m = k4_scales(np.ascontiguousarray(b[..., :144] if not q5 else
+                                           np.concatenate([b[..., :16], np.zeros(b.shape[:2] + (128,), np.uint8)], -1)
+                                           ).reshape(rows, -1))
+    qs = b[..., bsz - 128:].astype(np.int64).reshape(rows, nb, 4, 32)
+    q = np.stack([qs & 15, qs >> 4], 3).reshape(rows, nb, 8, 32)   # sub-block 2g: low nibbles, 2g+1: high
+    if q5:
+        qh = b[..., 16:48].astype(np.int64)                          # [rows, nb, 32]
+        for j in range(8):
+            q[:, :, j] |= ((qh >> j) & 1) << 4
+    return f16(b[..., 0:2]), f16(b[..., 2:4]), q, sc, m
+
+
+def emulate_k4_tiled(w, xq, xd, q5=False):
+    """ggml's tiled matmul (Q4_K / Q5_K, HAS_MIN): per output and super-block r = f32(S) * d_w,
+    r = fma(-dmin, f32(M), r), out = fma(r, d_x, out); S = sum_j sc_j * dot_j, M = sum_j m_j * bsum_j."""
+    dw, dmin, q, sc, m = k4_quants(w, q5)
+    rows, nb = dw.shape
+    n = xq.shape[0]
+    out = np.empty((n, rows), f32)
+    for j in range(n):
+        x = xq[j].astype(np.int64).reshape(nb, 8, 32)
+        S = ((q * x[None]).sum(-1) * sc).sum(-1)      # [rows, nb]
+        M = (m * x.sum(-1)[None]).sum(-1)
+        acc = np.zeros(rows, f32)
+        for bb in range(nb):
+            r = S[:, bb].astype(f32) * dw[:, bb]
+            r = fma32(-dmin[:, bb], M[:, bb].astype(f32), r)
+            acc = fma32(r, np.full(rows, xd[j, bb], f32), acc)
+        out[j] = acc
+    return out
+
+
+def emulate_q4_K_vec(w, xq, xd):
+    """ggml_vec_dot_q4_K_q8_K (AVX2) per column: 8 f32 lanes fma(f32(lane), d_x * d_w, acc) with lane l =
+    sum_j sc_j * (elements 4l..4l+3 of sub-block j); mins in 4 lanes fma(-d_x * dmin, f32(m_2l bs_2l +
+    m_2l+1 bs_2l+1), .); hsum_float_8(acc) + ((m0 + m2) + (m1 + m3))."""
+    dw, dmin, q, sc, m = k4_quants(w)
+    rows, nb = dw.shape
+    n = xq.shape[0]
+    out = np.empty((n, rows), f32)
+    for j in range(n):
+        x = xq[j].astype(np.int64).reshape(nb, 8, 32)
+        lanes = ((q * x[None]).reshape(rows, nb, 8, 8, 4).sum(-1) * sc[..., None]).sum(2)  # [rows, nb, 8]
+        bs = x.sum(-1)                                                                     # [nb, 8]
+        L = (m * bs[None]).reshape(rows, nb, 4, 2).sum(-1)                                 # [rows, nb, 4]
+        acc = np.zeros((rows, 8), f32)
+        mins = np.zeros((rows, 4), f32)
+        for bb in range(nb):
+            acc = fma32(lanes[:, bb].astype(f32), (xd[j, bb] * dw[:, bb])[:, None], acc)
+            mins = fma32((-(xd[j, bb] * dmin[:, bb]))[:, None], L[:, bb].astype(f32), mins)
+        out[j] = hsum8(acc) + ((mins[:, 0] + mins[:, 2]) + (mins[:, 1] + mins[:, 3]))
+    return out
+
+
 def q6_quants(w):
     """(d_w [rows, nb], unsigned 6-bit quants int64 [rows, nb, 256], scales int64 [rows, nb, 16])."""
     b = w.reshape(w.shape[0], -1, 210)
@@ -206,8 +266,12 @@ def emulate(t, w, xp, n):
         return emulate_q4_0_repacked(w, xq, xd)
     if t in (T.Q8_0, T.Q5_0, T.Q4_0):
         return emulate_legacy(t, w, xq, xd)
+    if t == T.Q4_K and w.shape[0] % 8:  # not repacked by llama.cpp: tiled matmul from 8 columns, else vec_dot
+        return emulate_k4_tiled(w, xq, xd) if n >= 8 else emulate_q4_K_vec(w, xq, xd)
     if t == T.Q4_K:
         return emulate_q4_K(w, xq, xd, n - n % 4 if n > 1 else 0)
+    if t == T.Q5_K:
+        return emulate_k4_tiled(w, xq, xd, q5=True)  # (n >= 8 only: below, vec_dot is not emulated here)
     return emulate_q6_K(w, xq, xd, tiled=n >= 8)
 
 

@@ -9,8 +9,12 @@ corrected, FMAs rounded once).  The kernels must equal the emulation bit for bit
     Q8_0 / Q5_0, any column count  ggml_vec_dot_q{8,5}_0_q8_0 (1 column) and tinyBLAS_Q0_AVX (more):
         acc[l] = fma(f32(lane_l), d_w * d_x, acc[l]) per 32-block, lane l = elements 4l..4l+3;
         hsum_float_8
-    Q4_K, columns [0, n - n%4)      ggml_gemm_q4_K_8x8_q8_K: FMA per pair of sub-blocks
-    Q4_K, the last n%4 columns      ggml_gemv_q4_K_8x8_q8_K: FMA per super-block
+    Q4_K, rows % 8 == 0 (repacked)  columns [0, n - n%4): ggml_gemm_q4_K_8x8_q8_K (FMA per pair of
+                                    sub-blocks); the last n%4: ggml_gemv_q4_K_8x8_q8_K (FMA per super-block)
+    Q4_K, rows % 8 != 0, Q5_K       n >= 8: the tiled matmul (r = f32(S) d_w; r = fma(-dmin, f32(M), r);
+                                    out = fma(r, d_x, out)); n < 8: the type's vec_dot (Q4_K: 8 f32
+                                    lanes, mins in 4 lanes)
+    mul_mat_id (one expert)         the same per token count, except a repacked Q4_K: the gemv per token
     Q6_K, n < 8                     ggml_vec_dot_q6_K_q8_K (AVX2 lanes, hsum_float_8)
     Q6_K, n >= 8                    tiled matmul: out = fma(f32(S_b) * d_w, d_x, out) (the source's
                                     mul + add, contracted to an FMA by GCC's -ffp-contract=fast)
@@ -24,8 +28,8 @@ from gguf import quants as gq
 
 from workbench.engine import kernels as K
 from kernel_emulation import (KDIM, ROWS, SIMD_PATHS, activations, emulate, emulate_legacy,  # noqa: F401
-                              emulate_q4_0_repacked, emulate_q4_K, emulate_q6_K, f16, f32, f64, fma32, hsum8,
-                              weights)
+                              emulate_k4_tiled, emulate_q4_0_repacked, emulate_q4_K, emulate_q4_K_vec, emulate_q6_K,
+                              f16, f32, f64, fma32, hsum8, weights)
 
 pytestmark = pytest.mark.skipif(not SIMD_PATHS, reason="no SIMD kernel path on this CPU")
 
@@ -59,6 +63,62 @@ def test_matmat_bit_exact(path, t, n):
     K.matmat(int(t), w, xp, out, 0, 7)
     K.matmat(int(t), w, xp, out, 7, ROWS)
     np.testing.assert_array_equal(out, emulate(t, w, xp, n))
+
+
+@pytest.mark.parametrize("rows", [16, 13])
+@pytest.mark.parametrize("n", [1, 3, 7, 8, 9, 33])
+def test_q5_K_and_plain_q4_K_follow_the_tiled_matmul(path, rows, n):
+    """Q5_K (never repacked on x86) and a Q4_K weight llama.cpp does not repack (rows % 8 != 0): from 8
+    columns ggml's tiled matmul, below that vec_dot (Q4_K emulated; Q5_K's vec_dot is its matvec)."""
+    for t in (T.Q5_K, T.Q4_K):
+        w = weights(t, rows=rows)
+        X = activations(n)
+        xp = K.prepare(int(t), X)
+        out = np.full((n, rows), np.nan, f32)
+        K.matmat(int(t), w, xp, out, 0, 5)
+        K.matmat(int(t), w, xp, out, 5, rows)
+        if t == T.Q4_K and rows % 8 == 0:
+            ref = emulate_q4_K(w, xp[0], xp[1], n - n % 4 if n > 1 else 0)
+        elif n >= 8:
+            ref = emulate_k4_tiled(w, xp[0], xp[1], q5=t == T.Q5_K)
+        elif t == T.Q4_K:
+            ref = emulate_q4_K_vec(w, xp[0], xp[1])
+        else:
+            ref = np.stack([_matvec(t, w, X[c], rows) for c in range(n)])
+        np.testing.assert_array_equal(out, ref)
+
+
+def _matvec(t, w, x, rows):
+    out = np.full(rows, np.nan, f32)
+    K.matvec(int(t), w, K.prepare(int(t), x), out, 0, rows)
+    return out
+
+
+@pytest.mark.parametrize("t", [T.Q8_0, T.Q5_0, T.Q4_0, T.Q4_K, T.Q5_K, T.Q6_K])
+@pytest.mark.parametrize("rows", [16, 13])
+@pytest.mark.parametrize("n", [2, 5, 8, 13, 33])
+def test_mul_mat_id_kernels_follow_llama_cpp(path, t, rows, n):
+    """One expert's routed tokens at once (several tokens per unpacked weight block): every output is
+    what ggml's mul_mat_id computes for that many tokens -- the repacked gemv per token (Q4_K/Q4_0 with
+    rows % 8 == 0), the tiled matmul from 8 tokens (Q4_K unrepacked, Q5_K, Q6_K), else vec_dot (the
+    matvec per token); independent of the row split."""
+    idk = K.mul_mat_id_kernel(int(t))
+    assert idk is not None
+    w = weights(t, rows=rows)
+    X = activations(n)
+    xp = K.prepare(int(t), X)
+    out = np.full((n, rows), np.nan, f32)
+    idk(w, xp, out, 0, 3, rows)
+    idk(w, xp, out, 3, rows, rows)
+    per_token = np.stack([_matvec(t, w, X[c], rows) for c in range(n)])
+    if t == T.Q4_K and rows % 8 == 0:
+        ref = emulate_q4_K(w, xp[0], xp[1], 0)  # ggml_gemv_q4_K_8x8_q8_K for every token
+        np.testing.assert_array_equal(per_token, ref)
+    elif t in (T.Q4_K, T.Q5_K, T.Q6_K) and n >= 8:
+        ref = emulate_q6_K(w, xp[0], xp[1], True) if t == T.Q6_K else emulate_k4_tiled(w, xp[0], xp[1], t == T.Q5_K)
+    else:
+        ref = per_token
+    np.testing.assert_array_equal(out, ref)
 
 
 def test_orders_differ():
@@ -392,3 +452,54 @@ def test_q2_K_orders_differ():
 def test_q2_K_dequantize_matches_gguf_py():
     w = q2_K_weights(5, 512)
     np.testing.assert_array_equal(K.dequantize_rows(K.Q2_K, w, 0, 5), gq.dequantize(w, T.Q2_K))
+
+
+def _red16(v):
+    """GCC's _mm512_reduce_add_ps on 16 float32 lanes (last axis): 8 + 8, then hsum_float_8's tree."""
+    v = np.asarray(v, f32)
+    return hsum8(v[..., :8] + v[..., 8:])
+
+
+def _emulate_f32(w, X, tiny):
+    """llama.cpp's F32 products on AVX-512: tinyBLAS<16> (16 lanes, one FMA chain each, then the
+    reduce tree) or ggml_vec_dot_f32 (4 accumulators x 16 lanes over steps of 64, (0+2)+(1+3), the
+    tree, leftovers in f32 FMAs)."""
+    rows, k = w.shape
+    out = np.empty((X.shape[0], rows), f32)
+    for c, x in enumerate(X):
+        if tiny:
+            acc = np.zeros((rows, 16), f32)
+            for j in range(0, k, 16):
+                acc = fma32(w[:, j:j + 16], x[j:j + 16][None], acc)
+            out[c] = _red16(acc)
+            continue
+        acc = np.zeros((4, rows, 16), f32)
+        np_ = k - k % 64
+        for j in range(0, np_, 64):
+            for a in range(4):
+                acc[a] = fma32(w[:, j + 16 * a:j + 16 * a + 16], x[j + 16 * a:j + 16 * a + 16][None], acc[a])
+        s = _red16((acc[0] + acc[2]) + (acc[1] + acc[3]))
+        for j in range(np_, k):
+            s = fma32(w[:, j], np.full(rows, x[j], f32), s)
+        out[c] = s
+    return out
+
+
+@pytest.mark.parametrize("k,rows,n", [(256, 8, 1), (256, 8, 2), (256, 8, 13), (320, 12, 5), (272, 8, 1),
+                                      (272, 8, 3), (256, 6, 4)])
+def test_f32_follows_llama_cpp(path, k, rows, n):
+    """F32 weights (a mixture of experts' router): one column ggml_vec_dot_f32, more llamafile's
+    tinyBLAS<16> when k % 16 == 0 and rows % 4 == 0, else vec_dot per column (AVX-512 orders)."""
+    rng = np.random.default_rng(k + rows + n)
+    w = rng.standard_normal((rows, k)).astype(f32)
+    X = rng.standard_normal((n, k)).astype(f32)
+    wb = w.view(np.uint8)
+    if n == 1:
+        out = np.full(rows, np.nan, f32)
+        K.matvec(int(T.F32), wb, K.prepare(int(T.F32), X[0]), out, 0, rows)
+        np.testing.assert_array_equal(out, _emulate_f32(w, X, False)[0])
+        return
+    out = np.full((n, rows), np.nan, f32)
+    K.matmat(int(T.F32), wb, K.prepare(int(T.F32), X), out, 0, 3)
+    K.matmat(int(T.F32), wb, K.prepare(int(T.F32), X), out, 3, rows)
+    np.testing.assert_array_equal(out, _emulate_f32(w, X, k % 16 == 0 and rows % 4 == 0))

@@ -105,29 +105,53 @@ _EXPERT_LOOPS: dict = {}
 def _expert_loop(qtype: int) -> Callable:
     """A compiled (GIL-free) loop over one expert's rows [lo, hi) in pieces of `step` rows, each
     piece multiplied by every listed input row (`ins`, rows of the prepared 2-D inputs) into row
-    `outrows[j]` of `out` from column `off`: the weights stay in cache while the tokens pass, and
-    every output is the type's matvec (one vec_dot per row and token, as ggml's mul_mat_id)."""
+    `outrows[j]` of `out` from column `off`: the weights stay in cache while the tokens pass.
+    Every output is what ggml's mul_mat_id computes for that many tokens: with a type's
+    `mul_mat_id_kernel` (several tokens per unpacked weight block; `rows` is the expert's full row
+    count, which decides llama.cpp's repacking), else the type's matvec per row and token."""
     key = (kernels.kernel_path(), qtype)
     fn = _EXPERT_LOOPS.get(key)
     if fn is None:
         mv = kernels.matvec_kernels()[qtype]
+        idk = kernels.mul_mat_id_kernel(qtype)
         if kernels.preparer(qtype) is None:  # float weights: one prepared array
             @numba.njit(nogil=True, cache=True)
-            def fn(w, xp, ins, out, outrows, off, lo, hi, step):
+            def fn(w, xp, ins, out, outrows, off, lo, hi, step, rows):
                 xa = xp[0]
                 for c0 in range(lo, hi, step):
                     c1 = min(c0 + step, hi)
                     for j in range(ins.shape[0]):
                         mv(w, (xa[ins[j]],), out[outrows[j]][off:], c0, c1)
-        else:
+        elif idk is None:
             @numba.njit(nogil=True, cache=True)
-            def fn(w, xp, ins, out, outrows, off, lo, hi, step):
+            def fn(w, xp, ins, out, outrows, off, lo, hi, step, rows):
                 xa, xb, xc = xp
                 for c0 in range(lo, hi, step):
                     c1 = min(c0 + step, hi)
                     for j in range(ins.shape[0]):
                         r = ins[j]
                         mv(w, (xa[r], xb[r], xc[r]), out[outrows[j]][off:], c0, c1)
+        else:
+            @numba.njit(nogil=True, cache=True)
+            def fn(w, xp, ins, out, outrows, off, lo, hi, step, rows):
+                xa, xb, xc = xp
+                n = ins.shape[0]
+                if n == 1:  # one token: the matvec, no gathering
+                    r = ins[0]
+                    mv(w, (xa[r], xb[r], xc[r]), out[outrows[0]][off:], lo, hi)
+                    return
+                ga = np.empty((n, xa.shape[1]), xa.dtype)
+                gb = np.empty((n, xb.shape[1]), xb.dtype)
+                gc = np.empty((n, xc.shape[1]), xc.dtype)
+                for j in range(n):
+                    ga[j] = xa[ins[j]]
+                    gb[j] = xb[ins[j]]
+                    gc[j] = xc[ins[j]]
+                og = np.empty((n, hi), np.float32)
+                for c0 in range(lo, hi, step):
+                    idk(w, (ga, gb, gc), og, c0, min(c0 + step, hi), rows)
+                for j in range(n):
+                    out[outrows[j]][off + lo:off + hi] = og[j, lo:hi]
         _EXPERT_LOOPS[key] = fn
     return fn
 
@@ -627,7 +651,8 @@ class Runtime(AttentionPaths):
                 for j, nm in enumerate(names):
                     arr, first, lo, hi = self._expert_plan(nm, e)[wk]
                     if hi > lo:
-                        loops[j](arr, xps[pidx[j]], ins, outs[j], outr, first, lo - first, hi - first, EXPERT_ROWS)
+                        loops[j](arr, xps[pidx[j]], ins, outs[j], outr, first, lo - first, hi - first, EXPERT_ROWS,
+                                 per[j])
         self.each_worker(work)
         return outs
 

@@ -36,7 +36,7 @@ from . import compile_helper as _helper
 __all__ = [
     "SUPPORTED_TYPES", "is_supported", "prepare", "matvec", "matmat", "dequantize_rows",
     "row_bytes", "preparer", "matvec_kernels", "kernel_path", "set_kernel_path", "available_paths",
-    "precompile", "active_types",
+    "precompile", "active_types", "mul_mat_id_kernel",
 ]
 
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30
@@ -190,6 +190,21 @@ def matvec_kernels(types: Iterable[int] | None = None) -> dict:
         return dict(_MATVEC)
     keep = set(types)
     return {t: (f if t in keep else _absent_matvec) for t, f in _MATVEC.items()}
+
+
+def mul_mat_id_kernel(ggml_type: int) -> Callable | None:
+    """The active path's product for the tokens routed to one expert, in ggml's mul_mat_id order, or
+    None (then every output is the type's matvec, one vec_dot per row and token).
+
+    ``fn(w, xp, out, r0, r1, rows)``: ``xp`` the 2-D prepared rows of the expert's tokens, ``out[j, i]``
+    for i in [r0, r1) as ``matmat``; ``rows`` the expert's full row count (ggml's ne01, which decides
+    whether llama.cpp repacked it).  Per output the arithmetic is what llama.cpp runs for that many
+    tokens (repacked gemv per token, the tiled matmul from 8 tokens, else vec_dot), while each
+    unpacked weight block serves several tokens."""
+    if _path == "portable":
+        return None
+    from . import x86
+    return x86.id_tables(_path).get(ggml_type)
 
 
 @numba.njit(nogil=True, cache=True)

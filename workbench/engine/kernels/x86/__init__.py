@@ -9,7 +9,7 @@
     k4_rows        Q4_K one-token product over groups of 8 rows (gemv_q4_K_8x8 order, plain layout)
     blocks         block-format helpers they share
 
-Every family exposes ``kernels(mode) -> {type name: (matvec, matmat)}``: the factory closes over
+Every family exposes ``kernels(mode) -> {type name: (matvec, matmat[, mul_mat_id])}``: the factory closes over
 ``mode`` (intrinsics.AVX2 or intrinsics.VNNI); Numba treats the closure value as a compile-time
 constant and the primitives emit only that instruction set, so one source gives two separately
 compiled (and separately cached, see ``jitcache``) implementations.  Building the tables compiles
@@ -39,5 +39,13 @@ def tables(path: str) -> tuple[dict, dict]:
         fns.update(rows_lowbit.kernels(mode, fns))   # grouped-rows matvec of Q2_K, Q3_K, Q4_0, IQ4_NL, IQ4_XS
         mv = {TYPE_IDS[n]: f[0] for n, f in fns.items()}
         mm = {TYPE_IDS[n]: f[1] for n, f in fns.items()}
-        _cache[path] = (mv, mm)
-    return _cache[path]
+        ids = {TYPE_IDS[n]: f[2] for n, f in fns.items() if len(f) > 2}
+        _cache[path] = (mv, mm, ids)
+    return _cache[path][:2]
+
+
+def id_tables(path: str) -> dict:
+    """The types with a mul_mat_id kernel on a SIMD path: ggml type id -> fn(w, xp, out, r0, r1, rows)
+    (families list it as an optional third element)."""
+    tables(path)
+    return _cache[path][2]

@@ -1,13 +1,13 @@
 """Float weights (F32, F16, BF16) as explicit SIMD (ggml-cpu vec.cpp / llamafile sgemm orders).
 
-F16 follows ggml's AVX-512 orders exactly; F32 and BF16 use 4 accumulators of 8 lanes.
+F16 and F32 follow ggml's AVX-512 orders exactly; BF16 uses 4 accumulators of 8 lanes.
 """
 from __future__ import annotations
 
 import numba
 import numpy as np
 
-from ..intrinsics import (bf16_to_f32, f16_to_f32, f_zero, f_add, fma_f, hsum_f, load_bf16x8, load_f16x8, load_f32x8)
+from ..intrinsics import (bf16_to_f32, f16_to_f32, f_zero, f_add, fma_f, fma_s, hsum_f, load_bf16x8, load_f16x8, load_f32x8)
 
 _NB = dict(nogil=True, cache=True)
 f32 = np.float32
@@ -191,7 +191,68 @@ def kernels(mode: int) -> dict:
             c += 1
 
     f16_matvec = rowwise(dot16_vec, dot16_tiny)[0]
-    return dict(F32=build(load_f32x8, 4, _f32_at), F16=(f16_matvec, f16_matmat),
+
+    # F32 in ggml's AVX-512 orders (the structure of F16's, products rounded by the FMAs): one column
+    # = ggml_vec_dot_f32 (4 accumulators x 16 lanes over steps of 64, (0+2)+(1+3), GCC's
+    # _mm512_reduce_add_ps tree, leftovers k % 64 accumulated in f32); >= 2 columns = llamafile's
+    # tinyBLAS<16> when k % 16 == 0 and the weight's rows % 4 == 0 (16 lanes in order, the same tree),
+    # else ggml's vec_dot per column.  (The router's ffn_gate_inp of a mixture of experts.)
+    @numba.njit(inline="always")
+    def dot32_vec(w, o, x, xo, k):
+        a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
+        a4 = f_zero(); a5 = f_zero(); a6 = f_zero(); a7 = f_zero()
+        j = 0
+        while j + 64 <= k:
+            a0 = fma_f(a0, load_f32x8(w, o + j * 4), load_f32x8(x, xo + j))
+            a1 = fma_f(a1, load_f32x8(w, o + (j + 8) * 4), load_f32x8(x, xo + j + 8))
+            a2 = fma_f(a2, load_f32x8(w, o + (j + 16) * 4), load_f32x8(x, xo + j + 16))
+            a3 = fma_f(a3, load_f32x8(w, o + (j + 24) * 4), load_f32x8(x, xo + j + 24))
+            a4 = fma_f(a4, load_f32x8(w, o + (j + 32) * 4), load_f32x8(x, xo + j + 32))
+            a5 = fma_f(a5, load_f32x8(w, o + (j + 40) * 4), load_f32x8(x, xo + j + 40))
+            a6 = fma_f(a6, load_f32x8(w, o + (j + 48) * 4), load_f32x8(x, xo + j + 48))
+            a7 = fma_f(a7, load_f32x8(w, o + (j + 56) * 4), load_f32x8(x, xo + j + 56))
+            j += 64
+        lo = f_add(f_add(a0, a4), f_add(a2, a6))
+        hi = f_add(f_add(a1, a5), f_add(a3, a7))
+        s = red16(lo, hi)
+        while j < k:
+            s = fma_s(_f32_at(w, o + j * 4), x[xo + j], s)
+            j += 1
+        return s
+
+    @numba.njit(inline="always")
+    def dot32_tiny(w, o, x, xo, k):
+        lo = f_zero(); hi = f_zero()
+        j = 0
+        while j < k:
+            lo = fma_f(lo, load_f32x8(w, o + j * 4), load_f32x8(x, xo + j))
+            hi = fma_f(hi, load_f32x8(w, o + (j + 8) * 4), load_f32x8(x, xo + j + 8))
+            j += 16
+        return red16(lo, hi)
+
+    @numba.njit(**_NB)
+    def f32_matvec(w, xp, out, r0, r1):
+        x = xp[0]
+        k = x.shape[0]
+        rb = w.shape[1]
+        for i in range(r0, r1):
+            out[i] = dot32_vec(w, i * rb, x, 0, k)
+
+    @numba.njit(**_NB)
+    def f32_matmat(w, xp, out, r0, r1):
+        x = xp[0]
+        n, k = x.shape
+        xf = x.reshape(-1)
+        rb = w.shape[1]
+        tiny = n >= 2 and k % 16 == 0 and w.shape[0] % 4 == 0
+        for i in range(r0, r1):
+            for c in range(n):
+                if tiny:
+                    out[c, i] = dot32_tiny(w, i * rb, xf, c * k, k)
+                else:
+                    out[c, i] = dot32_vec(w, i * rb, xf, c * k, k)
+
+    return dict(F32=(f32_matvec, f32_matmat), F16=(f16_matvec, f16_matmat),
                 BF16=build(load_bf16x8, 2, _bf16_at))
 
 

@@ -65,6 +65,52 @@ def kernels(mode: int) -> dict:
         return acc, mins_dot(ml, mh, xb, bo)
 
     @numba.njit(inline="always")
+    def k4_tiled(a, l, summ, dw, dm, dx):
+        """ggml's tiled mul_mat (Q4_K/Q5_K: HAS_MIN, no bias), one super-block of one output:
+        r = f32(S) * d_w; r = fma(-dmin, f32(M), r) (vfnmadd); out = fma(r, d_x, out) (GCC contracts
+        the source's mul + add)."""
+        r = f32(hsum_i(l)) * dw
+        r = fma_s(-dm, f32(summ), r)
+        return fma_s(r, dx, a)
+
+    @numba.njit(inline="always")
+    def k4_vmins(v0, v1, v2, v3, ml, mh, xb, bo, dmn):
+        """ggml_vec_dot_q4_K_q8_K's mins: 4 f32 lanes, lane l += dmn * f32(m_2l * bs_2l + m_2l+1 * bs_2l+1)
+        (bs_j the bsum of 32-element sub-block j; dmn = -d_x * dmin; vfmadd)."""
+        f = np.uint32(0xFF)
+        l0 = np.int32(ml & f) * (xb[bo] + xb[bo + 1]) + np.int32((ml >> np.uint32(8)) & f) * (xb[bo + 2] + xb[bo + 3])
+        l1 = (np.int32((ml >> np.uint32(16)) & f) * (xb[bo + 4] + xb[bo + 5])
+              + np.int32(ml >> np.uint32(24)) * (xb[bo + 6] + xb[bo + 7]))
+        l2 = np.int32(mh & f) * (xb[bo + 8] + xb[bo + 9]) + np.int32((mh >> np.uint32(8)) & f) * (xb[bo + 10] + xb[bo + 11])
+        l3 = (np.int32((mh >> np.uint32(16)) & f) * (xb[bo + 12] + xb[bo + 13])
+              + np.int32(mh >> np.uint32(24)) * (xb[bo + 14] + xb[bo + 15]))
+        return (fma_s(dmn, f32(l0), v0), fma_s(dmn, f32(l1), v1), fma_s(dmn, f32(l2), v2),
+                fma_s(dmn, f32(l3), v3))
+
+    @numba.njit(inline="always")
+    def q4_K_vec(wf, w, base, nb, xq, xo, xd, xb, xbo):
+        """ggml_vec_dot_q4_K_q8_K (AVX2) of one row: scaled lanes fma(d_x * d_w, f32(lanes), acc) in
+        8 f32 lanes, mins in 4 (k4_vmins); hsum_float_8(acc) + ((m0 + m2) + (m1 + m3))."""
+        acc = f_zero()
+        v0 = f32(0.0); v1 = f32(0.0); v2 = f32(0.0); v3 = f32(0.0)
+        for b in range(nb):
+            o = base + b * 144
+            sl, sh, ml, mh = _k4_scales(wf, o + 4)
+            sv = scales_k4(sl, sh, ml, mh)
+            xb0 = xo + b * 256
+            lo, hi = q4_K_unpack(wf, o, 0)
+            l = k4_pair(i_zero(), lo, hi, xq, xb0, sv, 0, 1)
+            lo, hi = q4_K_unpack(wf, o, 1)
+            l = k4_pair(l, lo, hi, xq, xb0 + 64, sv, 2, 3)
+            lo, hi = q4_K_unpack(wf, o, 2)
+            l = k4_pair(l, lo, hi, xq, xb0 + 128, sv, 4, 5)
+            lo, hi = q4_K_unpack(wf, o, 3)
+            l = k4_pair(l, lo, hi, xq, xb0 + 192, sv, 6, 7)
+            acc = fmadd_i(acc, l, xd[b] * f16_to_f32(wf, o))
+            v0, v1, v2, v3 = k4_vmins(v0, v1, v2, v3, ml, mh, xb, xbo + b * 16, -(xd[b] * f16_to_f32(wf, o + 2)))
+        return hsum_f(acc) + ((v0 + v2) + (v1 + v3))
+
+    @numba.njit(inline="always")
     def q5_K_dot(wf, o, xq, xo, xd, xb, bo):
         sl, sh, ml, mh = _k4_scales(wf, o + 4)
         sv = scales_k4(sl, sh, ml, mh)
@@ -123,6 +169,10 @@ def kernels(mode: int) -> dict:
         nb = xd.shape[0]
         rb = w.shape[1]
         wf = w.reshape(-1)
+        if w.shape[0] % 8:  # not repacked by llama.cpp: ggml_vec_dot_q4_K_q8_K
+            for i in range(r0, r1):
+                out[i] = q4_K_vec(wf, w, i * rb, nb, xq, 0, xd, xb, 0)
+            return
         for i in range(r0, r1):
             acc = f32(0.0)
             accm = f32(0.0)
@@ -176,6 +226,37 @@ def kernels(mode: int) -> dict:
     # ---- matmat: column tiles of 4 outermost (the tile's activations stay in L1), then rows; each
     # super-block is unpacked once per row and used for the 4 columns.  Per column the integer
     # lanes (exact) and the f32 accumulation order are those of the single-column loop below.
+    # llama.cpp's order for Q5_K (never repacked on x86) and for a Q4_K weight it does not repack
+    # (rows % 8 != 0): from 8 columns on ggml's tiled matmul (k4_tiled), below 8 the type's vec_dot.
+    @numba.njit(inline="always")
+    def k4_col(a, mm, v0, v1, v2, v3, l, ml, mh, xb, bo, dw, dm, dx, q5, tiled):
+        """One super-block of one column into its accumulators in the order of the chosen kernel."""
+        if tiled:
+            return a, k4_tiled(mm, l, mins_dot(ml, mh, xb, bo), dw, dm, dx), v0, v1, v2, v3
+        a = fmadd_i(a, l, dw * dx) if q5 else fmadd_i(a, l, dx * dw)
+        if q5:
+            return a, mm + (dm * dx) * f32(mins_dot(ml, mh, xb, bo)), v0, v1, v2, v3
+        v0, v1, v2, v3 = k4_vmins(v0, v1, v2, v3, ml, mh, xb, bo, -(dx * dm))
+        return a, mm, v0, v1, v2, v3
+
+    @numba.njit(inline="always")
+    def k4_pairs4(l0, l1, l2, l3, lo, hi, xf, xo, k, sv, j0, j1, four):
+        """Sub-blocks j0, j1 (unpacked once) of the tile's first column, or of its four."""
+        l0 = k4_pair(l0, lo, hi, xf, xo, sv, j0, j1)
+        if four:
+            l1 = k4_pair(l1, lo, hi, xf, xo + k, sv, j0, j1)
+            l2 = k4_pair(l2, lo, hi, xf, xo + 2 * k, sv, j0, j1)
+            l3 = k4_pair(l3, lo, hi, xf, xo + 3 * k, sv, j0, j1)
+        return l0, l1, l2, l3
+
+    @numba.njit(inline="always")
+    def k4_result(a, mm, v0, v1, v2, v3, q5, tiled):
+        if tiled:
+            return mm
+        if q5:
+            return hsum_f(a) - mm
+        return hsum_f(a) + ((v0 + v2) + (v1 + v3))
+
     def make_k4_matmat(q5, bsz):
         @numba.njit(**_NB)
         def matmat(w, xp, out, r0, r1):
@@ -188,71 +269,54 @@ def kernels(mode: int) -> dict:
             wf = w.reshape(-1)
             xf = xq.reshape(-1)
             xbf = xb.reshape(-1)
+            tiled = n >= 8
             c = 0
-            while c + 4 <= n:
+            while c < n:
+                four = c + 4 <= n
                 for i in range(r0, r1):
                     a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
                     m0 = f32(0.0); m1 = f32(0.0); m2 = f32(0.0); m3 = f32(0.0)
+                    v00 = f32(0.0); v01 = f32(0.0); v02 = f32(0.0); v03 = f32(0.0)
+                    v10 = f32(0.0); v11 = f32(0.0); v12 = f32(0.0); v13 = f32(0.0)
+                    v20 = f32(0.0); v21 = f32(0.0); v22 = f32(0.0); v23 = f32(0.0)
+                    v30 = f32(0.0); v31 = f32(0.0); v32 = f32(0.0); v33 = f32(0.0)
                     for b in range(nb):
                         o = i * rb + b * bsz
                         sl, sh, ml, mh = _k4_scales(wf, o + 4)
                         sv = scales_k4(sl, sh, ml, mh)
                         qh = load_b32(wf, o + 16)  # (Q5_K's high bits; unused for Q4_K)
                         xo = c * k + b * 256
+                        l0 = i_zero(); l1 = i_zero(); l2 = i_zero(); l3 = i_zero()
                         lo, hi = q5_K_unpack(wf, o, qh, 0) if q5 else q4_K_unpack(wf, o, 0)
-                        l0 = k4_pair(i_zero(), lo, hi, xf, xo, sv, 0, 1)
-                        l1 = k4_pair(i_zero(), lo, hi, xf, xo + k, sv, 0, 1)
-                        l2 = k4_pair(i_zero(), lo, hi, xf, xo + 2 * k, sv, 0, 1)
-                        l3 = k4_pair(i_zero(), lo, hi, xf, xo + 3 * k, sv, 0, 1)
+                        l0, l1, l2, l3 = k4_pairs4(l0, l1, l2, l3, lo, hi, xf, xo, k, sv, 0, 1, four)
                         lo, hi = q5_K_unpack(wf, o, qh, 1) if q5 else q4_K_unpack(wf, o, 1)
-                        l0 = k4_pair(l0, lo, hi, xf, xo + 64, sv, 2, 3)
-                        l1 = k4_pair(l1, lo, hi, xf, xo + 64 + k, sv, 2, 3)
-                        l2 = k4_pair(l2, lo, hi, xf, xo + 64 + 2 * k, sv, 2, 3)
-                        l3 = k4_pair(l3, lo, hi, xf, xo + 64 + 3 * k, sv, 2, 3)
+                        l0, l1, l2, l3 = k4_pairs4(l0, l1, l2, l3, lo, hi, xf, xo + 64, k, sv, 2, 3, four)
                         lo, hi = q5_K_unpack(wf, o, qh, 2) if q5 else q4_K_unpack(wf, o, 2)
-                        l0 = k4_pair(l0, lo, hi, xf, xo + 128, sv, 4, 5)
-                        l1 = k4_pair(l1, lo, hi, xf, xo + 128 + k, sv, 4, 5)
-                        l2 = k4_pair(l2, lo, hi, xf, xo + 128 + 2 * k, sv, 4, 5)
-                        l3 = k4_pair(l3, lo, hi, xf, xo + 128 + 3 * k, sv, 4, 5)
+                        l0, l1, l2, l3 = k4_pairs4(l0, l1, l2, l3, lo, hi, xf, xo + 128, k, sv, 4, 5, four)
                         lo, hi = q5_K_unpack(wf, o, qh, 3) if q5 else q4_K_unpack(wf, o, 3)
-                        l0 = k4_pair(l0, lo, hi, xf, xo + 192, sv, 6, 7)
-                        l1 = k4_pair(l1, lo, hi, xf, xo + 192 + k, sv, 6, 7)
-                        l2 = k4_pair(l2, lo, hi, xf, xo + 192 + 2 * k, sv, 6, 7)
-                        l3 = k4_pair(l3, lo, hi, xf, xo + 192 + 3 * k, sv, 6, 7)
+                        l0, l1, l2, l3 = k4_pairs4(l0, l1, l2, l3, lo, hi, xf, xo + 192, k, sv, 6, 7, four)
                         dw = f16_to_f32(w, o)
                         dm = f16_to_f32(w, o + 2)
                         bo = c * k16 + b * 16
-                        a0 = fmadd_i(a0, l0, dw * xd[c, b])
-                        m0 += (dm * xd[c, b]) * f32(mins_dot(ml, mh, xbf, bo))
-                        a1 = fmadd_i(a1, l1, dw * xd[c + 1, b])
-                        m1 += (dm * xd[c + 1, b]) * f32(mins_dot(ml, mh, xbf, bo + k16))
-                        a2 = fmadd_i(a2, l2, dw * xd[c + 2, b])
-                        m2 += (dm * xd[c + 2, b]) * f32(mins_dot(ml, mh, xbf, bo + 2 * k16))
-                        a3 = fmadd_i(a3, l3, dw * xd[c + 3, b])
-                        m3 += (dm * xd[c + 3, b]) * f32(mins_dot(ml, mh, xbf, bo + 3 * k16))
-                    out[c, i] = hsum_f(a0) - m0
-                    out[c + 1, i] = hsum_f(a1) - m1
-                    out[c + 2, i] = hsum_f(a2) - m2
-                    out[c + 3, i] = hsum_f(a3) - m3
-                c += 4
-            while c < n:
-                xqc = xq[c]; xbc = xb[c]
-                for i in range(r0, r1):
-                    acc = f_zero()
-                    accm = f32(0.0)
-                    for b in range(nb):
-                        o = i * rb + b * bsz
-                        if q5:
-                            lanes, summ = q5_K_dot(wf, o, xqc, b * 256, xd, xbc, b * 16)
-                        else:
-                            lanes, summ = q4_K_dot(wf, o, xqc, b * 256, xd, xbc, b * 16)
-                        acc = fmadd_i(acc, lanes, f16_to_f32(w, o) * xd[c, b])
-                        accm += (f16_to_f32(w, o + 2) * xd[c, b]) * f32(summ)
-                    out[c, i] = hsum_f(acc) - accm
-                c += 1
+                        a0, m0, v00, v01, v02, v03 = k4_col(a0, m0, v00, v01, v02, v03, l0, ml, mh, xbf, bo,
+                                                            dw, dm, xd[c, b], q5, tiled)
+                        if four:
+                            a1, m1, v10, v11, v12, v13 = k4_col(a1, m1, v10, v11, v12, v13, l1, ml, mh, xbf, bo + k16,
+                                                                dw, dm, xd[c + 1, b], q5, tiled)
+                            a2, m2, v20, v21, v22, v23 = k4_col(a2, m2, v20, v21, v22, v23, l2, ml, mh, xbf, bo + 2 * k16,
+                                                                dw, dm, xd[c + 2, b], q5, tiled)
+                            a3, m3, v30, v31, v32, v33 = k4_col(a3, m3, v30, v31, v32, v33, l3, ml, mh, xbf, bo + 3 * k16,
+                                                                dw, dm, xd[c + 3, b], q5, tiled)
+                    out[c, i] = k4_result(a0, m0, v00, v01, v02, v03, q5, tiled)
+                    if four:
+                        out[c + 1, i] = k4_result(a1, m1, v10, v11, v12, v13, q5, tiled)
+                        out[c + 2, i] = k4_result(a2, m2, v20, v21, v22, v23, q5, tiled)
+                        out[c + 3, i] = k4_result(a3, m3, v30, v31, v32, v33, q5, tiled)
+                c += 4 if four else 1
         return matmat
 
     q5_K_matmat = make_k4_matmat(True, 176)
+    q4_K_plain_matmat = make_k4_matmat(False, 144)
 
     # Q6_K matmat in llama.cpp's orders: fewer than 8 columns -> ggml_vec_dot_q6_K_q8_K per column (f32x8
     # lanes, as matvec); 8 or more -> the tiled matmul: per column one scalar chain over super-blocks,
@@ -395,12 +459,17 @@ def kernels(mode: int) -> dict:
     @numba.njit(**_NB)
     def q4_K_gemv_rows(w, xp, out, r0, r1):
         """Gemv-order columns of rows r0..r1-1: the last n % 4, or all of them when n < 4."""
+        n = xp[0].shape[0]
+        q4_K_gemv_cols(w, xp, out, r0, r1, n - n % 4 if n >= 4 else 0)
+
+    @numba.njit(**_NB)
+    def q4_K_gemv_cols(w, xp, out, r0, r1, c):
+        """Gemv-order columns [c, n) of rows r0..r1-1, one row and column at a time."""
         xq, xd, xb = xp
         n = xq.shape[0]
         nb = xd.shape[1]
         rb = w.shape[1]
         wf = w.reshape(-1)
-        c = n - n % 4 if n >= 4 else 0
         while c < n:
             xqc = xq[c]; xbc = xb[c]
             for i in range(r0, r1):
@@ -419,6 +488,9 @@ def kernels(mode: int) -> dict:
     @numba.njit(**_NB)
     def q4_K_matmat(w, xp, out, r0, r1):
         n = xp[0].shape[0]
+        if w.shape[0] % 8:  # not repacked by llama.cpp: tiled matmul (n >= 8) or vec_dot
+            q4_K_plain_matmat(w, xp, out, r0, r1)
+            return
         r8 = r0 + (r1 - r0) // 8 * 8
         if n >= REGROUP_COLUMNS:
             q4_K_gemm_rows8(w, xp, out, r0, r8)
@@ -426,6 +498,26 @@ def kernels(mode: int) -> dict:
         elif n >= 4:
             q4_K_gemm_rows(w, xp, out, r0, r1)
         q4_K_gemv_rows(w, xp, out, r0, r1)
+
+    # ---- mul_mat_id (the tokens routed to one expert, prepared rows gathered): ggml-cpu's order per
+    # (row, token).  A repacked Q4_K expert (rows % 8 == 0) runs ggml_gemv_q4_K_8x8_q8_K once per token
+    # (repack.cpp forward_mul_mat_id): q4_K_gemv_rows8 computes those outputs for all tokens at once.
+    # Otherwise ggml_compute_forward_mul_mat_id: the tiled matmul for an expert with >= 8 tokens, else
+    # vec_dot per (row, token) -- what the plain matmat does for that many columns.
+    q4_K_gemv_rows8_all = repack.q4_K_gemv_rows8(mode)
+
+    @numba.njit(**_NB)
+    def q4_K_id(w, xp, out, r0, r1, rows):
+        if rows % 8:
+            q4_K_plain_matmat(w, xp, out, r0, r1)
+            return
+        r8 = r0 + (r1 - r0) // 8 * 8
+        q4_K_gemv_rows8_all(w, xp, out, r0, r8)
+        q4_K_gemv_cols(w, xp, out, r8, r1, 0)
+
+    @numba.njit(**_NB)
+    def q5_K_id(w, xp, out, r0, r1, rows):
+        q5_K_matmat(w, xp, out, r0, r1)
 
     q6_K_tiled_rows8 = repack.q6_K_rows8(mode)
 
@@ -437,6 +529,10 @@ def kernels(mode: int) -> dict:
             q6_K_matmat_rows(w, xp, out, r8, r1)
         else:
             q6_K_matmat_rows(w, xp, out, r0, r1)
+
+    @numba.njit(**_NB)
+    def q6_K_id(w, xp, out, r0, r1, rows):
+        q6_K_matmat(w, xp, out, r0, r1)
 
     # ---- Q3_K: never repacked nor taken by llamafile's sgemm on x86, so every output is
     # ggml_vec_dot_q3_K_q8_K (AVX2): per super-block exact i32 lanes (lane l: elements 4l..4l+3 of each
@@ -577,6 +673,6 @@ def kernels(mode: int) -> dict:
                 else:
                     out[c, i] = q2_K_gemv(wf, i * rb, nb, xf, c * k, xd[c], xbf, c * k16)
 
-    return dict(Q2_K=(q2_K_matvec, q2_K_matmat), Q3_K=(q3_K_matvec, q3_K_matmat), Q4_K=(q4_K_matvec, q4_K_matmat), Q5_K=(q5_K_matvec, q5_K_matmat),
-                Q6_K=(q6_K_matvec, q6_K_matmat))
+    return dict(Q2_K=(q2_K_matvec, q2_K_matmat), Q3_K=(q3_K_matvec, q3_K_matmat), Q4_K=(q4_K_matvec, q4_K_matmat, q4_K_id), Q5_K=(q5_K_matvec, q5_K_matmat, q5_K_id),
+                Q6_K=(q6_K_matvec, q6_K_matmat, q6_K_id))
 

@@ -197,6 +197,24 @@ def kernels(mode: int) -> dict:
     q4_1_matmat = make_min_matmat(q4_1_lanes, 20)
     q5_1_matmat = make_min_matmat(q5_1_lanes, 24)
 
-    return dict(Q8_0=(q8_0_matvec, q8_0_matmat), Q4_0=(q4_0_matvec, q4_0_matmat),
-                Q5_0=(q5_0_matvec, q5_0_matmat), Q4_1=(q4_1_matvec, q4_1_matmat),
+    # mul_mat_id (one expert's gathered tokens): ggml-cpu runs vec_dot per (row, token), or the repacked
+    # gemv per token for Q4_0 (rows % 8 == 0); the prompt products above give every column exactly that
+    # order (tinyBLAS's per-column chain is vec_dot's; the q4_0_8x8 gemm's is the gemv's)
+    @numba.njit(**_NB)
+    def q8_0_id(w, xp, out, r0, r1, rows):
+        q8_0_matmat(w, xp, out, r0, r1)
+
+    @numba.njit(**_NB)
+    def q5_0_id(w, xp, out, r0, r1, rows):
+        q5_0_matmat(w, xp, out, r0, r1)
+
+    @numba.njit(**_NB)
+    def q4_0_id(w, xp, out, r0, r1, rows):
+        if rows % 8 == 0:
+            q4_0_rep_matmat(w, xp, out, r0, r1)
+        else:
+            q4_0_tiled_matmat(w, xp, out, r0, r1)
+
+    return dict(Q8_0=(q8_0_matvec, q8_0_matmat, q8_0_id), Q4_0=(q4_0_matvec, q4_0_matmat, q4_0_id),
+                Q5_0=(q5_0_matvec, q5_0_matmat, q5_0_id), Q4_1=(q4_1_matvec, q4_1_matmat),
                 Q5_1=(q5_1_matvec, q5_1_matmat))

@@ -175,6 +175,8 @@ def _repack_q4_K(w, r0, ng, nb):
     dw, dm [group, block, row] the f16 d and dmin as float32."""
     rb = w.shape[1]
     wf = w.reshape(-1)
+    w32 = wf.view(np.uint32)  # (row bytes 144 * nb: whole words)
+    rw = rb // 4
     qt = np.empty(ng * nb * 2048, np.uint8)
     q32 = qt.view(np.uint32)
     sc = np.empty(ng * nb * 64, np.int32)
@@ -197,11 +199,17 @@ def _repack_q4_K(w, r0, ng, nb):
                 mn[(gb * 4 + 1) * 8 + r] = np.int32(((ml >> np.uint32(16)) & np.uint32(0xFF)) | ((ml >> np.uint32(24)) << np.uint32(16)))
                 mn[(gb * 4 + 2) * 8 + r] = np.int32((mh & np.uint32(0xFF)) | ((mh & np.uint32(0xFF00)) << np.uint32(8)))
                 mn[(gb * 4 + 3) * 8 + r] = np.int32(((mh >> np.uint32(16)) & np.uint32(0xFF)) | ((mh >> np.uint32(24)) << np.uint32(16)))
-                for p in range(4):
-                    for e in range(8):
-                        u = ld_u32(wf, o + 16 + 32 * p + 4 * e)
-                        q32[((gb * 8 + 2 * p) * 8 + e) * 8 + r] = u & lo4
-                        q32[((gb * 8 + 2 * p + 1) * 8 + e) * 8 + r] = (u >> np.uint32(4)) & lo4
+            # quants: for each 4-byte chunk (p, e) the 8 rows' words side by side (contiguous stores;
+            # the strided loads are the rows' 32 words of the block, read once)
+            w0 = ((r0 + 8 * g) * rb + b * 144 + 16) // 4
+            for p in range(4):
+                d0 = (gb * 8 + 2 * p) * 64
+                for e in range(8):
+                    src = w0 + 8 * p + e
+                    for r in range(8):
+                        u = w32[src + r * rw]
+                        q32[d0 + e * 8 + r] = u & lo4
+                        q32[d0 + 64 + e * 8 + r] = (u >> np.uint32(4)) & lo4
     return qt, sc, mn, dw, dm
 
 
@@ -292,6 +300,95 @@ def q4_K_rows8(mode):
                 put_rows8(out, c + 2, i, a2, m2); put_rows8(out, c + 3, i, a3, m3)
 
     return q4_K_gemm_rows8
+
+
+def q4_K_gemv_rows8(mode):
+    """ggml_gemv_q4_K_8x8_q8_K's order for many columns at once, over groups of 8 rows in lanes.
+
+    llama.cpp's repacked mul_mat_id runs the gemv once per routed token; per output (row, token) it is
+    one f32 chain per super-block: acc = fma(f32(S_b), d_w * d_x, acc), accm = fma(f32(M_b), dmin * d_x,
+    accm), out = acc - accm, with S_b = sum_j sc_j * dot_j and M_b = sum_j m_j * bsum_j exact.  Here the
+    8 rows of a group are the lanes (``_repack_q4_K``, once per call) and 4 columns share each weight
+    load, so the weights are unpacked once for all tokens of a call; the per-lane float operations are
+    exactly the gemv's (the single-column ``q4_K_matvec``)."""
+    @numba.njit(inline="always")
+    def sub2(d0, d1, w0, w1, xq, xo):
+        return dot_us(mode, d0, w0, bcast_b4(xq, xo)), dot_us(mode, d1, w1, bcast_b4(xq, xo + 32))
+
+    @numba.njit(inline="always")
+    def pair(s, m, d0, d1, s0, s1, mp, bs, bo):
+        """Exact integer sums of one pair of sub-blocks added to the block's S and M (8 rows)."""
+        return i_add(s, i_add(i_mul(d0, s0), i_mul(d1, s1))), madd16(mode, m, mp, bcast_i32(bs, bo))
+
+    @numba.njit(inline="always")
+    def fmas(acc, accm, s, m, dv, mv, dx):
+        return fmadd_v(acc, s, f_scale(dv, dx)), fmadd_v(accm, m, f_scale(mv, dx))
+
+    @numba.njit(inline="always")
+    def put(out, c, i, acc, accm):
+        r = f_sub(acc, accm)
+        for q in range(8):
+            out[c, i + q] = f_lane(r, q)
+
+    @numba.njit(**_NB)
+    def gemv_rows8(w, xp, out, r0, r1):
+        """All columns of rows r0..r1-1 ((r1 - r0) % 8 == 0), gemv order per output."""
+        xq, xd, xb = xp
+        n = xq.shape[0]
+        nb = xd.shape[1]
+        k = xq.shape[1]
+        ng = (r1 - r0) // 8
+        if ng == 0 or n == 0:
+            return
+        qt, sc, mn, dw, dm = _repack_q4_K(w, r0, ng, nb)
+        bs = _bsum_pairs(xb, nb)
+        xf = xq.reshape(-1)
+        c = 0
+        while c < n:
+            four = c + 4 <= n
+            for g in range(ng):
+                a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
+                m0 = f_zero(); m1 = f_zero(); m2 = f_zero(); m3 = f_zero()
+                for b in range(nb):
+                    gb = g * nb + b
+                    S0 = i_zero(); S1 = i_zero(); S2 = i_zero(); S3 = i_zero()
+                    M0 = i_zero(); M1 = i_zero(); M2 = i_zero(); M3 = i_zero()
+                    for p in range(4):
+                        d00 = i_zero(); d01 = i_zero(); d02 = i_zero(); d03 = i_zero()
+                        d10 = i_zero(); d11 = i_zero(); d12 = i_zero(); d13 = i_zero()
+                        wo = (gb * 8 + 2 * p) * 256
+                        xo = c * k + b * 256 + 64 * p
+                        for e in range(8):
+                            w0 = load_b32(qt, wo + 32 * e)
+                            w1 = load_b32(qt, wo + 256 + 32 * e)
+                            d00, d10 = sub2(d00, d10, w0, w1, xf, xo + 4 * e)
+                            if four:
+                                d01, d11 = sub2(d01, d11, w0, w1, xf, xo + k + 4 * e)
+                                d02, d12 = sub2(d02, d12, w0, w1, xf, xo + 2 * k + 4 * e)
+                                d03, d13 = sub2(d03, d13, w0, w1, xf, xo + 3 * k + 4 * e)
+                        s0 = load_i8(sc, (gb * 8 + 2 * p) * 8)
+                        s1 = load_i8(sc, (gb * 8 + 2 * p + 1) * 8)
+                        mp = load_i8(mn, (gb * 4 + p) * 8)
+                        bo = (c * nb + b) * 4 + p
+                        S0, M0 = pair(S0, M0, d00, d10, s0, s1, mp, bs, bo)
+                        if four:
+                            S1, M1 = pair(S1, M1, d01, d11, s0, s1, mp, bs, bo + nb * 4)
+                            S2, M2 = pair(S2, M2, d02, d12, s0, s1, mp, bs, bo + nb * 8)
+                            S3, M3 = pair(S3, M3, d03, d13, s0, s1, mp, bs, bo + nb * 12)
+                    dv = load_f32x8(dw, gb * 8)
+                    mv = load_f32x8(dm, gb * 8)
+                    a0, m0 = fmas(a0, m0, S0, M0, dv, mv, xd[c, b])
+                    if four:
+                        a1, m1 = fmas(a1, m1, S1, M1, dv, mv, xd[c + 1, b])
+                        a2, m2 = fmas(a2, m2, S2, M2, dv, mv, xd[c + 2, b])
+                        a3, m3 = fmas(a3, m3, S3, M3, dv, mv, xd[c + 3, b])
+                i = r0 + 8 * g
+                put(out, c, i, a0, m0)
+                if four:
+                    put(out, c + 1, i, a1, m1); put(out, c + 2, i, a2, m2); put(out, c + 3, i, a3, m3)
+            c += 4 if four else 1
+
+    return gemv_rows8
 
 
 # ============================================================================= Q6_K rows in lanes
