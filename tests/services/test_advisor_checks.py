@@ -197,3 +197,15 @@ def test_advice_panel_shows_each_warning_with_its_fix():
     view = AdviceView(machine="SIMULATED snc-2x2", warnings=tuple((w.level, w.message, w.fix) for w in adv.warnings))
     text = advice_view(view, None).plain
     assert "warning: 4 NUMA nodes with CPUs on 2 sockets" in text and "fix: prefer slice" in text
+
+
+def test_advise_on_this_machine_checks_the_model_files_page_cache(tmp_path, tiny_model):
+    cache = str(tmp_path / "cache")
+    Path(tiny_model).read_bytes()
+    r = numawb("advise", "-m", tiny_model, "--no-measure", "--json", cache=cache)
+    assert r.returncode == 0, r.stderr
+    ws = {w["code"]: w for w in json.loads(r.stdout)["warnings"]}
+    assert "page-cache-warm" in ws and os.path.basename(tiny_model) in ws["page-cache-warm"]["message"]
+    _cold(Path(tiny_model))
+    r = numawb("advise", "-m", tiny_model, "--no-measure", "--json", cache=cache)
+    assert not [w for w in json.loads(r.stdout)["warnings"] if w["code"].startswith("page-cache")]

