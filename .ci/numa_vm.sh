@@ -11,7 +11,7 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PY="${PYTHON:-$(command -v python3)}"
 PY="$("$PY" -c 'import sys; print(sys.executable)')"   # absolute, usable inside the guest
 export PATH="$(dirname "$PY"):$PATH"   # vng and the virtme-run it calls live next to the interpreter
-GUEST_TIMEOUT="${NUMA_VM_TIMEOUT:-420}"
+GUEST_TIMEOUT="${NUMA_VM_TIMEOUT:-900}"   # the advisor tests add ~3 min per guest (probe + advise, emulated)
 
 need_install=0
 command -v vng >/dev/null 2>&1 || need_install=1

@@ -892,7 +892,8 @@ class WorkbenchApp(App[int]):
             current_fits=cur.fits if cur is not None else True,
             best=mode_label(best.weights, best.kv, best.threads, best.policy) if best is not None else "",
             best_tps=best.predicted_decode_tps if best is not None else None, reason=adv.reason,
-            whatif=self.advice_view.whatif, status="; ".join(adv.notes[:1]))
+            whatif=self.advice_view.whatif, status="; ".join(adv.notes[:1]),
+            warnings=tuple((w.level, w.message, w.fix) for w in adv.warnings))
         self.record("advice.done", path=path, what_if=False, current=cur.to_json() if cur else None,
                     recommended=best.to_json() if best else None, reason=adv.reason)
         self.advice, self.advice_current = adv, cur

@@ -728,6 +728,9 @@ async def test_advice_panel_predicts_current_and_best_mode_and_a_what_if(tiny, t
         text = app.dashboard.query_one("#advice-text").render().plain
         assert f"predicted {cur.predicted_decode_tps:,.1f} t/s · measured {measured:,.1f} t/s" in text
         assert "best mode: weights" in text
+        # the fixture machine has automatic NUMA balancing on: a warning with its fix
+        assert [w for w in v.warnings if w[0] == "warn" and "NUMA balancing is on" in w[1]]
+        assert "warning: automatic NUMA balancing is on" in text and "fix: echo 0 > /proc/sys/kernel" in text
         # a switch: "this mode" follows the placement in force
         assert app.request_switch(weights="interleave")
         await until(pilot, lambda: not app.switching, 120)

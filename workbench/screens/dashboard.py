@@ -268,6 +268,7 @@ class AdviceView:
     best_tps: float | None = None
     reason: str = ""
     whatif: str = ""                       # another file's header: its model, best mode and rate
+    warnings: tuple[tuple[str, str, str], ...] = ()  # (level "warn" | "info", message, fix) from advise
 
 
 def advice_view(a: AdviceView, measured: float | None) -> RenderableType:
@@ -294,6 +295,11 @@ def advice_view(a: AdviceView, measured: float | None) -> RenderableType:
     if a.whatif:
         out.append("\nwhat-if: ", style="bold")
         out.append(a.whatif)
+    for level, message, fix in a.warnings:
+        warn = level == "warn"
+        out.append("\n" + ("warning: " if warn else "note: "), style="bold yellow" if warn else "bold")
+        out.append(message, style="yellow" if warn else "")
+        out.append(f"\n  fix: {fix}", style="dim")
     if a.status:
         out.append(("\n" if out.plain else "") + a.status, style="yellow" if not a.machine else "dim")
     if not out.plain:
