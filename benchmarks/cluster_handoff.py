@@ -84,7 +84,7 @@ def main() -> int:
                   .remote(n["NodeID"][:6]) for n in alive_nodes(ray)]
         ray.get([a.ping.remote() for a in actors], timeout=120)
         hidden = np.random.default_rng(0).standard_normal((1, args.n_embd)).astype(np.float32)
-        msg = {"sid": 1, "n_past": 100, "x": hidden, "sample": None, "want": True}
+        msg = {"rows": [(1, 100, 1)], "x": hidden, "pick": None, "want": True}
         res["message_bytes"] = len(pickle.dumps(msg, protocol=5))
         res["hidden_bytes_per_boundary"] = hidden.nbytes
         stages = list(range(1, len(actors) + 1))
@@ -123,6 +123,7 @@ def main() -> int:
             from workbench.cluster.pipeline import RayPipeline
             from workbench.engine import SamplingParams
             from workbench.engine.engine import Engine, Placement, default_model_path
+            from workbench.engine.generation import Picker
             path = args.model or default_model_path()
             pl = Placement(threads=args.threads)
             eng = Engine.load(path, placement=pl)
@@ -131,7 +132,7 @@ def main() -> int:
                 pipe.load()
                 res["n_embd"] = eng.cfg.n_embd
                 s = eng.new_session(1024)
-                greedy = (SamplingParams(temperature=0), [])
+                greedy = Picker(SamplingParams(temperature=0))
                 state = {"tok": pipe.eval([2, 651, 6037], greedy)}
                 s.eval([2, 651, 6037])
 
