@@ -185,7 +185,13 @@ class StageHost:
         stat = process_numastat(buffers)
         workers = eng.pool.check()
         p = eng.placement
-        return {"label": self.label, "layers": [eng.layers.start, eng.layers.stop],
+        from ..numa.budget import free_per_node
+        from ..numa.topology import format_cpulist, load_topology
+        topo = load_topology()
+        free = free_per_node(topo)
+        mem = {str(n.id): (int(n.mem_total), int(free.get(n.id, 0))) for n in topo.nodes}
+        cpus = {str(n.id): format_cpulist(list(n.cpus)) for n in topo.nodes}
+        return {"label": self.label, "path": eng.path, "mem": mem, "cpus": cpus, "layers": [eng.layers.start, eng.layers.stop],
                 "weights_mode": p.weights, "kv_mode": p.kv, "load_seconds": eng.load_seconds,
                 "proof": format_proof(proofs), "numastat": format_numastat(stat),
                 "nodes": {str(n): {k: v.get(n, 0) for k, v in stat.items()}
