@@ -259,7 +259,8 @@ def pipeline_snapshot(proofs: list[dict[str, Any]], seq: int = 0, now: float | N
                                  int(kinds.get("weights", 0)), int(kinds.get("kv", 0)), int(kinds.get("other", 0)),
                                  max(0, int(total) - int(free) - mine), (m[1] / m[0]) if m and m[0] else None, host))
         for w in p["workers"]:
-            workers.append(WorkerRow(w["index"], w["wanted_cpu"], w["wanted_node"], w["cpu"], w["node"], "",
+            workers.append(WorkerRow(w["index"], w["wanted_cpu"], w["wanted_node"], w["cpu"], w["node"],
+                                     f"layers {p['layers'][0]}..{p['layers'][1] - 1}",
                                      0.0, bool(w["misplaced"]), "pool", host))
     placement = {"weights": first.get("weights_mode", ""), "kv": first.get("kv_mode", ""),
                  "threads": len(workers), "policy": f"{len(proofs)} hosts"}
@@ -437,7 +438,9 @@ class Telemetry:
             t0 = time.perf_counter()
             self._seq += 1
             eng = self.engine
-            if self._fixture is not None:
+            if eng is not None and hasattr(eng, "proofs"):  # a pipeline over Ray hosts
+                snap = self._pipeline(eng)
+            elif self._fixture is not None:
                 snap = self._simulated(eng, self._fixture)
             else:
                 snap = self._live(eng)
@@ -453,6 +456,18 @@ class Telemetry:
                 snap, seq=self._seq, t=time.time() if now is None else now, rates=rates,
                 bandwidth=wb * cur if (cur and wb) else None, routing=routing, notes=notes,
                 serving=serving, requests=requests, sample_seconds=time.perf_counter() - t0)
+
+    def _pipeline(self, pipe: Any) -> Snapshot:
+        """Every host's own proof, grouped by host (`pipeline_snapshot`); a host that does not
+        answer leaves a note instead."""
+        from .errors import UserError
+        if not pipe.hosts:
+            return empty_snapshot()
+        try:
+            proofs = pipe.proofs()
+        except UserError as e:
+            return dataclasses.replace(empty_snapshot(), model=os.path.basename(pipe.path), notes=(str(e),))
+        return pipeline_snapshot(proofs, model=os.path.basename(pipe.path))
 
     @staticmethod
     def _routing(eng: Any) -> RoutingInfo | None:

@@ -460,12 +460,12 @@ class RayPipeline:
     def tokens(self, value: list[int]) -> None:
         self.default.tokens = list(value)
 
-    def eval(self, ids: Sequence[int], picker: Any) -> int:
-        """Append tokens to every stage's cache from the longest cached prefix; the token picked
-        next. Prompt batches are submitted at once, so the hosts work on consecutive batches in
-        parallel."""
+    def eval(self, ids: Sequence[int], picker: Any, stream: Stream | None = None) -> int:
+        """Append tokens to every stage's cache (of `stream`, default: the default stream) from the
+        longest cached prefix; the token picked next. Prompt batches are submitted at once, so the
+        hosts work on consecutive batches in parallel."""
         self._check()
-        seq = self.default
+        seq = stream or self.default
         common = 0
         for a, b in zip(seq.tokens, ids):
             if a != b:
@@ -488,21 +488,22 @@ class RayPipeline:
         seq.tokens.extend(rest)
         return int(out["tokens"][0])
 
-    def next_token(self, token: int) -> int:
+    def next_token(self, token: int, stream: Stream | None = None) -> int:
         """Run one generated token through every stage; the next token picked."""
-        return self.decode([self.default], [token])[0]
+        return self.decode([stream or self.default], [token])[0]
 
     def generate(self, prompt: Sequence[int], params: Any = None, n_predict: int = 128,
                  stop_ids: set[int] | None = None, cancel: threading.Event | None = None,
-                 stop: Sequence[str] = ()) -> Iterator[Any]:
+                 stop: Sequence[str] = (), stream: Stream | None = None) -> Iterator[Any]:
         """Stream a completion of `prompt` like `Session.generate` (TokenEvent..., DoneEvent),
-        by the same token loop (`engine.generation.Generation`)."""
+        by the same token loop (`engine.generation.Generation`), on `stream` (default: the
+        default stream)."""
         from ..engine.engine import ContextFullError
         from ..engine.generation import Generation
         if not prompt:
             raise ValueError("empty prompt: nothing to continue from")
         with self.lock:
-            seq = self.default
+            seq = stream or self.default
             if len(prompt) >= seq.n_ctx:
                 raise ContextFullError(f"prompt of {len(prompt)} tokens does not fit the context of {seq.n_ctx}")
             gen = Generation(self.tokenizer, list(prompt), params, n_predict, seq.n_ctx, stop, stop_ids)
@@ -515,11 +516,21 @@ class RayPipeline:
                         break
                     common += 1
                 stats.prompt_tokens = len(prompt) - min(common, len(prompt) - 1)
-                tok = self.eval(list(prompt), gen.picker)
+                tok = self.eval(list(prompt), gen.picker, seq)
                 stats.prompt_seconds = time.perf_counter() - gen.t0
                 return tok
 
-            yield from gen.stream(first, self.next_token, lambda: len(seq.tokens), cancel)
+            yield from gen.stream(first, lambda t: self.next_token(t, seq), lambda: len(seq.tokens), cancel)
+
+    def new_session(self, n_ctx: int) -> "PipelineSession":
+        """A session over the pipeline, as `Engine.new_session` (so `engine.Chat` runs over it)."""
+        return PipelineSession(self, n_ctx)
+
+    @property
+    def pool(self) -> Any:
+        """The worker threads of every host together (what `Engine.pool.n_threads` tells)."""
+        from types import SimpleNamespace
+        return SimpleNamespace(n_threads=sum(int(h.info.get("threads") or 0) for h in self.hosts))
 
     # -- what each host holds --------------------------------------------------------
     def proofs(self) -> list[dict]:
@@ -549,3 +560,31 @@ class RayPipeline:
     def hidden_bytes_per_token(self) -> int:
         """Bytes of hidden state moved per token: one float32 row per stage boundary."""
         return 4 * self.n_embd * max(len(self.hosts) - 1, 0)
+
+
+class PipelineSession:
+    """A request stream of a pipeline with `Session`'s interface for a conversation: `generate`,
+    `n_ctx`, `tokens`, `reset`, `close` (the workbench app's `Chat` runs over it)."""
+
+    def __init__(self, pipe: RayPipeline, n_ctx: int):
+        self.pipe = pipe
+        self.stream = pipe.open(n_ctx)
+
+    @property
+    def n_ctx(self) -> int:
+        return self.stream.n_ctx
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.stream.tokens
+
+    def generate(self, prompt: list[int], params: Any = None, n_predict: int = 128,
+                 cancel: threading.Event | None = None, stop_ids: set[int] | None = None,
+                 stop: Sequence[str] = ()) -> Iterator[Any]:
+        return self.pipe.generate(prompt, params, n_predict, stop_ids, cancel, stop, stream=self.stream)
+
+    def reset(self) -> None:
+        self.stream.tokens = []
+
+    def close(self) -> None:
+        self.pipe.close([self.stream])

@@ -102,16 +102,16 @@ class MemoryBars(Widget):
                 host = heading.split(" ", 2)[1]
                 out.append(heading, style="bold underline")
                 out.append("\n")
-                self._nodes(out, [n for n in s.nodes if n.host == host], width, "  ")
-                self._proof(out, [b for b in s.buffers if b.host == host], "  ")
+                self._node_rows(out, [n for n in s.nodes if n.host == host], width, "  ")
+                self._proof_rows(out, [b for b in s.buffers if b.host == host], "  ")
                 out.append("\n")
             out.rstrip()
             return out
-        self._nodes(out, s.nodes, width, "")
-        self._proof(out, s.buffers, "")
+        self._node_rows(out, s.nodes, width, "")
+        self._proof_rows(out, s.buffers, "")
         return out
 
-    def _nodes(self, out: Text, nodes, width: int, indent: str) -> None:  # noqa: ANN001
+    def _node_rows(self, out: Text, nodes, width: int, indent: str) -> None:  # noqa: ANN001
         for n in nodes:
             col = self.palette.node(n.node)
             out.append(f"{indent}node {n.node:<2}", style=f"bold {col}")
@@ -125,7 +125,7 @@ class MemoryBars(Widget):
             out.append("\n")
 
     @staticmethod
-    def _proof(out: Text, buffers, indent: str) -> None:  # noqa: ANN001
+    def _proof_rows(out: Text, buffers, indent: str) -> None:  # noqa: ANN001
         out.append(f"{indent}proof (pages on intended nodes):", style="bold")
         for b in buffers:
             share = "n/a" if b.share is None else f"{100 * b.share:.1f}%"
