@@ -71,4 +71,9 @@ def test_memory_panel_titles_each_host_then_its_nodes():
 
 def test_dashboard_two_hosts(snap_compare):
     app = WorkbenchApp(None, autoload=False, persist=False, settings=Settings(), frozen=frozen())
-    assert snap_compare(app, terminal_size=(130, 90))
+
+    async def run_before(pilot) -> None:
+        await pilot.pause()
+        app.screen_stack[0].view = "dashboard"
+        await pilot.pause()
+    assert snap_compare(app, terminal_size=(130, 100), run_before=run_before)

@@ -196,3 +196,63 @@ def test_a_dead_host_ends_the_request_by_name_and_the_server_goes_on(srv, pipe, 
                              extra_body={"return_tokens": True, "ignore_eos": True})
     assert r.model_extra["tokens"] == ref["tokens"]
     assert pipe.broken is None and len(pipe.hosts) == 2
+
+
+def test_the_app_over_ray_chats_serves_and_groups_the_dashboard_by_host(cluster, tiny, tmp_path, monkeypatch,
+                                                                         capsys):
+    """`numawb --ray ADDRESS --serve`: the app loads the pipeline, its chat and its server run over
+    it, and the dashboard's memory, proof and workers are grouped by host, then node."""
+    import asyncio
+    import time
+
+    from workbench.app import WorkbenchApp
+    from workbench.screens.dashboard import MemoryBars
+    from workbench.settings import Settings
+    from textual.widgets import DataTable
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    ref = _generate_cli(tiny, PROMPTS[2], 8, capsys)
+    settings = Settings()
+    settings.n_ctx = 512
+    settings.sampling.n_predict = 6
+
+    async def until(pilot, cond, timeout: float = 300.0) -> None:
+        end = time.monotonic() + timeout
+        while not cond():
+            assert time.monotonic() < end, "timed out"
+            await pilot.pause(0.05)
+
+    async def run() -> None:
+        app = WorkbenchApp(tiny, placement=ONE, ray=cluster.address, settings=settings, persist=False, serve=0,
+                           serve_slots=2)
+        async with app.run_test(size=(160, 60)) as pilot:
+            await until(pilot, lambda: app.engine is not None and not app.loading and app.server is not None)
+            pipe = app.engine
+            assert len(pipe.hosts) == 2
+            # the chat runs over the pipeline
+            assert await app.send_message("hello there")
+            await until(pilot, lambda: not app.generating and len(app.chat.messages) == 2)
+            assert app.chat.messages[-1].role == "assistant" and app.last_error == ""
+            # the server too: greedy output as `numawb generate --temp 0`
+            c = openai.OpenAI(base_url=app.server.url + "/v1", api_key="none", max_retries=0, timeout=300)
+            r = await asyncio.to_thread(c.completions.create, model="tiny-llama.gguf", prompt=PROMPTS[2],
+                                        max_tokens=8, temperature=0,
+                                        extra_body={"return_tokens": True, "ignore_eos": True})
+            assert r.model_extra["tokens"] == ref["tokens"]
+            # the dashboard: every host's proof, grouped by host then node
+            app.screen_stack[0].view = "dashboard"
+            app.sample_now()
+            await until(pilot, lambda: len(app.dashboard.snapshot.hosts) == 2)
+            snap = app.dashboard.snapshot
+            labels = [h.label for h in pipe.hosts]
+            assert [h.split(" ", 2)[1] for h in snap.hosts] == labels
+            assert {n.host for n in snap.nodes} == set(labels) and {w.host for w in snap.workers} == set(labels)
+            await pilot.pause()
+            text = str(app.dashboard.query_one(MemoryBars).render())
+            assert text.index(snap.hosts[0]) < text.index(snap.hosts[1])
+            table = app.dashboard.query_one("#workers", DataTable)
+            first = [str(c) for c in table.get_row_at(0)]
+            assert first[0] == f"host {labels[0]}"
+            # a placement switch is refused (each host keeps its own), the pipeline stays
+            assert not app.request_switch(weights="interleave")
+    asyncio.run(run())
