@@ -124,6 +124,7 @@ def test_placement_proof_per_host(cluster, tiny, capsys):
     rc = main(["placement", "--ray", cluster.address, "-m", tiny, "-t", "1", "-n", "2"])
     text = capsys.readouterr().out
     assert rc == 0 and text.count("host ") >= 2 and "worker 0: cpu" in text
+    assert "2 hosts, layers split by " in text.splitlines()[0]
 
 
 def test_a_host_whose_file_differs_is_refused_by_name(cluster, tiny, tmp_path):

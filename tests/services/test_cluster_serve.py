@@ -122,6 +122,14 @@ def test_greedy_completions_equal_numawb_generate(srv, tiny, capsys):
         parts.append(ch.choices[0].text if ch.choices else "")
         usage = ch.usage or usage
     assert "".join(parts) == refs[0]["text"] and usage.completion_tokens == 16
+    # /metrics: the per-node series of every host, labelled with it
+    import urllib.request
+    with urllib.request.urlopen(srv.url + "/metrics", timeout=120) as r:
+        text = r.read().decode()
+    pipe = srv.state.engine
+    for h in pipe.hosts:
+        assert f'numawb_node_weights_bytes{{host="{h.label}",node="0"}}' in text
+    assert "numawb_tokens_predicted_total" in text
 
 
 def test_concurrent_requests_each_get_their_own_tokens(srv, tiny, capsys):
@@ -256,3 +264,46 @@ def test_the_app_over_ray_chats_serves_and_groups_the_dashboard_by_host(cluster,
             # a placement switch is refused (each host keeps its own), the pipeline stays
             assert not app.request_switch(weights="interleave")
     asyncio.run(run())
+
+
+def test_numawb_serve_ray_command(cluster, tiny, capsys):
+    """`numawb serve --ray ADDRESS` as a user runs it: it listens, answers like `generate --temp 0`
+    and SIGTERM stops it with status 0 (the Ray actors go with it)."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import urllib.request
+    ref = _generate_cli(tiny, PROMPTS[0], 6, capsys)
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        port = so.getsockname()[1]
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.Popen([sys.executable, "-m", "workbench", "serve", "--ray", cluster.address, "-m", tiny,
+                             "--port", str(port), "-np", "2", "-c", "1024", "-t", "1"], cwd=root,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=5) as r:
+                return r.status == 200
+        except OSError:
+            return False
+    try:
+        _until(lambda: up() or proc.poll() is not None, 300)
+        assert proc.poll() is None, proc.stderr.read()
+        c = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=300)
+        r = c.completions.create(model="tiny-llama.gguf", prompt=PROMPTS[0], max_tokens=6, temperature=0,
+                                 extra_body={"return_tokens": True, "ignore_eos": True})
+        assert r.model_extra["tokens"] == ref["tokens"]
+        assert c.models.list().data[0].meta["n_parallel"] == 2
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0
+        err = proc.stderr.read()
+        assert "over 2 Ray hosts" in err and "numawb: stopped" in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -149,3 +149,22 @@ def test_split_by_measured_bandwidth_within_free_memory():
     assert split_layers([10] * 100, [600, 10 ** 6], bandwidth=bw) == [(0, 60), (60, 100)]
     # three hosts: the middle one full, the others share the rest by bandwidth (9:1)
     assert bandwidth_shares(1000, [10 ** 6, 100, 10 ** 6], [bw[0], bw[0], bw[1]]) == pytest.approx([810, 100, 90], rel=1e-3)
+
+
+def test_a_host_reports_its_bandwidth_from_the_probe_cached_there(tmp_path, monkeypatch):
+    """What each Ray actor answers before the split: its probe cache ($XDG_CACHE_HOME/numawb/),
+    read at its own workers' count per node; nothing when the machine has not been probed."""
+    from workbench.advisor.probe import fixture_profile, save_profile
+    from workbench.cluster.host import StageHost
+    from workbench.numa.topology import fixture_path, load_topology
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    host = StageHost("test")
+    try:
+        one = Placement(threads=1)
+        assert host.bandwidth(one) is None  # not probed here
+        prof = fixture_profile(load_topology(fixture_path("epyc-9275f-2s")))
+        save_profile(prof, load_topology())  # as if `numawb probe` had measured these figures here
+        node = host._pool(one).workers[0].node
+        assert host.bandwidth(one) == prof.threads_bw(node, 1) == 30e9
+    finally:
+        host.close()

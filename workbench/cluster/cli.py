@@ -110,6 +110,9 @@ def cmd_placement(args: argparse.Namespace) -> int:
                               "hosts": [dict(d, **{k: v for k, v in p.items() if k not in ("proof", "numastat")})
                                         for d, p in zip(pipe.describe(), proofs)]}, indent=2))
         else:
+            print(f"{pipe.model}: {len(proofs)} hosts, layers split by "
+                  + ("each host's measured bandwidth (cached probes) within its free memory"
+                     if pipe.split_by == "bandwidth" else "free memory"))
             for d, p in zip(pipe.describe(), proofs):
                 print(f"host {p['label']}: layers {p['layers'][0]}..{p['layers'][1] - 1}, weights {p['weights_mode']}, "
                       f"kv {p['kv_mode']}, loaded in {p['load_seconds']:.2f} s ({d['path']})")
