@@ -243,7 +243,7 @@ class WorkbenchApp(App[int]):
                  replay: Recording | str | None = None, recorder: Recorder | None = None, theme: str | None = None,
                  sample_on_start: bool = True, history: ChatHistory | None = None,
                  serve: int | None = None, serve_slots: int = 4, auto_advice: bool = True,
-                 ray: str | None = None) -> None:
+                 ray: str | None = None, ray_timeout: float | None = None) -> None:
         """``placement``: the placement the first load uses (built and checked by the caller).
         The dashboard's source: ``frozen`` (a fixed snapshot), ``replay`` (a recording or its
         path), else live telemetry of the loaded engine (``simulate``: a fixture topology).
@@ -254,6 +254,7 @@ class WorkbenchApp(App[int]):
         the chat, the server and the dashboard (grouped by host, then node) run over it."""
         super().__init__()
         self.ray_address = ray
+        self.ray_timeout = ray_timeout  # seconds one pipeline step may take (None: the pipeline's default)
         self.serve_port, self.serve_slots = serve, serve_slots
         self.server: AppServer | None = None
         self.auto_advice = auto_advice and not ray  # the advisor predicts one machine
@@ -449,7 +450,8 @@ class WorkbenchApp(App[int]):
         self.post_message(LoadProgress(ProgressEvent("cluster", message=f"loading over the Ray cluster at "
                                                                           f"{self.ray_address}"), "load"))
         slots = self.serve_slots if self.serve_port is not None else 0
-        pipe = RayPipeline(self.ray_address, path, placement, n_ctx=self.settings.n_ctx + slots * 2048)
+        kw = {"step_timeout": self.ray_timeout} if self.ray_timeout else {}
+        pipe = RayPipeline(self.ray_address, path, placement, n_ctx=self.settings.n_ctx + slots * 2048, **kw)
         pipe.load()
         return pipe
 

@@ -485,7 +485,8 @@ def cmd_app(args: argparse.Namespace) -> int:
         if args.new_chat:
             history.start_new()
     app = WorkbenchApp(args.model, placement=placement, simulate=simulate, replay=recording,
-                       theme=args.theme, autoload=recording is None, history=history, serve=args.serve, ray=ray)
+                       theme=args.theme, autoload=recording is None, history=history, serve=args.serve, ray=ray,
+                       ray_timeout=getattr(args, "ray_timeout", None))
     app.run()
     return 0
 

@@ -10,8 +10,12 @@ greedy sequence decoded in any batch gives `Session.generate`'s tokens, to the b
 
 `Scheduler` is continuous batching over that pass: up to `n_parallel` slots (one `Session`
 each), a bounded queue, requests that join and leave between passes, prompts processed in
-the same 512-token pieces as `Session.prefill`, sampling per request, stop strings, and
-cancellation at the next pass. It knows nothing about HTTP (the server builds on it).
+the same 512-token pieces as `Session.prefill`, and cancellation at the next pass; each
+request's token loop (sampling, stop ids and strings, budget, context) is a
+`engine.generation.Generation`, as in `Session.generate`. The passes themselves are a model's:
+`LocalModel` over an `Engine` here, or anything with its methods (a pipeline over Ray hosts,
+workbench.cluster, whose hosts run `stage_batch`). It knows nothing about HTTP (the server
+builds on it).
 """
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ from .runtime import Runtime
 
 ProgressFn = Callable[[ProgressEvent], None]
 DEFAULT_CTX = 4096
-from .sampling import Sampler, SamplingParams
-from .tokenizer import StreamDecoder, Tokenizer
+from .sampling import SamplingParams
+from .tokenizer import Tokenizer
 
 
 def default_model_path() -> str:
