@@ -14,7 +14,10 @@ separate host to Ray), puts one `StageHost` actor on each node, and measures:
    (median of `-n` tokens per point);
 2. with the model (default: Gemma 3 270M): decode tokens/s of one process and of the pipeline
    over the nodes, and the time per token the pipeline adds;
-3. the bytes per token that cross hosts (hidden state rows, and the pickled message).
+3. the bytes per token that cross hosts (hidden state rows, and the pickled message);
+4. with the model and `--streams K` (default 4): one pipeline pass carrying K sequences (what
+   `numawb serve --ray` does with K busy slots) against K passes of one sequence each, as
+   tokens/s over all sequences.
 
 Prints a Markdown table, and JSON with --json. The load average is printed: the figures move
 with whatever else the machine runs.
@@ -59,6 +62,7 @@ def main() -> int:
     ap.add_argument("--model", default=None, help="GGUF for the decode comparison (default: Gemma 3 270M)")
     ap.add_argument("--no-model", action="store_true", help="transport only")
     ap.add_argument("-t", "--threads", type=int, default=1, help="worker threads per host")
+    ap.add_argument("--streams", type=int, default=4, help="sequences per pass for the batched measurement")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -84,7 +88,7 @@ def main() -> int:
                   .remote(n["NodeID"][:6]) for n in alive_nodes(ray)]
         ray.get([a.ping.remote() for a in actors], timeout=120)
         hidden = np.random.default_rng(0).standard_normal((1, args.n_embd)).astype(np.float32)
-        msg = {"sid": 1, "n_past": 100, "x": hidden, "sample": None, "want": True}
+        msg = {"rows": [(1, 100, 1)], "x": hidden, "pick": None, "want": True}
         res["message_bytes"] = len(pickle.dumps(msg, protocol=5))
         res["hidden_bytes_per_boundary"] = hidden.nbytes
         stages = list(range(1, len(actors) + 1))
@@ -123,6 +127,7 @@ def main() -> int:
             from workbench.cluster.pipeline import RayPipeline
             from workbench.engine import SamplingParams
             from workbench.engine.engine import Engine, Placement, default_model_path
+            from workbench.engine.generation import Picker
             path = args.model or default_model_path()
             pl = Placement(threads=args.threads)
             eng = Engine.load(path, placement=pl)
@@ -131,7 +136,7 @@ def main() -> int:
                 pipe.load()
                 res["n_embd"] = eng.cfg.n_embd
                 s = eng.new_session(1024)
-                greedy = (SamplingParams(temperature=0), [])
+                greedy = Picker(SamplingParams(temperature=0))
                 state = {"tok": pipe.eval([2, 651, 6037], greedy)}
                 s.eval([2, 651, 6037])
 
@@ -152,6 +157,35 @@ def main() -> int:
                 for _ in range(10):
                     singles.append(_median_ms(one_single, block, 2))
                     pipes.append(_median_ms(one_piped, block, 2))
+                # several sequences per pass (serve --ray's batched decode) against one per pass
+                k = max(args.streams, 1)
+                seqs = [pipe.open(1024) for _ in range(k)]
+                toks = [pipe.prefill(q, [2, 651, 1000 + i], Picker(SamplingParams(temperature=0)), True, True)
+                        for i, q in enumerate(seqs)]
+                box = {"toks": toks}
+
+                def refill() -> None:
+                    if len(seqs[0].tokens) > 900:
+                        for i, q in enumerate(seqs):
+                            pipe.truncate(q, 3)
+                            box["toks"][i] = 1000 + i
+
+                def batched() -> None:
+                    refill()
+                    box["toks"] = pipe.decode(seqs, box["toks"])
+
+                def one_by_one() -> None:
+                    refill()
+                    box["toks"] = [pipe.decode([q], [t])[0] for q, t in zip(seqs, box["toks"])]
+                block = max(args.n // (10 * k), 1)
+                per_pass, per_row = [], []
+                for _ in range(10):
+                    per_pass.append(_median_ms(batched, block, 2))
+                    per_row.append(_median_ms(one_by_one, block, 2))
+                pipe.close(seqs)
+                res["streams"] = k
+                res["batched_tps"] = k / (statistics.median(per_pass) / 1e3)
+                res["one_per_pass_tps"] = k / (statistics.median(per_row) / 1e3)
                 res["split"] = [d["layers"] for d in pipe.describe()]
                 res["hidden_bytes_per_token"] = pipe.hidden_bytes_per_token()
                 res["transport"] = "compiled graph" if pipe.dag is not None else "actor calls"
@@ -188,6 +222,9 @@ def main() -> int:
               f"pipeline ({res['transport']}) {res['pipeline_ms_per_token']:.2f} ms/token "
               f"(added: {res['pipeline_added_ms_per_token']:+.2f} ms, median of per-block differences); "
               f"{res['hidden_bytes_per_token']} B of hidden state cross hosts per token")
+        print(f"{res['streams']} sequences: {res['batched_tps']:.1f} t/s together with one pass for all of them, "
+              f"{res['one_per_pass_tps']:.1f} t/s with one pass per sequence "
+              f"({res['batched_tps'] / res['one_per_pass_tps']:.2f}x)")
     return 0
 
 

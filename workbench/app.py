@@ -242,17 +242,22 @@ class WorkbenchApp(App[int]):
                  settings_file: Path | None = None, persist: bool = True, frozen: Snapshot | None = None,
                  replay: Recording | str | None = None, recorder: Recorder | None = None, theme: str | None = None,
                  sample_on_start: bool = True, history: ChatHistory | None = None,
-                 serve: int | None = None, serve_slots: int = 4, auto_advice: bool = True) -> None:
+                 serve: int | None = None, serve_slots: int = 4, auto_advice: bool = True,
+                 ray: str | None = None, ray_timeout: float | None = None) -> None:
         """``placement``: the placement the first load uses (built and checked by the caller).
         The dashboard's source: ``frozen`` (a fixed snapshot), ``replay`` (a recording or its
         path), else live telemetry of the loaded engine (``simulate``: a fixture topology).
         ``serve``: serve the loaded model on 127.0.0.1:PORT (0: any free port) with
         ``serve_slots`` batched slots. ``auto_advice``: predict after each load when that needs
-        no probe (the memory probe is cached, or the topology is a fixture)."""
+        no probe (the memory probe is cached, or the topology is a fixture). ``ray``: load the
+        model as a pipeline over the nodes of the Ray cluster at this address (workbench.cluster):
+        the chat, the server and the dashboard (grouped by host, then node) run over it."""
         super().__init__()
+        self.ray_address = ray
+        self.ray_timeout = ray_timeout  # seconds one pipeline step may take (None: the pipeline's default)
         self.serve_port, self.serve_slots = serve, serve_slots
         self.server: AppServer | None = None
-        self.auto_advice = auto_advice
+        self.auto_advice = auto_advice and not ray  # the advisor predicts one machine
         self.advice: Any = None           # the last workbench.advisor Advice for the loaded model
         self.advice_current: Any = None   # its Candidate for the placement in force (None: not predicted)
         self.advice_view = AdviceView()
@@ -420,7 +425,10 @@ class WorkbenchApp(App[int]):
                 self._last_progress = now
                 self.post_message(LoadProgress(ev, "load"))
         try:
-            eng = Engine.load(path, placement=placement, progress=progress)
+            if self.ray_address:
+                eng = self._load_pipeline(path, placement)
+            else:
+                eng = Engine.load(path, placement=placement, progress=progress)
             try:
                 chat = Chat(eng, n_ctx=self.settings.n_ctx)
             except BaseException:
@@ -435,6 +443,17 @@ class WorkbenchApp(App[int]):
         self.record("load.done", path=eng.path, seconds=seconds, weight_bytes=eng.weight_bytes,
                     arch=eng.cfg.arch, placement=dataclasses.asdict(eng.placement))
         self.post_message(Loaded(eng, chat, seconds))
+
+    def _load_pipeline(self, path: str | None, placement: Placement) -> Any:
+        """The model split over the Ray cluster's nodes (each host places its own part)."""
+        from .cluster.pipeline import RayPipeline
+        self.post_message(LoadProgress(ProgressEvent("cluster", message=f"loading over the Ray cluster at "
+                                                                          f"{self.ray_address}"), "load"))
+        slots = self.serve_slots if self.serve_port is not None else 0
+        kw = {"step_timeout": self.ray_timeout} if self.ray_timeout else {}
+        pipe = RayPipeline(self.ray_address, path, placement, n_ctx=self.settings.n_ctx + slots * 2048, **kw)
+        pipe.load()
+        return pipe
 
     def on_load_progress(self, msg: LoadProgress) -> None:
         ev = msg.event
@@ -504,6 +523,10 @@ class WorkbenchApp(App[int]):
             return False
         if self.switching:
             self.notify("a switch is already running", severity="warning")
+            return False
+        if self.ray_address:
+            self.notify("each Ray host keeps the placement it loaded with: reload (F5) with other flags "
+                        "to change it", severity="warning")
             return False
         p = eng.placement
         kw: dict[str, Any] = {}
@@ -828,6 +851,9 @@ class WorkbenchApp(App[int]):
             return False
         if self.advising:
             self.notify("advice is already being worked out", severity="warning")
+            return False
+        if self.ray_address and what_if is None:
+            self.notify("the advisor predicts one machine: run numawb advise on each host", severity="warning")
             return False
         topology: Any = self.simulate
         if not topology and not probe:

@@ -111,6 +111,8 @@ class CommandLine:
                         help="also serve the loaded model (OpenAI API) on 127.0.0.1:PORT (default 8080; 0: any "
                              "free port) and show its requests in the dashboard")
         _add_model(ap)
+        from .cluster.cli import add_ray_argument as _ray_args
+        _ray_args(ap)  # the app over a Ray cluster too (shared with the commands that take --ray)
         sub = ap.add_subparsers(dest="cmd", metavar="COMMAND")
 
         g = sub.add_parser("generate", help="complete a prompt")
@@ -458,6 +460,13 @@ def cmd_app(args: argparse.Namespace) -> int:
         raise UserError(f"--serve: the port must be in 0..65535 (got {args.serve})")
     if args.serve is not None and args.replay:
         raise UserError("--serve and --replay cannot be used together (a replay has no model)")
+    ray = getattr(args, "ray", None)
+    if ray:
+        from .cluster import require_ray
+        require_ray()
+        for flag, given in (("--replay", args.replay), ("--record", args.record), ("--simulate-topology", simulate)):
+            if given:
+                raise UserError(f"--ray and {flag} cannot be used together")
     recording = None
     if args.replay:
         from .replay import Recording
@@ -476,7 +485,8 @@ def cmd_app(args: argparse.Namespace) -> int:
         if args.new_chat:
             history.start_new()
     app = WorkbenchApp(args.model, placement=placement, simulate=simulate, replay=recording,
-                       theme=args.theme, autoload=recording is None, history=history, serve=args.serve)
+                       theme=args.theme, autoload=recording is None, history=history, serve=args.serve, ray=ray,
+                       ray_timeout=getattr(args, "ray_timeout", None))
     app.run()
     return 0
 
@@ -501,7 +511,7 @@ def _signal_exception(e: BaseException) -> BaseException | None:
 
 def run(args: argparse.Namespace) -> int:
     """Run a parsed request (errors propagate; `main` turns them into one line)."""
-    if getattr(args, "ray", None):
+    if getattr(args, "ray", None) and args.cmd is not None:
         from .cluster.cli import run_ray
         return run_ray(args)
     if args.cmd == "generate":

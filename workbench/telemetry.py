@@ -49,6 +49,7 @@ class NodeMem:
     other: int
     system: int               # everything else in use on the node (other processes, kernel, caches)
     in_place: float | None    # share of pages meant for this node that are on it (None: nothing meant)
+    host: str = ""            # the pipeline host this node belongs to ('' : this process's machine)
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class BufferShare:
     nbytes: int
     share: float | None       # None: no intended node (OS default) or nothing touched yet
     line: str
+    host: str = ""
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,7 @@ class WorkerRow:
     busy: float               # 0..1 since the previous sample
     misplaced: bool
     thread: str = "pool"      # who runs its share: "pool" (its pinned thread) or "caller" (see below)
+    host: str = ""
 
 
 @dataclass(frozen=True)
@@ -185,6 +188,7 @@ class Snapshot:
     routing: RoutingInfo | None = None    # mixture-of-experts models only
     serving: str = ""                     # the in-process server's address and slots ('' when not serving)
     requests: tuple[RequestRow, ...] = ()  # its active requests
+    hosts: tuple[str, ...] = ()           # a pipeline over Ray hosts: one heading per host, in order
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -209,7 +213,60 @@ class Snapshot:
                                        tuple((int(n), float(b)) for n, b in r.get("node_bytes", ())))
         d["requests"] = tuple(RequestRow(**{**q, "kv_nodes": tuple(q.get("kv_nodes", ()))})
                               for q in d.get("requests", ()))
+        d["hosts"] = tuple(d.get("hosts", ()))
         return cls(**d)
+
+
+def host_heading(label: str, layers: tuple[int, int] | list[int], path: str = "") -> str:
+    """How a pipeline host is titled on the dashboard (the rows under it carry `label`)."""
+    return f"host {label} · layers {layers[0]}..{layers[1] - 1}" + (f" · {path}" if path else "")
+
+
+def pipeline_snapshot(proofs: list[dict[str, Any]], seq: int = 0, now: float | None = None, model: str = "",
+                      rates: Rates | None = None) -> Snapshot:
+    """A snapshot of a model pipelined over Ray hosts, from each host's own proof
+    (`StageHost.proof`, in pipeline order): memory per node, the proof per buffer and the workers,
+    every row tagged with its host, so the dashboard groups by host, then node."""
+    nodes: list[NodeMem] = []
+    buffers: list[BufferShare] = []
+    workers: list[WorkerRow] = []
+    headings: list[str] = []
+    weight_bytes = 0
+    first = proofs[0] if proofs else {}
+    for p in proofs:
+        host = p["label"]
+        headings.append(host_heading(host, p["layers"], p.get("path", "")))
+        mem = p.get("mem", {})
+        by_node = p.get("nodes", {})
+        meant: dict[int, list[int]] = {}
+        for b in p["buffers"]:
+            pages = {int(k): v for k, v in b["pages_by_node"].items()}
+            total = sum(pages.values())
+            for n in b["intended"]:
+                m = meant.setdefault(int(n), [0, 0])
+                m[0] += total
+                m[1] += pages.get(int(n), 0)
+            buffers.append(BufferShare(b["label"], b["kind"], tuple(b["intended"]), int(b["bytes"]),
+                                       b.get("share_in_place"), "", host))
+            if b["kind"] == "weights":
+                weight_bytes += int(b["bytes"])
+        for key in sorted({int(k) for k in list(mem) + list(by_node)}):
+            kinds = by_node.get(str(key), {})
+            total, free = mem.get(str(key), (0, 0))
+            mine = int(kinds.get("weights", 0)) + int(kinds.get("kv", 0)) + int(kinds.get("other", 0))
+            m = meant.get(key)
+            nodes.append(NodeMem(key, p.get("cpus", {}).get(str(key), ""), int(total), int(free),
+                                 int(kinds.get("weights", 0)), int(kinds.get("kv", 0)), int(kinds.get("other", 0)),
+                                 max(0, int(total) - int(free) - mine), (m[1] / m[0]) if m and m[0] else None, host))
+        for w in p["workers"]:
+            workers.append(WorkerRow(w["index"], w["wanted_cpu"], w["wanted_node"], w["cpu"], w["node"],
+                                     f"layers {p['layers'][0]}..{p['layers'][1] - 1}",
+                                     0.0, bool(w["misplaced"]), "pool", host))
+    placement = {"weights": first.get("weights_mode", ""), "kv": first.get("kv_mode", ""),
+                 "threads": len(workers), "policy": f"{len(proofs)} hosts"}
+    return Snapshot(seq=seq, t=time.time() if now is None else now, source="live", simulated=False, model=model,
+                    placement=placement, weight_bytes=weight_bytes, nodes=tuple(nodes), buffers=tuple(buffers),
+                    workers=tuple(workers), rates=rates or Rates(), hosts=tuple(headings))
 
 
 def empty_snapshot(source: str = "live", simulated: bool = False) -> Snapshot:
@@ -381,7 +438,9 @@ class Telemetry:
             t0 = time.perf_counter()
             self._seq += 1
             eng = self.engine
-            if self._fixture is not None:
+            if eng is not None and hasattr(eng, "proofs"):  # a pipeline over Ray hosts
+                snap = self._pipeline(eng)
+            elif self._fixture is not None:
                 snap = self._simulated(eng, self._fixture)
             else:
                 snap = self._live(eng)
@@ -397,6 +456,18 @@ class Telemetry:
                 snap, seq=self._seq, t=time.time() if now is None else now, rates=rates,
                 bandwidth=wb * cur if (cur and wb) else None, routing=routing, notes=notes,
                 serving=serving, requests=requests, sample_seconds=time.perf_counter() - t0)
+
+    def _pipeline(self, pipe: Any) -> Snapshot:
+        """Every host's own proof, grouped by host (`pipeline_snapshot`); a host that does not
+        answer leaves a note instead."""
+        from .errors import UserError
+        if not pipe.hosts:
+            return empty_snapshot()
+        try:
+            proofs = pipe.proofs()
+        except UserError as e:
+            return dataclasses.replace(empty_snapshot(), model=os.path.basename(pipe.path), notes=(str(e),))
+        return pipeline_snapshot(proofs, model=os.path.basename(pipe.path))
 
     @staticmethod
     def _routing(eng: Any) -> RoutingInfo | None:

@@ -106,6 +106,20 @@ def test_two_hosts_give_the_single_process_tokens(cluster, tiny):
             pl.PROMPT_BATCH = old
         assert done.tokens == want[:4]
         assert pipe.hidden_bytes_per_token() == 4 * 256  # one float32 row of n_embd per boundary
+        # the token loop is the engine's (Generation): a stop string cuts both runs at the same place
+        eng = Engine.load(tiny, placement=ONE)
+        try:
+            full = [e for e in eng.new_session(512).generate(PROMPT, GREEDY, 12, stop_ids=set())
+                    if isinstance(e, DoneEvent)][0].text
+            stop = full[len(full) // 2:len(full) // 2 + 2]
+            one = [e for e in eng.new_session(512).generate(PROMPT, GREEDY, 12, stop_ids=set(), stop=[stop])
+                   if isinstance(e, DoneEvent)][0]
+        finally:
+            eng.close()
+        pipe.tokens = []
+        two = [e for e in pipe.generate(PROMPT, GREEDY, 12, stop_ids=set(), stop=[stop]) if isinstance(e, DoneEvent)][0]
+        assert stop and one.stats.stop_reason == two.stats.stop_reason == "stop"
+        assert two.text == one.text == full[:full.index(stop)] and two.tokens == one.tokens
     finally:
         pipe.close()
 
@@ -124,6 +138,7 @@ def test_placement_proof_per_host(cluster, tiny, capsys):
     rc = main(["placement", "--ray", cluster.address, "-m", tiny, "-t", "1", "-n", "2"])
     text = capsys.readouterr().out
     assert rc == 0 and text.count("host ") >= 2 and "worker 0: cpu" in text
+    assert "2 hosts, layers split by " in text.splitlines()[0]
 
 
 def test_a_host_whose_file_differs_is_refused_by_name(cluster, tiny, tmp_path):

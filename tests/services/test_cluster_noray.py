@@ -13,7 +13,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_ray_option_without_ray_says_how_to_install():
-    for cmd in (["generate", "-p", "hi"], ["placement"], ["bench", "-p", "8", "-n", "0"]):
+    for cmd in (["generate", "-p", "hi"], ["placement"], ["bench", "-p", "8", "-n", "0"], ["serve"], []):
         p = run(*cmd, "--ray", "127.0.0.1:6379")
         assert p.returncode == 2, p.stderr
         lines = p.stderr.strip().splitlines()
@@ -24,5 +24,6 @@ def test_other_commands_work_without_ray():
     p = run("topo", "--root", "epyc-2socket")
     assert p.returncode == 0, p.stderr
     assert "node 1" in p.stdout
-    p = run("generate", "--help")
-    assert p.returncode == 0 and "--ray ADDRESS" in p.stdout
+    for cmd in ("generate", "serve"):
+        p = run(cmd, "--help")
+        assert p.returncode == 0 and "--ray ADDRESS" in p.stdout

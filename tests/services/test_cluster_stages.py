@@ -124,3 +124,47 @@ def test_split_follows_free_memory_and_refusals_name_hosts():
         check_files([("a", "/m", 10, "x"), ("b", "/m", 10, "x"), ("c", "/m", 10, "y")])
     with pytest.raises(ClusterError, match="host b: /m: No such file"):
         check_files([("a", "/m", 10, "x"), ("b", "/m", -1, "No such file or directory")])
+
+
+def test_split_by_measured_bandwidth_within_free_memory():
+    """With a probe for every host, each host's bytes follow its bandwidth (every stage then takes
+    the same time per token), none above its free memory; without, free memory decides."""
+    from workbench.advisor.probe import fixture_profile
+    from workbench.cluster.split import bandwidth_shares, host_bandwidth, split_layers
+    from workbench.numa.topology import fixture_path, load_topology
+    epyc = fixture_profile(load_topology(fixture_path("epyc-9275f-2s")))     # 460.8 GB/s per node
+    xeon = fixture_profile(load_topology(fixture_path("xeon-e5-2690v3-2s")))  # 51.2 GB/s per node
+    # a node's figure at the host's worker count on it (the probe's thread curve), summed over nodes
+    assert host_bandwidth(epyc, {0: 24, 1: 24}) == 2 * epyc.local(0)
+    assert host_bandwidth(epyc, {0: 2}) == epyc.threads_bw(0, 2) == 60e9
+    bw = [host_bandwidth(epyc, {0: 24, 1: 24}), host_bandwidth(xeon, {0: 12, 1: 12})]
+    assert bw[0] / bw[1] == pytest.approx(9.0, rel=1e-3)
+    roomy = [10 ** 6, 10 ** 6]
+    assert split_layers([10] * 100, roomy, bandwidth=bw) == [(0, 90), (90, 100)]
+    # the same hosts by free memory alone (no probe on one of them): halves
+    assert split_layers([10] * 100, roomy, bandwidth=[bw[0], None]) == [(0, 50), (50, 100)]
+    assert split_layers([10] * 100, roomy) == [(0, 50), (50, 100)]
+    # the fast host has room for 600 bytes only: it takes that, the rest goes to the slow one
+    assert bandwidth_shares(1000, [600, 10 ** 6], bw) == [600.0, 400.0]
+    assert split_layers([10] * 100, [600, 10 ** 6], bandwidth=bw) == [(0, 60), (60, 100)]
+    # three hosts: the middle one full, the others share the rest by bandwidth (9:1)
+    assert bandwidth_shares(1000, [10 ** 6, 100, 10 ** 6], [bw[0], bw[0], bw[1]]) == pytest.approx([810, 100, 90], rel=1e-3)
+
+
+def test_a_host_reports_its_bandwidth_from_the_probe_cached_there(tmp_path, monkeypatch):
+    """What each Ray actor answers before the split: its probe cache ($XDG_CACHE_HOME/numawb/),
+    read at its own workers' count per node; nothing when the machine has not been probed."""
+    from workbench.advisor.probe import fixture_profile, save_profile
+    from workbench.cluster.host import StageHost
+    from workbench.numa.topology import fixture_path, load_topology
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    host = StageHost("test")
+    try:
+        one = Placement(threads=1)
+        assert host.bandwidth(one) is None  # not probed here
+        prof = fixture_profile(load_topology(fixture_path("epyc-9275f-2s")))
+        save_profile(prof, load_topology())  # as if `numawb probe` had measured these figures here
+        node = host._pool(one).workers[0].node
+        assert host.bandwidth(one) == prof.threads_bw(node, 1) == 30e9
+    finally:
+        host.close()

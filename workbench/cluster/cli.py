@@ -1,4 +1,4 @@
-"""`--ray ADDRESS` for numawb generate / bench / placement: the same commands over a Ray cluster."""
+"""`--ray ADDRESS` for numawb generate / bench / placement / serve: the same commands over a Ray cluster."""
 from __future__ import annotations
 
 import argparse
@@ -8,7 +8,7 @@ import time
 from ..errors import UserError
 from . import ClusterError, require_ray
 
-RAY_COMMANDS = ("generate", "bench", "placement")
+RAY_COMMANDS = ("generate", "bench", "placement", "serve")
 
 
 def add_ray_argument(p: argparse.ArgumentParser) -> None:
@@ -110,6 +110,9 @@ def cmd_placement(args: argparse.Namespace) -> int:
                               "hosts": [dict(d, **{k: v for k, v in p.items() if k not in ("proof", "numastat")})
                                         for d, p in zip(pipe.describe(), proofs)]}, indent=2))
         else:
+            print(f"{pipe.model}: {len(proofs)} hosts, layers split by "
+                  + ("each host's measured bandwidth (cached probes) within its free memory"
+                     if pipe.split_by == "bandwidth" else "free memory"))
             for d, p in zip(pipe.describe(), proofs):
                 print(f"host {p['label']}: layers {p['layers'][0]}..{p['layers'][1] - 1}, weights {p['weights_mode']}, "
                       f"kv {p['kv_mode']}, loaded in {p['load_seconds']:.2f} s ({d['path']})")
@@ -129,6 +132,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import numpy as np
     from ..bench import parse_int_list
     from ..engine import SamplingParams
+    from ..engine.generation import Picker
     n_prompts = [n for n in parse_int_list(args.n_prompt, "-p") if n > 0]
     n_gens = [n for n in parse_int_list(args.n_gen, "-n") if n > 0]
     reps = max(1, args.repetitions)
@@ -145,14 +149,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 ids = [int(t) for t in rng.integers(10, vocab, n)]
                 pipe.tokens = pipe.tokens[:0]
                 t0 = time.perf_counter()
-                pipe.eval(ids, (greedy, ids))
+                pipe.eval(ids, Picker(greedy, ids))
                 ts.append(n / (time.perf_counter() - t0))
             rows.append({"test": f"pp{n}", "tps": float(np.mean(ts)), "stdev": float(np.std(ts))})
         for n in n_gens:
             ts = []
             for _ in range(reps):
                 pipe.tokens = pipe.tokens[:0]
-                tok = pipe.eval([int(rng.integers(10, vocab))], (greedy, []))
+                tok = pipe.eval([int(rng.integers(10, vocab))], Picker(greedy))
                 t0 = time.perf_counter()
                 for _ in range(n):
                     tok = pipe.next_token(tok)
@@ -173,9 +177,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    """`numawb serve --ray`: the OpenAI-compatible server over the pipeline; its scheduler's slots
+    are request streams on every host, decoded together (one batched pass per host per token)."""
+    from ..server.run import serve
+    require_ray()
+    return serve(args, load=lambda total_ctx: _pipeline(args, total_ctx))
+
+
 def run_ray(args: argparse.Namespace) -> int:
     """Run a command with --ray over the cluster."""
-    cmd = {"generate": cmd_generate, "placement": cmd_placement, "bench": cmd_bench}[args.cmd]
+    cmd = {"generate": cmd_generate, "placement": cmd_placement, "bench": cmd_bench, "serve": cmd_serve}[args.cmd]
     try:
         return cmd(args)
     except ClusterError:

@@ -42,7 +42,7 @@ class StageHost:
         self.engine = None
         self.pool = None
         self.sessions: dict[int, Any] = {}
-        self.samplers: dict[int, tuple[Any, list[int]]] = {}
+        self.pickers: dict[int, Any] = {}  # sid -> its request's Picker (the last stage samples)
 
     # -- before loading ------------------------------------------------------------
     def describe(self, path: str) -> dict[str, Any]:
@@ -57,6 +57,7 @@ class StageHost:
             out["n_layer"] = int(g.metadata.get(f"{arch}.block_count", 0))
             out["n_embd"] = int(g.metadata.get(f"{arch}.embedding_length", 0))
             out["tensor_bytes"] = {n: t.nbytes for n, t in g.tensors.items()}
+            out["n_params"] = int(sum(int(np.prod(t.shape)) for t in g.tensors.values()))
         return out
 
     def metadata(self, path: str) -> dict[str, Any]:
@@ -81,6 +82,20 @@ class StageHost:
         plan = plan_for_pool(tensor_specs(g), placement.weights, pool, budget=placement.budget,
                              kv=KVRequest(layers[1] - layers[0], kv_sizes(cfg, n_ctx, pool), placement.kv))
         return {"need": plan.need(), "free": dict(plan.free), "notes": list(pool.notes)}
+
+    def bandwidth(self, placement: Any) -> float | None:
+        """This host's measured bandwidth for its workers (bytes/s) from the advisor probe cached
+        here ($XDG_CACHE_HOME/numawb/), or None when this machine has not been probed."""
+        from collections import Counter
+
+        from ..advisor.probe import cached_profile
+        from ..numa.topology import load_topology
+        from .split import host_bandwidth
+        prof = cached_profile(load_topology())
+        if prof is None:
+            return None
+        pool = self._pool(placement)
+        return host_bandwidth(prof, Counter(w.node for w in pool.workers)) or None
 
     def _pool(self, placement: Any):
         from ..numa.workers import WorkerPool
@@ -109,32 +124,47 @@ class StageHost:
         self.sessions[sid] = s
         return s.n_ctx
 
+    def drop(self, sid: int) -> None:
+        """Release request stream `sid`'s cache."""
+        s = self.sessions.pop(sid, None)
+        self.pickers.pop(sid, None)
+        if s is not None:
+            s.close()
+
     # -- running -------------------------------------------------------------------
     def step(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """One pipeline step: msg {sid, n_past, x, sample?, want?} in; the next stage's msg out
-        (x = this stage's hidden state), or on the last stage {token} when `want` (else {})."""
-        from ..engine.sampling import Sampler
-        s = self.sessions[msg["sid"]]
+        """One pipeline step. msg: rows [(sid, n_past, n)] (one sequence's n tokens, or several
+        sequences' one token each: a batched pass), x (their token ids on the first stage, else
+        the previous stage's hidden rows), pick {sid: Picker} for sequences starting a request,
+        want (sample?). Out: the next stage's msg (x = this stage's hidden rows), or on the last
+        stage {tokens: one picked per row} when `want` (else {})."""
+        from ..engine.batch import stage_batch
+        rows = msg["rows"]
         self.busy_since = time.monotonic()
         try:
-            out = s.forward_stage(msg["x"], msg["n_past"])
+            sessions = [self.sessions[sid] for sid, _, _ in rows]
+            with self.engine.lock:
+                if len(rows) == 1:
+                    out = sessions[0].forward_stage(msg["x"], rows[0][1])
+                else:
+                    for s, (_, n_past, n) in zip(sessions, rows):
+                        if n != 1 or n_past > s.kv.n:
+                            raise ValueError(f"a batched step takes one token per sequence at a cached position "
+                                             f"(got {n} at {n_past}, cache holds {s.kv.n})")
+                        s.kv.truncate(n_past)
+                    out = stage_batch(self.engine, sessions, msg["x"])
         except Exception as e:  # the driver shows it as one line naming this host
             raise RuntimeError(f"host {self.label}: {type(e).__name__}: {e}") from None
         finally:
             self.busy_since = None
         if not self.engine.model.is_last:
-            return {"sid": msg["sid"], "n_past": msg["n_past"], "x": out, "sample": msg.get("sample"),
-                    "want": msg.get("want", True)}
-        sample = msg.get("sample")
-        if sample is not None:  # a new request: its sampler and token history live here
-            params, history = sample
-            self.samplers[msg["sid"]] = (Sampler(params), list(history))
+            return dict(msg, x=out)
+        self.pickers.update(msg.get("pick") or {})
         if not msg.get("want", True):
             return {}
-        sampler, history = self.samplers[msg["sid"]]
-        tok = int(sampler.sample(out[-1] if out.ndim == 2 else out, history))
-        history.append(tok)
-        return {"token": tok}
+        logits = out if out.ndim == 2 else out[None]
+        return {"tokens": [self.pickers[sid].pick(logits[-1 if len(rows) == 1 else i])
+                           for i, (sid, _, _) in enumerate(rows)]}
 
     busy_since: float | None = None
 
@@ -155,7 +185,13 @@ class StageHost:
         stat = process_numastat(buffers)
         workers = eng.pool.check()
         p = eng.placement
-        return {"label": self.label, "layers": [eng.layers.start, eng.layers.stop],
+        from ..numa.budget import free_per_node
+        from ..numa.topology import format_cpulist, load_topology
+        topo = load_topology()
+        free = free_per_node(topo)
+        mem = {str(n.id): (int(n.mem_total), int(free.get(n.id, 0))) for n in topo.nodes}
+        cpus = {str(n.id): format_cpulist(list(n.cpus)) for n in topo.nodes}
+        return {"label": self.label, "path": eng.path, "mem": mem, "cpus": cpus, "layers": [eng.layers.start, eng.layers.stop],
                 "weights_mode": p.weights, "kv_mode": p.kv, "load_seconds": eng.load_seconds,
                 "proof": format_proof(proofs), "numastat": format_numastat(stat),
                 "nodes": {str(n): {k: v.get(n, 0) for k, v in stat.items()}
@@ -175,7 +211,7 @@ class StageHost:
         for s in self.sessions.values():
             s.close()
         self.sessions.clear()
-        self.samplers.clear()
+        self.pickers.clear()
         if self.engine is not None:
             self.engine.close()  # closes the pool too
             self.engine = None

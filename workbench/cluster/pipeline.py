@@ -3,7 +3,8 @@
 `RayPipeline.load` starts one `StageHost` actor per alive Ray node (pinned to it), compares the
 hosts' model files (size and header), splits the layers by each host's free memory, has each
 host plan its part with the placement plan (need and free per node) and refuses before anything
-loads if one does not fit; then every host loads its part at once. `generate` streams tokens:
+loads if one does not fit (when every host has a cached advisor probe, the split follows each
+host's measured bandwidth within its free memory: `split.bandwidth_shares`); then every host loads its part at once. `generate` streams tokens:
 prompt batches and then single tokens go stage to stage (only hidden states between hosts; the
 last host samples and sends back a token id). Every remote call has a timeout; a host that dies
 or stops answering ends the request with one line naming it, and `reload` makes the pipeline
@@ -42,6 +43,16 @@ class Host:
     info: dict = field(default_factory=dict)
 
 
+@dataclass
+class Stream:
+    """One request stream's cache on every host (a scheduler slot, or `generate`'s): `tokens`
+    are the positions every stage holds for it."""
+
+    sid: int
+    n_ctx: int
+    tokens: list[int] = field(default_factory=list)
+
+
 def host_label(ip: str, node_id: str) -> str:
     """How a host is named in messages: its address and the start of its Ray node id (several
     Ray nodes on one machine are separate hosts)."""
@@ -71,6 +82,15 @@ def reachable(address: str, timeout: float = 5.0) -> None:
         raise ClusterError(f"cannot reach the Ray cluster at {address}: {e.strerror or e}") from None
 
 
+def chat_formatter(md: Mapping[str, Any], arch: str, tok: Any) -> Any:
+    """The model's chat format, built as `Engine` builds it (from the file's template)."""
+    from ..engine.chat import ChatFormatter
+    vocab = tok.vocab if hasattr(tok, "vocab") else set(getattr(tok, "tokens", ()))
+    return ChatFormatter(md.get("tokenizer.chat_template"), arch, vocab,
+                         tok.token_text(tok.bos_id) if tok.bos_id is not None else "",
+                         tok.token_text(tok.eos_id) if tok.eos_id is not None else "")
+
+
 class RayPipeline:
     """A GGUF model split over a Ray cluster's nodes (see module doc)."""
 
@@ -93,11 +113,15 @@ class RayPipeline:
         self.tokenizer = None
         self.n_embd = 0
         self.n_layer = 0
-        self.tokens: list[int] = []   # positions every stage's cache holds
+        self.seqs: dict[int, Stream] = {}   # every open request stream (reopened by a reload)
+        self._default: Stream | None = None  # generate's / eval's stream
+        self.cfg = None
+        self.chat_format = None
         self.broken: str | None = None
         self.lock = threading.RLock()
         self._sid = 0
         self.load_seconds = 0.0
+        self.split_by = "memory"  # or "bandwidth": every host had a cached advisor probe
 
     # -- connecting and loading ----------------------------------------------------
     def connect(self) -> None:
@@ -164,10 +188,10 @@ class RayPipeline:
                     break
             reason = f"did not answer {what} within {timeout:g} s"
         if culprit is not None:
-            self.broken = f"host {culprit.label} {reason}"
+            self._broke(f"host {culprit.label} {reason}")
         else:
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            self.broken = f"{what} failed: {reason or type(e).__name__}" + (f" ({first})" if first and not reason else "")
+            self._broke(f"{what} failed: {reason or type(e).__name__}" + (f" ({first})" if first and not reason else ""))
         line = self.broken
         if what not in ("describe", "plan", "metadata"):
             line += " -- reload to go on"
@@ -175,6 +199,7 @@ class RayPipeline:
 
     def load(self) -> None:
         """Start the stages and load every host's part (see module doc). Raises ClusterError."""
+        from ..engine.config import config_from_metadata
         from ..engine.tokenizer import Tokenizer
         ray = self.ray
         self.connect()
@@ -206,7 +231,14 @@ class RayPipeline:
             free = self._get([h.actor.plan.remote(h.path, (0, 1), self.placement, 1) for h in hosts],
                              self.call_timeout, "plan")
             capacity = [sum(f["free"].values()) for f in free]
-            ranges = split_layers(per_layer, capacity, first_extra, last_extra)
+            # and, where every host has a cached probe, its measured bandwidth
+            bandwidth = self._get([h.actor.bandwidth.remote(self.placement) for h in hosts], self.call_timeout,
+                                  "plan")
+            for h, bw in zip(hosts, bandwidth):
+                h.info["bandwidth"] = bw
+            self.split_by = "bandwidth" if all(bandwidth) else "memory"
+            ranges = split_layers(per_layer, capacity, first_extra, last_extra,
+                                  bandwidth if self.split_by == "bandwidth" else None)
             for h, r in zip(hosts, ranges):
                 h.layers = r
             plans = self._get([h.actor.plan.remote(h.path, h.layers, self.placement, self.n_ctx) for h in hosts],
@@ -215,24 +247,39 @@ class RayPipeline:
             md = self._get(hosts[0].actor.metadata.remote(hosts[0].path), self.call_timeout, "metadata", hosts[:1])
             try:
                 self.tokenizer = Tokenizer.from_metadata(md)
+                self.cfg = config_from_metadata(md, self.tokenizer.n_vocab)
             except ValueError as e:
                 raise ClusterError(f"{hosts[0].path}: {e}") from None
+            self.chat_format = chat_formatter(md, self.cfg.arch, self.tokenizer)
             loaded = self._get([h.actor.load.remote(h.path, h.layers, self.placement) for h in hosts],
                                self.load_timeout, "load")
             for h, info in zip(hosts, loaded):
                 h.info.update(info)
-            self._open()
+            self._reopen()
             self._compile()
         except BaseException:
             self.close_actors()
             raise
         self.load_seconds = time.perf_counter() - t0
 
-    def _open(self) -> None:
-        self._sid += 1
-        got = self._get([h.actor.open.remote(self._sid, self.n_ctx) for h in self.hosts], self.call_timeout, "open")
-        self.n_ctx = min(got)
-        self.tokens = []
+    def _reopen(self) -> None:
+        """Open every registered request stream on the (new) hosts, empty."""
+        for seq in self.seqs.values():
+            got = self._get([h.actor.open.remote(seq.sid, seq.n_ctx) for h in self.hosts], self.call_timeout, "open")
+            seq.n_ctx = min(got)
+            seq.tokens = []
+
+    def open(self, n_ctx: int) -> Stream:
+        """A new request stream: a cache of n_ctx positions for its layers on every host."""
+        with self.lock:
+            self._sid += 1
+            seq = Stream(self._sid, min(n_ctx, self.n_ctx_train))
+            if not self.broken:
+                got = self._get([h.actor.open.remote(seq.sid, seq.n_ctx) for h in self.hosts],
+                                self.call_timeout, "open")
+                seq.n_ctx = min(got)
+            self.seqs[seq.sid] = seq
+            return seq
 
     def _compile(self) -> None:
         """A compiled graph through every stage for one-token steps (Ray's channels: no task
@@ -279,11 +326,17 @@ class RayPipeline:
                 culprit, reason = h, f"did not finish {what} within {self.step_timeout:g} s"
         if culprit is None:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            self.broken = f"{what} failed: {type(e).__name__}: {first}"
+            self._broke(f"{what} failed: {type(e).__name__}: {first}")
         else:
-            self.broken = f"host {culprit.label} {reason}"
+            self._broke(f"host {culprit.label} {reason}")
         self._teardown()
         return ClusterError(f"{self.broken} -- reload to go on")
+
+    def _broke(self, line: str) -> None:
+        """The pipeline cannot go on: remember why; no host's cache can be trusted any more."""
+        self.broken = line
+        for seq in self.seqs.values():
+            seq.tokens = []
 
     def reload(self) -> None:
         """Start over after a failure: new actors on the nodes alive now, every part loaded again."""
@@ -300,9 +353,6 @@ class RayPipeline:
                     pass
                 h.actor = None
         self.hosts = []
-
-    def close(self) -> None:
-        self.close_actors()
 
     # -- running -------------------------------------------------------------------
     def _chain(self, msg: dict) -> list:
@@ -324,103 +374,163 @@ class RayPipeline:
             refs = next((c for c in chains if not self.ray.wait([c[-1]], timeout=0)[0]), chains[-1])
             raise self._failure(e, refs, self.hosts, what, self.step_timeout) from None
 
-    def eval(self, ids: Sequence[int], sample: tuple | None) -> int:
-        """Append tokens to every stage's cache from the longest cached prefix; the sampled next token."""
+    # -- the scheduler's model (engine.batch.LocalModel's methods) ------------------
+    @property
+    def n_ctx_train(self) -> int:
+        return self.cfg.n_ctx_train if self.cfg is not None else self.n_ctx
+
+    def truncate(self, seq: Stream, n: int) -> None:
+        """Keep the first n positions of a stream (the hosts forget the rest at its next step)."""
+        del seq.tokens[n:]
+
+    def _check(self) -> None:
         if self.broken:
             raise ClusterError(f"{self.broken} -- reload to go on")
+
+    def prefill(self, seq: Stream, piece: Sequence[int], picker: Any, first: bool, last: bool) -> int | None:
+        """A piece of a prompt through every host; on its last piece the first token picked. The
+        request's picker travels with its first piece to the last host. A pipeline broken by a
+        failed host is reloaded first (a new request after a fault starts over on the hosts alive)."""
+        with self.lock:
+            if self.broken:
+                self.reload()
+            if len(seq.tokens) + len(piece) > seq.n_ctx:
+                raise ClusterError(f"context full: {len(seq.tokens)} + {len(piece)} tokens exceed n_ctx {seq.n_ctx}")
+            msg = {"rows": [(seq.sid, len(seq.tokens), len(piece))], "x": np.asarray(piece, dtype=np.int64),
+                   "pick": {seq.sid: picker} if first else None, "want": last}
+            out = self._run([self._chain(msg)], "prompt" if len(piece) > 1 else "token")
+            seq.tokens.extend(int(t) for t in piece)
+            return int(out["tokens"][0]) if last else None
+
+    def decode(self, seqs: list[Stream], tokens: list[int], pickers: Any = None) -> list[int]:
+        """One token for each stream in one pass through every host (a batched pass on each);
+        the next token picked for each (by its picker on the last host)."""
+        with self.lock:
+            self._check()
+            for s in seqs:
+                if len(s.tokens) + 1 > s.n_ctx:
+                    raise ClusterError(f"context full: {len(s.tokens)} + 1 tokens exceed n_ctx {s.n_ctx}")
+            msg = {"rows": [(s.sid, len(s.tokens), 1) for s in seqs], "x": np.asarray(tokens, dtype=np.int64),
+                   "pick": None, "want": True}
+            if self.dag is not None:
+                try:
+                    out = self.ray.get(self.dag.execute(msg), timeout=self.step_timeout)
+                except Exception as e:
+                    raise self._whodunit(e, "token") from None
+            else:
+                out = self._run([self._chain(msg)], "token")
+            for s, t in zip(seqs, tokens):
+                s.tokens.append(int(t))
+            return [int(t) for t in out["tokens"]]
+
+    def kv_nodes(self, seq: Stream) -> tuple[int, ...]:
+        """(The nodes of a stream's caches are per host: see `proofs`.)"""
+        return ()
+
+    def close(self, seqs: list[Stream] | None = None) -> None:
+        """Release these streams' caches on every host; with no argument, stop the pipeline."""
+        if seqs is None:
+            self.close_actors()
+            return
+        with self.lock:
+            for seq in seqs:
+                self.seqs.pop(seq.sid, None)
+            if self.broken or not self.hosts:
+                return
+            try:
+                self._get([h.actor.drop.remote(seq.sid) for h in self.hosts for seq in seqs], self.call_timeout,
+                          "close", [h for h in self.hosts for _ in seqs])
+            except ClusterError:
+                pass  # a host gone: its caches went with it
+
+    # -- one stream, synchronously (generate / bench) -----------------------------------
+    @property
+    def default(self) -> Stream:
+        """The stream `generate`, `eval` and `next_token` use (opened at first use)."""
+        if self._default is None or self._default.sid not in self.seqs:
+            self._default = self.open(self.n_ctx)
+        return self._default
+
+    @property
+    def tokens(self) -> list[int]:
+        """Positions every host's cache holds for the default stream."""
+        return self.default.tokens
+
+    @tokens.setter
+    def tokens(self, value: list[int]) -> None:
+        self.default.tokens = list(value)
+
+    def eval(self, ids: Sequence[int], picker: Any, stream: Stream | None = None) -> int:
+        """Append tokens to every stage's cache (of `stream`, default: the default stream) from the
+        longest cached prefix; the token picked next. Prompt batches are submitted at once, so the
+        hosts work on consecutive batches in parallel."""
+        self._check()
+        seq = stream or self.default
         common = 0
-        for a, b in zip(self.tokens, ids):
+        for a, b in zip(seq.tokens, ids):
             if a != b:
                 break
             common += 1
         common = min(common, len(ids) - 1)
-        del self.tokens[common:]
+        del seq.tokens[common:]
         rest = list(ids[common:])
-        if common + len(rest) > self.n_ctx:
-            raise ClusterError(f"context full: {common} + {len(rest)} tokens exceed n_ctx {self.n_ctx}")
+        if common + len(rest) > seq.n_ctx:
+            raise ClusterError(f"context full: {common} + {len(rest)} tokens exceed n_ctx {seq.n_ctx}")
         chains = []
         n_past = common
         for s in range(0, len(rest), PROMPT_BATCH):
             chunk = np.asarray(rest[s:s + PROMPT_BATCH], dtype=np.int64)
             last = s + PROMPT_BATCH >= len(rest)
-            chains.append(self._chain({"sid": self._sid, "n_past": n_past, "x": chunk,
-                                       "sample": sample if s == 0 else None, "want": last}))
+            chains.append(self._chain({"rows": [(seq.sid, n_past, len(chunk))], "x": chunk,
+                                       "pick": {seq.sid: picker} if s == 0 else None, "want": last}))
             n_past += len(chunk)
         out = self._run(chains, "prompt" if len(rest) > 1 else "token")
-        self.tokens.extend(rest)
-        return int(out["token"])
+        seq.tokens.extend(rest)
+        return int(out["tokens"][0])
 
-    def next_token(self, token: int) -> int:
-        """Run one generated token through every stage; the next sampled token."""
-        if self.broken:
-            raise ClusterError(f"{self.broken} -- reload to go on")
-        msg = {"sid": self._sid, "n_past": len(self.tokens), "x": np.asarray([token], dtype=np.int64),
-               "sample": None, "want": True}
-        if self.dag is not None:
-            try:
-                out = self.ray.get(self.dag.execute(msg), timeout=self.step_timeout)
-            except Exception as e:
-                raise self._whodunit(e, "token") from None
-        else:
-            out = self._run([self._chain(msg)], "token")
-        self.tokens.append(int(token))
-        return int(out["token"])
+    def next_token(self, token: int, stream: Stream | None = None) -> int:
+        """Run one generated token through every stage; the next token picked."""
+        return self.decode([stream or self.default], [token])[0]
 
     def generate(self, prompt: Sequence[int], params: Any = None, n_predict: int = 128,
-                 stop_ids: set[int] | None = None, cancel: threading.Event | None = None) -> Iterator[Any]:
-        """Stream a completion of `prompt` like `Session.generate` (TokenEvent..., DoneEvent)."""
-        from ..engine.engine import ContextFullError, DoneEvent, Stats, TokenEvent
-        from ..engine.sampling import SamplingParams
-        from ..engine.tokenizer import StreamDecoder
-        params = params or SamplingParams()
-        tok = self.tokenizer
-        stop_ids = stop_ids if stop_ids is not None else set(tok.eot_ids)
+                 stop_ids: set[int] | None = None, cancel: threading.Event | None = None,
+                 stop: Sequence[str] = (), stream: Stream | None = None) -> Iterator[Any]:
+        """Stream a completion of `prompt` like `Session.generate` (TokenEvent..., DoneEvent),
+        by the same token loop (`engine.generation.Generation`), on `stream` (default: the
+        default stream)."""
+        from ..engine.engine import ContextFullError
+        from ..engine.generation import Generation
         if not prompt:
             raise ValueError("empty prompt: nothing to continue from")
-        if len(prompt) >= self.n_ctx:
-            raise ContextFullError(f"prompt of {len(prompt)} tokens does not fit the context of {self.n_ctx}")
-        stats = Stats()
         with self.lock:
-            t0 = time.perf_counter()
-            common = 0
-            for a, b in zip(self.tokens, prompt):
-                if a != b:
-                    break
-                common += 1
-            stats.prompt_tokens = len(prompt) - min(common, len(prompt) - 1)
-            nxt = self.eval(list(prompt), (params, list(prompt)))
-            stats.prompt_seconds = time.perf_counter() - t0
-            decoder = StreamDecoder(tok)
-            out: list[int] = []
-            parts: list[str] = []
-            t_dec = time.perf_counter()
-            stats.stop_reason = "length"
-            while len(out) < n_predict:
-                if cancel is not None and cancel.is_set():
-                    stats.stop_reason = "cancelled"
-                    break
-                if not out:
-                    stats.ttft = time.perf_counter() - t0
-                if nxt in stop_ids:
-                    stats.stop_reason = "eos"
-                    break
-                out.append(nxt)
-                piece = decoder.feed(nxt)
-                parts.append(piece)
-                yield TokenEvent(nxt, piece, time.perf_counter())
-                if len(self.tokens) >= self.n_ctx:
-                    stats.stop_reason = "context"
-                    break
-                if len(out) >= n_predict:
-                    break
-                nxt = self.next_token(nxt)
-            tail = decoder.flush()
-            if tail:
-                parts.append(tail)
-                yield TokenEvent(-1, tail, time.perf_counter())
-            stats.decode_tokens = max(len(out) - 1, 0)
-            stats.decode_seconds = time.perf_counter() - t_dec if stats.decode_tokens else 0.0
-            yield DoneEvent(stats, out, "".join(parts))
+            seq = stream or self.default
+            if len(prompt) >= seq.n_ctx:
+                raise ContextFullError(f"prompt of {len(prompt)} tokens does not fit the context of {seq.n_ctx}")
+            gen = Generation(self.tokenizer, list(prompt), params, n_predict, seq.n_ctx, stop, stop_ids)
+            stats = gen.stats
+
+            def first() -> int:
+                common = 0
+                for a, b in zip(seq.tokens, prompt):
+                    if a != b:
+                        break
+                    common += 1
+                stats.prompt_tokens = len(prompt) - min(common, len(prompt) - 1)
+                tok = self.eval(list(prompt), gen.picker, seq)
+                stats.prompt_seconds = time.perf_counter() - gen.t0
+                return tok
+
+            yield from gen.stream(first, lambda t: self.next_token(t, seq), lambda: len(seq.tokens), cancel)
+
+    def new_session(self, n_ctx: int) -> "PipelineSession":
+        """A session over the pipeline, as `Engine.new_session` (so `engine.Chat` runs over it)."""
+        return PipelineSession(self, n_ctx)
+
+    @property
+    def pool(self) -> Any:
+        """The worker threads of every host together (what `Engine.pool.n_threads` tells)."""
+        from types import SimpleNamespace
+        return SimpleNamespace(n_threads=sum(int(h.info.get("threads") or 0) for h in self.hosts))
 
     # -- what each host holds --------------------------------------------------------
     def proofs(self) -> list[dict]:
@@ -431,8 +541,50 @@ class RayPipeline:
         """Per host: label, layer range, the file read, load figures."""
         return [{"host": h.label, "layers": list(h.layers), "path": h.path,
                  "weight_bytes": h.info.get("weight_bytes"), "load_seconds": h.info.get("load_seconds"),
-                 "threads": h.info.get("threads"), "nodes": h.info.get("nodes")} for h in self.hosts]
+                 "threads": h.info.get("threads"), "nodes": h.info.get("nodes"),
+                 "bandwidth": h.info.get("bandwidth"), "split_by": self.split_by} for h in self.hosts]
+
+    @property
+    def path(self) -> str:
+        """The model file (the first host's path)."""
+        return self.hosts[0].path if self.hosts else self.model
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(self.hosts[0].info.get("tensor_bytes", {}).values()) if self.hosts else 0
+
+    @property
+    def n_params(self) -> int:
+        return int(self.hosts[0].info.get("n_params", 0)) if self.hosts else 0
 
     def hidden_bytes_per_token(self) -> int:
         """Bytes of hidden state moved per token: one float32 row per stage boundary."""
         return 4 * self.n_embd * max(len(self.hosts) - 1, 0)
+
+
+class PipelineSession:
+    """A request stream of a pipeline with `Session`'s interface for a conversation: `generate`,
+    `n_ctx`, `tokens`, `reset`, `close` (the workbench app's `Chat` runs over it)."""
+
+    def __init__(self, pipe: RayPipeline, n_ctx: int):
+        self.pipe = pipe
+        self.stream = pipe.open(n_ctx)
+
+    @property
+    def n_ctx(self) -> int:
+        return self.stream.n_ctx
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.stream.tokens
+
+    def generate(self, prompt: list[int], params: Any = None, n_predict: int = 128,
+                 cancel: threading.Event | None = None, stop_ids: set[int] | None = None,
+                 stop: Sequence[str] = ()) -> Iterator[Any]:
+        return self.pipe.generate(prompt, params, n_predict, stop_ids, cancel, stop, stream=self.stream)
+
+    def reset(self) -> None:
+        self.stream.tokens = []
+
+    def close(self) -> None:
+        self.pipe.close([self.stream])

@@ -1,9 +1,10 @@
-"""Which layers each host holds: contiguous ranges sized by free memory, checked per host and
+"""Which layers each host holds: contiguous ranges sized by free memory, or, when every host has
+a cached advisor probe, by its measured bandwidth within its free memory; checked per host and
 node before anything loads. Pure functions over header facts (no Ray, no engine)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from ..numa.budget import fmt_bytes
 from . import ClusterError
@@ -26,11 +27,41 @@ def layer_bytes(tensor_bytes: Mapping[str, int], n_layer: int) -> list[int]:
     return out
 
 
+def host_bandwidth(profile: Any, threads_by_node: Mapping[int, int]) -> float:
+    """Bytes/s a host's workers can stream from their own nodes' memory: the probe's local
+    bandwidth at each node's worker count, summed over the nodes the workers are on. Decoding
+    reads every weight once per token, so a stage's time per token is its bytes over this."""
+    return float(sum(profile.threads_bw(node, n) for node, n in threads_by_node.items() if n > 0))
+
+
+def bandwidth_shares(total: float, free: Sequence[float], bandwidth: Sequence[float]) -> list[float]:
+    """Bytes of the model for each host: in proportion to its bandwidth (every stage then takes
+    the same time per token), but none above its free memory; what a full host cannot take goes
+    to the others, again by bandwidth (water-filling)."""
+    share = [0.0] * len(free)
+    left = [i for i in range(len(free))]
+    rest = float(total)
+    while left:
+        wsum = sum(bandwidth[i] for i in left)
+        over = [i for i in left if rest * bandwidth[i] / wsum > free[i]]
+        if not over:
+            for i in left:
+                share[i] = rest * bandwidth[i] / wsum
+            break
+        for i in over:
+            share[i] = float(free[i])
+            rest -= free[i]
+            left.remove(i)
+    return share
+
+
 def split_layers(per_layer: Sequence[int], capacity: Sequence[int], first_extra: int = 0,
-                 last_extra: int = 0) -> list[tuple[int, int]]:
+                 last_extra: int = 0, bandwidth: Sequence[float | None] | None = None) -> list[tuple[int, int]]:
     """Contiguous [lo, hi) ranges, one per host in order, each host's share of the weights in
-    proportion to its `capacity` (free bytes); the first host also holds `first_extra` bytes
-    (the embedding) and the last `last_extra` (the output head). Every host gets a layer."""
+    proportion to its `capacity` (free bytes), or, when every host has a `bandwidth` (a cached
+    probe), to its bandwidth within its free memory (`bandwidth_shares`); the first host also
+    holds `first_extra` bytes (the embedding) and the last `last_extra` (the output head). Every
+    host gets a layer."""
     n, hosts = len(per_layer), len(capacity)
     if hosts == 0:
         raise ClusterError("the Ray cluster has no alive node")
@@ -39,6 +70,8 @@ def split_layers(per_layer: Sequence[int], capacity: Sequence[int], first_extra:
                            f"use a cluster of at most {n} nodes")
     cap = [max(int(c), 1) for c in capacity]
     total = sum(per_layer) + first_extra + last_extra
+    if bandwidth is not None and len(bandwidth) == hosts and all(b and b > 0 for b in bandwidth):
+        cap = [max(s, 1e-9) for s in bandwidth_shares(total, cap, [float(b) for b in bandwidth])]
     bounds, lo, acc = [], 0, first_extra
     for h in range(hosts - 1):
         target = total * sum(cap[:h + 1]) / sum(cap)

@@ -10,8 +10,12 @@ greedy sequence decoded in any batch gives `Session.generate`'s tokens, to the b
 
 `Scheduler` is continuous batching over that pass: up to `n_parallel` slots (one `Session`
 each), a bounded queue, requests that join and leave between passes, prompts processed in
-the same 512-token pieces as `Session.prefill`, sampling per request, stop strings, and
-cancellation at the next pass. It knows nothing about HTTP (the server builds on it).
+the same 512-token pieces as `Session.prefill`, and cancellation at the next pass; each
+request's token loop (sampling, stop ids and strings, budget, context) is a
+`engine.generation.Generation`, as in `Session.generate`. The passes themselves are a model's:
+`LocalModel` over an `Engine` here, or anything with its methods (a pipeline over Ray hosts,
+workbench.cluster, whose hosts run `stage_batch`). It knows nothing about HTTP (the server
+builds on it).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import numba
 import numpy as np
@@ -35,8 +39,9 @@ from .crew import Crew
 from .kv_cache import KVCache
 from .attention import SKIP_SLID_VALUES
 from .runtime import USE_CREW
-from .sampling import Sampler, SamplingParams
-from .tokenizer import StreamDecoder
+from .generation import Generation, Picker
+from .sampling import SamplingParams
+from ..errors import UserError
 
 PREFILL_BATCH = 512  # prompt tokens per forward pass (Session.prefill's batch, so the same numbers)
 
@@ -294,6 +299,27 @@ def decode_batch(engine: Engine, sessions: list[Session], tokens: list[int]) -> 
     return logits
 
 
+def stage_batch(engine: Engine, sessions: list[Session], inp: np.ndarray) -> np.ndarray:
+    """`decode_batch` for a pipeline stage (`Engine.load(layers=...)`): one new position per
+    session, `inp` token ids on the first stage, else the previous stage's hidden rows
+    [n, n_embd]; returns this stage's hidden rows, or on the last stage the logits [n, n_vocab].
+    Row i's numbers are those of `sessions[i].forward_stage` for its row alone. The caller holds
+    `engine.lock`."""
+    if len(sessions) != len(inp) or not sessions:
+        raise ValueError("one input row per session, at least one session")
+    for s in sessions:
+        if s.kv.n + 1 > s.kv.n_ctx:
+            raise ContextFullError(f"context full: {s.kv.n} + 1 tokens exceed n_ctx {s.kv.n_ctx}")
+    if len(sessions) == 1:
+        return sessions[0].forward_stage(inp, sessions[0].kv.n)
+    model, rt = engine.model, engine.rt
+    caches = [s.kv for s in sessions]
+    view = copy.copy(model)
+    view.rt = _BatchRuntime(rt, caches)
+    with rt.step(len(inp)):
+        return view._forward(inp, _BatchKV(caches), slice(0, len(inp)))
+
+
 # ----------------------------------------------------------------------------- requests
 @dataclass
 class ErrorEvent:
@@ -326,21 +352,22 @@ class Request:
     # -- state (scheduler thread)
     slot: int = -1
     state: str = "queued"                # queued | prompt | decode | done
-    out: list[int] = field(default_factory=list)
     stats: Stats = field(default_factory=Stats)
     t_submit: float = 0.0
-    t_first: float = 0.0
     reused: int = 0                      # prompt tokens found in the slot's cache
     kv_nodes: tuple[int, ...] = ()
     _fed: int = 0                        # prompt tokens in the cache so far
-    _next: int = -1                      # sampled token to feed at the next pass
-    _sampler: Sampler | None = None
-    _history: list[int] = field(default_factory=list)
-    _decoder: StreamDecoder | None = None
-    _sent: str = ""                      # text given out
-    _held: str = ""                      # text held back: it may be the start of a stop string
-    _logits: np.ndarray | None = None
-    _t_dec: float = 0.0
+    _next: int = -1                      # picked token to feed at the next pass
+    _gen: Generation | None = None       # the token loop's bookkeeping (engine/generation.py)
+
+    @property
+    def out(self) -> list[int]:
+        """Tokens generated so far."""
+        return self._gen.out if self._gen is not None else []
+
+    @property
+    def t_first(self) -> float:
+        return self._gen.t_first if self._gen is not None else 0.0
 
 
 @dataclass(frozen=True)
@@ -358,10 +385,50 @@ class ActiveRequest:
     age: float
 
 
+class LocalModel:
+    """The passes a `Scheduler` runs, over an `Engine` in this process: the logits stay here and
+    each request's `Picker` samples them. A model pipelined over hosts (workbench.cluster) offers
+    the same methods and samples on its last host; the scheduler cannot tell them apart."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.n_ctx_train = engine.cfg.n_ctx_train
+
+    def open(self, n_ctx: int) -> Session:
+        """A sequence slot: a KV cache of n_ctx positions (`.tokens` lists what it holds)."""
+        return self.engine.new_session(n_ctx)
+
+    def truncate(self, seq: Session, n: int) -> None:
+        """Keep the first n cached positions."""
+        seq.kv.truncate(n)
+        del seq.tokens[n:]
+
+    def prefill(self, seq: Session, piece: list[int], picker: Picker, first: bool, last: bool) -> int | None:
+        """Append a piece of a prompt to the cache; on its last piece, the first token picked."""
+        with self.engine.lock:
+            logits = seq.eval(piece, batch=PREFILL_BATCH)
+        return picker.pick(logits) if last else None
+
+    def decode(self, seqs: list[Session], tokens: list[int], pickers: list[Picker]) -> list[int]:
+        """Feed one token to each sequence in one pass; the next token picked for each."""
+        with self.engine.lock:
+            logits = decode_batch(self.engine, seqs, tokens)
+        return [p.pick(lg) for p, lg in zip(pickers, logits)]
+
+    def kv_nodes(self, seq: Session) -> tuple[int, ...]:
+        return tuple(sorted({n for b in seq.kv_layout.buffers() for n in b.intended}))
+
+    def close(self, seqs: list[Session]) -> None:
+        with self.engine.lock:  # the slots' KV caches go back now, not at garbage collection
+            for s in seqs:
+                s.close()
+
+
 @dataclass
 class _Slot:
     index: int
-    session: Session
+    session: Any                          # the model's sequence handle (a Session for LocalModel)
     request: Request | None = None
     prompt: list[int] = field(default_factory=list)  # the last request's prompt (for reuse)
     used: float = 0.0
@@ -378,15 +445,17 @@ class Scheduler:
     `Session.generate` on a fresh session.
     """
 
-    def __init__(self, engine: Engine, n_parallel: int = 4, n_ctx: int = 4096, max_queue: int = 64):
+    def __init__(self, engine: Any, n_parallel: int = 4, n_ctx: int = 4096, max_queue: int = 64):
         """`n_parallel` slots of `n_ctx` tokens each (KV caches placed as the engine's sessions);
-        up to `max_queue` requests may wait for a slot."""
+        up to `max_queue` requests may wait for a slot. `engine` is an Engine, or any model
+        with `LocalModel`'s methods (a pipeline over Ray hosts)."""
         if n_parallel < 1:
             raise ValueError(f"n_parallel must be >= 1 (got {n_parallel})")
         self.engine = engine
-        self.n_ctx = min(n_ctx, engine.cfg.n_ctx_train)
+        self.model = LocalModel(engine) if isinstance(engine, Engine) else engine
+        self.n_ctx = min(n_ctx, self.model.n_ctx_train)
         self.max_queue = max_queue
-        self.slots = [_Slot(i, engine.new_session(self.n_ctx)) for i in range(n_parallel)]
+        self.slots = [_Slot(i, self.model.open(self.n_ctx)) for i in range(n_parallel)]
         self._queue: deque[Request] = deque()
         self._cv = threading.Condition()
         self._accepting = True
@@ -487,9 +556,7 @@ class Scheduler:
             self._cv.notify()
         self._thread.join(timeout=30)
         if not self._thread.is_alive():
-            with self.engine.lock:  # the slots' KV caches go back now, not at garbage collection
-                for s in self.slots:
-                    s.session.close()
+            self.model.close([s.session for s in self.slots])
 
     # -- the loop ----------------------------------------------------------------
     def _run(self) -> None:
@@ -503,7 +570,8 @@ class Scheduler:
             try:
                 self._iteration()
             except Exception as e:  # noqa: BLE001 - a failed pass fails its requests, not the server
-                msg = f"{type(e).__name__}: {e}"
+                # a user-facing error (a pipeline host that stopped) is its one line as it is
+                msg = str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"
                 for s in self.slots:
                     if s.request is not None:
                         self._finish(s, error=msg)
@@ -544,22 +612,20 @@ class Scheduler:
     def _start(self, slot: _Slot, req: Request) -> None:
         s = slot.session
         keep = self._reusable(slot, req.prompt)
-        s.kv.truncate(keep)
-        del s.tokens[keep:]
+        self.model.truncate(s, keep)
         req.slot, req.state, req.reused, req._fed = slot.index, "prompt", keep, keep
-        req._sampler = Sampler(req.params)
-        req._history = list(req.prompt)
-        req._decoder = StreamDecoder(self.engine.tokenizer)
-        if req.stop_ids is None:
-            req.stop_ids = set(self.engine.tokenizer.eot_ids)
         budget = self.n_ctx - len(req.prompt)
         req.n_predict = budget if req.n_predict < 0 else min(req.n_predict, budget)
+        req._gen = Generation(self.model.tokenizer, req.prompt, req.params, req.n_predict, self.n_ctx, req.stop,
+                              req.stop_ids, req.frequency_penalty, req.presence_penalty, t0=req.t_submit,
+                              stats=req.stats)
+        req.stop_ids = req._gen.stop_ids
         req.stats.prompt_tokens = len(req.prompt) - keep
-        req.kv_nodes = tuple(sorted({n for b in s.kv_layout.buffers() for n in b.intended}))
+        req.kv_nodes = self.model.kv_nodes(s)
         slot.request, slot.prompt, slot.used = req, list(req.prompt), time.perf_counter()
 
     def _iteration(self) -> None:
-        eng = self.engine
+        model = self.model
         # cancelled requests leave first
         for s in self.slots:
             if s.request is not None and s.request.cancel.is_set():
@@ -572,28 +638,27 @@ class Scheduler:
             req = slot.request
             t0 = time.perf_counter()
             piece = req.prompt[req._fed:req._fed + PREFILL_BATCH]
-            with eng.lock:
-                logits = slot.session.eval(piece, batch=PREFILL_BATCH)
+            last = req._fed + len(piece) >= len(req.prompt)
+            tok = model.prefill(slot.session, piece, req._gen.picker, req._fed == req.reused, last)
             req._fed += len(piece)
             dt = time.perf_counter() - t0
             req.stats.prompt_seconds += dt
             self.busy_seconds += dt
-            if req._fed >= len(req.prompt):
+            if last:
                 self.prompt_tokens_total += req.stats.prompt_tokens
                 req.state = "decode"
-                req._t_dec = time.perf_counter()
-                req._logits = logits
-                if req.n_predict == 0:  # the prompt only (as generate -n 0)
-                    self._finish(slot, reason="length")
+                req._gen.begin_decode()
+                if req._gen.done:  # the prompt only (as generate -n 0)
+                    self._finish(slot)
                 else:
-                    self._sample(slot)
+                    self._take(slot, tok)
         # one pass for every sequence with a token to feed
         rows = [s for s in self.slots if s.request is not None and s.request.state == "decode"
                 and s.request._next >= 0]
         if rows:
             t0 = time.perf_counter()
-            with eng.lock:
-                logits = decode_batch(eng, [s.session for s in rows], [s.request._next for s in rows])
+            picked = model.decode([s.session for s in rows], [s.request._next for s in rows],
+                                  [s.request._gen.picker for s in rows])
             dt = time.perf_counter() - t0
             now = time.perf_counter()
             self.busy_seconds += dt
@@ -603,75 +668,19 @@ class Scheduler:
             self._recent.append((now, len(rows)))
             while self._recent and now - self._recent[0][0] > 30:
                 self._recent.popleft()
-            for s, lg in zip(rows, logits):
-                r = s.request
-                r._logits = lg
-                r._next = -1
-                self._sample(s)
+            for s, tok in zip(rows, picked):
+                s.request._next = -1
+                self._take(s, tok)
 
-    def _sample(self, slot: _Slot) -> None:
-        """Sample the next token of a slot's request from its logits; emit, or finish."""
+    def _take(self, slot: _Slot, tok: int) -> None:
+        """The token picked next for a slot's request: give out its text, or finish."""
         req = slot.request
-        logits = req._logits
-        if req.frequency_penalty or req.presence_penalty:
-            logits = np.array(logits, dtype=np.float32)
-            recent = req._history[-req.params.repeat_last_n:] if req.params.repeat_last_n > 0 else []
-            if recent:
-                ids, counts = np.unique(np.asarray(recent, dtype=np.int64), return_counts=True)
-                logits[ids] -= (counts * req.frequency_penalty + req.presence_penalty).astype(np.float32)
-        nxt = req._sampler.sample(logits, req._history)
-        now = time.perf_counter()
-        if not req.out:
-            req.stats.ttft = now - req.t_submit
-            req.t_first = now
-        if nxt in req.stop_ids:
-            self._finish(slot, reason="eos")
-            return
-        req.out.append(nxt)
-        req._history.append(nxt)
-        if self._emit(req, req._decoder.feed(nxt), now):
-            self._finish(slot, reason="stop")
-            return
-        if len(slot.session.tokens) >= self.n_ctx:
-            self._finish(slot, reason="context")
-            return
-        if len(req.out) >= req.n_predict:
-            self._finish(slot, reason="length")
-            return
-        req._next = nxt
-
-    def _emit(self, req: Request, piece: str, now: float) -> bool:
-        """Give out new text, holding back what may begin a stop string; True when one was hit."""
-        if not piece:
-            return False
-        if not req.stop:
-            req._sent += piece
-            req.on_event(TokenEvent(req.out[-1] if req.out else -1, piece, now))
-            return False
-        text = req._held + piece
-        start = max(0, len(req._sent) - max(len(s) for s in req.stop))
-        full = req._sent + text
-        hits = [i for i in (full.find(s, start) for s in req.stop) if i >= 0]
-        if hits:
-            cut = min(hits)
-            out = full[len(req._sent):cut]
-            req._held = ""
-            if out:
-                req._sent += out
-                req.on_event(TokenEvent(req.out[-1], out, now))
-            return True
-        hold = 0
-        for s in req.stop:
-            for k in range(min(len(s) - 1, len(full)), 0, -1):
-                if full.endswith(s[:k]):
-                    hold = max(hold, k)
-                    break
-        hold = min(hold, len(text))
-        out, req._held = text[:len(text) - hold], text[len(text) - hold:]
-        if out:
-            req._sent += out
-            req.on_event(TokenEvent(req.out[-1], out, now))
-        return False
+        for ev in req._gen.accept(tok, len(slot.session.tokens)):
+            req.on_event(ev)
+        if req._gen.done:
+            self._finish(slot)
+        else:
+            req._next = tok
 
     def _finish(self, slot: _Slot, reason: str = "", error: str = "") -> None:
         req = slot.request
@@ -684,22 +693,10 @@ class Scheduler:
             self.requests_failed += 1
             req.on_event(ErrorEvent(error))
             return
-        tail = ""
-        if reason not in ("cancelled",) and req._decoder is not None:
-            tail = req._decoder.flush()
-            if reason != "stop":
-                tail = req._held + tail
-                req._held = ""
-        if tail and reason != "stop":
-            req._sent += tail
-            req.on_event(TokenEvent(-1, tail, time.perf_counter()))
-        st = req.stats
-        st.stop_reason = reason
-        st.decode_tokens = max(len(req.out) - 1, 0)
-        # as Session.generate: the wall time from the end of the prompt to the last token
-        st.decode_seconds = time.perf_counter() - req._t_dec if st.decode_tokens and req._t_dec else 0.0
-        if reason == "cancelled":
+        events = req._gen.finish(reason or None)
+        if req._gen.reason == "cancelled":
             self.requests_cancelled += 1
         else:
             self.requests_done += 1
-        req.on_event(DoneEvent(st, list(req.out), req._sent))
+        for ev in events:
+            req.on_event(ev)

@@ -25,8 +25,8 @@ from .runtime import Runtime
 
 ProgressFn = Callable[[ProgressEvent], None]
 DEFAULT_CTX = 4096
-from .sampling import Sampler, SamplingParams
-from .tokenizer import StreamDecoder, Tokenizer
+from .sampling import SamplingParams
+from .tokenizer import Tokenizer
 
 
 def default_model_path() -> str:
@@ -483,63 +483,32 @@ class Session:
         return self.eval(ids[common:], batch=64 if cancel is not None else 512, cancel=cancel)
 
     def generate(self, prompt: list[int], params: SamplingParams | None = None, n_predict: int = 128,
-                 cancel: threading.Event | None = None, stop_ids: set[int] | None = None) -> Iterator[TokenEvent | DoneEvent]:
-        """Stream a completion of `prompt` (token ids); the cache keeps prompt + reply."""
+                 cancel: threading.Event | None = None, stop_ids: set[int] | None = None,
+                 stop: Iterable[str] = ()) -> Iterator[TokenEvent | DoneEvent]:
+        """Stream a completion of `prompt` (token ids); the cache keeps prompt + reply. The token
+        loop (stop ids and strings, budget, context, cancel) is `Generation`'s."""
+        from .generation import Generation
         eng = self.engine
-        tok = eng.tokenizer
-        params = params or SamplingParams()
-        sampler = Sampler(params)
-        stop_ids = stop_ids if stop_ids is not None else set(tok.eot_ids)
-        stats = Stats()
         if not prompt:
             raise ValueError("empty prompt: nothing to continue from")
         if len(prompt) >= self.n_ctx:
             raise ContextFullError(f"prompt of {len(prompt)} tokens does not fit the context of {self.n_ctx}")
-        with eng.lock:
-            t0 = time.perf_counter()
+        gen = Generation(eng.tokenizer, list(prompt), params, n_predict, self.n_ctx, stop, stop_ids)
+        stats = gen.stats
+
+        def first() -> int:
             stats.prompt_tokens = len(prompt) - self._reused(prompt)
+            logits = self.prefill(prompt, cancel)
+            stats.prompt_seconds = time.perf_counter() - gen.t0
+            return gen.picker.pick(logits)
+
+        with eng.lock:
             try:
-                logits = self.prefill(prompt, cancel)
+                yield from gen.stream(first, lambda t: gen.picker.pick(self.eval([t])),
+                                      lambda: len(self.tokens), cancel)
             except Cancelled:
-                stats.stop_reason = "cancelled"
-                stats.prompt_seconds = time.perf_counter() - t0
-                yield DoneEvent(stats, [], "")
-                return
-            stats.prompt_seconds = time.perf_counter() - t0
-            decoder = StreamDecoder(tok)
-            out: list[int] = []
-            history = list(prompt)
-            text_parts: list[str] = []
-            t_dec = time.perf_counter()
-            stats.stop_reason = "length"
-            while len(out) < n_predict:
-                if cancel is not None and cancel.is_set():
-                    stats.stop_reason = "cancelled"
-                    break
-                nxt = sampler.sample(logits, history)
-                if not out:
-                    stats.ttft = time.perf_counter() - t0
-                if nxt in stop_ids:
-                    stats.stop_reason = "eos"
-                    break
-                out.append(nxt)
-                history.append(nxt)
-                piece = decoder.feed(nxt)
-                text_parts.append(piece)
-                yield TokenEvent(nxt, piece, time.perf_counter())
-                if len(self.tokens) >= self.n_ctx:
-                    stats.stop_reason = "context"
-                    break
-                if len(out) >= n_predict:
-                    break
-                logits = self.eval([nxt])
-            tail = decoder.flush()
-            if tail:
-                text_parts.append(tail)
-                yield TokenEvent(-1, tail, time.perf_counter())
-            stats.decode_tokens = max(len(out) - 1, 0)
-            stats.decode_seconds = time.perf_counter() - t_dec if stats.decode_tokens else 0.0
-            yield DoneEvent(stats, out, "".join(text_parts))
+                stats.prompt_seconds = time.perf_counter() - gen.t0
+                yield from gen.finish("cancelled")
 
     def _reused(self, prompt: list[int]) -> int:
         common = 0

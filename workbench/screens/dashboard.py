@@ -62,7 +62,9 @@ class MemoryBars(Widget):
         self.refresh(layout=True)
 
     def get_content_height(self, container, viewport, width: int) -> int:  # noqa: ANN001
-        return max(1, 1 + 2 * len(self.snapshot.nodes) + (1 + len(self.snapshot.buffers)))
+        s = self.snapshot
+        per_host = 2 * len(s.hosts)  # a pipeline: each host's heading and its proof's heading
+        return max(1, 1 + 2 * len(s.nodes) + (1 + len(s.buffers)) + per_host - (1 if s.hosts else 0))
 
     def _bar(self, n, width: int) -> Text:  # noqa: ANN001
         pal, col = self.palette, self.palette.node(n.node)
@@ -95,23 +97,40 @@ class MemoryBars(Widget):
         legend.append("· free", style=self.palette.system)
         out.append_text(legend)
         out.append("\n")
-        for n in s.nodes:
+        if s.hosts:  # a pipeline over Ray hosts: each host's nodes, then its proof
+            for heading in s.hosts:
+                host = heading.split(" ", 2)[1]
+                out.append(heading, style="bold underline")
+                out.append("\n")
+                self._node_rows(out, [n for n in s.nodes if n.host == host], width, "  ")
+                self._proof_rows(out, [b for b in s.buffers if b.host == host], "  ")
+                out.append("\n")
+            out.rstrip()
+            return out
+        self._node_rows(out, s.nodes, width, "")
+        self._proof_rows(out, s.buffers, "")
+        return out
+
+    def _node_rows(self, out: Text, nodes, width: int, indent: str) -> None:  # noqa: ANN001
+        for n in nodes:
             col = self.palette.node(n.node)
-            out.append(f"node {n.node:<2}", style=f"bold {col}")
+            out.append(f"{indent}node {n.node:<2}", style=f"bold {col}")
             out.append(" [")
-            out.append_text(self._bar(n, width))
+            out.append_text(self._bar(n, width - len(indent)))
             out.append("]\n")
             place = "-" if n.in_place is None else f"{100 * n.in_place:.1f}%"
-            out.append(f"  W {fmt_short(n.weights)}  KV {fmt_short(n.kv)}  other {fmt_short(n.other)}  "
+            out.append(f"{indent}  W {fmt_short(n.weights)}  KV {fmt_short(n.kv)}  other {fmt_short(n.other)}  "
                        f"system {fmt_short(n.system)}  free {fmt_short(n.free)}/{fmt_short(n.total)}  "
                        f"in place {place}", style="dim" if not (n.weights or n.kv) else "")
             out.append("\n")
-        out.append("proof (pages on intended nodes):", style="bold")
-        for b in s.buffers:
+
+    @staticmethod
+    def _proof_rows(out: Text, buffers, indent: str) -> None:  # noqa: ANN001
+        out.append(f"{indent}proof (pages on intended nodes):", style="bold")
+        for b in buffers:
             share = "n/a" if b.share is None else f"{100 * b.share:.1f}%"
             style = "" if b.share is None or b.share >= 0.99 else "bold red"
-            out.append(f"\n  {b.label} ({fmt_bytes(b.nbytes)}): {share}", style=style)
-        return out
+            out.append(f"\n{indent}  {b.label} ({fmt_bytes(b.nbytes)}): {share}", style=style)
 
 
 class RatesPanel(Vertical):
@@ -416,7 +435,7 @@ class Dashboard(VerticalScroll):
         yield Static("", id="banner")
         yield LoadPanel(id="load-panel")
         yield DashPanel("placement", Controls(id="controls"), id="controls-panel")
-        yield DashPanel("memory per node", MemoryBars(id="memory"), id="memory-panel")
+        yield DashPanel("memory per node", MemoryBars(id="memory"), id="memory-panel")  # per host, then node
         requests: DataTable = DataTable(id="requests", cursor_type="none", zebra_stripes=True)
         yield DashPanel("serving", Static("", id="serving-text"), requests, id="serving-panel")
         yield DashPanel("token rates", RatesPanel(id="rates"), id="rates-panel")
@@ -454,6 +473,7 @@ class Dashboard(VerticalScroll):
         except NoMatches:  # not composed yet: on_mount shows it
             return
         banner.update(self._banner(s))
+        self.query_one("#memory-panel").border_title = "memory per host and node" if s.hosts else "memory per node"
         self.query_one(MemoryBars).show(s, self.palette)
         self.query_one(RatesPanel).show(s)
         self._advice(s)
@@ -490,7 +510,12 @@ class Dashboard(VerticalScroll):
         thread that calls the engine ("caller"), the others on their pinned pool threads."""
         table = self.query_one("#workers", DataTable)
         table.clear()
+        host = None
         for w in s.workers:
+            if s.hosts and w.host != host:  # a pipeline: a heading row per host, its workers under it
+                host = w.host
+                heading = next((h for h in s.hosts if h.split(" ", 2)[1] == host), f"host {host}")
+                table.add_row(Text(heading.split(" · ")[0], style="bold underline"), "", "", "", "", "", "")
             node = w.actual_node if w.actual_node is not None else None
             where = Text("-", style="dim") if node is None else Text(f"● {node}", style=self.palette.node(node))
             if w.actual_cpu is None:

@@ -26,11 +26,14 @@ class _Collector:
     def collect(self):
         st = self.state
         sch = st.scheduler
-        with _lock:
-            tel = _telemetry.get(id(st.engine))
-            if tel is None:
-                tel = _telemetry[id(st.engine)] = Telemetry(st.engine, max_pages=512)
-            snap = tel.sample()
+        if hasattr(st.engine, "proofs"):  # a pipeline over Ray hosts: each host's proof
+            snap = None
+        else:
+            with _lock:
+                tel = _telemetry.get(id(st.engine))
+                if tel is None:
+                    tel = _telemetry[id(st.engine)] = Telemetry(st.engine, max_pages=512)
+                snap = tel.sample()
         c = CounterMetricFamily("numawb_http_requests", "HTTP requests by path and status", labels=["path", "status"])
         with st.lock:
             for (path, status), n in sorted(st.http.items()):
@@ -54,6 +57,9 @@ class _Collector:
                                 value=sch.decode_rate(5.0))
         yield CounterMetricFamily("numawb_busy_seconds", "Seconds the scheduler spent in forward passes",
                                   value=sch.busy_seconds)
+        if snap is None:
+            yield from _hosts(st.engine)
+            return
         w = GaugeMetricFamily("numawb_node_weights_bytes", "Bytes of model weights on each node", labels=["node"])
         k = GaugeMetricFamily("numawb_node_kv_bytes", "Bytes of KV cache on each node", labels=["node"])
         f = GaugeMetricFamily("numawb_node_free_bytes", "Free memory on each node", labels=["node"])
@@ -75,6 +81,43 @@ class _Collector:
             b.add_metric([str(row.index), str(row.actual_cpu if row.actual_cpu is not None else row.cpu),
                           str(row.actual_node if row.actual_node is not None else row.node)], row.busy)
         yield b
+
+
+def _hosts(pipe):
+    """Per host and node of a pipeline: bytes of weights and KV cache and the share of pages in
+    place, from each host's own proof (a host that does not answer leaves its rows out)."""
+    from ..errors import UserError
+    try:
+        proofs = pipe.proofs()
+    except UserError:
+        proofs = []
+    w = GaugeMetricFamily("numawb_node_weights_bytes", "Bytes of model weights on each node", labels=["host", "node"])
+    k = GaugeMetricFamily("numawb_node_kv_bytes", "Bytes of KV cache on each node", labels=["host", "node"])
+    p = GaugeMetricFamily("numawb_node_pages_in_place_ratio", "Share of pages meant for the node that are on it",
+                          labels=["host", "node"])
+    for pr in proofs:
+        for node, kinds in pr["nodes"].items():
+            w.add_metric([pr["label"], node], kinds.get("weights", 0))
+            k.add_metric([pr["label"], node], kinds.get("kv", 0))
+        for node, share in _in_place(pr["buffers"]).items():
+            p.add_metric([pr["label"], node], share)
+    yield w
+    yield k
+    yield p
+
+
+def _in_place(buffers: list[dict]) -> dict[str, float]:
+    """Per intended node: the share of the pages meant for it that are on it."""
+    meant: dict[str, int] = {}
+    there: dict[str, int] = {}
+    for b in buffers:
+        pages = b["pages_by_node"]
+        total = sum(v for v in pages.values())
+        for n in b["intended"]:
+            n = str(n)
+            meant[n] = meant.get(n, 0) + total
+            there[n] = there.get(n, 0) + pages.get(n, 0)
+    return {n: there[n] / meant[n] for n in meant if meant[n]}
 
 
 def render(state) -> tuple[bytes, str]:

@@ -7,6 +7,7 @@ import contextlib
 import signal
 import sys
 import threading
+from typing import Any, Callable
 
 import uvicorn
 
@@ -52,7 +53,9 @@ def slot_context(total: int, n_parallel: int) -> int:
     return DEFAULT_CTX if total <= 0 else total // n_parallel
 
 
-def serve(args: argparse.Namespace) -> int:
+def serve(args: argparse.Namespace, load: Callable[[int], Any] | None = None) -> int:
+    """Serve until SIGTERM/SIGINT. `load(total_ctx)` gives the model to serve (default: an Engine
+    from the model flags; `--ray`: a pipeline over a Ray cluster, workbench.cluster.cli)."""
     from ..cli import UserError, _load_engine
     if args.parallel < 1:
         raise UserError(f"-np must be >= 1 (got {args.parallel})")
@@ -63,7 +66,7 @@ def serve(args: argparse.Namespace) -> int:
         raise UserError(f"-c {args.ctx_size} leaves {n_ctx} tokens per slot for {args.parallel} slots")
     if args.max_queue < 0:
         raise UserError(f"--max-queue must be >= 0 (got {args.max_queue})")
-    eng = _load_engine(args)
+    eng = load(n_ctx * args.parallel) if load is not None else _load_engine(args)
     sched = None
     try:
         try:
@@ -76,8 +79,9 @@ def serve(args: argparse.Namespace) -> int:
                                 access_log=False)
         server = _Server(config)
         server.state = state
+        over = f", over {len(eng.hosts)} Ray hosts" if hasattr(eng, "hosts") else ""
         server.banner = (f"numawb: serving {state.model_id} on http://{args.host}:{args.port} "
-                         f"({args.parallel} slots x {sched.n_ctx} tokens)")
+                         f"({args.parallel} slots x {sched.n_ctx} tokens{over})")
         try:
             server.run()
         except SystemExit:  # uvicorn exits when it cannot bind
