@@ -189,7 +189,8 @@ def kernels(mode: int) -> dict:
     @numba.njit(**_NB)
     def q4_K_matvec(w, xp, out, r0, r1):
         # whole groups of 8 rows with rows in lanes (k4_rows), the rest row by row: same float order
-        r8 = r0 + (r1 - r0) // 8 * 8
+        # (a matrix llama.cpp does not repack, rows % 8 != 0, takes vec_dot's order, row by row)
+        r8 = r0 + (r1 - r0) // 8 * 8 if w.shape[0] % 8 == 0 else r0
         q4_K_gemv_rows8(w, xp, out, r0, r8)
         q4_K_matvec_rows(w, xp, out, r8, r1)
 
