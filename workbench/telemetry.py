@@ -261,7 +261,7 @@ def pipeline_snapshot(proofs: list[dict[str, Any]], seq: int = 0, now: float | N
         for w in p["workers"]:
             workers.append(WorkerRow(w["index"], w["wanted_cpu"], w["wanted_node"], w["cpu"], w["node"],
                                      f"layers {p['layers'][0]}..{p['layers'][1] - 1}",
-                                     0.0, bool(w["misplaced"]), "pool", host))
+                                     float(w.get("busy", 0.0)), bool(w["misplaced"]), w.get("thread", "pool"), host))
     placement = {"weights": first.get("weights_mode", ""), "kv": first.get("kv_mode", ""),
                  "threads": len(workers), "policy": f"{len(proofs)} hosts"}
     return Snapshot(seq=seq, t=time.time() if now is None else now, source="live", simulated=False, model=model,

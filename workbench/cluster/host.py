@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+import threading
 import time
 from typing import Any
 
@@ -141,6 +142,7 @@ class StageHost:
         from ..engine.batch import stage_batch
         rows = msg["rows"]
         self.busy_since = time.monotonic()
+        self.caller_tid = threading.get_native_id()  # worker 0's share runs on this thread
         try:
             sessions = [self.sessions[sid] for sid, _, _ in rows]
             with self.engine.lock:
@@ -167,6 +169,7 @@ class StageHost:
                            for i, (sid, _, _) in enumerate(rows)]}
 
     busy_since: float | None = None
+    caller_tid: int | None = None
 
     def ping(self) -> tuple[str, float]:
         """This host's label and for how long its current step has run (0: idle); answered
@@ -183,6 +186,7 @@ class StageHost:
         buffers = eng.buffers()
         proofs = prove(buffers)
         stat = process_numastat(buffers)
+        busy = eng.pool.busy_fraction()  # since the previous proof (before check() runs on the workers)
         workers = eng.pool.check()
         p = eng.placement
         from ..numa.budget import free_per_node
@@ -199,8 +203,20 @@ class StageHost:
                 "buffers": [{"label": b.label, "kind": b.kind, "intended": list(b.intended), "bytes": b.nbytes,
                              "pages_by_node": {str(k): v for k, v in b.pages_by_node.items()},
                              "share_in_place": b.share} for b in proofs],
-                "workers": [{"index": w.index, "cpu": w.actual_cpu, "node": w.actual_node, "wanted_cpu": w.cpu,
-                             "wanted_node": w.node, "misplaced": w.misplaced} for w in workers]}
+                "workers": [self._worker_row(w, busy, topo) for w in workers]}
+
+    def _worker_row(self, w: Any, busy: list[float], topo: Any) -> dict[str, Any]:
+        """Where a worker runs; worker 0's share runs on the thread that runs the steps (as in one
+        process, where it is the caller's), so its row is that thread's CPU (None before a step)."""
+        from ..telemetry import thread_cpu
+        row = {"index": w.index, "cpu": w.actual_cpu, "node": w.actual_node, "wanted_cpu": w.cpu,
+               "wanted_node": w.node, "misplaced": w.misplaced, "thread": "pool",
+               "busy": busy[w.index] if w.index < len(busy) else 0.0}
+        if w.index == 0:
+            cpu = thread_cpu(self.caller_tid) if self.caller_tid is not None else None
+            node = topo.cpu_node.get(cpu) if cpu is not None else None
+            row.update(cpu=cpu, node=node, thread="caller", misplaced=node is not None and node != w.node)
+        return row
 
     # -- cost ----------------------------------------------------------------------
     def relay(self, msg: dict[str, Any]) -> dict[str, Any]:

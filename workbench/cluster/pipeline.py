@@ -303,7 +303,7 @@ class RayPipeline:
         if dag is not None:  # may wait on a dead actor: in the background, bounded
             t = threading.Thread(target=dag.teardown, daemon=True)
             t.start()
-            t.join(10)
+            t.join(60)
 
     def _whodunit(self, e: BaseException, what: str) -> ClusterError:
         """After a compiled step failed: ask every host (short timeout) which one died or is stuck."""
@@ -338,10 +338,22 @@ class RayPipeline:
         for seq in self.seqs.values():
             seq.tokens = []
 
-    def reload(self) -> None:
-        """Start over after a failure: new actors on the nodes alive now, every part loaded again."""
+    def reload(self, settle: float = 30.0) -> None:
+        """Start over after a failure: new actors on the nodes alive now, every part loaded again.
+        A host that dies during the reload itself (its node going down with the failure that
+        broke the pipeline, before Ray has marked it dead) gets one more try, once the cluster's
+        alive nodes have changed or after `settle` seconds."""
         with self.lock:
-            self.load()
+            before = {n["NodeID"] for n in alive_nodes(self.ray)} if self.ray.is_initialized() else set()
+            try:
+                self.load()
+            except ClusterError as e:
+                if "its Ray actor died" not in str(e):
+                    raise
+                end = time.monotonic() + settle
+                while time.monotonic() < end and {n["NodeID"] for n in alive_nodes(self.ray)} == before:
+                    time.sleep(0.5)
+                self.load()
 
     def close_actors(self) -> None:
         self._teardown()
