@@ -196,8 +196,9 @@ def store_i8(typingctx, a, off, v):
 # ----------------------------------------------------------------------------- kernel
 def q4_K_gemv_rows8(mode: int):
     """The Q4_K gemv of whole groups of 8 rows (rows in lanes after the integer work) for one
-    instruction-set mode: ``fn(w, xp, out, r0, r1)`` with (r1 - r0) % 8 == 0, float order of
-    ggml_gemv_q4_K_8x8_q8_K per row."""
+    instruction-set mode: ``fn(w, xp, out, r0, r1)`` computes the whole groups of 8 rows from r0
+    ((r1 - r0) // 8 of them; callers pass (r1 - r0) % 8 == 0 and do the rest row by row), float order
+    of ggml_gemv_q4_K_8x8_q8_K per row."""
     @numba.njit(inline="always")
     def row(wf, o, xq, xo, bsv):
         """The block at byte o: fold_sm of (its scaled dot lanes, its mins lanes)."""
@@ -228,7 +229,7 @@ def q4_K_gemv_rows8(mode: int):
         # run at a third of the memory speed), then reduced together per super-block
         lanes = np.empty(nb * 64, np.int32)
         bt = bsum_table(xb)
-        for i in range(r0, r1, 8):
+        for i in range(r0, r1 - 7, 8):   # whole groups only (never past r1)
             for r in range(8):
                 o = (i + r) * rb
                 for b in range(nb):
