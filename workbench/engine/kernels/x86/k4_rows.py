@@ -113,16 +113,16 @@ def load_i16x16(typingctx, a, off):
     return sig, lambda context, builder, sig, args: _arr_load(context, builder, sig, args, 0, _V16S)
 
 
-@numba.njit(**_NB)
-def bsum_table(xb):
-    """int16 [nb * 16]: per super-block, 8 zeros then the 8 bsums of 32-element sub-blocks (|bsum| <=
-    32 * 127, exact): pmaddwd of ``k4_sv`` with it gives the mins' pair sums in lanes 4-7."""
+@numba.njit(inline="always")
+def bsum_table(xb, t, at):
+    """Into int16 ``t[at:at + nb * 16]``: per super-block, 8 zeros then the 8 bsums of 32-element
+    sub-blocks (|bsum| <= 32 * 127, exact): pmaddwd of ``k4_sv`` with it gives the mins' pair sums in
+    lanes 4-7."""
     nb = xb.shape[0] // 16
-    t = np.zeros(nb * 16, np.int16)
     for b in range(nb):
         for j in range(8):
-            t[b * 16 + 8 + j] = np.int16(xb[b * 16 + 2 * j] + xb[b * 16 + 2 * j + 1])
-    return t
+            t[at + b * 16 + j] = 0
+            t[at + b * 16 + 8 + j] = np.int16(xb[b * 16 + 2 * j] + xb[b * 16 + 2 * j + 1])
 
 
 @intrinsic
@@ -196,8 +196,9 @@ def store_i8(typingctx, a, off, v):
 # ----------------------------------------------------------------------------- kernel
 def q4_K_gemv_rows8(mode: int):
     """The Q4_K gemv of whole groups of 8 rows (rows in lanes after the integer work) for one
-    instruction-set mode: ``fn(w, xp, out, r0, r1)`` with (r1 - r0) % 8 == 0, float order of
-    ggml_gemv_q4_K_8x8_q8_K per row."""
+    instruction-set mode: ``fn(w, xp, out, r0, r1)`` computes the whole groups of 8 rows from r0
+    ((r1 - r0) // 8 of them; callers pass (r1 - r0) % 8 == 0 and do the rest row by row), float order
+    of ggml_gemv_q4_K_8x8_q8_K per row."""
     @numba.njit(inline="always")
     def row(wf, o, xq, xo, bsv):
         """The block at byte o: fold_sm of (its scaled dot lanes, its mins lanes)."""
@@ -226,13 +227,16 @@ def q4_K_gemv_rows8(mode: int):
         # folded lanes of the group's 8 rows per super-block: the rows are read one after the other
         # (one sequential stream, which the hardware prefetcher follows; 8 interleaved row streams
         # run at a third of the memory speed), then reduced together per super-block
-        lanes = np.empty(nb * 64, np.int32)
-        bt = bsum_table(xb)
-        for i in range(r0, r1, 8):
+        # one allocation per call (the runtime calls it on pieces of 32 rows): the scratch lanes,
+        # then the bsum table
+        lanes = np.empty(nb * 72, np.int32)
+        bt = lanes.view(np.int16)
+        bsum_table(xb, bt, nb * 128)
+        for i in range(r0, r1 - 7, 8):   # whole groups only (never past r1)
             for r in range(8):
                 o = (i + r) * rb
                 for b in range(nb):
-                    store_i8(lanes, (b * 8 + r) * 8, row(wf, o + b * 144, xq, b * 256, load_i16x16(bt, b * 16)))
+                    store_i8(lanes, (b * 8 + r) * 8, row(wf, o + b * 144, xq, b * 256, load_i16x16(bt, nb * 128 + b * 16)))
             acc = f_zero()
             accm = f_zero()
             for b in range(nb):
