@@ -25,7 +25,7 @@ from .budget import BudgetCheck, BudgetError, check_need, fmt_bytes, free_per_no
 from .modes import ModeError, kv_node, parse_kv, parse_weights
 from .topology import Topology, load_topology
 
-ROW_ALIGN = 4
+ROW_ALIGN = 8
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ def row_split(rows: int, workers: int | Sequence[float]) -> list[tuple[int, int]
     """Split ``rows`` into consecutive ranges, one per worker, in worker order.
 
     ``workers`` is a count (equal shares) or relative weights. Boundaries fall on
-    multiples of 4 rows when every worker can get at least 4; ranges may be empty
+    multiples of ROW_ALIGN (8) rows when every worker can get at least that many; ranges may be empty
     when rows < workers. Workers of one node are numbered consecutively, so each
     node's rows form one block: slice placement and the compute split agree.
     """
