@@ -267,8 +267,9 @@ def iq4_xs_weights(rows, k, seed=6):
     return w.reshape(rows, -1)
 
 
-def emulate_iq4_xs(w, xq, xd):
-    """ggml_vec_dot_iq4_xs_q8_K (AVX2) for every output: exact lanes per super-block, one FMA each."""
+def emulate_iq4_xs(w, xq, xd, tiled=False):
+    """ggml_vec_dot_iq4_xs_q8_K (AVX2) for every output: exact lanes per super-block, one FMA each;
+    ``tiled`` (8 or more columns): ggml's tiled matmul, out = fma(f32(S) * d_w, d_x, out) per super-block."""
     b = w.reshape(w.shape[0], -1, 136)
     rows, nb = b.shape[:2]
     dw = f16(b[..., 0:2])
@@ -283,6 +284,9 @@ def emulate_iq4_xs(w, xq, xd):
     for c in range(n):
         x = xq[c].astype(np.int64).reshape(nb, 8, 32)
         lanes = ((q * x[None]).reshape(rows, nb, 8, 8, 4).sum(-1) * ls[..., None]).sum(2)  # [rows, nb, 8 lanes]
+        if tiled:
+            out[c] = _tiled_chain(lanes.sum(-1), dw, xd[c])
+            continue
         acc = np.zeros((rows, 8), f32)
         for bb in range(nb):
             acc = fma32(lanes[:, bb].astype(f32), (dw[:, bb] * xd[c, bb])[:, None], acc)
@@ -290,7 +294,7 @@ def emulate_iq4_xs(w, xq, xd):
     return out
 
 
-@pytest.mark.parametrize("n", [1, 3, 8])
+@pytest.mark.parametrize("n", [1, 3, 7, 8, 13])
 def test_iq4_xs_bit_exact(path, n):
     w = iq4_xs_weights(ROWS, KDIM)
     X = activations(n)
@@ -298,16 +302,23 @@ def test_iq4_xs_bit_exact(path, n):
     out = np.full((n, ROWS), np.nan, f32)
     K.matmat(K.IQ4_XS, w, xp, out, 0, 5)
     K.matmat(K.IQ4_XS, w, xp, out, 5, ROWS)
-    ref = emulate_iq4_xs(w, xp[0], xp[1])
-    np.testing.assert_array_equal(out, ref)
+    np.testing.assert_array_equal(out, emulate_iq4_xs(w, xp[0], xp[1], tiled=n >= 8))
     v = np.full(ROWS, np.nan, f32)
     K.matvec(K.IQ4_XS, w, K.prepare(K.IQ4_XS, X[0]), v, 0, ROWS)
-    np.testing.assert_array_equal(v, ref[0])
+    np.testing.assert_array_equal(v, emulate_iq4_xs(w, xp[0], xp[1])[0])
 
 
 def test_iq4_xs_dequantize_matches_gguf_py():
     w = iq4_xs_weights(5, 512)
     np.testing.assert_array_equal(K.dequantize_rows(K.IQ4_XS, w, 0, 5), gq.dequantize(w, T.IQ4_XS))
+
+
+def _tiled_chain(S, dw, xd):
+    """ggml's tiled matmul without mins: per super-block b, out = fma(f32(S_b) * d_w, d_x, out)."""
+    acc = np.zeros(S.shape[0], f32)
+    for bb in range(S.shape[1]):
+        acc = fma32(S[:, bb].astype(f32) * dw[:, bb], np.full(S.shape[0], xd[bb], f32), acc)
+    return acc
 
 
 # ----------------------------------------------------------------------------- Q3_K
@@ -318,8 +329,9 @@ def q3_K_weights(rows, k, seed=7):
     return w.reshape(rows, -1)
 
 
-def emulate_q3_K(w, xq, xd):
-    """ggml_vec_dot_q3_K_q8_K (AVX2) for every output: exact lanes per super-block, one FMA each."""
+def emulate_q3_K(w, xq, xd, tiled=False):
+    """ggml_vec_dot_q3_K_q8_K (AVX2) for every output: exact lanes per super-block, one FMA each;
+    ``tiled`` (8 or more columns): ggml's tiled matmul, out = fma(f32(S) * d_w, d_x, out) per super-block."""
     b = w.reshape(w.shape[0], -1, 110)
     rows, nb = b.shape[:2]
     hm = b[..., 0:32].astype(np.int64)
@@ -342,6 +354,9 @@ def emulate_q3_K(w, xq, xd):
     for c in range(n):
         x = xq[c].astype(np.int64).reshape(nb, 256)
         lanes = (q * x[None] * esc).reshape(rows, nb, 8, 8, 4).sum(-1).sum(2)   # [rows, nb, lane]
+        if tiled:
+            out[c] = _tiled_chain(lanes.sum(-1), dw, xd[c])
+            continue
         acc = np.zeros((rows, 8), f32)
         for bb in range(nb):
             acc = fma32(lanes[:, bb].astype(f32), (xd[c, bb] * dw[:, bb])[:, None], acc)
@@ -349,7 +364,7 @@ def emulate_q3_K(w, xq, xd):
     return out
 
 
-@pytest.mark.parametrize("n", [1, 3, 8])
+@pytest.mark.parametrize("n", [1, 3, 7, 8, 13])
 def test_q3_K_bit_exact(path, n):
     w = q3_K_weights(ROWS, KDIM)
     X = activations(n)
@@ -357,11 +372,10 @@ def test_q3_K_bit_exact(path, n):
     out = np.full((n, ROWS), np.nan, f32)
     K.matmat(K.Q3_K, w, xp, out, 0, 5)
     K.matmat(K.Q3_K, w, xp, out, 5, ROWS)
-    ref = emulate_q3_K(w, xp[0], xp[1])
-    np.testing.assert_array_equal(out, ref)
+    np.testing.assert_array_equal(out, emulate_q3_K(w, xp[0], xp[1], tiled=n >= 8))
     v = np.full(ROWS, np.nan, f32)
     K.matvec(K.Q3_K, w, K.prepare(K.Q3_K, X[0]), v, 0, ROWS)
-    np.testing.assert_array_equal(v, ref[0])
+    np.testing.assert_array_equal(v, emulate_q3_K(w, xp[0], xp[1])[0])
 
 
 def test_q3_K_dequantize_matches_gguf_py():
@@ -379,7 +393,8 @@ def q2_K_weights(rows, k, seed=8):
 
 
 def emulate_q2_K(w, xq, xd, xb, repacked):
-    """Not repacked: ggml_vec_dot_q2_K_q8_K (AVX2).  Repacked (AVX-512, rows % 8 == 0): gemm order
+    """Not repacked: ggml_vec_dot_q2_K_q8_K (AVX2) below 8 columns, ggml's tiled matmul from 8
+    (r = f32(S) * d_w; r = fma(-dmin, f32(M), r); out = fma(r, d_x, out) per super-block).  Repacked (AVX-512, rows % 8 == 0): gemm order
     (FMA per half super-block) for columns < n - n % 4 when n > 3, gemv order (per super-block) else."""
     b = w.reshape(w.shape[0], -1, 84)
     rows, nb = b.shape[:2]
@@ -400,6 +415,14 @@ def emulate_q2_K(w, xq, xd, xb, repacked):
         bs = xb[c].astype(np.int64).reshape(nb, 16)
         prod = q * x[None] * esc                                           # [rows, nb, 256]
         mins = m * bs[None]                                                # [rows, nb, 16]
+        if not repacked and n >= 8:
+            acc = np.zeros(rows, f32)
+            for bb in range(nb):
+                r = prod[:, bb].sum(-1).astype(f32) * dw[:, bb]
+                r = fma32(-dmin[:, bb], mins[:, bb].sum(-1).astype(f32), r)
+                acc = fma32(r, np.full(rows, xd[c, bb], f32), acc)
+            out[c] = acc
+            continue
         if not repacked:
             lanes = prod.reshape(rows, nb, 8, 8, 4).sum(-1).sum(2)          # [rows, nb, lane]
             mlanes = mins.reshape(rows, nb, 8, 2).sum(-1)
@@ -425,7 +448,7 @@ def emulate_q2_K(w, xq, xd, xb, repacked):
 
 
 @pytest.mark.parametrize("rows", [16, 13])
-@pytest.mark.parametrize("n", [1, 3, 4, 6])
+@pytest.mark.parametrize("n", [1, 3, 4, 6, 8, 9])
 def test_q2_K_bit_exact(path, rows, n):
     w = q2_K_weights(rows, KDIM)
     X = activations(n)
@@ -503,3 +526,27 @@ def test_f32_follows_llama_cpp(path, k, rows, n):
     K.matmat(int(T.F32), wb, K.prepare(int(T.F32), X), out, 0, 3)
     K.matmat(int(T.F32), wb, K.prepare(int(T.F32), X), out, 3, rows)
     np.testing.assert_array_equal(out, _emulate_f32(w, X, k % 16 == 0 and rows % 4 == 0))
+
+
+@pytest.mark.parametrize("rows", [16, 13])
+@pytest.mark.parametrize("n", [2, 5, 8, 13])
+def test_mul_mat_id_kernels_of_q2_K_q3_K_iq4_xs(path, rows, n):
+    """Q3_K and IQ4_XS (never repacked): vec_dot per token below 8 tokens, the tiled matmul from 8;
+    Q2_K: the repacked gemv per token where llama.cpp repacks it (AVX-512, rows % 8 == 0), else the same."""
+    X = activations(n)
+    for t, w in ((T.Q3_K, q3_K_weights(rows, KDIM)), (T.IQ4_XS, iq4_xs_weights(rows, KDIM)),
+                 (T.Q2_K, q2_K_weights(rows, KDIM))):
+        xp = K.prepare(int(t), X)
+        out = np.full((n, rows), np.nan, f32)
+        idk = K.mul_mat_id_kernel(int(t))
+        idk(w, xp, out, 0, 3, rows)
+        idk(w, xp, out, 3, rows, rows)
+        if t == T.Q3_K:
+            ref = emulate_q3_K(w, xp[0], xp[1], tiled=n >= 8)
+        elif t == T.IQ4_XS:
+            ref = emulate_iq4_xs(w, xp[0], xp[1], tiled=n >= 8)
+        elif path == "avx512-vnni" and rows % 8 == 0:
+            ref = np.stack([emulate_q2_K(w, xp[0][c:c + 1], xp[1][c:c + 1], xp[2][c:c + 1], True)[0] for c in range(n)])
+        else:
+            ref = emulate_q2_K(w, *xp, False)
+        np.testing.assert_array_equal(out, ref, err_msg=t.name)

@@ -11,9 +11,11 @@ order depends on what llama.cpp runs for the weight and column count (x86, AVX2 
                                          then a last odd block as sumf = fma(d_x * d_w, f32(S), sumf)
     otherwise, >= 2 columns              tinyBLAS_Q0_AVX: one f32x8 accumulator per output, hsum
 
-IQ4_XS is never repacked nor taken by llamafile's sgemm: every output is ggml_vec_dot_iq4_xs_q8_K,
-integer lanes sum_j (ls_j - 32) * (4-element dots of sub-block j) per super-block, one FMA per
-super-block with d_w * d_x into an f32x8 accumulator, hsum at the end.
+IQ4_XS is never repacked nor taken by llamafile's sgemm: below 8 columns every output is
+ggml_vec_dot_iq4_xs_q8_K, integer lanes sum_j (ls_j - 32) * (4-element dots of sub-block j) per
+super-block, one FMA per super-block with d_w * d_x into an f32x8 accumulator, hsum at the end; from 8
+columns ggml's tiled matmul (ggml-cpu/tiled): out = fma(f32(S) * d_w, d_x, out) per super-block, S the
+block's exact integer sum (also per expert from 8 routed tokens in mul_mat_id).
 """
 from __future__ import annotations
 
@@ -120,16 +122,34 @@ def kernels(mode: int) -> dict:
         for i in range(r0, r1):
             out[i] = xs_dot(wf, i * rb, nb, xq, 0, xd)
 
+    @numba.njit(inline="always")
+    def xs_tiled(w, base, nb, xq, xo, xd):
+        """ggml's tiled matmul (no mins): per super-block out = fma(f32(S) * d_w, d_x, out), S exact."""
+        acc = f32(0.0)
+        for b in range(nb):
+            o = base + b * 136
+            acc = fma_s(f32(hsum_i(xs_lanes(w, o, xq, xo + b * 256))) * f16_to_f32(w, o), xd[b], acc)
+        return acc
+
     @numba.njit(**_NB)
     def iq4_xs_matmat(w, xp, out, r0, r1):
+        """vec_dot per output below 8 columns, ggml's tiled matmul from 8 (IQ4_XS is never repacked)."""
         xq, xd, _ = xp
         n, k = xq.shape
         nb = xd.shape[1]
         rb = w.shape[1]
         xf = xq.reshape(-1)
         wf = w.reshape(-1)
+        tiled = n >= 8
         for i in range(r0, r1):
             for c in range(n):
-                out[c, i] = xs_dot(wf, i * rb, nb, xf, c * k, xd[c])
+                if tiled:
+                    out[c, i] = xs_tiled(wf, i * rb, nb, xf, c * k, xd[c])
+                else:
+                    out[c, i] = xs_dot(wf, i * rb, nb, xf, c * k, xd[c])
 
-    return dict(IQ4_NL=(iq4_nl_matvec, iq4_nl_matmat), IQ4_XS=(iq4_xs_matvec, iq4_xs_matmat))
+    @numba.njit(**_NB)
+    def iq4_xs_id(w, xp, out, r0, r1, rows):
+        iq4_xs_matmat(w, xp, out, r0, r1)
+
+    return dict(IQ4_NL=(iq4_nl_matvec, iq4_nl_matmat), IQ4_XS=(iq4_xs_matvec, iq4_xs_matmat, iq4_xs_id))

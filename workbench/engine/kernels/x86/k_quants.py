@@ -535,10 +535,11 @@ def kernels(mode: int) -> dict:
     def q6_K_id(w, xp, out, r0, r1, rows):
         q6_K_matmat(w, xp, out, r0, r1)
 
-    # ---- Q3_K: never repacked nor taken by llamafile's sgemm on x86, so every output is
+    # ---- Q3_K: never repacked nor taken by llamafile's sgemm on x86: below 8 columns every output is
     # ggml_vec_dot_q3_K_q8_K (AVX2): per super-block exact i32 lanes (lane l: elements 4l..4l+3 of each
     # 32-element chunk, pair products times the 16-element sub-block scales), one FMA with
-    # d_x * d_w into an f32x8 accumulator, hsum_float_8 at the end
+    # d_x * d_w into an f32x8 accumulator, hsum_float_8 at the end; from 8 columns ggml's tiled matmul
+    # (q3_K_tiled: out = fma(f32(S) * d_w, d_x, out) per super-block)
     @numba.njit(inline="always")
     def q3_K_lanes(wf, o, xq, xo):
         s0, s1, s2, s3 = q3_K_scales(wf, o)
@@ -570,20 +571,38 @@ def kernels(mode: int) -> dict:
         for i in range(r0, r1):
             out[i] = q3_K_dot(wf, i * rb, nb, xq, 0, xd)
 
+    @numba.njit(inline="always")
+    def q3_K_tiled(wf, base, nb, xq, xo, xd):
+        """ggml's tiled matmul (no mins): per super-block out = fma(f32(S) * d_w, d_x, out), S exact."""
+        acc = f32(0.0)
+        for b in range(nb):
+            o = base + b * 110
+            acc = fma_s(f32(hsum_i(q3_K_lanes(wf, o, xq, xo + b * 256))) * f16_to_f32(wf, o + 108), xd[b], acc)
+        return acc
+
     @numba.njit(**_NB)
     def q3_K_matmat(w, xp, out, r0, r1):
+        """vec_dot per output below 8 columns, ggml's tiled matmul from 8 (Q3_K is never repacked)."""
         xq, xd, _ = xp
         n, k = xq.shape
         nb = xd.shape[1]
         rb = w.shape[1]
         wf = w.reshape(-1)
         xf = xq.reshape(-1)
+        tiled = n >= 8
         for i in range(r0, r1):
             for c in range(n):
-                out[c, i] = q3_K_dot(wf, i * rb, nb, xf, c * k, xd[c])
+                if tiled:
+                    out[c, i] = q3_K_tiled(wf, i * rb, nb, xf, c * k, xd[c])
+                else:
+                    out[c, i] = q3_K_dot(wf, i * rb, nb, xf, c * k, xd[c])
 
-    # ---- Q2_K.  Not repacked (AVX2 machines, or a row count that is not a multiple of 8): every output is
-    # ggml_vec_dot_q2_K_q8_K (AVX2): per super-block acc = fma(-d_x * dmin, f32(min lanes), acc), then
+    @numba.njit(**_NB)
+    def q3_K_id(w, xp, out, r0, r1, rows):
+        q3_K_matmat(w, xp, out, r0, r1)
+
+    # ---- Q2_K.  Not repacked (AVX2 machines, or a row count that is not a multiple of 8): from 8 columns
+    # ggml's tiled matmul (q2_K_tiled), below every output is ggml_vec_dot_q2_K_q8_K (AVX2): per super-block acc = fma(-d_x * dmin, f32(min lanes), acc), then
     # acc = fma(d_x * d_w, f32(scaled lanes), acc), hsum_float_8 at the end.  Repacked (ggml-cpu repacks
     # Q2_K to q2_K_8x8 on AVX-512 when rows % 8 == 0; the "avx512-vnni" path): one scalar chain per
     # output for the scaled part and one for the mins, out = acc - accm, with one FMA per super-block
@@ -640,6 +659,19 @@ def kernels(mode: int) -> dict:
                 accm = fma_s(f32(m), dm, accm)
         return acc - accm
 
+    @numba.njit(inline="always")
+    def q2_K_tiled(wf, base, nb, xq, xo, xd, xb, xbo):
+        """ggml's tiled matmul (HAS_MIN): r = f32(S) * d_w; r = fma(-dmin, f32(M), r); out = fma(r, d_x, out)."""
+        acc = f32(0.0)
+        for b in range(nb):
+            o = base + b * 84
+            s = hsum_i(i_add(q2_K_half(wf, o, xq, xo + b * 256, 0), q2_K_half(wf, o, xq, xo + b * 256, 1)))
+            m = hsum_i(q2_mins_lanes(wf, o, xb, xbo + b * 16))
+            r = f32(s) * f16_to_f32(wf, o + 80)
+            r = fma_s(-f16_to_f32(wf, o + 82), f32(m), r)
+            acc = fma_s(r, xd[b], acc)
+        return acc
+
     @numba.njit(**_NB)
     def q2_K_matvec(w, xp, out, r0, r1):
         xq, xd, xb = xp
@@ -665,15 +697,36 @@ def kernels(mode: int) -> dict:
         xbf = xb.reshape(-1)
         rep = repacks and w.shape[0] % 8 == 0
         n_gemm = n - n % 4 if n > 3 else 0
+        tiled = n >= 8  # (not repacked) ggml's tiled matmul
         for i in range(r0, r1):
             for c in range(n):
-                if not rep:
+                if not rep and tiled:
+                    out[c, i] = q2_K_tiled(wf, i * rb, nb, xf, c * k, xd[c], xbf, c * k16)
+                elif not rep:
                     out[c, i] = q2_K_vec(wf, i * rb, nb, xf, c * k, xd[c], xbf, c * k16)
                 elif c < n_gemm:
                     out[c, i] = q2_K_gemm(wf, i * rb, nb, xf, c * k, xd[c], xbf, c * k16)
                 else:
                     out[c, i] = q2_K_gemv(wf, i * rb, nb, xf, c * k, xd[c], xbf, c * k16)
 
-    return dict(Q2_K=(q2_K_matvec, q2_K_matmat), Q3_K=(q3_K_matvec, q3_K_matmat), Q4_K=(q4_K_matvec, q4_K_matmat, q4_K_id), Q5_K=(q5_K_matvec, q5_K_matmat, q5_K_id),
+    @numba.njit(**_NB)
+    def q2_K_id(w, xp, out, r0, r1, rows):
+        """mul_mat_id: the repacked gemv per token (AVX-512, rows % 8 == 0), else the plain orders."""
+        if repacks and rows % 8 == 0:
+            xq, xd, xb = xp
+            n, k = xq.shape
+            nb = xd.shape[1]
+            rb = w.shape[1]
+            wf = w.reshape(-1)
+            xf = xq.reshape(-1)
+            xbf = xb.reshape(-1)
+            k16 = xb.shape[1]
+            for i in range(r0, r1):
+                for c in range(n):
+                    out[c, i] = q2_K_gemv(wf, i * rb, nb, xf, c * k, xd[c], xbf, c * k16)
+            return
+        q2_K_matmat(w, xp, out, r0, r1)  # (rows % 8 != 0: the expert array's rows as well)
+
+    return dict(Q2_K=(q2_K_matvec, q2_K_matmat, q2_K_id), Q3_K=(q3_K_matvec, q3_K_matmat, q3_K_id), Q4_K=(q4_K_matvec, q4_K_matmat, q4_K_id), Q5_K=(q5_K_matvec, q5_K_matmat, q5_K_id),
                 Q6_K=(q6_K_matvec, q6_K_matmat, q6_K_id))
 
