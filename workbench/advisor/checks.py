@@ -13,6 +13,7 @@ Nothing here imports Numba or Textual.
 from __future__ import annotations
 
 import ctypes
+import errno
 import mmap
 import os
 import shlex
@@ -227,7 +228,11 @@ def _libc_fns() -> Any:
     """libc's mmap, munmap, madvise and mincore with their C signatures (once)."""
     global _libc
     if _libc is None:
-        lib = ctypes.CDLL(None, use_errno=True)
+        try:
+            lib = ctypes.CDLL(None, use_errno=True)
+            lib.mincore  # noqa: B018 - not every libc has it
+        except (OSError, AttributeError):
+            raise OSError(errno.ENOSYS, "no mincore() in this C library") from None
         lib.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
         lib.mmap.restype = ctypes.c_void_p
         lib.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
