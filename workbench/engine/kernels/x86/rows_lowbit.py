@@ -12,7 +12,7 @@ freely.  Memory layouts are untouched: rows are read in their GGUF block layout.
     lane r is row r's exact block sum, no per-row horizontal sum), the 8 rows' f16 scales are
     converted with one vcvtph2ps (``gather_f16x8``), and ``acc = fma(f32(S), d_w * d_x, acc)`` runs
     for the 8 rows in one vector FMA -- per lane the operations of the per-row code.
-    vec_dot orders (an f32x8 accumulator per row, hsum at the end: everything else): 4 rows
+    vec_dot orders (an f32x8 accumulator per row, hsum at the end: the others but IQ4_NL's): 4 rows
     interleaved (4 independent FMA chains, the activations loaded once for 4 rows), each row's
     lanes and FMAs exactly as the per-row code; the K-quants' and IQ4_XS's sub-block scales become
     one i16x16 vector per super-block, picked by constant shuffles, instead of scalar extractions.
@@ -340,6 +340,36 @@ def _pair_offsets(xq, c):
     return out
 
 
+@intrinsic
+def prefetch(typingctx, a, off):
+    """Prefetch (into all cache levels) the line holding byte ``off`` of a uint8 array.  The kernels
+    below read a group of rows interleaved (4 or 8 streams a row length apart), which the hardware
+    prefetchers of the tested EPYC do not follow: without this, a matrix larger than the caches ran
+    at a few GB/s.  Each group prefetches the same bytes of the next group."""
+    _check_array(a, _BYTES)
+    sig = types.void(a, off)
+
+    def cg(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        p = builder.gep(ary.data, [args[1]])
+        i32 = ir.IntType(32)
+        fn = _fn(builder, "llvm.prefetch.p0", ir.VoidType(), [p.type, i32, i32, i32])
+        builder.call(fn, [p, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return sig, cg
+
+
+@numba.njit(inline="always")
+def prefetch_rows(wf, o, rb, rows, lines):
+    """Prefetch ``lines`` cache lines from byte o of each of ``rows`` rows, one group (rows * rb bytes)
+    ahead: the next group's same block."""
+    d = o + rows * rb
+    for r in range(rows):
+        for c in range(lines):
+            prefetch(wf, d + r * rb + 64 * c)
+
+
 def kernels(mode: int, per_row: dict) -> dict:
     """{type name: (matvec, matmat)} of Q2_K, Q3_K, Q4_0, IQ4_NL, IQ4_XS for one instruction-set mode:
     the grouped-rows matvec, with ``per_row``'s (the family modules' table) matvec for the rows after
@@ -381,6 +411,7 @@ def kernels(mode: int, per_row: dict) -> dict:
                 acc = f_zero()
                 for b in range(nb):
                     o = i * rb + b * 18
+                    prefetch_rows(wf, o, rb, 8, 1)
                     xlo = bcast_16(xq, b * 32)
                     xhi = bcast_16(xq, b * 32 + 16)
                     m = load_i8(m2, b * 8)
@@ -408,6 +439,7 @@ def kernels(mode: int, per_row: dict) -> dict:
             a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
             for b in range(nb):
                 o = i * rb + b * 18
+                prefetch_rows(wf, o, rb, 4, 1)
                 x = load_b32(xq, b * 32)
                 m = load_i8(ns, b * 8)
                 a0 = fmadd_i(a0, dot_us(mode, m, load_nib(wf, o + 2), x), f16_to_f32(wf, o) * xd[b])
@@ -415,56 +447,6 @@ def kernels(mode: int, per_row: dict) -> dict:
                 a2 = fmadd_i(a2, dot_us(mode, m, load_nib(wf, o + 2 * rb + 2), x), f16_to_f32(wf, o + 2 * rb) * xd[b])
                 a3 = fmadd_i(a3, dot_us(mode, m, load_nib(wf, o + 3 * rb + 2), x), f16_to_f32(wf, o + 3 * rb) * xd[b])
             out[i] = hsum_f(a0); out[i + 1] = hsum_f(a1); out[i + 2] = hsum_f(a2); out[i + 3] = hsum_f(a3)
-            i += 4
-
-    # ------------------------------------------------------------------ IQ4_NL, vec_dot order (rows % 8 != 0)
-    @numba.njit(inline="always")
-    def nl_blk(wf, o, x):
-        return dot_ss(mode, i_zero(), lut_iq4nl(load_nib(wf, o + 2)), x)
-
-    @numba.njit(inline="always")
-    def nl_row(a1, a2, wf, o, x0, x1, d0, d1):
-        a1 = fmadd_i(a1, nl_blk(wf, o, x0), d0 * f16_to_f32(wf, o))
-        a2 = fmadd_i(a2, nl_blk(wf, o + 18, x1), d1 * f16_to_f32(wf, o + 18))
-        return a1, a2
-
-    @numba.njit(inline="always")
-    def nl_end(a1, a2, wf, o, xq, xo, d, odd):
-        s = hsum_f(f_add(a1, a2))
-        if odd:
-            s = fma_s(d * f16_to_f32(wf, o), f32(hsum_i(nl_blk(wf, o, load_b32(xq, xo)))), s)
-        return s
-
-    @numba.njit(**_NB)
-    def iq4_nl_vec4(w, xp, out, r0, r1):
-        """ggml_vec_dot_iq4_nl_q8_0's order (i_quants.vec_matvec: blocks in pairs into two f32x8
-        accumulators, a last odd block by a scalar FMA), 4 rows interleaved."""
-        xq, xd, _ = xp
-        nb = xd.shape[0]
-        rb = w.shape[1]
-        wf = w.reshape(-1)
-        i = r0
-        while i + 4 <= r1:
-            p0 = f_zero(); q0 = f_zero(); p1 = f_zero(); q1 = f_zero()
-            p2 = f_zero(); q2 = f_zero(); p3 = f_zero(); q3 = f_zero()
-            b = 0
-            while b + 1 < nb:
-                o = i * rb + b * 18
-                x0 = load_b32(xq, b * 32)
-                x1 = load_b32(xq, b * 32 + 32)
-                d0 = xd[b]; d1 = xd[b + 1]
-                p0, q0 = nl_row(p0, q0, wf, o, x0, x1, d0, d1)
-                p1, q1 = nl_row(p1, q1, wf, o + rb, x0, x1, d0, d1)
-                p2, q2 = nl_row(p2, q2, wf, o + 2 * rb, x0, x1, d0, d1)
-                p3, q3 = nl_row(p3, q3, wf, o + 3 * rb, x0, x1, d0, d1)
-                b += 2
-            odd = b < nb
-            o = i * rb + b * 18
-            d = xd[b] if odd else f32(0.0)
-            out[i] = nl_end(p0, q0, wf, o, xq, b * 32, d, odd)
-            out[i + 1] = nl_end(p1, q1, wf, o + rb, xq, b * 32, d, odd)
-            out[i + 2] = nl_end(p2, q2, wf, o + 2 * rb, xq, b * 32, d, odd)
-            out[i + 3] = nl_end(p3, q3, wf, o + 3 * rb, xq, b * 32, d, odd)
             i += 4
 
     # ------------------------------------------------------------------ Q2_K
@@ -520,6 +502,7 @@ def kernels(mode: int, per_row: dict) -> dict:
             accm = f_zero()
             for b in range(nb):
                 o = i * rb + b * 84
+                prefetch_rows(wf, o, rb, 8, 2)
                 xo = b * 256
                 bo = b * 16
                 s = reduce8(q2_lanes(wf, o, xq, xo), q2_lanes(wf, o + rb, xq, xo),
@@ -541,25 +524,19 @@ def kernels(mode: int, per_row: dict) -> dict:
         return fmadd_i(acc, q2_lanes(wf, o, xq, xo), dx * f16_to_f32(wf, o + 80))
 
     @numba.njit(**_NB)
-    def q2_K_vec4(w, xp, out, r0, r1):
+    def q2_K_vec1(w, xp, out, r0, r1):
         """ggml_vec_dot_q2_K_q8_K's order (k_quants.q2_K_vec: per super-block the mins' FMA with
-        -d_x * dmin, then the scaled lanes' FMA with d_x * d_w, hsum at the end), 4 rows interleaved."""
+        -d_x * dmin, then the scaled lanes' FMA with d_x * d_w, hsum at the end), one row at a time:
+        one FMA chain per 256 quants is no limit, and a single stream keeps the hardware prefetcher."""
         xq, xd, xb = xp
         nb = xd.shape[0]
         rb = w.shape[1]
         wf = w.reshape(-1)
-        i = r0
-        while i + 4 <= r1:
-            a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
+        for i in range(r0, r1):
+            a0 = f_zero()
             for b in range(nb):
-                o = i * rb + b * 84
-                dx = xd[b]
-                a0 = q2_vec_blk(a0, wf, o, xq, b * 256, xb, b * 16, dx)
-                a1 = q2_vec_blk(a1, wf, o + rb, xq, b * 256, xb, b * 16, dx)
-                a2 = q2_vec_blk(a2, wf, o + 2 * rb, xq, b * 256, xb, b * 16, dx)
-                a3 = q2_vec_blk(a3, wf, o + 3 * rb, xq, b * 256, xb, b * 16, dx)
-            out[i] = hsum_f(a0); out[i + 1] = hsum_f(a1); out[i + 2] = hsum_f(a2); out[i + 3] = hsum_f(a3)
-            i += 4
+                a0 = q2_vec_blk(a0, wf, i * rb + b * 84, xq, b * 256, xb, b * 16, xd[b])
+            out[i] = hsum_f(a0)
 
     # ------------------------------------------------------------------ Q3_K (always the vec_dot order)
     # The quants q = u - 4 with u = low 2 bits | high bit << 2 in 0..7: pmaddubsw(u, x) minus 4 * the
@@ -588,26 +565,19 @@ def kernels(mode: int, per_row: dict) -> dict:
         return q3_quarter(a, raw, hm, xq, xo + 128, x4, sv, 1, 3, 14, 15)
 
     @numba.njit(**_NB)
-    def q3_K_vec4(w, xp, out, r0, r1):
-        """ggml_vec_dot_q3_K_q8_K's order (k_quants.q3_K_dot), 4 rows interleaved."""
+    def q3_K_vec1(w, xp, out, r0, r1):
+        """ggml_vec_dot_q3_K_q8_K's order (k_quants.q3_K_dot), one row at a time (see q2_K_vec1)."""
         xq, xd, _ = xp
         nb = xd.shape[0]
         rb = w.shape[1]
         wf = w.reshape(-1)
         x4 = _pair_offsets(xq, 4)
-        i = r0
-        while i + 4 <= r1:
-            a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
+        for i in range(r0, r1):
+            a0 = f_zero()
             for b in range(nb):
                 o = i * rb + b * 110
-                xo = b * 256
-                dx = xd[b]
-                a0 = fmadd_i(a0, q3_lanes(wf, o, xq, xo, x4), dx * f16_to_f32(wf, o + 108))
-                a1 = fmadd_i(a1, q3_lanes(wf, o + rb, xq, xo, x4), dx * f16_to_f32(wf, o + rb + 108))
-                a2 = fmadd_i(a2, q3_lanes(wf, o + 2 * rb, xq, xo, x4), dx * f16_to_f32(wf, o + 2 * rb + 108))
-                a3 = fmadd_i(a3, q3_lanes(wf, o + 3 * rb, xq, xo, x4), dx * f16_to_f32(wf, o + 3 * rb + 108))
-            out[i] = hsum_f(a0); out[i + 1] = hsum_f(a1); out[i + 2] = hsum_f(a2); out[i + 3] = hsum_f(a3)
-            i += 4
+                a0 = fmadd_i(a0, q3_lanes(wf, o, xq, b * 256, x4), xd[b] * f16_to_f32(wf, o + 108))
+            out[i] = hsum_f(a0)
 
     # ------------------------------------------------------------------ IQ4_XS (always the vec_dot order)
     @numba.njit(inline="always")
@@ -629,32 +599,23 @@ def kernels(mode: int, per_row: dict) -> dict:
         return xs_sub(a, wf, o, xq, xo, sv, 7)
 
     @numba.njit(**_NB)
-    def iq4_xs_vec4(w, xp, out, r0, r1):
-        """ggml_vec_dot_iq4_xs_q8_K's order (i_quants.xs_dot), 4 rows interleaved."""
+    def iq4_xs_vec1(w, xp, out, r0, r1):
+        """ggml_vec_dot_iq4_xs_q8_K's order (i_quants.xs_dot), one row at a time (see q2_K_vec1)."""
         xq, xd, _ = xp
         nb = xd.shape[0]
         rb = w.shape[1]
         wf = w.reshape(-1)
-        i = r0
-        while i + 4 <= r1:
-            a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
+        for i in range(r0, r1):
+            a0 = f_zero()
             for b in range(nb):
                 o = i * rb + b * 136
-                xo = b * 256
-                dx = xd[b]
-                a0 = fmadd_i(a0, xs_lanes(wf, o, xq, xo), f16_to_f32(wf, o) * dx)
-                a1 = fmadd_i(a1, xs_lanes(wf, o + rb, xq, xo), f16_to_f32(wf, o + rb) * dx)
-                a2 = fmadd_i(a2, xs_lanes(wf, o + 2 * rb, xq, xo), f16_to_f32(wf, o + 2 * rb) * dx)
-                a3 = fmadd_i(a3, xs_lanes(wf, o + 3 * rb, xq, xo), f16_to_f32(wf, o + 3 * rb) * dx)
-            out[i] = hsum_f(a0); out[i + 1] = hsum_f(a1); out[i + 2] = hsum_f(a2); out[i + 3] = hsum_f(a3)
-            i += 4
+                a0 = fmadd_i(a0, xs_lanes(wf, o, xq, b * 256), f16_to_f32(wf, o) * xd[b])
+            out[i] = hsum_f(a0)
 
     # ------------------------------------------------------------------ dispatch
     q4_0_row = per_row["Q4_0"][0]
     iq4_nl_row = per_row["IQ4_NL"][0]
     q2_K_row = per_row["Q2_K"][0]
-    q3_K_row = per_row["Q3_K"][0]
-    iq4_xs_row = per_row["IQ4_XS"][0]
 
     @numba.njit(**_NB)
     def q4_0_matvec(w, xp, out, r0, r1):
@@ -671,7 +632,7 @@ def kernels(mode: int, per_row: dict) -> dict:
         if w.shape[0] % 8 == 0:   # llama.cpp's repacked iq4_nl_8x8 gemv
             r = r0 + (r1 - r0) // 8 * 8
             iq4_nl_rows8(w, xp, out, r0, r)
-        else:   # (4 rows interleaved measured slower than the per-row code: not used)
+        else:   # ggml_vec_dot_iq4_nl_q8_0's order: 4 rows interleaved measured no faster than one
             r = r0
         iq4_nl_row(w, xp, out, r, r1)
 
@@ -681,21 +642,17 @@ def kernels(mode: int, per_row: dict) -> dict:
             r = r0 + (r1 - r0) // 8 * 8
             q2_K_rows8(w, xp, out, r0, r)
         else:
-            r = r0 + (r1 - r0) // 4 * 4
-            q2_K_vec4(w, xp, out, r0, r)
+            r = r1
+            q2_K_vec1(w, xp, out, r0, r1)
         q2_K_row(w, xp, out, r, r1)
 
     @numba.njit(**_NB)
     def q3_K_matvec(w, xp, out, r0, r1):
-        r = r0 + (r1 - r0) // 4 * 4
-        q3_K_vec4(w, xp, out, r0, r)
-        q3_K_row(w, xp, out, r, r1)
+        q3_K_vec1(w, xp, out, r0, r1)
 
     @numba.njit(**_NB)
     def iq4_xs_matvec(w, xp, out, r0, r1):
-        r = r0 + (r1 - r0) // 4 * 4
-        iq4_xs_vec4(w, xp, out, r0, r)
-        iq4_xs_row(w, xp, out, r, r1)
+        iq4_xs_vec1(w, xp, out, r0, r1)
 
     return dict(Q4_0=(q4_0_matvec, per_row["Q4_0"][1]), IQ4_NL=(iq4_nl_matvec, per_row["IQ4_NL"][1]),
                 Q2_K=(q2_K_matvec, per_row["Q2_K"][1]), Q3_K=(q3_K_matvec, per_row["Q3_K"][1]),
