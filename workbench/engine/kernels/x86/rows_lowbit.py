@@ -361,13 +361,87 @@ def prefetch(typingctx, a, off):
 
 
 @numba.njit(inline="always")
-def prefetch_rows(wf, o, rb, rows, lines):
-    """Prefetch ``lines`` cache lines from byte o of each of ``rows`` rows, one group (rows * rb bytes)
-    ahead: the next group's same block."""
-    d = o + rows * rb
-    for r in range(rows):
-        for c in range(lines):
-            prefetch(wf, d + r * rb + 64 * c)
+def prefetch_rows(wf, i, b, rb, rows, bsz):
+    """During block b of the group of ``rows`` rows from row i, prefetch the b-th of nb equal slices
+    of the group PF_GROUPS groups ahead (contiguous bytes, in ascending order)."""
+    start = (i + PF_GROUPS * rows) * rb + b * rows * bsz
+    for c in range((rows * bsz + 63) // 64):
+        prefetch(wf, start + 64 * c)
+
+
+#: prefetch distance of the grouped-rows kernels, in groups
+PF_GROUPS = 8
+
+
+@intrinsic
+def store_i32x8(typingctx, a, off, v):
+    """a[off:off + 8] = v (int32 array)."""
+    _check_array(a, (types.int32,))
+    sig = types.void(a, off, v)
+
+    def cg(context, builder, sig, args):
+        builder.store(args[2], _ptr(context, builder, sig.args[0], args[0], args[1], _V8I), align=4)
+        return context.get_dummy_value()
+
+    return sig, cg
+
+
+def _reduce8_halves(builder, args, upper):
+    def sh(x, y, idx):
+        return builder.shuffle_vector(x, y, ir.Constant(ir.VectorType(_i32, len(idx)), idx))
+
+    ev, od = [0, 8, 2, 10, 4, 12, 6, 14], [1, 9, 3, 11, 5, 13, 7, 15]
+    p = [builder.add(sh(args[2 * j], args[2 * j + 1], ev), sh(args[2 * j], args[2 * j + 1], od)) for j in range(4)]
+    lo, hi = [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15]
+    q0 = builder.add(sh(p[0], p[1], lo), sh(p[0], p[1], hi))
+    q1 = builder.add(sh(p[2], p[3], lo), sh(p[2], p[3], hi))
+    return sh(q0, q1, [4, 5, 6, 7, 12, 13, 14, 15] if upper else [0, 1, 2, 3, 8, 9, 10, 11])
+
+
+@intrinsic
+def reduce8_lo(typingctx, a0, a1, a2, a3, a4, a5, a6, a7):
+    """i32x8 whose lane r is the sum of lanes 0-3 of a_r (exact; transpose-add tree)."""
+    sig = v8i(a0, a1, a2, a3, a4, a5, a6, a7)
+    return sig, lambda context, builder, sig, args: _reduce8_halves(builder, args, False)
+
+
+@intrinsic
+def reduce8_hi(typingctx, a0, a1, a2, a3, a4, a5, a6, a7):
+    """i32x8 whose lane r is the sum of lanes 4-7 of a_r (the same tree as reduce8_lo: LLVM shares it)."""
+    sig = v8i(a0, a1, a2, a3, a4, a5, a6, a7)
+    return sig, lambda context, builder, sig, args: _reduce8_halves(builder, args, True)
+
+
+@numba.njit(**_NB)
+def _pairs_prep(xq, n4, shift):
+    """Activations and initial lanes for two Q8_0 blocks (2p, 2p + 1) per vector: xp2[64 p:] = first
+    16 quants of block 2p, first 16 of 2p + 1, last 16 of 2p, last 16 of 2p + 1 (zeros past the last
+    block); mp[8 p:] = lanes 0-3 summing to block 2p's offset sum(n4 << shift), lanes 4-7 to 2p + 1's."""
+    nb = xq.shape[0] // 32
+    npairs = (nb + 1) // 2
+    xp2 = np.zeros(npairs * 64, np.int8)
+    mp = np.zeros(npairs * 8, np.int32)
+    for b in range(nb):
+        p, h = b // 2, b % 2
+        for e in range(16):
+            xp2[p * 64 + 16 * h + e] = xq[b * 32 + e]
+            xp2[p * 64 + 32 + 16 * h + e] = xq[b * 32 + 16 + e]
+        for l in range(4):
+            mp[p * 8 + 4 * h + l] = (np.int32(n4[b * 8 + l]) << shift) + (np.int32(n4[b * 8 + l + 4]) << shift)
+    return xp2, mp
+
+
+@intrinsic
+def fold_halves(typingctx, a, b):
+    """i32x8: lanes 0-3 = a's lanes 0-3 + 4-7 (their sum is a's total), lanes 4-7 likewise for b."""
+    sig = v8i(a, b)
+
+    def cg(context, builder, sig, args):
+        def sh(idx):
+            return builder.shuffle_vector(args[0], args[1], ir.Constant(ir.VectorType(_i32, 8), idx))
+        return builder.add(sh([0, 1, 2, 3, 8, 9, 10, 11]), sh([4, 5, 6, 7, 12, 13, 14, 15]))
+
+    return sig, cg
 
 
 def kernels(mode: int, per_row: dict) -> dict:
@@ -388,8 +462,9 @@ def kernels(mode: int, per_row: dict) -> dict:
         shift = (7 if iq4_unsigned else 0) if signed else 3
 
         @numba.njit(inline="always")
-        def two_rows(wf, o, rb, m, xlo, xhi):
-            raw = load_2x16(wf, o + 2, o + 4 * rb + 2)
+        def two_blocks(wf, o, o1, m, xlo, xhi):
+            """i32x8: lanes 0-3 sum to the block at o's dot product, lanes 4-7 to the block at o1's."""
+            raw = load_2x16(wf, o + 2, o1 + 2)
             lo = b_and(raw, 15)
             hi = b_and(b_shr(raw, 4), 15)
             if signed and iq4_unsigned:
@@ -398,26 +473,45 @@ def kernels(mode: int, per_row: dict) -> dict:
                 return dot_ss(mode, dot_ss(mode, i_zero(), lut_iq4nl(lo), xlo), lut_iq4nl(hi), xhi)
             return dot_us(mode, dot_us(mode, m, lo, xlo), hi, xhi)
 
+        @numba.njit(inline="always")
+        def ld(sc, p, r):
+            return load_i8(sc, (p * 8 + r) * 8)
+
         @numba.njit(**_NB)
         def rows8(w, xp, out, r0, r1):
-            """ggml_gemv_q4_0_8x8_q8_0's order (see repack.q4_0_repacked) for rows r0.. in groups of 8."""
+            """ggml_gemv_q4_0_8x8_q8_0's order (see repack.q4_0_repacked) for rows r0.. in groups of 8.
+
+            Two passes per group: the rows one after another (a single ascending stream, which the
+            hardware prefetcher follows: 8 rows read interleaved ran at a few GB/s from memory), each
+            vector two consecutive blocks of a row, its lanes stored; then per pair of blocks the 8
+            rows' lanes reduced by the transpose-add tree and the 8 rows' FMAs in block order."""
             xq, xd, n4 = xp
             nb = xd.shape[0]
             rb = w.shape[1]
             wf = w.reshape(-1)
-            m2 = _halves_init(n4, shift)
+            npairs = (nb + 1) // 2
+            xp2, mp = _pairs_prep(xq, n4, shift)
+            sc = np.empty(npairs * 64, np.int32)
             i = r0
             while i + 8 <= r1:
+                for r in range(8):
+                    base = (i + r) * rb
+                    for p in range(npairs):
+                        o = base + p * 36
+                        o1 = o + 18 if 2 * p + 1 < nb else o
+                        store_i32x8(sc, (p * 8 + r) * 8, two_blocks(wf, o, o1, load_i8(mp, p * 8),
+                                                                    load_b32(xp2, p * 64), load_b32(xp2, p * 64 + 32)))
                 acc = f_zero()
-                for b in range(nb):
+                for p in range(npairs):
+                    b = 2 * p
                     o = i * rb + b * 18
-                    prefetch_rows(wf, o, rb, 8, 1)
-                    xlo = bcast_16(xq, b * 32)
-                    xhi = bcast_16(xq, b * 32 + 16)
-                    m = load_i8(m2, b * 8)
-                    s = reduce4x2(two_rows(wf, o, rb, m, xlo, xhi), two_rows(wf, o + rb, rb, m, xlo, xhi),
-                                  two_rows(wf, o + 2 * rb, rb, m, xlo, xhi), two_rows(wf, o + 3 * rb, rb, m, xlo, xhi))
-                    acc = fmadd_v(acc, s, f_scale(gather_f16x8(wf, o, rb), xd[b]))
+                    acc = fmadd_v(acc, reduce8_lo(ld(sc, p, 0), ld(sc, p, 1), ld(sc, p, 2), ld(sc, p, 3),
+                                                  ld(sc, p, 4), ld(sc, p, 5), ld(sc, p, 6), ld(sc, p, 7)),
+                                  f_scale(gather_f16x8(wf, o, rb), xd[b]))
+                    if b + 1 < nb:
+                        acc = fmadd_v(acc, reduce8_hi(ld(sc, p, 0), ld(sc, p, 1), ld(sc, p, 2), ld(sc, p, 3),
+                                                      ld(sc, p, 4), ld(sc, p, 5), ld(sc, p, 6), ld(sc, p, 7)),
+                                      f_scale(gather_f16x8(wf, o + 18, rb), xd[b + 1]))
                 store_f32x8(out, i, acc)
                 i += 8
         return rows8
@@ -439,7 +533,7 @@ def kernels(mode: int, per_row: dict) -> dict:
             a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
             for b in range(nb):
                 o = i * rb + b * 18
-                prefetch_rows(wf, o, rb, 4, 1)
+                prefetch_rows(wf, i, b, rb, 4, 18)
                 x = load_b32(xq, b * 32)
                 m = load_i8(ns, b * 8)
                 a0 = fmadd_i(a0, dot_us(mode, m, load_nib(wf, o + 2), x), f16_to_f32(wf, o) * xd[b])
@@ -488,33 +582,38 @@ def kernels(mode: int, per_row: dict) -> dict:
         a = q2_quarter(a, raw, xq, xo + 128, sv, 2, 12, 13)
         return q2_quarter(a, raw, xq, xo + 128, sv, 3, 14, 15)
 
+    @numba.njit(inline="always")
+    def ldq(sc, b, r):
+        return load_i8(sc, (b * 8 + r) * 8)
+
     @numba.njit(**_NB)
     def q2_K_rows8(w, xp, out, r0, r1):
         """ggml_gemv_q2_K_8x8_q8_K's order (k_quants.q2_K_gemv: a scalar chain for the scaled part and
-        one for the mins, one FMA each per super-block, out = acc - accm), 8 rows in lanes."""
+        one for the mins, one FMA each per super-block, out = acc - accm), 8 rows in lanes.  Two passes
+        per group as in the Q4_0 rows8: the rows one after another (one ascending stream), each
+        super-block's scaled and min lanes folded into one stored vector; then per super-block the
+        8 rows' totals by the transpose-add tree and the 8 rows' two FMAs."""
         xq, xd, xb = xp
         nb = xd.shape[0]
         rb = w.shape[1]
         wf = w.reshape(-1)
+        sc = np.empty(nb * 64, np.int32)
         i = r0
         while i + 8 <= r1:
+            for r in range(8):
+                base = (i + r) * rb
+                for b in range(nb):
+                    o = base + b * 84
+                    store_i32x8(sc, (b * 8 + r) * 8, fold_halves(q2_lanes(wf, o, xq, b * 256),
+                                                                 q2_mins_lanes(wf, o, xb, b * 16)))
             acc = f_zero()
             accm = f_zero()
             for b in range(nb):
                 o = i * rb + b * 84
-                prefetch_rows(wf, o, rb, 8, 2)
-                xo = b * 256
-                bo = b * 16
-                s = reduce8(q2_lanes(wf, o, xq, xo), q2_lanes(wf, o + rb, xq, xo),
-                            q2_lanes(wf, o + 2 * rb, xq, xo), q2_lanes(wf, o + 3 * rb, xq, xo),
-                            q2_lanes(wf, o + 4 * rb, xq, xo), q2_lanes(wf, o + 5 * rb, xq, xo),
-                            q2_lanes(wf, o + 6 * rb, xq, xo), q2_lanes(wf, o + 7 * rb, xq, xo))
-                mn = reduce8(q2_mins_lanes(wf, o, xb, bo), q2_mins_lanes(wf, o + rb, xb, bo),
-                             q2_mins_lanes(wf, o + 2 * rb, xb, bo), q2_mins_lanes(wf, o + 3 * rb, xb, bo),
-                             q2_mins_lanes(wf, o + 4 * rb, xb, bo), q2_mins_lanes(wf, o + 5 * rb, xb, bo),
-                             q2_mins_lanes(wf, o + 6 * rb, xb, bo), q2_mins_lanes(wf, o + 7 * rb, xb, bo))
-                acc = fmadd_v(acc, s, f_scale(gather_f16x8(wf, o + 80, rb), xd[b]))
-                accm = fmadd_v(accm, mn, f_scale(gather_f16x8(wf, o + 82, rb), xd[b]))
+                v0 = ldq(sc, b, 0); v1 = ldq(sc, b, 1); v2 = ldq(sc, b, 2); v3 = ldq(sc, b, 3)
+                v4 = ldq(sc, b, 4); v5 = ldq(sc, b, 5); v6 = ldq(sc, b, 6); v7 = ldq(sc, b, 7)
+                acc = fmadd_v(acc, reduce8_lo(v0, v1, v2, v3, v4, v5, v6, v7), f_scale(gather_f16x8(wf, o + 80, rb), xd[b]))
+                accm = fmadd_v(accm, reduce8_hi(v0, v1, v2, v3, v4, v5, v6, v7), f_scale(gather_f16x8(wf, o + 82, rb), xd[b]))
             store_f32x8(out, i, f_sub(acc, accm))
             i += 8
 
