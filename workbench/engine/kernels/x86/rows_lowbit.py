@@ -1,21 +1,26 @@
-"""One-token products (matvec) of Q2_K, Q3_K, Q4_0, IQ4_NL and IQ4_XS with several rows at a time.
+"""One-token products (matvec) of Q2_K, Q3_K, Q4_0, IQ4_NL and IQ4_XS, faster and bit-identical.
 
 The per-row kernels of ``legacy_quants`` / ``k_quants`` / ``i_quants`` follow llama.cpp's float orders
-but were compute-bound: one row at a time, a horizontal integer sum per row and block (the repacked
-orders), scalar scale conversions and FMAs, one FMA chain per row.  Here, per type and order, the
-same per-row float operations run for a group of rows at once; the integer work (exact) is arranged
-freely.  Memory layouts are untouched: rows are read in their GGUF block layout.
+but were compute-bound: a horizontal integer sum per row and block (the repacked orders), scalar
+sub-block scale extraction, the sign trick, one FMA chain per row.  Here each order's per-row float
+operations are kept exactly; only the (exact) integer work is rearranged.  Memory layouts are
+untouched: rows are read in their GGUF block layout.
 
     repacked orders (one f32 chain per row over the blocks: Q4_0 / IQ4_NL when rows % 8 == 0, Q2_K on
-    "avx512-vnni" when rows % 8 == 0): 8 rows in the lanes of one vector.  Each row's integer lanes
-    of a block are summed with the other rows' by a transpose-add tree (``reduce8``: one i32x8 whose
-    lane r is row r's exact block sum, no per-row horizontal sum), the 8 rows' f16 scales are
-    converted with one vcvtph2ps (``gather_f16x8``), and ``acc = fma(f32(S), d_w * d_x, acc)`` runs
-    for the 8 rows in one vector FMA -- per lane the operations of the per-row code.
-    vec_dot orders (an f32x8 accumulator per row, hsum at the end: the others but IQ4_NL's): 4 rows
-    interleaved (4 independent FMA chains, the activations loaded once for 4 rows), each row's
-    lanes and FMAs exactly as the per-row code; the K-quants' and IQ4_XS's sub-block scales become
-    one i16x16 vector per super-block, picked by constant shuffles, instead of scalar extractions.
+    "avx512-vnni" when rows % 8 == 0): 8 rows per group, in two passes.  Pass 1 reads the group's
+    rows one after another (a single ascending stream: 8 rows read interleaved ran at a few GB/s from
+    memory on the tested EPYC, software prefetch did not help) and stores each block's integer lanes
+    (Q4_0 / IQ4_NL: two blocks per vector; Q2_K: the scaled and the min lanes folded into one).
+    Pass 2, per block: a transpose-add tree (``reduce8_lo`` / ``reduce8_hi``) gives one i32x8 whose
+    lane r is row r's exact sum -- no per-row horizontal sum --, the 8 rows' f16 scales are converted
+    with one vcvtph2ps (``gather_f16x8``), and ``acc = fma(f32(S), d_w * d_x, acc)`` runs for the 8
+    rows in one vector FMA: per lane the operations of the per-row code.
+    vec_dot orders (an f32x8 accumulator per row, hsum at the end): Q4_0 (rows % 8 != 0) 4 rows in two
+    passes (lanes stored, then 4 FMA chains side by side: one chain per 32 quants is bound by the FMA
+    latency); Q2_K (AVX2, or rows % 8 != 0), Q3_K and IQ4_XS one row at a time with cheaper integer
+    work: sub-block scales as one i16x16 vector picked by constant shuffles, Q2_K's q * scale by a
+    vpshufb table and vpdpbusd (VNNI), Q3_K's unsigned quants with the offset removed from the i16
+    pair sums.  IQ4_NL's vec_dot order (rows % 8 != 0) stays the per-row kernel.
 
 Rows past the last whole group go through the per-row kernel (same float order).  ``kernels``
 returns the new matvec functions; the matmat functions are the family modules'.
@@ -30,8 +35,8 @@ from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
 from ..intrinsics import (VNNI, _V16B, _V16S, _V32B, _V8F, _V8I, _check_array, _fn, _i16, _i32, _mode, _ptr, _BYTES,
-                          b_and, b_or, b_shl, b_shr, b_add, dot_ss, dot_us, f16_to_f32, f_add, f_sub, f_scale, f_zero,
-                          fma_s, fmadd_i, fmadd_v, hsum_f, hsum_i, i_add, i_zero, load_b32, load_i8, load_nib,
+                          b_and, b_or, b_shl, b_shr, dot_ss, dot_us, f16_to_f32, f_sub, f_scale, f_zero,
+                          fmadd_i, fmadd_v, hsum_f, i_zero, load_b32, load_i8, load_nib,
                           lut_iq4nl, madd_sv, KVALUES_IQ4NL, q2_mins_lanes, v16s, v32b, v8f, v8i)
 from ..intrinsics import ld_u32
 
@@ -56,29 +61,6 @@ def q3_K_scales(w, o):
     s2 = ((a0 >> np.uint32(4)) & k2) | (((a2 >> np.uint32(4)) & k1) << np.uint32(4))
     s3 = ((a1 >> np.uint32(4)) & k2) | (((a2 >> np.uint32(6)) & k1) << np.uint32(4))
     return s0, s1, s2, s3
-
-
-@intrinsic
-def reduce8(typingctx, a0, a1, a2, a3, a4, a5, a6, a7):
-    """i32x8 whose lane r is the sum of the 8 lanes of a_r (exact): a transpose-add tree of
-    7 vector adds instead of 8 horizontal sums."""
-    sig = v8i(a0, a1, a2, a3, a4, a5, a6, a7)
-
-    def cg(context, builder, sig, args):
-        def sh(x, y, idx):
-            return builder.shuffle_vector(x, y, ir.Constant(ir.VectorType(_i32, len(idx)), idx))
-
-        ev, od = [0, 8, 2, 10, 4, 12, 6, 14], [1, 9, 3, 11, 5, 13, 7, 15]
-        # pairs: (a0+a1, b0+b1, a2+a3, b2+b3, ...)
-        p = [builder.add(sh(args[2 * j], args[2 * j + 1], ev), sh(args[2 * j], args[2 * j + 1], od)) for j in range(4)]
-        # quads: (a0..3, b0..3, c0..3, d0..3, a4..7, b4..7, c4..7, d4..7)
-        lo, hi = [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15]
-        q0 = builder.add(sh(p[0], p[1], lo), sh(p[0], p[1], hi))
-        q1 = builder.add(sh(p[2], p[3], lo), sh(p[2], p[3], hi))
-        # halves: (a, b, c, d, e, f, g, h)
-        return builder.add(sh(q0, q1, [0, 1, 2, 3, 8, 9, 10, 11]), sh(q0, q1, [4, 5, 6, 7, 12, 13, 14, 15]))
-
-    return sig, cg
 
 
 @intrinsic
@@ -212,37 +194,6 @@ def load_2x16(typingctx, a, off0, off1):
 
 
 @intrinsic
-def bcast_16(typingctx, a, off):
-    """The 16 bytes at ``off`` of a uint8/int8 array in both halves of a 32-byte vector (vbroadcasti128)."""
-    _check_array(a, _BYTES)
-    sig = v32b(a, off)
-
-    def cg(context, builder, sig, args):
-        v = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], _V16B), align=1)
-        return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_i32, 32), list(range(16)) * 2))
-
-    return sig, cg
-
-
-@intrinsic
-def reduce4x2(typingctx, v0, v1, v2, v3):
-    """i32x8 (rows 0..7) from four i32x8 v_j holding row j in lanes 0-3 and row j + 4 in lanes 4-7:
-    lane r = the sum of row r's four lanes (exact; two transpose-add levels)."""
-    sig = v8i(v0, v1, v2, v3)
-
-    def cg(context, builder, sig, args):
-        def sh(x, y, idx):
-            return builder.shuffle_vector(x, y, ir.Constant(ir.VectorType(_i32, len(idx)), idx))
-
-        ev, od = [0, 8, 2, 10, 4, 12, 6, 14], [1, 9, 3, 11, 5, 13, 7, 15]
-        p0 = builder.add(sh(args[0], args[1], ev), sh(args[0], args[1], od))
-        p1 = builder.add(sh(args[2], args[3], ev), sh(args[2], args[3], od))
-        return builder.add(sh(p0, p1, [0, 1, 8, 9, 4, 5, 12, 13]), sh(p0, p1, [2, 3, 10, 11, 6, 7, 14, 15]))
-
-    return sig, cg
-
-
-@intrinsic
 def lut_iq4nl_u(typingctx, v):
     """Bytes 0..15 of ``v`` -> the IQ4_NL values + 128 as unsigned bytes (1..241; vpshufb)."""
     sig = v32b(v)
@@ -252,20 +203,6 @@ def lut_iq4nl_u(typingctx, v):
         return builder.call(_fn(builder, "llvm.x86.avx2.pshuf.b", _V32B, [_V32B, _V32B]), [table, args[0]])
 
     return sig, cg
-
-
-@numba.njit(**_NB)
-def _halves_init(n4, shift):
-    """Per block, 8 int32 lanes whose first 4 and last 4 each sum to the block's offset term
-    sum(n4 << shift): the initial lanes of a vector holding two rows' block dot products."""
-    nb = n4.shape[0] // 8
-    out = np.empty(nb * 8, np.int32)
-    for b in range(nb):
-        for l in range(4):
-            v = (np.int32(n4[b * 8 + l]) << shift) + (np.int32(n4[b * 8 + l + 4]) << shift)
-            out[b * 8 + l] = v
-            out[b * 8 + 4 + l] = v
-    return out
 
 
 @intrinsic
@@ -338,39 +275,6 @@ def _pair_offsets(xq, c):
     for p in range(n):
         out[p] = np.int16(c * (np.int32(xq[2 * p]) + np.int32(xq[2 * p + 1])))
     return out
-
-
-@intrinsic
-def prefetch(typingctx, a, off):
-    """Prefetch (into all cache levels) the line holding byte ``off`` of a uint8 array.  The kernels
-    below read a group of rows interleaved (4 or 8 streams a row length apart), which the hardware
-    prefetchers of the tested EPYC do not follow: without this, a matrix larger than the caches ran
-    at a few GB/s.  Each group prefetches the same bytes of the next group."""
-    _check_array(a, _BYTES)
-    sig = types.void(a, off)
-
-    def cg(context, builder, sig, args):
-        ary = context.make_array(sig.args[0])(context, builder, args[0])
-        p = builder.gep(ary.data, [args[1]])
-        i32 = ir.IntType(32)
-        fn = _fn(builder, "llvm.prefetch.p0", ir.VoidType(), [p.type, i32, i32, i32])
-        builder.call(fn, [p, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
-        return context.get_dummy_value()
-
-    return sig, cg
-
-
-@numba.njit(inline="always")
-def prefetch_rows(wf, i, b, rb, rows, bsz):
-    """During block b of the group of ``rows`` rows from row i, prefetch the b-th of nb equal slices
-    of the group PF_GROUPS groups ahead (contiguous bytes, in ascending order)."""
-    start = (i + PF_GROUPS * rows) * rb + b * rows * bsz
-    for c in range((rows * bsz + 63) // 64):
-        prefetch(wf, start + 64 * c)
-
-
-#: prefetch distance of the grouped-rows kernels, in groups
-PF_GROUPS = 8
 
 
 @intrinsic
@@ -451,11 +355,11 @@ def kernels(mode: int, per_row: dict) -> dict:
     repacks_q2 = mode == VNNI
 
     # ------------------------------------------------------------------ Q4_0 / IQ4_NL, repacked order
-    # Only each row's block total counts in this order, so a vector holds two rows: the 16 quant bytes
-    # of row j in the low half and of row j + 4 in the high half; low nibbles against the block's first
-    # 16 activations (broadcast to both halves), high nibbles against the last 16.  Offsets (Q4_0: -8;
-    # IQ4_NL on VNNI: grid value + 128 unsigned, -128) start in the lanes (_halves_init); IQ4_NL on AVX2
-    # (pmaddubsw would saturate at 241 * 128) takes the sign trick.
+    # Only each row's block total counts in this order, so a vector holds two consecutive blocks of a
+    # row: the 16 quant bytes of block 2p in the low half and of 2p + 1 in the high half; low nibbles
+    # against the blocks' first 16 activations, high nibbles against the last 16 (activations regrouped
+    # once per call, _pairs_prep).  Offsets (Q4_0: -8; IQ4_NL on VNNI: grid value + 128 unsigned, -128)
+    # start in the lanes; IQ4_NL on AVX2 (pmaddubsw would saturate at 241 * 128) takes the sign trick.
     iq4_unsigned = mode == VNNI
 
     def make_q0_rows8(signed):
@@ -522,24 +426,30 @@ def kernels(mode: int, per_row: dict) -> dict:
     # ------------------------------------------------------------------ Q4_0, vec_dot order (rows % 8 != 0)
     @numba.njit(**_NB)
     def q4_0_vec4(w, xp, out, r0, r1):
-        """ggml_vec_dot_q4_0_q8_0's order (legacy_quants.make_offset_matvec), 4 rows interleaved."""
+        """ggml_vec_dot_q4_0_q8_0's order (legacy_quants.make_offset_matvec: one f32x8 chain per row,
+        one FMA per block), 4 rows at a time in two passes: the rows one after another (one ascending
+        stream) storing each block's lanes, then the 4 rows' FMA chains side by side (one chain alone
+        is bound by the FMA latency)."""
         xq, xd, n4 = xp
         nb = xd.shape[0]
         rb = w.shape[1]
         wf = w.reshape(-1)
         ns = (n4 << 3).astype(np.int32)
+        sc = np.empty(nb * 32, np.int32)
         i = r0
         while i + 4 <= r1:
+            for r in range(4):
+                base = (i + r) * rb
+                for b in range(nb):
+                    store_i32x8(sc, (b * 4 + r) * 8,
+                                dot_us(mode, load_i8(ns, b * 8), load_nib(wf, base + b * 18 + 2), load_b32(xq, b * 32)))
             a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
             for b in range(nb):
                 o = i * rb + b * 18
-                prefetch_rows(wf, i, b, rb, 4, 18)
-                x = load_b32(xq, b * 32)
-                m = load_i8(ns, b * 8)
-                a0 = fmadd_i(a0, dot_us(mode, m, load_nib(wf, o + 2), x), f16_to_f32(wf, o) * xd[b])
-                a1 = fmadd_i(a1, dot_us(mode, m, load_nib(wf, o + rb + 2), x), f16_to_f32(wf, o + rb) * xd[b])
-                a2 = fmadd_i(a2, dot_us(mode, m, load_nib(wf, o + 2 * rb + 2), x), f16_to_f32(wf, o + 2 * rb) * xd[b])
-                a3 = fmadd_i(a3, dot_us(mode, m, load_nib(wf, o + 3 * rb + 2), x), f16_to_f32(wf, o + 3 * rb) * xd[b])
+                a0 = fmadd_i(a0, load_i8(sc, b * 32), f16_to_f32(wf, o) * xd[b])
+                a1 = fmadd_i(a1, load_i8(sc, b * 32 + 8), f16_to_f32(wf, o + rb) * xd[b])
+                a2 = fmadd_i(a2, load_i8(sc, b * 32 + 16), f16_to_f32(wf, o + 2 * rb) * xd[b])
+                a3 = fmadd_i(a3, load_i8(sc, b * 32 + 24), f16_to_f32(wf, o + 3 * rb) * xd[b])
             out[i] = hsum_f(a0); out[i + 1] = hsum_f(a1); out[i + 2] = hsum_f(a2); out[i + 3] = hsum_f(a3)
             i += 4
 
