@@ -36,7 +36,7 @@ from numba.extending import intrinsic
 
 from ..intrinsics import (VNNI, _V16B, _V16S, _V32B, _V8F, _V8I, _check_array, _fn, _i16, _i32, _mode, _ptr, _BYTES,
                           b_and, b_or, b_shl, b_shr, dot_ss, dot_us, f16_to_f32, f_sub, f_scale, f_zero,
-                          fmadd_i, fmadd_v, hsum_f, i_zero, load_b32, load_i8, load_nib,
+                          fmadd_i, fmadd_v, hsum_f, i_add, i_zero, load_b32, load_i8, load_nib,
                           lut_iq4nl, madd_sv, KVALUES_IQ4NL, q2_mins_lanes, v16s, v32b, v8f, v8i)
 from ..intrinsics import ld_u32
 
@@ -476,10 +476,10 @@ def kernels(mode: int, per_row: dict) -> dict:
             a = q2_quarter_t(a, raw, xq, xo, t, 3)
             raw = load_b32(wf, o + 48)
             t = q2_tables(wf, o, 1)
-            a = q2_quarter_t(a, raw, xq, xo + 128, t, 0)
-            a = q2_quarter_t(a, raw, xq, xo + 128, t, 1)
-            a = q2_quarter_t(a, raw, xq, xo + 128, t, 2)
-            return q2_quarter_t(a, raw, xq, xo + 128, t, 3)
+            c = q2_quarter_t(i_zero(), raw, xq, xo + 128, t, 0)
+            c = q2_quarter_t(c, raw, xq, xo + 128, t, 1)
+            c = q2_quarter_t(c, raw, xq, xo + 128, t, 2)
+            return i_add(a, q2_quarter_t(c, raw, xq, xo + 128, t, 3))
         sv = q2_scales(wf, o)
         raw = load_b32(wf, o + 16)
         a = q2_quarter(i_zero(), raw, xq, xo, sv, 0, 0, 1)
@@ -568,10 +568,10 @@ def kernels(mode: int, per_row: dict) -> dict:
         a = q3_quarter(a, raw, hm, xq, xo, x4, sv, 0, 2, 4, 5)
         a = q3_quarter(a, raw, hm, xq, xo, x4, sv, 0, 3, 6, 7)
         raw = load_b32(wf, o + 64)
-        a = q3_quarter(a, raw, hm, xq, xo + 128, x4, sv, 1, 0, 8, 9)
-        a = q3_quarter(a, raw, hm, xq, xo + 128, x4, sv, 1, 1, 10, 11)
-        a = q3_quarter(a, raw, hm, xq, xo + 128, x4, sv, 1, 2, 12, 13)
-        return q3_quarter(a, raw, hm, xq, xo + 128, x4, sv, 1, 3, 14, 15)
+        c = q3_quarter(i_zero(), raw, hm, xq, xo + 128, x4, sv, 1, 0, 8, 9)
+        c = q3_quarter(c, raw, hm, xq, xo + 128, x4, sv, 1, 1, 10, 11)
+        c = q3_quarter(c, raw, hm, xq, xo + 128, x4, sv, 1, 2, 12, 13)
+        return i_add(a, q3_quarter(c, raw, hm, xq, xo + 128, x4, sv, 1, 3, 14, 15))
 
     @numba.njit(**_NB)
     def q3_K_vec1(w, xp, out, r0, r1):
@@ -602,10 +602,10 @@ def kernels(mode: int, per_row: dict) -> dict:
         a = xs_sub(a, wf, o, xq, xo, sv, 1)
         a = xs_sub(a, wf, o, xq, xo, sv, 2)
         a = xs_sub(a, wf, o, xq, xo, sv, 3)
-        a = xs_sub(a, wf, o, xq, xo, sv, 4)
-        a = xs_sub(a, wf, o, xq, xo, sv, 5)
-        a = xs_sub(a, wf, o, xq, xo, sv, 6)
-        return xs_sub(a, wf, o, xq, xo, sv, 7)
+        c = xs_sub(i_zero(), wf, o, xq, xo, sv, 4)
+        c = xs_sub(c, wf, o, xq, xo, sv, 5)
+        c = xs_sub(c, wf, o, xq, xo, sv, 6)
+        return i_add(a, xs_sub(c, wf, o, xq, xo, sv, 7))
 
     @numba.njit(**_NB)
     def iq4_xs_vec1(w, xp, out, r0, r1):
