@@ -1,21 +1,26 @@
-"""One-token products (matvec) of Q2_K, Q3_K, Q4_0, IQ4_NL and IQ4_XS with several rows at a time.
+"""One-token products (matvec) of Q2_K, Q3_K, Q4_0, IQ4_NL and IQ4_XS, faster and bit-identical.
 
 The per-row kernels of ``legacy_quants`` / ``k_quants`` / ``i_quants`` follow llama.cpp's float orders
-but were compute-bound: one row at a time, a horizontal integer sum per row and block (the repacked
-orders), scalar scale conversions and FMAs, one FMA chain per row.  Here, per type and order, the
-same per-row float operations run for a group of rows at once; the integer work (exact) is arranged
-freely.  Memory layouts are untouched: rows are read in their GGUF block layout.
+but were compute-bound: a horizontal integer sum per row and block (the repacked orders), scalar
+sub-block scale extraction, the sign trick, one FMA chain per row.  Here each order's per-row float
+operations are kept exactly; only the (exact) integer work is rearranged.  Memory layouts are
+untouched: rows are read in their GGUF block layout.
 
     repacked orders (one f32 chain per row over the blocks: Q4_0 / IQ4_NL when rows % 8 == 0, Q2_K on
-    "avx512-vnni" when rows % 8 == 0): 8 rows in the lanes of one vector.  Each row's integer lanes
-    of a block are summed with the other rows' by a transpose-add tree (``reduce8``: one i32x8 whose
-    lane r is row r's exact block sum, no per-row horizontal sum), the 8 rows' f16 scales are
-    converted with one vcvtph2ps (``gather_f16x8``), and ``acc = fma(f32(S), d_w * d_x, acc)`` runs
-    for the 8 rows in one vector FMA -- per lane the operations of the per-row code.
-    vec_dot orders (an f32x8 accumulator per row, hsum at the end: everything else): 4 rows
-    interleaved (4 independent FMA chains, the activations loaded once for 4 rows), each row's
-    lanes and FMAs exactly as the per-row code; the K-quants' and IQ4_XS's sub-block scales become
-    one i16x16 vector per super-block, picked by constant shuffles, instead of scalar extractions.
+    "avx512-vnni" when rows % 8 == 0): 8 rows per group, in two passes.  Pass 1 reads the group's
+    rows one after another (a single ascending stream: 8 rows read interleaved ran at a few GB/s from
+    memory on the tested EPYC, software prefetch did not help) and stores each block's integer lanes
+    (Q4_0 / IQ4_NL: two blocks per vector; Q2_K: the scaled and the min lanes folded into one).
+    Pass 2, per block: a transpose-add tree (``reduce8_lo`` / ``reduce8_hi``) gives one i32x8 whose
+    lane r is row r's exact sum -- no per-row horizontal sum --, the 8 rows' f16 scales are converted
+    with one vcvtph2ps (``gather_f16x8``), and ``acc = fma(f32(S), d_w * d_x, acc)`` runs for the 8
+    rows in one vector FMA: per lane the operations of the per-row code.
+    vec_dot orders (an f32x8 accumulator per row, hsum at the end): Q4_0 (rows % 8 != 0) 4 rows in two
+    passes (lanes stored, then 4 FMA chains side by side: one chain per 32 quants is bound by the FMA
+    latency); Q2_K (AVX2, or rows % 8 != 0), Q3_K and IQ4_XS one row at a time with cheaper integer
+    work: sub-block scales as one i16x16 vector picked by constant shuffles, Q2_K's q * scale by a
+    vpshufb table and vpdpbusd (VNNI), Q3_K's unsigned quants with the offset removed from the i16
+    pair sums.  IQ4_NL's vec_dot order (rows % 8 != 0) stays the per-row kernel.
 
 Rows past the last whole group go through the per-row kernel (same float order).  ``kernels``
 returns the new matvec functions; the matmat functions are the family modules'.
@@ -30,8 +35,8 @@ from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
 from ..intrinsics import (VNNI, _V16B, _V16S, _V32B, _V8F, _V8I, _check_array, _fn, _i16, _i32, _mode, _ptr, _BYTES,
-                          b_and, b_or, b_shl, b_shr, b_add, dot_ss, dot_us, f16_to_f32, f_add, f_sub, f_scale, f_zero,
-                          fma_s, fmadd_i, fmadd_v, hsum_f, hsum_i, i_add, i_zero, load_b32, load_i8, load_nib,
+                          b_and, b_or, b_shl, b_shr, dot_ss, dot_us, f16_to_f32, f_sub, f_scale, f_zero,
+                          fmadd_i, fmadd_v, hsum_f, i_add, i_zero, load_b32, load_i8, load_nib,
                           lut_iq4nl, madd_sv, KVALUES_IQ4NL, q2_mins_lanes, v16s, v32b, v8f, v8i)
 from ..intrinsics import ld_u32
 
@@ -56,29 +61,6 @@ def q3_K_scales(w, o):
     s2 = ((a0 >> np.uint32(4)) & k2) | (((a2 >> np.uint32(4)) & k1) << np.uint32(4))
     s3 = ((a1 >> np.uint32(4)) & k2) | (((a2 >> np.uint32(6)) & k1) << np.uint32(4))
     return s0, s1, s2, s3
-
-
-@intrinsic
-def reduce8(typingctx, a0, a1, a2, a3, a4, a5, a6, a7):
-    """i32x8 whose lane r is the sum of the 8 lanes of a_r (exact): a transpose-add tree of
-    7 vector adds instead of 8 horizontal sums."""
-    sig = v8i(a0, a1, a2, a3, a4, a5, a6, a7)
-
-    def cg(context, builder, sig, args):
-        def sh(x, y, idx):
-            return builder.shuffle_vector(x, y, ir.Constant(ir.VectorType(_i32, len(idx)), idx))
-
-        ev, od = [0, 8, 2, 10, 4, 12, 6, 14], [1, 9, 3, 11, 5, 13, 7, 15]
-        # pairs: (a0+a1, b0+b1, a2+a3, b2+b3, ...)
-        p = [builder.add(sh(args[2 * j], args[2 * j + 1], ev), sh(args[2 * j], args[2 * j + 1], od)) for j in range(4)]
-        # quads: (a0..3, b0..3, c0..3, d0..3, a4..7, b4..7, c4..7, d4..7)
-        lo, hi = [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15]
-        q0 = builder.add(sh(p[0], p[1], lo), sh(p[0], p[1], hi))
-        q1 = builder.add(sh(p[2], p[3], lo), sh(p[2], p[3], hi))
-        # halves: (a, b, c, d, e, f, g, h)
-        return builder.add(sh(q0, q1, [0, 1, 2, 3, 8, 9, 10, 11]), sh(q0, q1, [4, 5, 6, 7, 12, 13, 14, 15]))
-
-    return sig, cg
 
 
 @intrinsic
@@ -212,37 +194,6 @@ def load_2x16(typingctx, a, off0, off1):
 
 
 @intrinsic
-def bcast_16(typingctx, a, off):
-    """The 16 bytes at ``off`` of a uint8/int8 array in both halves of a 32-byte vector (vbroadcasti128)."""
-    _check_array(a, _BYTES)
-    sig = v32b(a, off)
-
-    def cg(context, builder, sig, args):
-        v = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], _V16B), align=1)
-        return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_i32, 32), list(range(16)) * 2))
-
-    return sig, cg
-
-
-@intrinsic
-def reduce4x2(typingctx, v0, v1, v2, v3):
-    """i32x8 (rows 0..7) from four i32x8 v_j holding row j in lanes 0-3 and row j + 4 in lanes 4-7:
-    lane r = the sum of row r's four lanes (exact; two transpose-add levels)."""
-    sig = v8i(v0, v1, v2, v3)
-
-    def cg(context, builder, sig, args):
-        def sh(x, y, idx):
-            return builder.shuffle_vector(x, y, ir.Constant(ir.VectorType(_i32, len(idx)), idx))
-
-        ev, od = [0, 8, 2, 10, 4, 12, 6, 14], [1, 9, 3, 11, 5, 13, 7, 15]
-        p0 = builder.add(sh(args[0], args[1], ev), sh(args[0], args[1], od))
-        p1 = builder.add(sh(args[2], args[3], ev), sh(args[2], args[3], od))
-        return builder.add(sh(p0, p1, [0, 1, 8, 9, 4, 5, 12, 13]), sh(p0, p1, [2, 3, 10, 11, 6, 7, 14, 15]))
-
-    return sig, cg
-
-
-@intrinsic
 def lut_iq4nl_u(typingctx, v):
     """Bytes 0..15 of ``v`` -> the IQ4_NL values + 128 as unsigned bytes (1..241; vpshufb)."""
     sig = v32b(v)
@@ -252,20 +203,6 @@ def lut_iq4nl_u(typingctx, v):
         return builder.call(_fn(builder, "llvm.x86.avx2.pshuf.b", _V32B, [_V32B, _V32B]), [table, args[0]])
 
     return sig, cg
-
-
-@numba.njit(**_NB)
-def _halves_init(n4, shift):
-    """Per block, 8 int32 lanes whose first 4 and last 4 each sum to the block's offset term
-    sum(n4 << shift): the initial lanes of a vector holding two rows' block dot products."""
-    nb = n4.shape[0] // 8
-    out = np.empty(nb * 8, np.int32)
-    for b in range(nb):
-        for l in range(4):
-            v = (np.int32(n4[b * 8 + l]) << shift) + (np.int32(n4[b * 8 + l + 4]) << shift)
-            out[b * 8 + l] = v
-            out[b * 8 + 4 + l] = v
-    return out
 
 
 @intrinsic
@@ -340,6 +277,77 @@ def _pair_offsets(xq, c):
     return out
 
 
+@intrinsic
+def store_i32x8(typingctx, a, off, v):
+    """a[off:off + 8] = v (int32 array)."""
+    _check_array(a, (types.int32,))
+    sig = types.void(a, off, v)
+
+    def cg(context, builder, sig, args):
+        builder.store(args[2], _ptr(context, builder, sig.args[0], args[0], args[1], _V8I), align=4)
+        return context.get_dummy_value()
+
+    return sig, cg
+
+
+def _reduce8_halves(builder, args, upper):
+    def sh(x, y, idx):
+        return builder.shuffle_vector(x, y, ir.Constant(ir.VectorType(_i32, len(idx)), idx))
+
+    ev, od = [0, 8, 2, 10, 4, 12, 6, 14], [1, 9, 3, 11, 5, 13, 7, 15]
+    p = [builder.add(sh(args[2 * j], args[2 * j + 1], ev), sh(args[2 * j], args[2 * j + 1], od)) for j in range(4)]
+    lo, hi = [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15]
+    q0 = builder.add(sh(p[0], p[1], lo), sh(p[0], p[1], hi))
+    q1 = builder.add(sh(p[2], p[3], lo), sh(p[2], p[3], hi))
+    return sh(q0, q1, [4, 5, 6, 7, 12, 13, 14, 15] if upper else [0, 1, 2, 3, 8, 9, 10, 11])
+
+
+@intrinsic
+def reduce8_lo(typingctx, a0, a1, a2, a3, a4, a5, a6, a7):
+    """i32x8 whose lane r is the sum of lanes 0-3 of a_r (exact; transpose-add tree)."""
+    sig = v8i(a0, a1, a2, a3, a4, a5, a6, a7)
+    return sig, lambda context, builder, sig, args: _reduce8_halves(builder, args, False)
+
+
+@intrinsic
+def reduce8_hi(typingctx, a0, a1, a2, a3, a4, a5, a6, a7):
+    """i32x8 whose lane r is the sum of lanes 4-7 of a_r (the same tree as reduce8_lo: LLVM shares it)."""
+    sig = v8i(a0, a1, a2, a3, a4, a5, a6, a7)
+    return sig, lambda context, builder, sig, args: _reduce8_halves(builder, args, True)
+
+
+@numba.njit(**_NB)
+def _pairs_prep(xq, n4, shift):
+    """Activations and initial lanes for two Q8_0 blocks (2p, 2p + 1) per vector: xp2[64 p:] = first
+    16 quants of block 2p, first 16 of 2p + 1, last 16 of 2p, last 16 of 2p + 1 (zeros past the last
+    block); mp[8 p:] = lanes 0-3 summing to block 2p's offset sum(n4 << shift), lanes 4-7 to 2p + 1's."""
+    nb = xq.shape[0] // 32
+    npairs = (nb + 1) // 2
+    xp2 = np.zeros(npairs * 64, np.int8)
+    mp = np.zeros(npairs * 8, np.int32)
+    for b in range(nb):
+        p, h = b // 2, b % 2
+        for e in range(16):
+            xp2[p * 64 + 16 * h + e] = xq[b * 32 + e]
+            xp2[p * 64 + 32 + 16 * h + e] = xq[b * 32 + 16 + e]
+        for l in range(4):
+            mp[p * 8 + 4 * h + l] = (np.int32(n4[b * 8 + l]) << shift) + (np.int32(n4[b * 8 + l + 4]) << shift)
+    return xp2, mp
+
+
+@intrinsic
+def fold_halves(typingctx, a, b):
+    """i32x8: lanes 0-3 = a's lanes 0-3 + 4-7 (their sum is a's total), lanes 4-7 likewise for b."""
+    sig = v8i(a, b)
+
+    def cg(context, builder, sig, args):
+        def sh(idx):
+            return builder.shuffle_vector(args[0], args[1], ir.Constant(ir.VectorType(_i32, 8), idx))
+        return builder.add(sh([0, 1, 2, 3, 8, 9, 10, 11]), sh([4, 5, 6, 7, 12, 13, 14, 15]))
+
+    return sig, cg
+
+
 def kernels(mode: int, per_row: dict) -> dict:
     """{type name: (matvec, matmat)} of Q2_K, Q3_K, Q4_0, IQ4_NL, IQ4_XS for one instruction-set mode:
     the grouped-rows matvec, with ``per_row``'s (the family modules' table) matvec for the rows after
@@ -347,19 +355,20 @@ def kernels(mode: int, per_row: dict) -> dict:
     repacks_q2 = mode == VNNI
 
     # ------------------------------------------------------------------ Q4_0 / IQ4_NL, repacked order
-    # Only each row's block total counts in this order, so a vector holds two rows: the 16 quant bytes
-    # of row j in the low half and of row j + 4 in the high half; low nibbles against the block's first
-    # 16 activations (broadcast to both halves), high nibbles against the last 16.  Offsets (Q4_0: -8;
-    # IQ4_NL on VNNI: grid value + 128 unsigned, -128) start in the lanes (_halves_init); IQ4_NL on AVX2
-    # (pmaddubsw would saturate at 241 * 128) takes the sign trick.
+    # Only each row's block total counts in this order, so a vector holds two consecutive blocks of a
+    # row: the 16 quant bytes of block 2p in the low half and of 2p + 1 in the high half; low nibbles
+    # against the blocks' first 16 activations, high nibbles against the last 16 (activations regrouped
+    # once per call, _pairs_prep).  Offsets (Q4_0: -8; IQ4_NL on VNNI: grid value + 128 unsigned, -128)
+    # start in the lanes; IQ4_NL on AVX2 (pmaddubsw would saturate at 241 * 128) takes the sign trick.
     iq4_unsigned = mode == VNNI
 
     def make_q0_rows8(signed):
         shift = (7 if iq4_unsigned else 0) if signed else 3
 
         @numba.njit(inline="always")
-        def two_rows(wf, o, rb, m, xlo, xhi):
-            raw = load_2x16(wf, o + 2, o + 4 * rb + 2)
+        def two_blocks(wf, o, o1, m, xlo, xhi):
+            """i32x8: lanes 0-3 sum to the block at o's dot product, lanes 4-7 to the block at o1's."""
+            raw = load_2x16(wf, o + 2, o1 + 2)
             lo = b_and(raw, 15)
             hi = b_and(b_shr(raw, 4), 15)
             if signed and iq4_unsigned:
@@ -368,25 +377,45 @@ def kernels(mode: int, per_row: dict) -> dict:
                 return dot_ss(mode, dot_ss(mode, i_zero(), lut_iq4nl(lo), xlo), lut_iq4nl(hi), xhi)
             return dot_us(mode, dot_us(mode, m, lo, xlo), hi, xhi)
 
+        @numba.njit(inline="always")
+        def ld(sc, p, r):
+            return load_i8(sc, (p * 8 + r) * 8)
+
         @numba.njit(**_NB)
         def rows8(w, xp, out, r0, r1):
-            """ggml_gemv_q4_0_8x8_q8_0's order (see repack.q4_0_repacked) for rows r0.. in groups of 8."""
+            """ggml_gemv_q4_0_8x8_q8_0's order (see repack.q4_0_repacked) for rows r0.. in groups of 8.
+
+            Two passes per group: the rows one after another (a single ascending stream, which the
+            hardware prefetcher follows: 8 rows read interleaved ran at a few GB/s from memory), each
+            vector two consecutive blocks of a row, its lanes stored; then per pair of blocks the 8
+            rows' lanes reduced by the transpose-add tree and the 8 rows' FMAs in block order."""
             xq, xd, n4 = xp
             nb = xd.shape[0]
             rb = w.shape[1]
             wf = w.reshape(-1)
-            m2 = _halves_init(n4, shift)
+            npairs = (nb + 1) // 2
+            xp2, mp = _pairs_prep(xq, n4, shift)
+            sc = np.empty(npairs * 64, np.int32)
             i = r0
             while i + 8 <= r1:
+                for r in range(8):
+                    base = (i + r) * rb
+                    for p in range(npairs):
+                        o = base + p * 36
+                        o1 = o + 18 if 2 * p + 1 < nb else o
+                        store_i32x8(sc, (p * 8 + r) * 8, two_blocks(wf, o, o1, load_i8(mp, p * 8),
+                                                                    load_b32(xp2, p * 64), load_b32(xp2, p * 64 + 32)))
                 acc = f_zero()
-                for b in range(nb):
+                for p in range(npairs):
+                    b = 2 * p
                     o = i * rb + b * 18
-                    xlo = bcast_16(xq, b * 32)
-                    xhi = bcast_16(xq, b * 32 + 16)
-                    m = load_i8(m2, b * 8)
-                    s = reduce4x2(two_rows(wf, o, rb, m, xlo, xhi), two_rows(wf, o + rb, rb, m, xlo, xhi),
-                                  two_rows(wf, o + 2 * rb, rb, m, xlo, xhi), two_rows(wf, o + 3 * rb, rb, m, xlo, xhi))
-                    acc = fmadd_v(acc, s, f_scale(gather_f16x8(wf, o, rb), xd[b]))
+                    acc = fmadd_v(acc, reduce8_lo(ld(sc, p, 0), ld(sc, p, 1), ld(sc, p, 2), ld(sc, p, 3),
+                                                  ld(sc, p, 4), ld(sc, p, 5), ld(sc, p, 6), ld(sc, p, 7)),
+                                  f_scale(gather_f16x8(wf, o, rb), xd[b]))
+                    if b + 1 < nb:
+                        acc = fmadd_v(acc, reduce8_hi(ld(sc, p, 0), ld(sc, p, 1), ld(sc, p, 2), ld(sc, p, 3),
+                                                      ld(sc, p, 4), ld(sc, p, 5), ld(sc, p, 6), ld(sc, p, 7)),
+                                      f_scale(gather_f16x8(wf, o + 18, rb), xd[b + 1]))
                 store_f32x8(out, i, acc)
                 i += 8
         return rows8
@@ -397,74 +426,31 @@ def kernels(mode: int, per_row: dict) -> dict:
     # ------------------------------------------------------------------ Q4_0, vec_dot order (rows % 8 != 0)
     @numba.njit(**_NB)
     def q4_0_vec4(w, xp, out, r0, r1):
-        """ggml_vec_dot_q4_0_q8_0's order (legacy_quants.make_offset_matvec), 4 rows interleaved."""
+        """ggml_vec_dot_q4_0_q8_0's order (legacy_quants.make_offset_matvec: one f32x8 chain per row,
+        one FMA per block), 4 rows at a time in two passes: the rows one after another (one ascending
+        stream) storing each block's lanes, then the 4 rows' FMA chains side by side (one chain alone
+        is bound by the FMA latency)."""
         xq, xd, n4 = xp
         nb = xd.shape[0]
         rb = w.shape[1]
         wf = w.reshape(-1)
         ns = (n4 << 3).astype(np.int32)
+        sc = np.empty(nb * 32, np.int32)
         i = r0
         while i + 4 <= r1:
+            for r in range(4):
+                base = (i + r) * rb
+                for b in range(nb):
+                    store_i32x8(sc, (b * 4 + r) * 8,
+                                dot_us(mode, load_i8(ns, b * 8), load_nib(wf, base + b * 18 + 2), load_b32(xq, b * 32)))
             a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
             for b in range(nb):
                 o = i * rb + b * 18
-                x = load_b32(xq, b * 32)
-                m = load_i8(ns, b * 8)
-                a0 = fmadd_i(a0, dot_us(mode, m, load_nib(wf, o + 2), x), f16_to_f32(wf, o) * xd[b])
-                a1 = fmadd_i(a1, dot_us(mode, m, load_nib(wf, o + rb + 2), x), f16_to_f32(wf, o + rb) * xd[b])
-                a2 = fmadd_i(a2, dot_us(mode, m, load_nib(wf, o + 2 * rb + 2), x), f16_to_f32(wf, o + 2 * rb) * xd[b])
-                a3 = fmadd_i(a3, dot_us(mode, m, load_nib(wf, o + 3 * rb + 2), x), f16_to_f32(wf, o + 3 * rb) * xd[b])
+                a0 = fmadd_i(a0, load_i8(sc, b * 32), f16_to_f32(wf, o) * xd[b])
+                a1 = fmadd_i(a1, load_i8(sc, b * 32 + 8), f16_to_f32(wf, o + rb) * xd[b])
+                a2 = fmadd_i(a2, load_i8(sc, b * 32 + 16), f16_to_f32(wf, o + 2 * rb) * xd[b])
+                a3 = fmadd_i(a3, load_i8(sc, b * 32 + 24), f16_to_f32(wf, o + 3 * rb) * xd[b])
             out[i] = hsum_f(a0); out[i + 1] = hsum_f(a1); out[i + 2] = hsum_f(a2); out[i + 3] = hsum_f(a3)
-            i += 4
-
-    # ------------------------------------------------------------------ IQ4_NL, vec_dot order (rows % 8 != 0)
-    @numba.njit(inline="always")
-    def nl_blk(wf, o, x):
-        return dot_ss(mode, i_zero(), lut_iq4nl(load_nib(wf, o + 2)), x)
-
-    @numba.njit(inline="always")
-    def nl_row(a1, a2, wf, o, x0, x1, d0, d1):
-        a1 = fmadd_i(a1, nl_blk(wf, o, x0), d0 * f16_to_f32(wf, o))
-        a2 = fmadd_i(a2, nl_blk(wf, o + 18, x1), d1 * f16_to_f32(wf, o + 18))
-        return a1, a2
-
-    @numba.njit(inline="always")
-    def nl_end(a1, a2, wf, o, xq, xo, d, odd):
-        s = hsum_f(f_add(a1, a2))
-        if odd:
-            s = fma_s(d * f16_to_f32(wf, o), f32(hsum_i(nl_blk(wf, o, load_b32(xq, xo)))), s)
-        return s
-
-    @numba.njit(**_NB)
-    def iq4_nl_vec4(w, xp, out, r0, r1):
-        """ggml_vec_dot_iq4_nl_q8_0's order (i_quants.vec_matvec: blocks in pairs into two f32x8
-        accumulators, a last odd block by a scalar FMA), 4 rows interleaved."""
-        xq, xd, _ = xp
-        nb = xd.shape[0]
-        rb = w.shape[1]
-        wf = w.reshape(-1)
-        i = r0
-        while i + 4 <= r1:
-            p0 = f_zero(); q0 = f_zero(); p1 = f_zero(); q1 = f_zero()
-            p2 = f_zero(); q2 = f_zero(); p3 = f_zero(); q3 = f_zero()
-            b = 0
-            while b + 1 < nb:
-                o = i * rb + b * 18
-                x0 = load_b32(xq, b * 32)
-                x1 = load_b32(xq, b * 32 + 32)
-                d0 = xd[b]; d1 = xd[b + 1]
-                p0, q0 = nl_row(p0, q0, wf, o, x0, x1, d0, d1)
-                p1, q1 = nl_row(p1, q1, wf, o + rb, x0, x1, d0, d1)
-                p2, q2 = nl_row(p2, q2, wf, o + 2 * rb, x0, x1, d0, d1)
-                p3, q3 = nl_row(p3, q3, wf, o + 3 * rb, x0, x1, d0, d1)
-                b += 2
-            odd = b < nb
-            o = i * rb + b * 18
-            d = xd[b] if odd else f32(0.0)
-            out[i] = nl_end(p0, q0, wf, o, xq, b * 32, d, odd)
-            out[i + 1] = nl_end(p1, q1, wf, o + rb, xq, b * 32, d, odd)
-            out[i + 2] = nl_end(p2, q2, wf, o + 2 * rb, xq, b * 32, d, odd)
-            out[i + 3] = nl_end(p3, q3, wf, o + 3 * rb, xq, b * 32, d, odd)
             i += 4
 
     # ------------------------------------------------------------------ Q2_K
@@ -490,10 +476,10 @@ def kernels(mode: int, per_row: dict) -> dict:
             a = q2_quarter_t(a, raw, xq, xo, t, 3)
             raw = load_b32(wf, o + 48)
             t = q2_tables(wf, o, 1)
-            a = q2_quarter_t(a, raw, xq, xo + 128, t, 0)
-            a = q2_quarter_t(a, raw, xq, xo + 128, t, 1)
-            a = q2_quarter_t(a, raw, xq, xo + 128, t, 2)
-            return q2_quarter_t(a, raw, xq, xo + 128, t, 3)
+            c = q2_quarter_t(i_zero(), raw, xq, xo + 128, t, 0)
+            c = q2_quarter_t(c, raw, xq, xo + 128, t, 1)
+            c = q2_quarter_t(c, raw, xq, xo + 128, t, 2)
+            return i_add(a, q2_quarter_t(c, raw, xq, xo + 128, t, 3))
         sv = q2_scales(wf, o)
         raw = load_b32(wf, o + 16)
         a = q2_quarter(i_zero(), raw, xq, xo, sv, 0, 0, 1)
@@ -506,32 +492,38 @@ def kernels(mode: int, per_row: dict) -> dict:
         a = q2_quarter(a, raw, xq, xo + 128, sv, 2, 12, 13)
         return q2_quarter(a, raw, xq, xo + 128, sv, 3, 14, 15)
 
+    @numba.njit(inline="always")
+    def ldq(sc, b, r):
+        return load_i8(sc, (b * 8 + r) * 8)
+
     @numba.njit(**_NB)
     def q2_K_rows8(w, xp, out, r0, r1):
         """ggml_gemv_q2_K_8x8_q8_K's order (k_quants.q2_K_gemv: a scalar chain for the scaled part and
-        one for the mins, one FMA each per super-block, out = acc - accm), 8 rows in lanes."""
+        one for the mins, one FMA each per super-block, out = acc - accm), 8 rows in lanes.  Two passes
+        per group as in the Q4_0 rows8: the rows one after another (one ascending stream), each
+        super-block's scaled and min lanes folded into one stored vector; then per super-block the
+        8 rows' totals by the transpose-add tree and the 8 rows' two FMAs."""
         xq, xd, xb = xp
         nb = xd.shape[0]
         rb = w.shape[1]
         wf = w.reshape(-1)
+        sc = np.empty(nb * 64, np.int32)
         i = r0
         while i + 8 <= r1:
+            for r in range(8):
+                base = (i + r) * rb
+                for b in range(nb):
+                    o = base + b * 84
+                    store_i32x8(sc, (b * 8 + r) * 8, fold_halves(q2_lanes(wf, o, xq, b * 256),
+                                                                 q2_mins_lanes(wf, o, xb, b * 16)))
             acc = f_zero()
             accm = f_zero()
             for b in range(nb):
                 o = i * rb + b * 84
-                xo = b * 256
-                bo = b * 16
-                s = reduce8(q2_lanes(wf, o, xq, xo), q2_lanes(wf, o + rb, xq, xo),
-                            q2_lanes(wf, o + 2 * rb, xq, xo), q2_lanes(wf, o + 3 * rb, xq, xo),
-                            q2_lanes(wf, o + 4 * rb, xq, xo), q2_lanes(wf, o + 5 * rb, xq, xo),
-                            q2_lanes(wf, o + 6 * rb, xq, xo), q2_lanes(wf, o + 7 * rb, xq, xo))
-                mn = reduce8(q2_mins_lanes(wf, o, xb, bo), q2_mins_lanes(wf, o + rb, xb, bo),
-                             q2_mins_lanes(wf, o + 2 * rb, xb, bo), q2_mins_lanes(wf, o + 3 * rb, xb, bo),
-                             q2_mins_lanes(wf, o + 4 * rb, xb, bo), q2_mins_lanes(wf, o + 5 * rb, xb, bo),
-                             q2_mins_lanes(wf, o + 6 * rb, xb, bo), q2_mins_lanes(wf, o + 7 * rb, xb, bo))
-                acc = fmadd_v(acc, s, f_scale(gather_f16x8(wf, o + 80, rb), xd[b]))
-                accm = fmadd_v(accm, mn, f_scale(gather_f16x8(wf, o + 82, rb), xd[b]))
+                v0 = ldq(sc, b, 0); v1 = ldq(sc, b, 1); v2 = ldq(sc, b, 2); v3 = ldq(sc, b, 3)
+                v4 = ldq(sc, b, 4); v5 = ldq(sc, b, 5); v6 = ldq(sc, b, 6); v7 = ldq(sc, b, 7)
+                acc = fmadd_v(acc, reduce8_lo(v0, v1, v2, v3, v4, v5, v6, v7), f_scale(gather_f16x8(wf, o + 80, rb), xd[b]))
+                accm = fmadd_v(accm, reduce8_hi(v0, v1, v2, v3, v4, v5, v6, v7), f_scale(gather_f16x8(wf, o + 82, rb), xd[b]))
             store_f32x8(out, i, f_sub(acc, accm))
             i += 8
 
@@ -541,25 +533,19 @@ def kernels(mode: int, per_row: dict) -> dict:
         return fmadd_i(acc, q2_lanes(wf, o, xq, xo), dx * f16_to_f32(wf, o + 80))
 
     @numba.njit(**_NB)
-    def q2_K_vec4(w, xp, out, r0, r1):
+    def q2_K_vec1(w, xp, out, r0, r1):
         """ggml_vec_dot_q2_K_q8_K's order (k_quants.q2_K_vec: per super-block the mins' FMA with
-        -d_x * dmin, then the scaled lanes' FMA with d_x * d_w, hsum at the end), 4 rows interleaved."""
+        -d_x * dmin, then the scaled lanes' FMA with d_x * d_w, hsum at the end), one row at a time:
+        one FMA chain per 256 quants is no limit, and a single stream keeps the hardware prefetcher."""
         xq, xd, xb = xp
         nb = xd.shape[0]
         rb = w.shape[1]
         wf = w.reshape(-1)
-        i = r0
-        while i + 4 <= r1:
-            a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
+        for i in range(r0, r1):
+            a0 = f_zero()
             for b in range(nb):
-                o = i * rb + b * 84
-                dx = xd[b]
-                a0 = q2_vec_blk(a0, wf, o, xq, b * 256, xb, b * 16, dx)
-                a1 = q2_vec_blk(a1, wf, o + rb, xq, b * 256, xb, b * 16, dx)
-                a2 = q2_vec_blk(a2, wf, o + 2 * rb, xq, b * 256, xb, b * 16, dx)
-                a3 = q2_vec_blk(a3, wf, o + 3 * rb, xq, b * 256, xb, b * 16, dx)
-            out[i] = hsum_f(a0); out[i + 1] = hsum_f(a1); out[i + 2] = hsum_f(a2); out[i + 3] = hsum_f(a3)
-            i += 4
+                a0 = q2_vec_blk(a0, wf, i * rb + b * 84, xq, b * 256, xb, b * 16, xd[b])
+            out[i] = hsum_f(a0)
 
     # ------------------------------------------------------------------ Q3_K (always the vec_dot order)
     # The quants q = u - 4 with u = low 2 bits | high bit << 2 in 0..7: pmaddubsw(u, x) minus 4 * the
@@ -582,32 +568,25 @@ def kernels(mode: int, per_row: dict) -> dict:
         a = q3_quarter(a, raw, hm, xq, xo, x4, sv, 0, 2, 4, 5)
         a = q3_quarter(a, raw, hm, xq, xo, x4, sv, 0, 3, 6, 7)
         raw = load_b32(wf, o + 64)
-        a = q3_quarter(a, raw, hm, xq, xo + 128, x4, sv, 1, 0, 8, 9)
-        a = q3_quarter(a, raw, hm, xq, xo + 128, x4, sv, 1, 1, 10, 11)
-        a = q3_quarter(a, raw, hm, xq, xo + 128, x4, sv, 1, 2, 12, 13)
-        return q3_quarter(a, raw, hm, xq, xo + 128, x4, sv, 1, 3, 14, 15)
+        c = q3_quarter(i_zero(), raw, hm, xq, xo + 128, x4, sv, 1, 0, 8, 9)
+        c = q3_quarter(c, raw, hm, xq, xo + 128, x4, sv, 1, 1, 10, 11)
+        c = q3_quarter(c, raw, hm, xq, xo + 128, x4, sv, 1, 2, 12, 13)
+        return i_add(a, q3_quarter(c, raw, hm, xq, xo + 128, x4, sv, 1, 3, 14, 15))
 
     @numba.njit(**_NB)
-    def q3_K_vec4(w, xp, out, r0, r1):
-        """ggml_vec_dot_q3_K_q8_K's order (k_quants.q3_K_dot), 4 rows interleaved."""
+    def q3_K_vec1(w, xp, out, r0, r1):
+        """ggml_vec_dot_q3_K_q8_K's order (k_quants.q3_K_dot), one row at a time (see q2_K_vec1)."""
         xq, xd, _ = xp
         nb = xd.shape[0]
         rb = w.shape[1]
         wf = w.reshape(-1)
         x4 = _pair_offsets(xq, 4)
-        i = r0
-        while i + 4 <= r1:
-            a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
+        for i in range(r0, r1):
+            a0 = f_zero()
             for b in range(nb):
                 o = i * rb + b * 110
-                xo = b * 256
-                dx = xd[b]
-                a0 = fmadd_i(a0, q3_lanes(wf, o, xq, xo, x4), dx * f16_to_f32(wf, o + 108))
-                a1 = fmadd_i(a1, q3_lanes(wf, o + rb, xq, xo, x4), dx * f16_to_f32(wf, o + rb + 108))
-                a2 = fmadd_i(a2, q3_lanes(wf, o + 2 * rb, xq, xo, x4), dx * f16_to_f32(wf, o + 2 * rb + 108))
-                a3 = fmadd_i(a3, q3_lanes(wf, o + 3 * rb, xq, xo, x4), dx * f16_to_f32(wf, o + 3 * rb + 108))
-            out[i] = hsum_f(a0); out[i + 1] = hsum_f(a1); out[i + 2] = hsum_f(a2); out[i + 3] = hsum_f(a3)
-            i += 4
+                a0 = fmadd_i(a0, q3_lanes(wf, o, xq, b * 256, x4), xd[b] * f16_to_f32(wf, o + 108))
+            out[i] = hsum_f(a0)
 
     # ------------------------------------------------------------------ IQ4_XS (always the vec_dot order)
     @numba.njit(inline="always")
@@ -623,38 +602,29 @@ def kernels(mode: int, per_row: dict) -> dict:
         a = xs_sub(a, wf, o, xq, xo, sv, 1)
         a = xs_sub(a, wf, o, xq, xo, sv, 2)
         a = xs_sub(a, wf, o, xq, xo, sv, 3)
-        a = xs_sub(a, wf, o, xq, xo, sv, 4)
-        a = xs_sub(a, wf, o, xq, xo, sv, 5)
-        a = xs_sub(a, wf, o, xq, xo, sv, 6)
-        return xs_sub(a, wf, o, xq, xo, sv, 7)
+        c = xs_sub(i_zero(), wf, o, xq, xo, sv, 4)
+        c = xs_sub(c, wf, o, xq, xo, sv, 5)
+        c = xs_sub(c, wf, o, xq, xo, sv, 6)
+        return i_add(a, xs_sub(c, wf, o, xq, xo, sv, 7))
 
     @numba.njit(**_NB)
-    def iq4_xs_vec4(w, xp, out, r0, r1):
-        """ggml_vec_dot_iq4_xs_q8_K's order (i_quants.xs_dot), 4 rows interleaved."""
+    def iq4_xs_vec1(w, xp, out, r0, r1):
+        """ggml_vec_dot_iq4_xs_q8_K's order (i_quants.xs_dot), one row at a time (see q2_K_vec1)."""
         xq, xd, _ = xp
         nb = xd.shape[0]
         rb = w.shape[1]
         wf = w.reshape(-1)
-        i = r0
-        while i + 4 <= r1:
-            a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
+        for i in range(r0, r1):
+            a0 = f_zero()
             for b in range(nb):
                 o = i * rb + b * 136
-                xo = b * 256
-                dx = xd[b]
-                a0 = fmadd_i(a0, xs_lanes(wf, o, xq, xo), f16_to_f32(wf, o) * dx)
-                a1 = fmadd_i(a1, xs_lanes(wf, o + rb, xq, xo), f16_to_f32(wf, o + rb) * dx)
-                a2 = fmadd_i(a2, xs_lanes(wf, o + 2 * rb, xq, xo), f16_to_f32(wf, o + 2 * rb) * dx)
-                a3 = fmadd_i(a3, xs_lanes(wf, o + 3 * rb, xq, xo), f16_to_f32(wf, o + 3 * rb) * dx)
-            out[i] = hsum_f(a0); out[i + 1] = hsum_f(a1); out[i + 2] = hsum_f(a2); out[i + 3] = hsum_f(a3)
-            i += 4
+                a0 = fmadd_i(a0, xs_lanes(wf, o, xq, b * 256), f16_to_f32(wf, o) * xd[b])
+            out[i] = hsum_f(a0)
 
     # ------------------------------------------------------------------ dispatch
     q4_0_row = per_row["Q4_0"][0]
     iq4_nl_row = per_row["IQ4_NL"][0]
     q2_K_row = per_row["Q2_K"][0]
-    q3_K_row = per_row["Q3_K"][0]
-    iq4_xs_row = per_row["IQ4_XS"][0]
 
     @numba.njit(**_NB)
     def q4_0_matvec(w, xp, out, r0, r1):
@@ -671,7 +641,7 @@ def kernels(mode: int, per_row: dict) -> dict:
         if w.shape[0] % 8 == 0:   # llama.cpp's repacked iq4_nl_8x8 gemv
             r = r0 + (r1 - r0) // 8 * 8
             iq4_nl_rows8(w, xp, out, r0, r)
-        else:   # (4 rows interleaved measured slower than the per-row code: not used)
+        else:   # ggml_vec_dot_iq4_nl_q8_0's order: 4 rows interleaved measured no faster than one
             r = r0
         iq4_nl_row(w, xp, out, r, r1)
 
@@ -681,21 +651,17 @@ def kernels(mode: int, per_row: dict) -> dict:
             r = r0 + (r1 - r0) // 8 * 8
             q2_K_rows8(w, xp, out, r0, r)
         else:
-            r = r0 + (r1 - r0) // 4 * 4
-            q2_K_vec4(w, xp, out, r0, r)
+            r = r1
+            q2_K_vec1(w, xp, out, r0, r1)
         q2_K_row(w, xp, out, r, r1)
 
     @numba.njit(**_NB)
     def q3_K_matvec(w, xp, out, r0, r1):
-        r = r0 + (r1 - r0) // 4 * 4
-        q3_K_vec4(w, xp, out, r0, r)
-        q3_K_row(w, xp, out, r, r1)
+        q3_K_vec1(w, xp, out, r0, r1)
 
     @numba.njit(**_NB)
     def iq4_xs_matvec(w, xp, out, r0, r1):
-        r = r0 + (r1 - r0) // 4 * 4
-        iq4_xs_vec4(w, xp, out, r0, r)
-        iq4_xs_row(w, xp, out, r, r1)
+        iq4_xs_vec1(w, xp, out, r0, r1)
 
     return dict(Q4_0=(q4_0_matvec, per_row["Q4_0"][1]), IQ4_NL=(iq4_nl_matvec, per_row["IQ4_NL"][1]),
                 Q2_K=(q2_K_matvec, per_row["Q2_K"][1]), Q3_K=(q3_K_matvec, per_row["Q3_K"][1]),
