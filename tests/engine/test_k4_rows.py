@@ -1,12 +1,13 @@
 """The Q4_K one-token product over groups of 8 rows (kernels/x86/k4_rows.py) is bit-identical to the
-per-row gemv (ggml_gemv_q4_K_8x8_q8_K's order) for any row count, row range and row length."""
+per-row gemv (ggml_gemv_q4_K_8x8_q8_K's order) for any row range and row length of a matrix llama.cpp
+repacks (rows % 8 == 0); other matrices keep ggml_vec_dot_q4_K_q8_K's order in every row."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from kernel_emulation import SIMD_PATHS, emulate_q4_K, f32, weights
+from kernel_emulation import SIMD_PATHS, emulate_q4_K, emulate_q4_K_vec, f32, weights
 from workbench.engine import kernels as K
 from workbench.engine.kernels import x86
 from workbench.engine.kernels.x86 import k4_rows
@@ -49,18 +50,22 @@ def test_matvec_rows_1_to_40(path, k):
         out = np.full(rows, np.nan, f32)
         K.matvec(Q4_K, wr, xp, out, 0, rows)
         np.testing.assert_array_equal(out, _per_row(wr, xp, 0, rows), err_msg=f"rows={rows}")
-        np.testing.assert_array_equal(out, ref[:rows], err_msg=f"rows={rows}")
+        if rows % 8 == 0:  # repacked by llama.cpp: the gemv's order
+            np.testing.assert_array_equal(out, ref[:rows], err_msg=f"rows={rows}")
+        else:  # not repacked: vec_dot's order
+            vec = emulate_q4_K_vec(wr, xp[0][None], xp[1][None])[0]
+            np.testing.assert_array_equal(out, vec, err_msg=f"rows={rows}")
 
 
 @pytest.mark.parametrize("k", [256, 768, 2048])
 def test_matvec_row_ranges(path, k):
     """Ranges r0..r1 that start and end off the multiples of 8 (threads split the rows anywhere)."""
-    rows = 45
+    rows = 48  # a repacked matrix: the 8-row groups and the per-row tail of a range both run
     w = weights(T.Q4_K, rows, k, seed=3 + k)
     xp = K.prepare(Q4_K, _x(k, 7))
     full = _per_row(w, xp, 0, rows)
     rng = np.random.default_rng(k)
-    cuts = [(0, 45), (1, 9), (3, 30), (5, 13), (7, 44), (9, 10), (12, 45), (17, 41)]
+    cuts = [(0, 48), (1, 9), (3, 30), (5, 13), (7, 44), (9, 10), (12, 45), (17, 41)]
     cuts += [tuple(sorted(rng.integers(0, rows + 1, 2))) for _ in range(8)]
     for r0, r1 in cuts:
         out = np.full(rows, np.nan, f32)
@@ -72,7 +77,7 @@ def test_matvec_row_ranges(path, k):
 @pytest.mark.parametrize("k", [256, 1024])
 def test_matvec_integer_extremes(path, k):
     """The largest integer sums (quants 15, scales and mins 63, activations +-127) stay exact."""
-    rows = 19
+    rows = 24
     w = _saturated(rows, k, seed=11)
     for extreme in (True, False):
         xp = K.prepare(Q4_K, _x(k, 5, extreme))
@@ -84,7 +89,7 @@ def test_matvec_integer_extremes(path, k):
 
 def test_rows8_kernel_alone(path):
     """The 8-row kernel by itself (no per-row tail) on a row range inside a larger matrix."""
-    k, rows = 1536, 37
+    k, rows = 1536, 40
     w = weights(T.Q4_K, rows, k, seed=21)
     xp = K.prepare(Q4_K, _x(k, 22))
     fn = k4_rows.q4_K_gemv_rows8(x86.MODES[path])
