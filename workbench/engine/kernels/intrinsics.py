@@ -657,6 +657,52 @@ def store_f32x4(typingctx, a, off, v):
 
 
 # ----------------------------------------------------------------------------- rows-in-lanes (one lane per row)
+
+@intrinsic
+def gather_f16x8(typingctx, a, off, stride):
+    """f32x8 of the 8 halves at byte offsets off + r * stride (r < 8) of a uint8 array: the f16 scales
+    of a block of 8 consecutive rows, converted with one vcvtph2ps (exact)."""
+    _check_array(a, _BYTES)
+    sig = v8f(a, types.intp, types.intp)
+
+    def cg(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        v = ir.Constant(ir.VectorType(_i16, 8), None)
+        for r in range(8):
+            o = builder.add(args[1], builder.mul(args[2], ir.Constant(args[2].type, r)))
+            p = builder.bitcast(builder.gep(ary.data, [o]), _i16.as_pointer())
+            v = builder.insert_element(v, builder.load(p, align=1), ir.Constant(_i32, r))
+        return builder.fpext(builder.bitcast(v, _V8H), _V8F)
+
+    return sig, cg
+
+
+@intrinsic
+def store_f32x8(typingctx, a, off, v):
+    """a[off:off + 8] = v (float32 array)."""
+    _check_array(a, (types.float32,))
+    sig = types.void(a, off, v)
+
+    def cg(context, builder, sig, args):
+        builder.store(args[2], _ptr(context, builder, sig.args[0], args[0], args[1], _V8F), align=4)
+        return context.get_dummy_value()
+
+    return sig, cg
+
+
+@intrinsic
+def store_i32x8(typingctx, a, off, v):
+    """a[off:off + 8] = v (int32 array)."""
+    _check_array(a, (types.int32,))
+    sig = types.void(a, off, v)
+
+    def cg(context, builder, sig, args):
+        builder.store(args[2], _ptr(context, builder, sig.args[0], args[0], args[1], _V8I), align=4)
+        return context.get_dummy_value()
+
+    return sig, cg
+
+
 @intrinsic
 def bcast_b4(typingctx, a, off):
     """The 4 bytes at byte ``off`` of a uint8/int8 array repeated in all 8 dwords (a broadcast load:

@@ -32,12 +32,10 @@ from numba.extending import intrinsic
 
 from ..intrinsics import (_V8F, _V8I, _V16B, _V16S, _V32B, _arr_load, _check_array, _fn, _i16, _i32, _mode, _ptr, _BYTES, VNNI,
                           b_and, b_shr, f_lane, f_scale, f_sub, f_zero, fmadd_v, i_zero, load_b32, load_i8, madd16,
-                          v8f, v8i, v16s, v32b)
+                          v8f, v8i, v16s, v32b, _V8H, _V8S, store_i32x8)
 
 _NB = dict(nogil=True, cache=True)
 _V4I = ir.VectorType(_i32, 4)
-_V8H = ir.VectorType(ir.HalfType(), 8)
-_V8S = ir.VectorType(_i16, 8)
 
 
 def _sh(builder, a, b, idx):
@@ -180,19 +178,6 @@ def f16x8_pairs(typingctx, a, off, stride):
     return sig, cg
 
 
-@intrinsic
-def store_i8(typingctx, a, off, v):
-    """a[off:off + 8] = v (int32 array, i32x8)."""
-    _check_array(a, (types.int32,))
-    sig = types.void(a, off, v)
-
-    def cg(context, builder, sig, args):
-        builder.store(args[2], _ptr(context, builder, sig.args[0], args[0], args[1], _V8I), align=4)
-        return context.get_dummy_value()
-
-    return sig, cg
-
-
 # ----------------------------------------------------------------------------- kernel
 def q4_K_gemv_rows8(mode: int):
     """The Q4_K gemv of whole groups of 8 rows (rows in lanes after the integer work) for one
@@ -236,7 +221,7 @@ def q4_K_gemv_rows8(mode: int):
             for r in range(8):
                 o = (i + r) * rb
                 for b in range(nb):
-                    store_i8(lanes, (b * 8 + r) * 8, row(wf, o + b * 144, xq, b * 256, load_i16x16(bt, nb * 128 + b * 16)))
+                    store_i32x8(lanes, (b * 8 + r) * 8, row(wf, o + b * 144, xq, b * 256, load_i16x16(bt, nb * 128 + b * 16)))
             acc = f_zero()
             accm = f_zero()
             for b in range(nb):

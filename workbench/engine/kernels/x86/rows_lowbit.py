@@ -38,11 +38,10 @@ from ..intrinsics import (VNNI, _V16B, _V16S, _V32B, _V8F, _V8I, _check_array, _
                           b_and, b_or, b_shl, b_shr, dot_ss, dot_us, f16_to_f32, f_sub, f_scale, f_zero,
                           fmadd_i, fmadd_v, hsum_f, i_add, i_zero, load_b32, load_i8, load_nib,
                           lut_iq4nl, madd_sv, KVALUES_IQ4NL, q2_mins_lanes, v16s, v32b, v8f, v8i)
-from ..intrinsics import ld_u32
+from ..intrinsics import gather_f16x8, ld_u32, store_f32x8, store_i32x8
 
 _NB = dict(nogil=True, cache=True)
 f32 = np.float32
-_V8H = ir.VectorType(ir.HalfType(), 8)
 
 
 # ============================================================================= primitives
@@ -61,38 +60,6 @@ def q3_K_scales(w, o):
     s2 = ((a0 >> np.uint32(4)) & k2) | (((a2 >> np.uint32(4)) & k1) << np.uint32(4))
     s3 = ((a1 >> np.uint32(4)) & k2) | (((a2 >> np.uint32(6)) & k1) << np.uint32(4))
     return s0, s1, s2, s3
-
-
-@intrinsic
-def gather_f16x8(typingctx, a, off, stride):
-    """f32x8 of the 8 halves at byte offsets off + r * stride (r < 8) of a uint8 array: the f16 scales
-    of a block of 8 consecutive rows, converted with one vcvtph2ps (exact)."""
-    _check_array(a, _BYTES)
-    sig = v8f(a, types.intp, types.intp)
-
-    def cg(context, builder, sig, args):
-        ary = context.make_array(sig.args[0])(context, builder, args[0])
-        v = ir.Constant(ir.VectorType(_i16, 8), None)
-        for r in range(8):
-            o = builder.add(args[1], builder.mul(args[2], ir.Constant(args[2].type, r)))
-            p = builder.bitcast(builder.gep(ary.data, [o]), _i16.as_pointer())
-            v = builder.insert_element(v, builder.load(p, align=1), ir.Constant(_i32, r))
-        return builder.fpext(builder.bitcast(v, _V8H), _V8F)
-
-    return sig, cg
-
-
-@intrinsic
-def store_f32x8(typingctx, a, off, v):
-    """a[off:off + 8] = v (float32 array)."""
-    _check_array(a, (types.float32,))
-    sig = types.void(a, off, v)
-
-    def cg(context, builder, sig, args):
-        builder.store(args[2], _ptr(context, builder, sig.args[0], args[0], args[1], _V8F), align=4)
-        return context.get_dummy_value()
-
-    return sig, cg
 
 
 @intrinsic
@@ -275,19 +242,6 @@ def _pair_offsets(xq, c):
     for p in range(n):
         out[p] = np.int16(c * (np.int32(xq[2 * p]) + np.int32(xq[2 * p + 1])))
     return out
-
-
-@intrinsic
-def store_i32x8(typingctx, a, off, v):
-    """a[off:off + 8] = v (int32 array)."""
-    _check_array(a, (types.int32,))
-    sig = types.void(a, off, v)
-
-    def cg(context, builder, sig, args):
-        builder.store(args[2], _ptr(context, builder, sig.args[0], args[0], args[1], _V8I), align=4)
-        return context.get_dummy_value()
-
-    return sig, cg
 
 
 def _reduce8_halves(builder, args, upper):
