@@ -617,6 +617,6 @@ def kernels(mode: int, per_row: dict) -> dict:
     def iq4_xs_matvec(w, xp, out, r0, r1):
         iq4_xs_vec1(w, xp, out, r0, r1)
 
-    return dict(Q4_0=(q4_0_matvec, per_row["Q4_0"][1]), IQ4_NL=(iq4_nl_matvec, per_row["IQ4_NL"][1]),
-                Q2_K=(q2_K_matvec, per_row["Q2_K"][1]), Q3_K=(q3_K_matvec, per_row["Q3_K"][1]),
-                IQ4_XS=(iq4_xs_matvec, per_row["IQ4_XS"][1]))
+    # only the matvec is replaced: the family's matmat (and mul_mat_id kernel, if any) stay
+    grouped = dict(Q4_0=q4_0_matvec, IQ4_NL=iq4_nl_matvec, Q2_K=q2_K_matvec, Q3_K=q3_K_matvec, IQ4_XS=iq4_xs_matvec)
+    return {name: (fn, *per_row[name][1:]) for name, fn in grouped.items()}
