@@ -82,6 +82,29 @@ def test_migrate_reports_time():
     assert migrate(buf, Policy("interleave", (0,))).ok
 
 
+def test_move_pages_asks_again_for_pages_it_could_not_move(monkeypatch):
+    """A page move_pages refuses this time (-EBUSY: locked, in a huge-page split or collapse) is
+    asked for again, so a live switch does not leave pages behind on a transient refusal."""
+    from workbench.numa import memory
+    buf = alloc(2 * MiB, label="m", thp=False)
+    buf.array[:] = 1
+    real = sc.move_pages
+    calls: list[int] = []
+
+    def flaky(addrs, nodes=None, flags=0):
+        r = real(addrs, nodes, flags)
+        if nodes is None:
+            return r
+        calls.append(len(addrs))
+        if len(calls) == 1:  # the first pass refuses every other page
+            return sc.CallResult(True, [(-errno.EBUSY if i % 2 else s) for i, s in enumerate(r.value)])
+        return r
+    monkeypatch.setattr(sc, "move_pages", flaky)
+    assert memory._move_pages_to(buf, Policy("interleave", (0,)))
+    n = 2 * MiB // memory.PAGE
+    assert calls == [n, n // 2]
+
+
 def test_first_touch_by_workers():
     with WorkerPool(2, smt=True) as pool:
         buf = alloc(4 * MiB, intended=(0,))

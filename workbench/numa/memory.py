@@ -183,6 +183,9 @@ class MigrateResult:
     reason: str = ""
 
 
+MOVE_ATTEMPTS = 4  # move_pages passes over the pages that did not move (transient refusals)
+
+
 def _present_pages(buf: PlacedBuffer) -> list[int]:
     addrs = list(range(buf.base, buf.base + buf.map_len, PAGE))
     out: list[int] = []
@@ -204,9 +207,18 @@ def _move_pages_to(buf: PlacedBuffer, policy: Policy) -> sc.CallResult:
     for i in range(0, len(pages), 4096):
         chunk = pages[i:i + 4096]
         targets = [nodes[((a - buf.base) // gran) % len(nodes)] for a in chunk]
-        r = sc.move_pages(chunk, targets, sc.MPOL_MF_MOVE)
-        if not r:
-            return r
+        for attempt in range(MOVE_ATTEMPTS):
+            r = sc.move_pages(chunk, targets, sc.MPOL_MF_MOVE)
+            if not r:
+                return r
+            # a page the kernel could not take this time (locked, under a huge-page split or
+            # collapse: -EBUSY/-EAGAIN, or left where it was) is asked for again
+            left = [(a, t) for a, t, st in zip(chunk, targets, r.value)
+                    if st != t and st not in (-errno.ENOENT, -errno.EFAULT)]
+            if not left:
+                break
+            chunk, targets = [a for a, _ in left], [t for _, t in left]
+            time.sleep(0.01 * (attempt + 1))
     return sc.CallResult(True, len(pages))
 
 
