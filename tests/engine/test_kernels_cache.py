@@ -241,3 +241,37 @@ def test_first_start_compiles_every_other_step_in_a_helper_process(tmp_path):
     # steps: prepare (compiled here), matvec, matmat, dequantize -> the helper gets matmat
     assert got["given"] == [[[K.Q8_0, "matmat"]]]
     assert got["hits"] >= 1 and got["misses"] == 0
+
+
+WARM_PROBE = r"""
+import json
+from numba import types
+from workbench.engine import Engine, warm_ops
+e = Engine.load(None if len(__import__("sys").argv) < 2 else __import__("sys").argv[1])
+s = e.new_session(64)
+s.eval(e.tokenizer.encode("hello there, how are you?"))
+s.eval([100])
+warmed = {}
+for fn, sig in warm_ops.signatures():
+    warmed.setdefault(fn, set()).add(tuple(sig))
+other = []
+for fn, sigs in warmed.items():
+    for used in fn.overloads:
+        if any(isinstance(a, types.Literal) for a in used):
+            continue  # a compiled caller's constants: compiled with that caller
+        if tuple(used) not in sigs:
+            other.append(f"{fn.py_func.__qualname__}{used}")
+print(json.dumps(other))
+"""
+
+
+@pytest.mark.parametrize("arch", ["default", "llama"])
+def test_warm_ops_cover_the_calls_of_a_first_prompt(tiny_model, arch):
+    """warm_ops lists the signatures the engine's helpers are called with from Python in a prompt
+    and a decoded token: a call with other argument types (a new caller, a changed dtype) fails
+    here instead of silently compiling on every first start."""
+    args = [] if arch == "default" else [tiny_model]
+    r = subprocess.run([sys.executable, "-c", WARM_PROBE, *args], cwd=ROOT, capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == []

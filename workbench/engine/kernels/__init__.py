@@ -287,7 +287,7 @@ def precompile(types: Iterable[int], progress: Callable[[int, int, str], None] |
     if helper is not None:
         if progress is not None:
             progress(len(steps) - 1, len(steps), "waiting for the helper process")
-        helper.wait()
+        _helper.wait(helper)
         for j in sorted(given):  # cache loads now (compiled here if the helper failed)
             _precompile_step(*steps[j])
     _active = frozenset(types) | (_active or frozenset())

@@ -4,7 +4,8 @@ Numba compiles on one core and holds the GIL while it does, so a first start's t
 of kernel compilation leave every other core idle. When `precompile` finds that a step really
 compiled (not a cache load), it hands every other remaining step to this helper process, which
 compiles them into the same disk cache meanwhile; the engine then loads them from there in
-milliseconds. Without a disk cache, on one core, or with NUMAWB_PARALLEL_COMPILE=0 nothing is
+milliseconds; then it compiles the engine's own helpers a first prompt needs (`warm_ops`),
+still in the background. Without a disk cache, on one core, or with NUMAWB_PARALLEL_COMPILE=0 nothing is
 started and the engine compiles everything itself, as before.
 
     python -m workbench.engine.kernels.compile_helper PATH TYPE:STEP[,TYPE:STEP...]
@@ -35,7 +36,7 @@ def start(path: str, steps: list[tuple[int, str]]) -> subprocess.Popen | None:
     spec = ",".join(f"{t}:{s}" for t, s in steps)
     try:
         return subprocess.Popen([sys.executable, "-m", "workbench.engine.kernels.compile_helper", path, spec],
-                                env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
                                 stderr=subprocess.DEVNULL, start_new_session=True)
     except OSError:
         return None
@@ -48,7 +49,26 @@ def main(argv: list[str]) -> int:
     for item in spec.split(","):
         t, step = item.split(":")
         kernels._precompile_step(int(t), step)
+    # the kernels are in the cache: the engine stops waiting here (`wait`), while this process
+    # goes on with the engine's own helpers that a first prompt compiles
+    print("kernels done", flush=True)
+    from workbench.engine import warm_ops
+    warm_ops.warm()
     return 0
+
+
+def wait(helper: subprocess.Popen) -> None:
+    """Until the helper has compiled its kernels (or ended); it may go on warming the engine's
+    helpers in the background (`_running` keeps it referenced until it ends)."""
+    if helper.stdout is not None:
+        helper.stdout.readline()
+        helper.stdout.close()
+    if helper.poll() is None:
+        _running.append(helper)
+    _running[:] = [p for p in _running if p.poll() is None]
+
+
+_running: list[subprocess.Popen] = []
 
 
 if __name__ == "__main__":
