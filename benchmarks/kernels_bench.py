@@ -89,7 +89,7 @@ def main() -> None:
         for p in paths:
             K.set_kernel_path(p)
             xp = K.prepare(t, x)
-            sec = bench(lambda: K.matvec(t, w, xp, out, 0, rows))
+            sec = bench(lambda: K.matvec(t, w, xp, out, 0, rows), 1.0)
             gbs = w.nbytes / sec / 1e9
             tp = bench(lambda: K.prepare(t, x), 0.05)
             gf = float("nan")
