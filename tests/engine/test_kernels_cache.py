@@ -275,3 +275,25 @@ def test_warm_ops_cover_the_calls_of_a_first_prompt(tiny_model, arch):
                        timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads(r.stdout.strip().splitlines()[-1]) == []
+
+
+def test_two_processes_saving_specialisations_never_swap_their_code(tmp_path):
+    """The race behind 'a crew built for one model ran another build's stubs': process A is
+    between writing its index and its data when process B (whose view of the index is stale)
+    saves another specialisation of the same function. With Numba's numbered data files both
+    took file 1 and B's key ended up pointing at A's code; with data files named by their key,
+    each key loads its own data or misses."""
+    from numba.core import caching
+    a = caching.IndexDataCacheFile(str(tmp_path), "fn-1.py311", 1.0)
+    b = caching.IndexDataCacheFile(str(tmp_path), "fn-1.py311", 1.0)
+    b._load_index = lambda: {}  # B read the index before A's entry was there
+    real = a._save_data
+
+    def a_save_data(name, data):
+        b.save(("key-b",), "code of B")  # B runs its whole save in the middle of A's
+        real(name, data)
+    a._save_data = a_save_data
+    a.save(("key-a",), "code of A")
+    reader = caching.IndexDataCacheFile(str(tmp_path), "fn-1.py311", 1.0)
+    assert reader.load(("key-b",)) in ("code of B", None)
+    assert reader.load(("key-a",)) in ("code of A", None)

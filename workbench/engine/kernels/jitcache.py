@@ -144,7 +144,28 @@ def dependency_digest(func: pytypes.FunctionType) -> str:
 def _index_key(self, sig, codegen):
     func = self._py_func
     return (sig, codegen.magic_tuple(),
-            (hashlib.sha256(func.__code__.co_code).hexdigest(), describe(func), dependency_digest(func)))
+            (hashlib.sha256(func.__code__.co_code).hexdigest(), describe(func), dependency_digest(func)),
+            _DATA_NAMES)
+
+
+# Numba numbers a function's data files 1, 2, ... in the order specialisations are added, reading
+# and rewriting the index around each save. Two processes adding different specialisations of one
+# function at the same time (the compile helper beside the engine, two test runs in one tree) can
+# take the same number, and an index entry then points at the other one's code: a crew built for
+# one model's kernels ran another build's stubs. Here a data file is named by a digest of its key
+# and written before the index that points to it, so a race only loses an index entry (a cache
+# miss), never pairs a key with foreign code. (_DATA_NAMES in the key retires indexes written the
+# old way.)
+_DATA_NAMES = "digest-named"
+
+
+def _save(self, key, data) -> None:
+    # the pattern numbers with {number:d}: a 60-bit integer from the digest
+    name = self._data_name(int(hashlib.sha256(repr(key).encode()).hexdigest()[:15], 16))
+    self._save_data(name, data)
+    overloads = self._load_index()
+    overloads[key] = name
+    self._save_index(overloads)
 
 
 # ----------------------------------------------------------------------------- 3. a writable place, or none
@@ -222,6 +243,7 @@ def _enable_caching(self) -> None:
 def install() -> None:
     """Put the three changes into Numba (idempotent)."""
     caching.Cache._index_key = _index_key
+    caching.IndexDataCacheFile.save = _save
     classes = caching.CacheImpl._locator_classes
     if UserCacheLocator not in classes:
         at = classes.index(caching.InTreeCacheLocator) + 1 if caching.InTreeCacheLocator in classes else len(classes)
