@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from workbench.advisor.checks import (PageCacheState, advice_warnings, hugepage_warnings, machine_warnings,
                                       page_cache_state, page_cache_warnings)

@@ -5,16 +5,13 @@ each host's placement."""
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
-import threading
 
 import pytest
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[cluster]')")
 from gguf.constants import GGMLQuantizationType as T  # noqa: E402
-from ray.cluster_utils import Cluster  # noqa: E402
 
 from gguf_factory import TinySpec, write_tiny_model  # noqa: E402
 from workbench.cli import main  # noqa: E402
@@ -23,30 +20,12 @@ from workbench.cluster.pipeline import RayPipeline  # noqa: E402
 from workbench.engine import SamplingParams  # noqa: E402
 from workbench.engine.engine import DoneEvent, Engine, Placement, TokenEvent, default_model_path  # noqa: E402
 
-@pytest.fixture(scope="module", autouse=True)
-def _kernel_set_restored():
-    """Models loaded here narrow the process's compiled kernel set (kernels.precompile); later
-    test modules that build crews for every type (test_crew.py) expect it as it was."""
-    from workbench.engine import kernels
-    saved = kernels._active
-    yield
-    kernels._active = saved
 
 
-NODE = {"num_cpus": 1, "object_store_memory": 100 << 20}
 GREEDY = SamplingParams(temperature=0)
 ONE = Placement(threads=1)
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    c = Cluster(initialize_head=True, head_node_args=dict(NODE, include_dashboard=False))
-    c.add_node(**NODE)
-    c.wait_for_nodes()
-    ray.init(address=c.address, logging_level=logging.ERROR, log_to_driver=False)
-    yield c
-    ray.shutdown()
-    c.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -204,8 +183,8 @@ def test_a_host_dying_mid_generation_ends_the_request_then_reload(cluster, tiny)
         pipe.close()
 
 
-def test_three_hosts_default_model(cluster):
-    cluster.add_node(**NODE)
+def test_three_hosts_default_model(cluster, ray_node):
+    cluster.add_node(**ray_node)
     cluster.wait_for_nodes()
     path = default_model_path()
     eng = Engine.load(path, placement=ONE)

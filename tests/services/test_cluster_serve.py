@@ -7,7 +7,6 @@ the server stays up (the next request reloads the pipeline on the hosts alive)."
 from __future__ import annotations
 
 import json
-import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -16,7 +15,6 @@ import pytest
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[cluster]')")
 openai = pytest.importorskip("openai")
 from gguf.constants import GGMLQuantizationType as T  # noqa: E402
-from ray.cluster_utils import Cluster  # noqa: E402
 
 from gguf_factory import TinySpec, write_tiny_model  # noqa: E402
 from workbench.cli import main  # noqa: E402
@@ -29,30 +27,13 @@ from workbench.server.app import ServerState  # noqa: E402
 from workbench.server.run import BackgroundServer  # noqa: E402
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _kernel_set_restored():
-    """Models loaded here narrow the process's compiled kernel set (see test_cluster.py)."""
-    from workbench.engine import kernels
-    saved = kernels._active
-    yield
-    kernels._active = saved
 
 
-NODE = {"num_cpus": 1, "object_store_memory": 100 << 20}
 ONE = Placement(threads=1)
 SLOT_CTX = 1024
 GREEDY = SamplingParams(temperature=0)
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    c = Cluster(initialize_head=True, head_node_args=dict(NODE, include_dashboard=False))
-    c.add_node(**NODE)
-    c.wait_for_nodes()
-    ray.init(address=c.address, logging_level=logging.ERROR, log_to_driver=False)
-    yield c
-    ray.shutdown()
-    c.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -10,14 +10,6 @@ from gguf_factory import TinySpec, write_tiny_model
 from workbench.engine.engine import Engine, Placement, stage_tensors
 from workbench.engine.gguf_file import ModelLoadError, read_gguf
 
-@pytest.fixture(scope="module", autouse=True)
-def _kernel_set_restored():
-    """Models loaded here narrow the process's compiled kernel set (kernels.precompile); later
-    test modules that build crews for every type (test_crew.py) expect it as it was."""
-    from workbench.engine import kernels
-    saved = kernels._active
-    yield
-    kernels._active = saved
 
 
 SPECS = {

@@ -30,7 +30,7 @@ from ..numa.modes import KV_FIXED, WEIGHT_MODES, kv_choices
 from ..numa.topology import Topology
 from ..numa.workers import plan_cpus
 from .cost import ModelCost
-from .probe import GB, MemoryProfile
+from .probe import MemoryProfile
 
 GiB = 1 << 30
 KV_BLOCK = 32          # the engine deals cache positions to owners in blocks of this many

@@ -33,7 +33,7 @@ import numpy as np
 
 from . import kernels, ops
 from .kernels.intrinsics import VNNI, dot_us, f16_to_f32, f_zero, fmadd_i, hsum_f, i_shl, i_sub, i_zero, load_b32
-from .engine import ContextFullError, DoneEvent, Engine, Session, Stats, TokenEvent
+from .engine import ContextFullError, DoneEvent, Engine, Session, Stats
 from .attention import one_token_attention
 from .crew import Crew
 from .kv_cache import KVCache
@@ -533,7 +533,6 @@ class Scheduler:
         with self._cv:
             reqs = [s.request for s in self.slots if s.request is not None] + list(self._queue)
         for r in reqs:
-            st = r.stats
             dt = now - r.t_first if r.t_first else 0.0
             tps = (len(r.out) - 1) / dt if dt > 0 and len(r.out) > 1 else 0.0
             out.append(ActiveRequest(r.id, r.state, r.slot, len(r.prompt), r.reused, len(r.out), tps,

@@ -160,6 +160,16 @@ class Decoder:
             return "output_norm.weight"
         return f"blk.{il + 1}.attn_norm.weight" if il + 1 < self.layers.stop else f"blk.{il}.attn_norm.weight"
 
+    def _output(self, x: np.ndarray, h: np.ndarray) -> np.ndarray:
+        """The end of a forward pass: the residual stream x for the next pipeline stage, or the
+        logits of the output-normed rows h on the last stage."""
+        if not self.is_last:
+            return x
+        (logits,) = self.rt.linear(h, (self.output_name,))
+        if self.tap:
+            self.tap("result_norm", h); self.tap("result_output", logits)
+        return logits
+
     def _forward(self, ids: np.ndarray, kv: KVCache, logit_rows: slice | None) -> np.ndarray:
         c, rt = self.cfg, self.rt
         n = len(ids)
@@ -227,9 +237,4 @@ class Decoder:
             if tap:
                 tap(f"l_out-{il}", x)
         kv.n = pos0 + n
-        if not self.is_last:
-            return x
-        (logits,) = rt.linear(h, (self.output_name,))
-        if tap:
-            tap("result_norm", h); tap("result_output", logits)
-        return logits
+        return self._output(x, h)

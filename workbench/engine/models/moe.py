@@ -254,7 +254,7 @@ class MoEDecoder(Decoder):
         return out
 
     def _forward(self, ids: np.ndarray, kv: KVCache, logit_rows: slice | None) -> np.ndarray:
-        c, rt = self.cfg, self.rt
+        c = self.cfg
         n = len(ids)
         pos0 = kv.n
         if pos0 + n > kv.n_ctx:
@@ -285,9 +285,4 @@ class MoEDecoder(Decoder):
             if tap:
                 tap(f"l_out-{il}", x)
         kv.n = pos0 + n
-        if not self.is_last:
-            return x
-        (logits,) = rt.linear(h, (self.output_name,))
-        if tap:
-            tap("result_norm", h); tap("result_output", logits)
-        return logits
+        return self._output(x, h)

@@ -30,7 +30,7 @@ from numba import types
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
-from ..intrinsics import (_V8F, _V8I, _V16B, _V16S, _V32B, _arr_load, _check_array, _fn, _i16, _i32, _mode, _ptr, _BYTES, VNNI,
+from ..intrinsics import (_V8F, _V8I, _V16B, _V16S, _V32B, _arr_load, _check_array, _fn, _i32, _mode, _BYTES, VNNI,
                           b_and, b_shr, f_lane, f_scale, f_sub, f_zero, fmadd_v, i_zero, load_b32, load_i8, madd16,
                           v8f, v8i, v16s, v32b, _V8H, _V8S, store_i32x8)
 

@@ -403,7 +403,6 @@ def kernels(mode: int) -> dict:
         nb = xd.shape[1]
         rb = w.shape[1]
         k = xq.shape[1]
-        k16 = xb.shape[1]
         wf = w.reshape(-1)
         xf = xq.reshape(-1)
         # once per call, columns innermost so a tile's 4 values are contiguous:

@@ -34,10 +34,10 @@ from numba import types
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
-from ..intrinsics import (VNNI, _V16B, _V16S, _V32B, _V8F, _V8I, _check_array, _fn, _i16, _i32, _mode, _ptr, _BYTES,
+from ..intrinsics import (VNNI, _V16B, _V16S, _V32B, _V8I, _check_array, _fn, _i16, _i32, _mode, _ptr, _BYTES,
                           b_and, b_or, b_shl, b_shr, dot_ss, dot_us, f16_to_f32, f_sub, f_scale, f_zero,
                           fmadd_i, fmadd_v, hsum_f, i_add, i_zero, load_b32, load_i8, load_nib,
-                          lut_iq4nl, madd_sv, KVALUES_IQ4NL, q2_mins_lanes, v16s, v32b, v8f, v8i)
+                          lut_iq4nl, madd_sv, KVALUES_IQ4NL, q2_mins_lanes, v16s, v32b, v8i)
 from ..intrinsics import gather_f16x8, ld_u32, store_f32x8, store_i32x8
 
 _NB = dict(nogil=True, cache=True)
