@@ -155,6 +155,7 @@ def cli(doc: str, script: str, size_flags: tuple[str, str], default: int, what: 
     that measures once (tokens/s); ``profile(engine, session, size)`` prints a breakdown;
     ``what(size)`` names the measurement; ``ctx(size)`` is the context the session needs."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("-m", "--model", default=None, help="GGUF file (default: the default model)")
     ap.add_argument("-t", "--threads", default="1,2")
     ap.add_argument(*size_flags, dest="size", type=int, default=default)
     ap.add_argument("-r", "--reps", type=int, default=5)
@@ -165,15 +166,16 @@ def cli(doc: str, script: str, size_flags: tuple[str, str], default: int, what: 
     from workbench.engine import Engine, kernels
     from workbench.engine.engine import Placement
     if args.child:
-        engine = Engine.load(placement=Placement(threads=args.child))
+        engine = Engine.load(args.model, placement=Placement(threads=args.child))
         serve(engine, runner(engine, engine.new_session(ctx(args.size)), args.size))
         return
     threads = [int(t) for t in args.threads.split(",")]
     if args.ab:
-        results = run_ab(script, args.ab.split(","), threads, [size_flags[0], str(args.size)], args.reps)
+        extra = ["-m", args.model] if args.model else []
+        results = run_ab(script, args.ab.split(","), threads, [size_flags[0], str(args.size), *extra], args.reps)
         print_ab(results, what(args.size), args.reps, ratio=ratio)
         return
-    engine = Engine.load(placement=Placement(threads=threads[0]))
+    engine = Engine.load(args.model, placement=Placement(threads=threads[0]))
     try:
         for nt in threads:
             if nt != engine.pool.n_threads:

@@ -31,7 +31,7 @@ from .ops import ggml_expf, tree16
 
 F16 = 1
 
-_JIT = dict(nogil=True, cache=True)
+from .kernels.jitcache import JIT as _JIT
 
 
 @nb.njit(**_JIT)

@@ -31,6 +31,7 @@ from typing import Any, Callable
 import numba
 import numpy as np
 
+from .kernels.jitcache import JIT
 from . import kernels, ops
 from .kernels.intrinsics import VNNI, dot_us, f16_to_f32, f_zero, fmadd_i, hsum_f, i_shl, i_sub, i_zero, load_b32
 from .engine import ContextFullError, DoneEvent, Engine, Session, Stats
@@ -67,7 +68,7 @@ def exact_columns(types) -> int:
 _ONES = np.ones(32, dtype=np.uint8)
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(**JIT)
 def q8_0_rows_vnni(w, xu, xd, ones, out, r0, r1):
     """out[c, i] = the Q8_0 matvec's dot of weight row i with activation row c, for every c.
 

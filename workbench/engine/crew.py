@@ -32,7 +32,7 @@ from numba.extending import intrinsic, overload
 from . import kernels
 from .kernels.intrinsics import _fn
 
-_NB = dict(nogil=True, cache=True)
+from .kernels.jitcache import JIT as _NB
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
 
 # ---- task table: one row per (product, array) -------------------------------------------

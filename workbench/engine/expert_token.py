@@ -21,7 +21,7 @@ import numpy as np
 from . import ops
 from .crew import C_TASK, NO_LIMIT, T_OUTOFF, T_XROW
 
-_NB = dict(nogil=True, cache=True)
+from .kernels.jitcache import JIT as _NB
 SILU, GELU = 0, 1
 
 

@@ -12,13 +12,14 @@ from typing import Callable
 import numba as nb
 import numpy as np
 
+from .kernels.jitcache import JIT
 from .config import ModelConfig
 from .ops import f16_bits
 
 BLOCK = 32  # positions per block dealt round robin to the cache's owners
 
 
-@nb.njit(nogil=True, cache=True)
+@nb.njit(**JIT)
 def slot_position(j: int, w: int, n_workers: int) -> int:
     """Global position held in slot j of worker w."""
     return ((j // BLOCK) * n_workers + w) * BLOCK + j % BLOCK
@@ -27,7 +28,7 @@ def slot_position(j: int, w: int, n_workers: int) -> int:
 KVRegionFn = Callable[[int, int, int], np.ndarray]
 
 
-@nb.njit(nogil=True, cache=True)
+@nb.njit(**JIT)
 def store_f16(kc: np.ndarray, vc: np.ndarray, k: np.ndarray, v: np.ndarray, slot0: int) -> None:
     """k, v [n, kv_head, dim] float32 -> f16 bits in keys kc [kv_head, slot, dim] and values
     vc [kv_head, dim, slot] at slots slot0.. (one pass, where numpy needs eight calls)."""

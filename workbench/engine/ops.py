@@ -22,7 +22,7 @@ from numba.extending import intrinsic
 
 from .kernels.intrinsics import round_f16
 
-_JIT = dict(nogil=True, cache=True)
+from .kernels.jitcache import JIT as _JIT
 
 
 @intrinsic
@@ -62,7 +62,7 @@ def pow2_f64(typingctx, n):
     return sig, cg
 
 
-@nb.njit(nogil=True, cache=True, inline="always")
+@nb.njit(**_JIT, inline="always")
 def ggml_expf(x):
     """exp(x) in float32 exactly as ggml_v_expf (ggml-cpu/vec.h, the SIMD exp of the softmax).
 
@@ -82,7 +82,7 @@ def ggml_expf(x):
     return out if abs(n) > np.float32(192.0) else r
 
 
-@nb.njit(nogil=True, cache=True, inline="always")
+@nb.njit(**_JIT, inline="always")
 def tree16(v, o):
     """v[o] + ... + v[o+15] in the order of GCC's _mm512_reduce_add_ps."""
     a0 = v[o] + v[o + 8]; a1 = v[o + 1] + v[o + 9]; a2 = v[o + 2] + v[o + 10]; a3 = v[o + 3] + v[o + 11]

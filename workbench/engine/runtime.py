@@ -25,6 +25,7 @@ from typing import Callable, Iterator, Protocol, Sequence
 import numba
 import numpy as np
 
+from .kernels.jitcache import JIT
 from . import kernels
 from . import ops
 from .attention import AttentionPaths
@@ -115,7 +116,7 @@ def _expert_loop(qtype: int) -> Callable:
         mv = kernels.matvec_kernels()[qtype]
         idk = kernels.mul_mat_id_kernel(qtype)
         if kernels.preparer(qtype) is None:  # float weights: one prepared array
-            @numba.njit(nogil=True, cache=True)
+            @numba.njit(**JIT)
             def fn(w, xp, ins, out, outrows, off, lo, hi, step, rows):
                 xa = xp[0]
                 for c0 in range(lo, hi, step):
@@ -123,7 +124,7 @@ def _expert_loop(qtype: int) -> Callable:
                     for j in range(ins.shape[0]):
                         mv(w, (xa[ins[j]],), out[outrows[j]][off:], c0, c1)
         elif idk is None:
-            @numba.njit(nogil=True, cache=True)
+            @numba.njit(**JIT)
             def fn(w, xp, ins, out, outrows, off, lo, hi, step, rows):
                 xa, xb, xc = xp
                 for c0 in range(lo, hi, step):
@@ -132,7 +133,7 @@ def _expert_loop(qtype: int) -> Callable:
                         r = ins[j]
                         mv(w, (xa[r], xb[r], xc[r]), out[outrows[j]][off:], c0, c1)
         else:
-            @numba.njit(nogil=True, cache=True)
+            @numba.njit(**JIT)
             def fn(w, xp, ins, out, outrows, off, lo, hi, step, rows):
                 xa, xb, xc = xp
                 n = ins.shape[0]

@@ -207,7 +207,7 @@ def mul_mat_id_kernel(ggml_type: int) -> Callable | None:
     return x86.id_tables(_path).get(ggml_type)
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(**jitcache.JIT)
 def _absent_matvec(w, xp, out, r0, r1):
     raise RuntimeError("numawb: no kernel was prepared for this tensor type (kernels.precompile)")
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from .intrinsics import round_f16
 
-_NB = dict(nogil=True, cache=True)
+from .jitcache import JIT as _NB
 f32 = np.float32
 
 

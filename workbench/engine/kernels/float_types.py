@@ -11,7 +11,7 @@ import numpy as np
 
 from .intrinsics import bf16_to_f32, f16_to_f32
 
-_NB = dict(nogil=True, cache=True)
+from .jitcache import JIT as _NB
 f32 = np.float32
 
 

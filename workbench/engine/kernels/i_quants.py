@@ -18,7 +18,7 @@ import numpy as np
 
 from .intrinsics import KVALUES_IQ4NL, f16_to_f32
 
-_NB = dict(nogil=True, cache=True)
+from .jitcache import JIT as _NB
 f32 = np.float32
 KVALUES = np.array(KVALUES_IQ4NL, np.int32)
 

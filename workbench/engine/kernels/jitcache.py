@@ -33,6 +33,12 @@ from numba.core import caching
 from numba.core.dispatcher import Dispatcher
 from numba.core.extending import _Intrinsic
 
+#: The options of every compiled function of the engine. ``error_model="numpy"``: float division
+#: by zero gives inf or nan as in C (ggml's semantics) instead of raising, so loops with a division
+#: (SiLU's x / (1 + e^-x), the quantizers' scales) have no exit branch and vectorize: SwiGLU of 8 x
+#: 768 went from 21.7 to 4.3 us, bit-identical.
+JIT = dict(nogil=True, cache=True, error_model="numpy")
+
 #: only the project's own modules are followed and hashed (NumPy or Numba change with their version,
 #: which Numba's magic tuple and the index's version stamp already cover)
 _PROJECT = "workbench"

@@ -17,7 +17,7 @@ import numpy as np
 
 from .intrinsics import f16_to_f32
 
-_NB = dict(nogil=True, cache=True)
+from .jitcache import JIT as _NB
 f32 = np.float32
 
 BLOCK_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}

@@ -16,7 +16,7 @@ import numpy as np
 
 from .intrinsics import f16_to_f32
 
-_NB = dict(nogil=True, cache=True)
+from .jitcache import JIT as _NB
 f32 = np.float32
 
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34}

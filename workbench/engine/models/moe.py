@@ -27,7 +27,7 @@ from ..runtime import Runtime
 from .common import Decoder
 
 SOFTMAX, SIGMOID = 1, 2  # llama.cpp's expert_gating_func values
-_JIT = dict(nogil=True, cache=True)
+from ..kernels.jitcache import JIT as _JIT
 
 
 @nb.njit(**_JIT)

@@ -6,7 +6,7 @@ import numpy as np
 
 from ..intrinsics import (f16_to_f32, ld_u32)
 
-_NB = dict(nogil=True, cache=True)
+from ..jitcache import JIT as _NB
 f32 = np.float32
 
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..intrinsics import (bf16_to_f32, f16_to_f32, f_zero, f_add, fma_f, fma_s, hsum_f, load_bf16x8, load_f16x8, load_f32x8)
 
-_NB = dict(nogil=True, cache=True)
+from ..jitcache import JIT as _NB
 f32 = np.float32
 
 

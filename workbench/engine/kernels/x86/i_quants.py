@@ -27,7 +27,7 @@ from ..intrinsics import dot_ss, f16_to_f32, f_add, f_zero, fma_s, fmadd_i, hsum
     load_b32, load_nib, lut_iq4nl
 from . import repack
 
-_NB = dict(nogil=True, cache=True)
+from ..jitcache import JIT as _NB
 f32 = np.float32
 
 

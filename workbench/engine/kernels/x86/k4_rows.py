@@ -34,7 +34,7 @@ from ..intrinsics import (_V8F, _V8I, _V16B, _V16S, _V32B, _arr_load, _check_arr
                           b_and, b_shr, f_lane, f_scale, f_sub, f_zero, fmadd_v, i_zero, load_b32, load_i8, madd16,
                           v8f, v8i, v16s, v32b, _V8H, _V8S, store_i32x8)
 
-_NB = dict(nogil=True, cache=True)
+from ..jitcache import JIT as _NB
 _V4I = ir.VectorType(_i32, 4)
 
 

@@ -21,7 +21,7 @@ from ..intrinsics import VNNI, b_add, i_add, madd_sc, madd_sc_s, q2_mins_lanes
 from ..k_quants import q3_K_scale, q3_K_scales
 
 
-_NB = dict(nogil=True, cache=True)
+from ..jitcache import JIT as _NB
 f32 = np.float32
 # Q4_K / Q6_K prompts regroup 8 weight rows per call (rows in vector lanes, ``repack``) from this many
 # columns on; fewer columns take the per-row code, whose float order is the same

@@ -18,7 +18,7 @@ from ..intrinsics import (b_add, b_or, dot_ss, dot_us, f16_to_f32, f_zero, fmadd
 from . import repack
 
 
-_NB = dict(nogil=True, cache=True)
+from ..jitcache import JIT as _NB
 f32 = np.float32
 
 

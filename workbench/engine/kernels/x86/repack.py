@@ -18,7 +18,7 @@ from ..intrinsics import (dot_ss, f4_make, reduce4, f4_zero, fma4_i, fma_s, hsum
 from .blocks import _block_scales, _k4_scales
 
 
-_NB = dict(nogil=True, cache=True)
+from ..jitcache import JIT as _NB
 f32 = np.float32
 
 

@@ -40,7 +40,7 @@ from ..intrinsics import (VNNI, _V16B, _V16S, _V32B, _V8I, _check_array, _fn, _i
                           lut_iq4nl, madd_sv, KVALUES_IQ4NL, q2_mins_lanes, v16s, v32b, v8i)
 from ..intrinsics import gather_f16x8, ld_u32, store_f32x8, store_i32x8
 
-_NB = dict(nogil=True, cache=True)
+from ..jitcache import JIT as _NB
 f32 = np.float32
 
 
