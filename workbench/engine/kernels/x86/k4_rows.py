@@ -32,7 +32,7 @@ from numba.extending import intrinsic
 
 from ..intrinsics import (_V8F, _V8I, _V16B, _V16S, _V32B, _arr_load, _check_array, _fn, _i32, _mode, _BYTES, VNNI,
                           b_and, b_shr, f_lane, f_scale, f_sub, f_zero, fmadd_v, i_zero, load_b32, load_i8, madd16,
-                          v8f, v8i, v16s, v32b, _V8H, _V8S, store_i32x8)
+                          v8f, v8i, v16s, v32b, _V8H, _V8S, store_i32x8, i_add)
 
 from ..jitcache import JIT as _NB
 _V4I = ir.VectorType(_i32, 4)
@@ -189,18 +189,20 @@ def q4_K_gemv_rows8(mode: int):
         """The block at byte o: fold_sm of (its scaled dot lanes, its mins lanes)."""
         sv = k4_sv(wf, o + 4)
         sd = sv_bytes(sv)
+        # two accumulators (even and odd sub-blocks): half the dependency chain, same exact sum
         raw = load_b32(wf, o + 16)
         acc = madd_sb(mode, i_zero(), b_and(raw, 15), load_b32(xq, xo), sd, 0)
-        acc = madd_sb(mode, acc, b_shr(raw, 4), load_b32(xq, xo + 32), sd, 1)
+        acc1 = madd_sb(mode, i_zero(), b_shr(raw, 4), load_b32(xq, xo + 32), sd, 1)
         raw = load_b32(wf, o + 48)
         acc = madd_sb(mode, acc, b_and(raw, 15), load_b32(xq, xo + 64), sd, 2)
-        acc = madd_sb(mode, acc, b_shr(raw, 4), load_b32(xq, xo + 96), sd, 3)
+        acc1 = madd_sb(mode, acc1, b_shr(raw, 4), load_b32(xq, xo + 96), sd, 3)
         raw = load_b32(wf, o + 80)
         acc = madd_sb(mode, acc, b_and(raw, 15), load_b32(xq, xo + 128), sd, 4)
-        acc = madd_sb(mode, acc, b_shr(raw, 4), load_b32(xq, xo + 160), sd, 5)
+        acc1 = madd_sb(mode, acc1, b_shr(raw, 4), load_b32(xq, xo + 160), sd, 5)
         raw = load_b32(wf, o + 112)
         acc = madd_sb(mode, acc, b_and(raw, 15), load_b32(xq, xo + 192), sd, 6)
-        acc = madd_sb(mode, acc, b_shr(raw, 4), load_b32(xq, xo + 224), sd, 7)
+        acc1 = madd_sb(mode, acc1, b_shr(raw, 4), load_b32(xq, xo + 224), sd, 7)
+        acc = i_add(acc, acc1)
         return fold_sm(acc, madd16(mode, i_zero(), sv, bsv))
 
     @numba.njit(**_NB)
