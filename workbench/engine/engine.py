@@ -21,7 +21,7 @@ from .kv_cache import KVCache, kv_bytes_per_layer_per_worker, make_cache
 from .models import ARCHITECTURES, model_class
 from .models.common import Decoder
 from .routing import RoutingSnapshot, RoutingStats
-from .runtime import Runtime
+from .runtime import Runtime, warm_expert_loops
 
 ProgressFn = Callable[[ProgressEvent], None]
 DEFAULT_CTX = 4096
@@ -180,15 +180,19 @@ def check_supported(g: GGUFFile) -> None:
 
 def precompile_kernels(g: GGUFFile, progress: ProgressFn | None = None) -> None:
     """Compile (or load from the disk cache) only the kernels this model's tensor types need, plus F16
-    (the KV cache), before the first token; progress as 'kernels' events (done/total steps)."""
+    (the KV cache), and a mixture-of-experts model's expert products (its first prompt waited
+    5.6 s for them on a first start), before the first token; progress as 'kernels' events
+    (done/total steps)."""
     mats = {t.ggml_type for t in g.tensors.values() if len(t.shape) >= 2} | {kernels.F16}
     deq = {t.ggml_type for name, t in g.tensors.items() if len(t.shape) < 2 or name == "token_embd.weight"}
+    experts = sorted({t.ggml_type for t in g.tensors.values() if len(t.shape) >= 3})
     report = None
     if progress:
         def report(done: int, total: int, name: str) -> None:
             progress(ProgressEvent("kernels", done=done, total=total, message=f"kernels: {name}"))
-    kernels.precompile(sorted(mats), report, dequantize=sorted(deq))
+    kernels.precompile(sorted(mats), report, dequantize=sorted(deq), experts=experts)
     crew.warm()
+    warm_expert_loops(experts)
 
 
 class Engine:

@@ -20,7 +20,7 @@ import os
 import time
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator, Protocol, Sequence
+from typing import Callable, Iterable, Iterator, Protocol, Sequence
 
 import numba
 import numpy as np
@@ -155,6 +155,18 @@ def _expert_loop(qtype: int) -> Callable:
                     out[outrows[j]][off + lo:off + hi] = og[j, lo:hi]
         _EXPERT_LOOPS[key] = fn
     return fn
+
+
+def warm_expert_loops(types: Iterable[int]) -> None:
+    """Compile (or load from the disk cache) `_expert_loop` for these expert tensor types with the
+    argument types a prompt passes: the engine does it while a mixture-of-experts model loads, so
+    its first prompt does not stop for seconds to compile the experts' products."""
+    for t in types:
+        k = 256
+        w = np.zeros((8, kernels.row_bytes(t, k)), np.uint8)
+        xp = kernels.prepare(t, np.zeros((2, k), np.float32))
+        _expert_loop(t)(w, xp, np.arange(2, dtype=np.int64), np.zeros((2, 8), np.float32),
+                        np.arange(2, dtype=np.int64), 0, 0, 8, EXPERT_ROWS, 8)
 
 
 def _chunks(rows: int, min_rows: int, n_workers: int) -> list[tuple[int, int]]:

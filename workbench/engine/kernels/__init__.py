@@ -223,7 +223,7 @@ def active_types() -> frozenset[int] | None:
 
 #: precompile's steps per type, in order
 COMPILED_SECONDS = 0.5  # a precompile step slower than this compiled (a cache load takes milliseconds)
-PRECOMPILE_STEPS = ("prepare", "matvec", "matmat", "dequantize")
+PRECOMPILE_STEPS = ("prepare", "matvec", "matmat", "dequantize", "mul_mat_id")
 _PRECOMPILE_K = 256        # a row length every block size divides
 _PRECOMPILE_ROWS = 8
 
@@ -240,17 +240,23 @@ def _precompile_step(t: int, step: str) -> None:
         matvec(t, w, prepare(t, np.zeros(k, np.float32)), np.zeros(rows, np.float32), 0, rows)
     elif step == "matmat":
         matmat(t, w, prepare(t, np.zeros((2, k), np.float32)), np.zeros((2, rows), np.float32), 0, rows)
+    elif step == "mul_mat_id":
+        fn = mul_mat_id_kernel(t)
+        if fn is not None:
+            fn(w, prepare(t, np.zeros((2, k), np.float32)), np.zeros((2, rows), np.float32), 0, rows, rows)
     else:
         dequantize_rows(t, w, 0, 1)
 
 
 def precompile(types: Iterable[int], progress: Callable[[int, int, str], None] | None = None,
-               dequantize: Iterable[int] | None = None, parallel: bool = True) -> float:
+               dequantize: Iterable[int] | None = None, parallel: bool = True,
+               experts: Iterable[int] = ()) -> float:
     """Compile the active path's kernels for these ggml types before first use; returns the seconds taken.
 
     For each type: the activation preparation, the one-token product (matvec) and the prompt product
     (matmat); the dequantization for the types in ``dequantize`` (default: ``types``; a model needs it
-    only for its embedding and small float tensors).  ``progress(done, total, name)`` is called before each step (name
+    only for its embedding and small float tensors); the product of an expert's tokens
+    (``mul_mat_id_kernel``) for the types in ``experts`` (a mixture-of-experts model's expert tensors).  ``progress(done, total, name)`` is called before each step (name
     like "Q4_K matmat") and once at the end with done == total, so a caller can show "compiling
     kernels (first start)".  With a warm disk cache every step is a cache load (milliseconds).
     On a first start (a step that took more than COMPILED_SECONDS) every other remaining step is
@@ -262,10 +268,12 @@ def precompile(types: Iterable[int], progress: Callable[[int, int, str], None] |
     global _active
     types = list(dict.fromkeys(int(t) for t in types))
     deq = types if dequantize is None else list(dict.fromkeys(int(t) for t in dequantize))
-    bad = [t for t in types + deq if t not in SUPPORTED_TYPES]
+    experts = list(dict.fromkeys(int(t) for t in experts))
+    bad = [t for t in types + deq + experts if t not in SUPPORTED_TYPES]
     if bad:
         raise ValueError(f"unsupported ggml type id(s) {bad}; supported: {sorted(SUPPORTED_TYPES.values())}")
-    steps = [(t, s) for t in types for s in PRECOMPILE_STEPS[:3]] + [(t, PRECOMPILE_STEPS[3]) for t in deq]
+    steps = [(t, s) for t in types for s in PRECOMPILE_STEPS[:3]] + [(t, PRECOMPILE_STEPS[3]) for t in deq] \
+        + [(t, PRECOMPILE_STEPS[4]) for t in experts if mul_mat_id_kernel(t) is not None]
     t0 = time.perf_counter()
     helper, given, tried = None, set(), not parallel
     for i, (t, s) in enumerate(steps):
