@@ -79,3 +79,48 @@ def test_loading_compiles_the_experts_prompt_products(tmp_path, qtype):
         assert (set(loop.signatures), set(idk.signatures)) == before
     finally:
         eng.close()
+
+
+def _decoded_ffn(path: str, threads: int, routed: bool) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Every MoE layer's FFN output and the routing statistics' expert hits, for random normed
+    inputs of one token, through `Runtime.routed_token` or through the model's router + `moe`."""
+    eng = Engine.load(path, placement=Placement(threads=threads))
+    try:
+        model, rt = eng.model, eng.rt
+        if not routed:
+            rt.routed_token = lambda *a, **k: None
+        rng = np.random.default_rng(11)
+        outs = []
+        for il in eng.layers:
+            if not model.is_moe_layer(il):
+                continue
+            for _ in range(3):
+                h = (rng.standard_normal((1, eng.cfg.n_embd)) * 3).astype(np.float32)
+                with rt.step(1):
+                    assert rt._crewing
+                    outs.append(model.ffn(il, h))
+        hits = eng.routing().hits.copy()
+        if routed:  # the compiled call really ran
+            assert any(key[0] == "routed" for key in rt._etoken if isinstance(key, tuple) and len(key) == 2)
+        return outs + [hits]
+    finally:
+        eng.close()
+
+
+@pytest.mark.parametrize("spec", [
+    dict(arch="qwen3moe", qtype=T.Q4_K, n_expert=8, n_expert_used=3),
+    dict(arch="qwen3moe", qtype=T.Q8_0, n_expert=8, n_expert_used=2, fuse_gate_up=True),
+    dict(arch="deepseek2", qtype=T.Q8_0, n_expert=8, n_expert_used=3, gating=2, probs_bias=True, n_groups=4,
+         n_group_used=2, n_expert_shared=1),
+], ids=["qwen3moe-q4_k", "qwen3moe-fused", "deepseek2-sigmoid-groups"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_routed_token_equals_router_then_moe(tmp_path, spec, threads):
+    """A decoded token's router, gating and experts in one compiled call give the same bits as the
+    model's router (`linear`, the gating functions) followed by `moe`, and the same routing hits."""
+    path = tmp_path / "moe.gguf"
+    write_tiny_model(path, TinySpec(n_ff=256, n_ff_exp=256, seed=7, **spec))
+    fast = _decoded_ffn(str(path), threads, True)
+    slow = _decoded_ffn(str(path), threads, False)
+    assert len(fast) == len(slow) > 1
+    for a, b in zip(fast, slow):
+        assert a.shape == b.shape and np.array_equal(a, b)

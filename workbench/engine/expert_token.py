@@ -20,6 +20,7 @@ import numpy as np
 
 from . import ops
 from .crew import C_TASK, NO_LIMIT, T_OUTOFF, T_XROW
+from .gating import SIGMOID, _route, sigmoid_rows, softmax_rows
 
 from .kernels.jitcache import JIT as _NB
 SILU, GELU = 0, 1
@@ -108,3 +109,37 @@ def expert_runner(lead: Callable, prep_gu: Callable, prep_down: Callable, n_gu: 
 
     _RUNNERS[key] = fn
     return fn
+
+
+_ROUTED: dict = {}
+
+
+def routed_runner(lead: Callable, experts: Callable) -> Callable:
+    """A decoded token's whole routed FFN in one compiled call: the router product (float32 router
+    weights, as a crew job), the gating (`..gating`: the same functions the prompt path calls) and
+    `experts`, an `expert_runner`. The router's job and kernel are those `Runtime.linear` runs for
+    it, so experts and weights are the same to the bit as the model's own router + `Runtime.moe`."""
+    key = (lead, experts)
+    fn = _ROUTED.get(key)
+    if fn is not None:
+        return fn
+
+    @numba.njit(**_NB)
+    def fn(ctl, n_workers, h, r_tasks, r_chunks, r_owned, logits, kind, k, bias, n_groups, n_group_used, norm,
+           scale, ids, wts, gu_t3, gu_c3, gu_w, d_t3, d_c3, d_w, g, u, act, d, out, n_ff, act_kind, gelu_table):
+        """h [1, n_embd] -> out [n_embd]; the routed experts and their weights into ids, wts [k]."""
+        xr = (h[0],)
+        if not lead(ctl, n_workers, r_tasks, r_chunks, r_owned, xr, xr, (logits,), 0, NO_LIMIT, 0):
+            return False
+        lg = logits.reshape(1, -1)
+        probs = sigmoid_rows(lg) if kind == SIGMOID else softmax_rows(lg)
+        id2, w2 = _route(probs, k, bias, n_groups, n_group_used, norm, scale)
+        for i in range(k):
+            ids[i] = id2[0, i]
+            wts[i] = w2[0, i]
+        return experts(ctl, n_workers, h, ids, wts, gu_t3, gu_c3, gu_w, d_t3, d_c3, d_w, g, u, act, d, out, n_ff,
+                       act_kind, gelu_table)
+
+    _ROUTED[key] = fn
+    return fn
+

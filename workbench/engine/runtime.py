@@ -30,7 +30,8 @@ from . import kernels
 from . import ops
 from .attention import AttentionPaths
 from .crew import C_OWNER, C_SPAN, C_TASK, T_OUT, T_OUTOFF, T_XROW, TASK_FIELDS, Crew, CrewError, Job, Table, product_runner
-from .expert_token import GELU, SILU, expert_runner
+from .expert_token import GELU, SILU, expert_runner, routed_runner
+from .gating import Gating
 from .gguf_file import GGUFFile, ModelLoadError, TensorInfo
 
 F32, F16, BF16 = 0, 1, 30
@@ -593,11 +594,10 @@ class Runtime(AttentionPaths):
             out = out + d[:, i] * w[:, i:i + 1]
         return np.ascontiguousarray(out, dtype=np.float32)
 
-    def _moe_token(self, x: np.ndarray, gate: str | None, up: str, down: str, ids: np.ndarray,
-                   weights: np.ndarray, activation: str) -> np.ndarray | None:
-        """One token's routed experts in one compiled call with the crew (`expert_token`); None
-        when the tensors' types have no compiled path there (float experts, gate and up with
-        different activation formats): the caller takes the general path."""
+    def _token_experts(self, gate: str | None, up: str, down: str) -> tuple | None:
+        """The compiled one-token expert FFN of these tensors with the crew (`expert_token`) and its
+        tables, made once per layout; None when their types have no compiled path there (float
+        experts, gate and up with different activation formats)."""
         crew = self._crew
         key = (gate, up, down)
         entry = self._etoken.get(key)
@@ -617,22 +617,72 @@ class Runtime(AttentionPaths):
                 runner = expert_runner(crew.lead, prep_gu, prep_d, len(names_gu))
                 entry = (crew.lead, runner, gu, dn, ws_gu[0].rows // n_sub, wd.rows // n_sub)
             self._etoken[key] = entry
-        if entry[1] is None:
+        return entry if entry[1] is not None else None
+
+    @staticmethod
+    def _token_scratch(entry: tuple, k: int, fused: bool) -> tuple:
+        """Fresh (g, u, act, d, out [1, n_out]) of one token's expert FFN, and n_ff."""
+        gu_rows, n_out = entry[4], entry[5]
+        n_ff = gu_rows // 2 if fused else gu_rows
+        return (np.empty(k * gu_rows, dtype=np.float32), np.empty(1 if fused else k * n_ff, dtype=np.float32),
+                np.empty(k * n_ff, dtype=np.float32), np.empty(k * n_out, dtype=np.float32),
+                np.empty((1, n_out), dtype=np.float32), n_ff)
+
+    def _moe_token(self, x: np.ndarray, gate: str | None, up: str, down: str, ids: np.ndarray,
+                   weights: np.ndarray, activation: str) -> np.ndarray | None:
+        """One token's routed experts in one compiled call with the crew (`expert_token`); None
+        when the tensors' types have no compiled path there: the caller takes the general path."""
+        entry = self._token_experts(gate, up, down)
+        if entry is None:
             return None
-        _lead, runner, (gu_t3, gu_c3, gu_w), (d_t3, d_c3, d_w), gu_rows, n_out = entry
-        k = ids.shape[0]
-        n_ff = gu_rows if gate is not None else gu_rows // 2
-        g = np.empty(k * gu_rows, dtype=np.float32)
-        u = np.empty(k * n_ff if gate is not None else 1, dtype=np.float32)
-        act = np.empty(k * n_ff, dtype=np.float32)
-        d = np.empty(k * n_out, dtype=np.float32)
-        out = np.empty((1, n_out), dtype=np.float32)
+        crew = self._crew
+        _lead, runner, (gu_t3, gu_c3, gu_w), (d_t3, d_c3, d_w), _r, _n = entry
+        g, u, act, d, out, n_ff = self._token_scratch(entry, ids.shape[0], gate is None)
         if not runner(crew.ctl, crew.n_workers, np.ascontiguousarray(x, dtype=np.float32),
                       np.ascontiguousarray(ids, dtype=np.int64), np.ascontiguousarray(weights, dtype=np.float32),
                       gu_t3, gu_c3, gu_w, d_t3, d_c3, d_w, g, u, act, d, out[0], n_ff,
                       GELU if activation == "gelu" else SILU, ops.GELU_F16):
             crew.stop()
             raise CrewError("a worker failed during an expert product")
+        return out
+
+    def routed_token(self, h: np.ndarray, router: str, gating: Gating, gate: str | None, up: str, down: str,
+                     activation: str = "silu") -> np.ndarray | None:
+        """A decoded token's routed FFN (router product, `gating`, the k experts, their weighted sum)
+        in one compiled call with the crew, bit-identical to `linear` on the router, the gating
+        functions and `moe`; the experts are recorded in `routing` as `moe` does. None when there
+        is no such call here (several tokens, no crew, a router that is not float32, experts
+        without a compiled path): the caller routes and calls `moe`."""
+        if h.shape[0] != 1 or not self._crewing:
+            return None
+        rgroup = self._group((router,))
+        if rgroup.prep_types != [kernels.F32]:
+            return None
+        entry = self._token_experts(gate, up, down)
+        if entry is None:
+            return None
+        crew = self._crew
+        if rgroup.job is None:
+            rgroup.job = self._crew_job(rgroup)
+        key = ("routed", entry[1])
+        routed = self._etoken.get(key)
+        if routed is None or routed[0] is not crew.lead:
+            routed = self._etoken[key] = (crew.lead, routed_runner(crew.lead, entry[1]))
+        _lead, runner, (gu_t3, gu_c3, gu_w), (d_t3, d_c3, d_w), _r, _n = entry
+        k = gating.k
+        g, u, act, d, out, n_ff = self._token_scratch(entry, k, gate is None)
+        ids = np.empty(k, dtype=np.int64)
+        wts = np.empty(k, dtype=np.float32)
+        logits = np.empty(rgroup.rows[0], dtype=np.float32)
+        job = rgroup.job
+        if not routed[1](crew.ctl, crew.n_workers, np.ascontiguousarray(h, dtype=np.float32), job.tasks, job.chunks,
+                         job.n_owned, logits, gating.kind, k, gating.bias, gating.n_groups, gating.n_group_used,
+                         gating.norm, gating.scale, ids, wts, gu_t3, gu_c3, gu_w, d_t3, d_c3, d_w, g, u, act, d,
+                         out[0], n_ff, GELU if activation == "gelu" else SILU, ops.GELU_F16):
+            crew.stop()
+            raise CrewError("a worker failed during an expert product")
+        if self.routing is not None:
+            self.routing.record(up, ids[None], tuple(n for n in (gate, up, down) if n))
         return out
 
     def _expert_products(self, names: tuple[str, ...], x: np.ndarray, groups: list, m_out: int
