@@ -61,17 +61,18 @@ class RoutingStats:
                  bytes_by_node: Callable[[str, int], dict[int, float]] | None = None,
                  nodes: Callable[[], list[int]] | None = None):
         self.n_layer, self.n_expert, self.window = n_layer, n_expert, window
-        self._hits = np.zeros((n_layer, n_expert), dtype=np.int64)
+        # plain lists: recording a decoded token is a few list operations (~10 us a layer with NumPy)
+        self._hits: list[list[int]] = [[0] * n_expert for _ in range(n_layer)]
         self._recent: list[deque] = [deque() for _ in range(n_layer)]
-        self._bytes: deque = deque()    # (token count, {node: bytes}) per recorded call
+        self._bytes: deque = deque()    # (token count, layer, nodes, [bytes per node]) per recorded call
         self._bytes_by_node = bytes_by_node
         self._nodes = nodes
         self._tables: dict[tuple, tuple] = {}  # (tensor, tensors) -> _layer_table's entry
         self._lock = threading.Lock()
         self._layers: set[int] = set()
 
-    def _layer_table(self, tensor: str, tensors: tuple[str, ...]) -> tuple[int, list[int], np.ndarray | None] | None:
-        """(layer, nodes, bytes [n_expert, len(nodes)] read per routed token of each expert), made
+    def _layer_table(self, tensor: str, tensors: tuple[str, ...]) -> tuple[int, list[int], list | None] | None:
+        """(layer, nodes, bytes [n_expert][len(nodes)] read per routed token of each expert), made
         once per layer and placement: recording a token is then a row lookup, not 3k dict walks."""
         key = (tensor, tensors)
         entry = self._tables.get(key)
@@ -90,7 +91,7 @@ class RoutingStats:
                     for nb in row:
                         for n, b in nb.items():
                             table[e, nodes.index(n)] += b
-                entry = (il, nodes, table)
+                entry = (il, nodes, table.tolist())
             self._tables[key] = entry
         return entry
 
@@ -101,39 +102,43 @@ class RoutingStats:
         if entry is None:
             return
         il, nodes, table = entry
-        ids = np.asarray(experts, dtype=np.int64)
-        per_node: dict[int, float] = {}
+        rows = np.asarray(experts, dtype=np.int64).tolist()
+        per_node: list[float] | None = None
         if table is not None:
             # each routed expert's rows are read once per call, however many tokens chose it
-            used = ids[0] if len(ids) == 1 else np.unique(ids)
-            per_node = dict(zip(nodes, table[used].sum(axis=0).tolist()))
+            used = rows[0] if len(rows) == 1 else sorted({e for row in rows for e in row})
+            per_node = [0.0] * len(nodes)
+            for e in used:
+                for j, b in enumerate(table[e]):
+                    per_node[j] += b
         with self._lock:
             self._layers.add(il)
             q = self._recent[il]
             hits = self._hits[il]
-            for row in ids:  # a token's experts are distinct
+            for row in rows:  # a token's experts are distinct
                 q.append(row)
-                hits[row] += 1
+                for e in row:
+                    hits[e] += 1
                 if len(q) > self.window:
-                    hits[q.popleft()] -= 1
+                    for e in q.popleft():
+                        hits[e] -= 1
             if per_node:
-                self._bytes.append((len(ids), il, per_node))
+                self._bytes.append((len(rows), il, nodes, per_node))
                 while len(self._bytes) > self.window * max(1, len(self._layers)):
                     self._bytes.popleft()
 
     def snapshot(self) -> RoutingSnapshot:
         with self._lock:
-            hits = self._hits.copy()
+            hits = np.array(self._hits, dtype=np.int64).reshape(self.n_layer, self.n_expert)
             window = max((len(q) for q in self._recent), default=0)
             tot: dict[int, float] = {}
             tokens_per_layer: dict[int, int] = {}
             ratios = []
-            for n_tok, il, per_node in self._bytes:
-                vals = list(per_node.values())
+            for n_tok, il, nodes, vals in self._bytes:
                 if sum(vals):
                     ratios.append(max(vals) * len(vals) / sum(vals))
                 tokens_per_layer[il] = tokens_per_layer.get(il, 0) + n_tok
-                for n, b in per_node.items():
+                for n, b in zip(nodes, vals):
                     tot[n] = tot.get(n, 0.0) + b
             layers = tuple(sorted(self._layers))
         n_tokens = max(tokens_per_layer.values(), default=0)
@@ -145,7 +150,8 @@ class RoutingStats:
         """Forget the window (and the bytes per expert: after a switch they come from other nodes)."""
         with self._lock:
             self._tables = {}
-            self._hits[:] = 0
+            for row in self._hits:
+                row[:] = [0] * self.n_expert
             for q in self._recent:
                 q.clear()
             self._bytes.clear()
