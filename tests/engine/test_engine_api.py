@@ -290,12 +290,17 @@ def test_two_kv_owners_decode_through_the_crew(model_path, eng, monkeypatch):
         two.close()
 
 
-def test_starved_crew_backs_off_to_python_hand_offs(eng, monkeypatch):
+def test_starved_crew_backs_off_to_solo_passes(eng, monkeypatch):
     """When the caller mostly waits for the crew (another process holds a worker's CPU), the
-    next tokens run without spinning workers; outputs do not change."""
+    next tokens run solo: the caller computes every chunk (those pinned to the parked workers
+    too) and waits for nobody; outputs do not change."""
     from workbench.engine import crew as crew_mod
     from workbench.engine import runtime
+    assert eng.rt.n_workers > 1
     orig = crew_mod.Crew.stop
+    starts: list[bool] = []
+    orig_start = crew_mod.Crew.start
+    monkeypatch.setattr(crew_mod.Crew, "start", lambda self, solo=False: starts.append(solo) or orig_start(self, solo))
     # waits are reported as none (healthy) or 10 s (starved), whatever this machine's load
     healthy = lambda self: orig(self) * 0.0  # noqa: E731
     monkeypatch.setattr(crew_mod.Crew, "stop", healthy)
@@ -310,7 +315,9 @@ def test_starved_crew_backs_off_to_python_hand_offs(eng, monkeypatch):
         got.append(s.eval([t]))
         if i < runtime.CREW_STARVED - 1:
             assert eng.rt.crew_backoff == 0
-    assert eng.rt.crew_backoff == runtime.CREW_BACKOFF - 2  # backed off after 3, then 2 tokens without it
+    assert eng.rt.crew_backoff == runtime.CREW_BACKOFF - 2  # backed off after 3, then 2 tokens solo
+    assert starts[-2:] == [True, True] and not any(starts[:-2])
+    assert not eng.rt._crew.active and eng.rt._crew.ctl[crew_mod.SEQ] == 0  # no job was posted solo
     for a, b in zip(ref_logits, got):
         np.testing.assert_array_equal(a, b)
     # the retry starves again: twice as long a back-off

@@ -58,6 +58,7 @@ N_CHUNKS = 19
 N_TASKS = 20
 FAILED = 24      # set by a worker whose loop raised (the caller stops waiting)
 WAITED = 25      # nanoseconds the caller spent waiting for acknowledgements (not working)
+SOLO = 26        # non-zero: the caller runs every job alone, every chunk, pinned or not (`Crew.start`)
 ACK = 32         # ACK + 8 * w: last job worker w finished
 SPINS_BEFORE_YIELD = 2000
 
@@ -263,9 +264,10 @@ def _build(mv: dict):
         n_chunks = ctl[N_CHUNKS]
         chunks = numba.carray(_voidptr(ctl[CHUNKS]), (max(n_chunks, 1), CHUNK_FIELDS), np.int64)
         n_owned = ctl[N_OWNED]
+        solo = ctl[SOLO] != 0
         # a chunk's tasks share the first one's row limits
         for c in range(n_owned):
-            if chunks[c, C_OWNER] == me:
+            if solo or chunks[c, C_OWNER] == me:
                 t0 = chunks[c, C_TASK]
                 lo, hi = tasks[t0, T_LO] + chunks[c, C_LO], min(tasks[t0, T_LO] + chunks[c, C_HI], tasks[t0, T_HI])
                 if lo < hi:
@@ -349,6 +351,9 @@ def _build(mv: dict):
         ctl[N_CHUNKS] = chunks.shape[0]
         ctl[N_OWNED] = n_owned
         atomic_store(ctl, NEXT, 0)
+        if ctl[SOLO] != 0:  # nobody else is listening: every chunk here, no acknowledgements
+            work(ctl, 0)
+            return True
         seq = ctl[SEQ] + 1
         atomic_store(ctl, SEQ, seq)
         work(ctl, 0)
@@ -468,15 +473,23 @@ class Crew:
         self.n_workers = n_workers
         self.ctl = np.zeros(ACK + 8 * max(n_workers, 1) + 8, dtype=np.int64)
         self.active = False
+        self.solo = False
         # `lead` is public for compiled callers that post jobs themselves (attention, runners)
         self._serve, self.lead, _core = _compiled()
 
-    def start(self) -> None:
-        """Send workers 1..N-1 into the loop (returns at once; the caller stands in for worker 0)."""
+    def start(self, solo: bool = False) -> None:
+        """Send workers 1..N-1 into the loop (returns at once; the caller stands in for worker 0).
+
+        solo: leave them parked and run every job alone, every chunk included (those pinned to
+        other workers: the same kernel calls, so the same results): for passes where another
+        process holds the workers' CPUs and waiting for them would cost more than their help."""
         if self.active:
             return
         self.ctl[:] = 0
-        if self.n_workers < 2:  # the caller alone: jobs run inside `run`, nobody to launch
+        self.solo = solo and self.n_workers > 1
+        if self.solo:
+            self.ctl[SOLO] = 1
+        if self.n_workers < 2 or self.solo:  # the caller alone: jobs run inside `run`, nobody to launch
             self.active = True
             return
         serve, ctl = self._serve, self.ctl
@@ -501,7 +514,7 @@ class Crew:
         if not self.active:
             return 0.0
         self.active = False
-        if self.n_workers < 2:
+        if self.n_workers < 2 or self.solo:
             return 0.0
         self.ctl[SEQ] = -1
         waited = self.ctl[WAITED] * 1e-9

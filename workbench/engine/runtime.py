@@ -47,9 +47,10 @@ EXPERT_ROWS = 32  # prompt: expert rows per piece, read once from memory for all
 USE_CREW = os.environ.get("NUMAWB_CREW", "1") != "0"
 # a pass whose caller waited for the crew's workers longer than this share of it is "starved":
 # another process holds a worker's CPU and the spinning only delays it. After CREW_STARVED such
-# passes in a row the next tokens use Python hand-offs (no spinning), CREW_BACKOFF of them at
-# first, twice as many each time the retry starves again (up to CREW_BACKOFF_MAX): a burst of
-# other work costs a few tokens, steady contention finds the crew off nearly all the time
+# passes in a row the next tokens run solo (`Crew.start(solo=True)`: the calling thread computes
+# every chunk, the workers stay parked), CREW_BACKOFF of them at first, twice as many each time the
+# retry starves again (up to CREW_BACKOFF_MAX): a burst of other work costs a few tokens, steady
+# contention runs at one thread's speed instead of waiting on a descheduled worker at every job
 CREW_STARVED_SHARE = 0.4
 CREW_STARVED_SECONDS = 0.002  # and longer than this (a scheduler time slice; tiny models wait us)
 CREW_STARVED = 3
@@ -311,21 +312,24 @@ class Runtime(AttentionPaths):
         with self.pool.lead():
             self._leading = True
             crew = None
+            solo = False
             if n_tokens == 1 and USE_CREW:
-                if self.crew_backoff > 0:
+                if self._crew is None:
+                    self._crew = Crew(self.pool, self.n_workers)
+                crew = self._crew
+                solo = self.crew_backoff > 0
+                if solo:
                     self.crew_backoff -= 1
-                else:
-                    if self._crew is None:
-                        self._crew = Crew(self.pool, self.n_workers)
-                    crew = self._crew
-                    crew.start()
+                crew.start(solo=solo)
             t0 = time.perf_counter()
             try:
                 yield
             finally:
                 self._leading = False
                 if crew is not None:
-                    self._note_wait(crew.stop(), time.perf_counter() - t0)
+                    waited = crew.stop()
+                    if not solo:
+                        self._note_wait(waited, time.perf_counter() - t0)
 
     def _note_wait(self, waited: float, wall: float) -> None:
         """Back off from the crew after CREW_STARVED passes in a row mostly spent waiting for it."""
@@ -808,10 +812,11 @@ class Runtime(AttentionPaths):
         if self.n_workers == 1:
             fn(0)
         elif self._crewing:  # Python work: the crew leaves its loop for it
+            solo = self._crew.solo
             self._crew.stop()
             try:
                 self.pool.run(fn, lead=True)
             finally:
-                self._crew.start()
+                self._crew.start(solo=solo)
         else:
             self.pool.run(fn, lead=self._leading)
