@@ -32,7 +32,8 @@ from numba.extending import intrinsic
 
 from ..intrinsics import (_V8F, _V8I, _V16B, _V16S, _V32B, _arr_load, _check_array, _fn, _i32, _mode, _BYTES, VNNI,
                           b_and, b_shr, f_lane, f_scale, f_sub, f_zero, fmadd_v, i_zero, load_b32, load_i8, madd16,
-                          v8f, v8i, v16s, v32b, _V8H, _V8S, store_i32x8, i_add)
+                          v8f, v8i, v16s, v32b, _V8H, _V8S, store_i32x8, i_add, prefetch, PREFETCH_BYTES,
+                          PREFETCH_MAX_K)
 
 from ..jitcache import JIT as _NB
 _V4I = ir.VectorType(_i32, 4)
@@ -178,31 +179,6 @@ def f16x8_pairs(typingctx, a, off, stride):
     return sig, cg
 
 
-@intrinsic
-def prefetch(typingctx, a, off):
-    """Hint: bring the cache line at byte ``off`` of a uint8 array into the caches (prefetcht0).
-    Never faults (a prefetch past the end of the array is dropped by the CPU)."""
-    _check_array(a, _BYTES)
-    sig = types.void(a, off)
-
-    def cg(context, builder, sig, args):
-        ary = context.make_array(sig.args[0])(context, builder, args[0])
-        p = builder.bitcast(builder.gep(ary.data, [args[1]]), ir.IntType(8).as_pointer())
-        fn = _fn(builder, "llvm.prefetch.p0i8", ir.VoidType(), [ir.IntType(8).as_pointer(), _i32, _i32, _i32])
-        builder.call(fn, [p, ir.Constant(_i32, 0), ir.Constant(_i32, 3), ir.Constant(_i32, 1)])
-        return context.get_dummy_value()
-
-    return sig, cg
-
-
-# Software prefetch, measured on the EPYC host (one core, 64 MB from memory, median of 30): with
-# rows of at most 8 super-blocks (K <= 2048: the 8-row group is <= 9 KB, then a reduction step
-# interrupts the stream) prefetching 4 KB ahead (about the memory latency at this speed) gave
-# +6-16 % (K = 512..2048: 22.3 -> 25.7, 20.3 -> 24.2, 23.4 -> 24.7 GB/s); with longer rows the
-# hardware prefetcher alone does better (K = 3072: 25.5 -> 22.1, K = 4096: 21.3 -> 19.1 GB/s).
-# Expert matrices (K = 768..2048) and small models' rows are in the first group.
-PREFETCH_BYTES = 4096
-PREFETCH_MAX_BLOCKS = 8
 
 
 # ----------------------------------------------------------------------------- kernel
@@ -243,7 +219,7 @@ def q4_K_gemv_rows8(mode: int):
         # run at a third of the memory speed), then reduced together per super-block
         # one allocation per call (the runtime calls it on pieces of 32 rows): the scratch lanes,
         # then the bsum table
-        pf = nb <= PREFETCH_MAX_BLOCKS
+        pf = nb * 256 <= PREFETCH_MAX_K
         lanes = np.empty(nb * 72, np.int32)
         bt = lanes.view(np.int16)
         bsum_table(xb, bt, nb * 128)
