@@ -297,3 +297,72 @@ def test_two_processes_saving_specialisations_never_swap_their_code(tmp_path):
     reader = caching.IndexDataCacheFile(str(tmp_path), "fn-1.py311", 1.0)
     assert reader.load(("key-b",)) in ("code of B", None)
     assert reader.load(("key-a",)) in ("code of A", None)
+
+
+# ----------------------------------------------------------------------------- symbols across processes
+#: a factory whose closures share one qualified name and argument types (like the kernel families,
+#: the crew's build and the experts' products); ``g`` calls ``f`` (too big to inline) by its symbol
+FAMILY = r"""
+import numpy as np
+import numba
+from workbench.engine.kernels import jitcache
+
+
+def make(c):
+    @numba.njit(**jitcache.JIT)
+    def f(a):
+        s = 0.0
+        for i in range(a.shape[0]):
+            for j in range(a.shape[1]):
+                s += np.sin(a[i, j]) * c + np.cos(a[j, i]) - np.exp(a[i, i] * c) + np.log1p(abs(a[i, j]))
+        for i in range(a.shape[0]):
+            a[i, 0] = np.tanh(a[i, 1] * c) + np.arctan2(a[i, 0], c)
+        return s + c * 1000.0
+
+    @numba.njit(**jitcache.JIT)
+    def g(a):
+        return f(a) + f(a.T.copy()) + 0.5
+    return g
+"""
+
+#: compile (or load) make(c)'s g for each c on the command line, in that order; report results,
+#: cache statistics and the symbols of g and of the f it calls
+FAMILY_PROBE = r"""
+import json, sys
+import numpy as np
+import family
+out = {}
+for c in map(int, sys.argv[1:]):
+    g = family.make(c)
+    f = g.py_func.__closure__[0].cell_contents
+    out[c] = {"value": g(np.zeros((3, 3))), "hits": sum(g.stats.cache_hits.values()),
+              "misses": sum(g.stats.cache_misses.values()),
+              "symbols": [cr.fndesc.mangled_name for d in (g, f) for cr in d.overloads.values()]}
+print(json.dumps(out))
+"""
+
+
+def test_closures_compiled_by_two_processes_keep_their_own_code(tmp_path):
+    """The bug behind 'a cold start's cached mul_mat_id kernels gave wrong logits in a later model'
+    and 'a crew ran another build's stubs': two processes with the same compile history each
+    compile one closure of a factory into one disk cache; a third loads both.  With Numba's
+    per-process counter in the symbols both got the same names and the loader ran the first one's
+    ``f`` for the second's ``g``; each must run its own code, under symbols of its own."""
+    (tmp_path / "family.py").write_text(FAMILY)
+    e = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
+    e.pop("NUMBA_CACHE_DIR", None)
+
+    def run(*cs: int) -> dict:
+        r = subprocess.run([sys.executable, "-c", FAMILY_PROBE, *map(str, cs)], cwd=tmp_path, env=e,
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return {int(k): v for k, v in json.loads(r.stdout.strip().splitlines()[-1]).items()}
+
+    one, two = run(1), run(2)  # two processes, one closure each, into the same cache
+    assert one[1]["misses"] == 1 and two[2]["misses"] == 1
+    assert one[1]["value"] != two[2]["value"]
+    both = run(1, 2)  # one process loads both
+    assert [both[c]["hits"] for c in (1, 2)] == [1, 1] and [both[c]["misses"] for c in (1, 2)] == [0, 0]
+    assert both[1]["value"] == one[1]["value"]
+    assert both[2]["value"] == two[2]["value"]
+    assert not set(both[1]["symbols"]) & set(both[2]["symbols"])

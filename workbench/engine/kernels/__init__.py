@@ -287,9 +287,7 @@ def precompile(types: Iterable[int], progress: Callable[[int, int, str], None] |
             # that was a compile, not a cache load: a first start. Every other remaining step goes
             # to a helper process that compiles it into the disk cache on another core meanwhile
             tried = True
-            # (the experts' products stay here: compiled in the helper, a cold start's cached
-            # mul_mat_id kernels gave wrong logits in a later model of the same process)
-            give = [j for j in range(i + 1, len(steps)) if steps[j][1] != "mul_mat_id"][1::2]
+            give = list(range(i + 1, len(steps)))[1::2]
             if give and _helper.usable(_MATVEC[t]):
                 helper = _helper.start(kernel_path(), [steps[j] for j in give])
                 if helper is not None:

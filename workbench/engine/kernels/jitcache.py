@@ -1,7 +1,7 @@
 """Numba's on-disk cache of numawb's compiled functions: the whole mechanism in one module.
 
 Imported before any ``@njit(cache=True)`` function of the engine is defined (``kernels`` imports it
-first), it changes three things in Numba's cache, for every cached function of the process:
+first), it changes four things in Numba's cache, for every cached function of the process:
 
 1. **A key that is the same in every process.**  Numba keys a cached closure by pickling its closure
    cells; a cell holding another jitted function pickles with a per-process random id, so every
@@ -20,16 +20,27 @@ first), it changes three things in Numba's cache, for every cached function of t
    function ...: no locator available"), which killed every command.  Here the cache falls back to
    ``$XDG_CACHE_HOME/numawb/numba`` (``~/.cache`` when unset), then to a folder in the temporary
    directory, then to compiling without a disk cache; one line on stderr says which.
+4. **Symbol names unique across processes.**  Numba names a compiled function
+   by its module, qualified name, argument types and a per-process counter; cached code keeps the
+   name of the process that compiled it.  Two closures of one factory (same qualified name and
+   argument types) compiled by two processes with the same compile history -- the compile helper
+   beside the engine, two runs -- got the same symbol, and a process loading both had its JIT
+   linker resolve one's calls to the other's code (numba/numba#10486): a later model's experts ran
+   another type's product, a crew ran another build's stubs.  Here that counter starts at a random
+   offset in every process (and again after a fork), so a symbol names one compilation.
 """
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
+import secrets
 import sys
 import tempfile
 import types as pytypes
 
 from numba.core import caching
+from numba.core.bytecode import FunctionIdentity
 from numba.core.dispatcher import Dispatcher
 from numba.core.extending import _Intrinsic
 
@@ -151,18 +162,19 @@ def _index_key(self, sig, codegen):
     func = self._py_func
     return (sig, codegen.magic_tuple(),
             (hashlib.sha256(func.__code__.co_code).hexdigest(), describe(func), dependency_digest(func)),
-            _DATA_NAMES)
+            _FORMAT)
 
 
 # Numba numbers a function's data files 1, 2, ... in the order specialisations are added, reading
 # and rewriting the index around each save. Two processes adding different specialisations of one
 # function at the same time (the compile helper beside the engine, two test runs in one tree) can
-# take the same number, and an index entry then points at the other one's code: a crew built for
-# one model's kernels ran another build's stubs. Here a data file is named by a digest of its key
-# and written before the index that points to it, so a race only loses an index entry (a cache
-# miss), never pairs a key with foreign code. (_DATA_NAMES in the key retires indexes written the
-# old way.)
-_DATA_NAMES = "digest-named"
+# take the same number, and an index entry then points at the other one's code. Here a data file is
+# named by a digest of its key and written before the index that points to it, so a race only loses
+# an index entry (a cache miss), never pairs a key with foreign code.
+#
+# _FORMAT in the key retires entries written the old ways: numbered data files, and code whose
+# symbols came from Numba's plain per-process counter (which can clash with another process's, 4.)
+_FORMAT = ("digest-named", "process-unique-symbols")
 
 
 def _save(self, key, data) -> None:
@@ -246,8 +258,36 @@ def _enable_caching(self) -> None:
         self._cache = caching.NullCache()
 
 
+# ----------------------------------------------------------------------------- 4. process-unique symbols
+class ProcessUniqueIds:
+    """Replaces Numba's ``FunctionIdentity._unique_ids`` counter (its only use is ``next()``): the
+    uid that goes into every compiled function's symbol (an ABI tag ``v<uid>``) and its environment's.
+
+    Why: cached machine code keeps the symbols of the process that compiled it, and the JIT links
+    by symbol name, so a symbol must name one compilation in every process that may load it, not
+    only in its own.  Counting on from a random 62-bit start per process keeps the uids distinct
+    inside a process (like Numba's counter) and, between processes, apart unless two starts fall
+    within one process's compile count of each other (about n / 2**61); a forked child, which
+    inherits the counter, draws a new start."""
+
+    def __init__(self) -> None:
+        self._pid = -1
+        self._count = itertools.count()
+
+    def __iter__(self) -> "ProcessUniqueIds":
+        return self
+
+    def __next__(self) -> int:
+        if self._pid != os.getpid():
+            self._count = itertools.count(secrets.randbits(62) + 1)
+            self._pid = os.getpid()
+        return next(self._count)
+
+
 def install() -> None:
-    """Put the three changes into Numba (idempotent)."""
+    """Put the four changes into Numba (idempotent)."""
+    if not isinstance(FunctionIdentity._unique_ids, ProcessUniqueIds):
+        FunctionIdentity._unique_ids = ProcessUniqueIds()
     caching.Cache._index_key = _index_key
     caching.IndexDataCacheFile.save = _save
     classes = caching.CacheImpl._locator_classes
