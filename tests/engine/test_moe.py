@@ -238,7 +238,7 @@ def test_routing_statistics_count_routed_experts_and_their_nodes(moe_file):
 
 
 def test_router_selection_groups_bias_norm_scale():
-    from workbench.engine.models.moe import route, softmax_rows
+    from workbench.engine.gating import route, softmax_rows
 
     p = np.array([[0.9, 0.0, 0.5, 0.45, 0.1, 0.2, 0.3, 0.35]], dtype=np.float32)
     ids, w = route(p, 2)

@@ -87,8 +87,14 @@ def _decoded_ffn(path: str, threads: int, routed: bool) -> list[tuple[np.ndarray
     eng = Engine.load(path, placement=Placement(threads=threads))
     try:
         model, rt = eng.model, eng.rt
-        if not routed:
-            rt.routed_token = lambda *a, **k: None
+        ran: list[bool] = []  # per call: did the compiled path take it (it returns None where it cannot)
+        real = rt.routed_token
+
+        def spy(*a, **k):
+            out = real(*a, **k) if routed else None
+            ran.append(out is not None)
+            return out
+        rt.routed_token = spy
         rng = np.random.default_rng(11)
         outs = []
         for il in eng.layers:
@@ -100,8 +106,7 @@ def _decoded_ffn(path: str, threads: int, routed: bool) -> list[tuple[np.ndarray
                     assert rt._crewing
                     outs.append(model.ffn(il, h))
         hits = eng.routing().hits.copy()
-        if routed:  # the compiled call really ran
-            assert any(key[0] == "routed" for key in rt._etoken if isinstance(key, tuple) and len(key) == 2)
+        assert ran and all(ran) == routed  # every decoded token took the compiled call, or none did
         return outs + [hits]
     finally:
         eng.close()

@@ -20,7 +20,7 @@ import numpy as np
 
 from . import ops
 from .crew import C_TASK, NO_LIMIT, T_OUTOFF, T_XROW
-from .gating import SIGMOID, _route, sigmoid_rows, softmax_rows
+from .gating import _route, gate
 
 from .kernels.jitcache import JIT as _NB
 SILU, GELU = 0, 1
@@ -131,8 +131,7 @@ def routed_runner(lead: Callable, experts: Callable) -> Callable:
         xr = (h[0],)
         if not lead(ctl, n_workers, r_tasks, r_chunks, r_owned, xr, xr, (logits,), 0, NO_LIMIT, 0):
             return False
-        lg = logits.reshape(1, -1)
-        probs = sigmoid_rows(lg) if kind == SIGMOID else softmax_rows(lg)
+        probs = gate(logits.reshape(1, -1), kind)
         id2, w2 = _route(probs, k, bias, n_groups, n_group_used, norm, scale)
         for i in range(k):
             ids[i] = id2[0, i]

@@ -21,7 +21,6 @@ from .kernels.jitcache import JIT as _JIT
 from .ops import ggml_expf, tree16
 
 SOFTMAX, SIGMOID = 1, 2  # llama.cpp's expert_gating_func values
-from .kernels.jitcache import JIT as _JIT
 
 
 @nb.njit(**_JIT)
@@ -145,7 +144,7 @@ class Gating(NamedTuple):
     scale: float               # weight scale (0 or 1: none)
 
 
+@nb.njit(**_JIT)
 def gate(logits: np.ndarray, kind: int) -> np.ndarray:
-    """The gating function's probabilities of router logits [n, n_expert]."""
+    """The gating function's probabilities of router logits [n, n_expert] (float32)."""
     return sigmoid_rows(logits) if kind == SIGMOID else softmax_rows(logits)
-

@@ -668,10 +668,6 @@ class Runtime(AttentionPaths):
         crew = self._crew
         if rgroup.job is None:
             rgroup.job = self._crew_job(rgroup)
-        key = ("routed", entry[1])
-        routed = self._etoken.get(key)
-        if routed is None or routed[0] is not crew.lead:
-            routed = self._etoken[key] = (crew.lead, routed_runner(crew.lead, entry[1]))
         _lead, runner, (gu_t3, gu_c3, gu_w), (d_t3, d_c3, d_w), _r, _n = entry
         k = gating.k
         g, u, act, d, out, n_ff = self._token_scratch(entry, k, gate is None)
@@ -679,7 +675,7 @@ class Runtime(AttentionPaths):
         wts = np.empty(k, dtype=np.float32)
         logits = np.empty(rgroup.rows[0], dtype=np.float32)
         job = rgroup.job
-        if not routed[1](crew.ctl, crew.n_workers, np.ascontiguousarray(h, dtype=np.float32), job.tasks, job.chunks,
+        if not routed_runner(crew.lead, runner)(crew.ctl, crew.n_workers, np.ascontiguousarray(h, dtype=np.float32), job.tasks, job.chunks,
                          job.n_owned, logits, gating.kind, k, gating.bias, gating.n_groups, gating.n_group_used,
                          gating.norm, gating.scale, ids, wts, gu_t3, gu_c3, gu_w, d_t3, d_c3, d_w, g, u, act, d,
                          out[0], n_ff, GELU if activation == "gelu" else SILU, ops.GELU_F16):

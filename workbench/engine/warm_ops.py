@@ -16,7 +16,7 @@ def _c(dtype, ndim: int) -> types.Array:
 
 def signatures() -> list:
     """(dispatcher, argument types) pairs."""
-    from . import attention, kv_cache, ops
+    from . import attention, gating, kv_cache, ops
     f32, f64, i64, b = types.float32, types.float64, types.int64, types.boolean
     v, m, t = _c(f32, 1), _c(f32, 2), _c(f32, 3)
     a2 = types.Array(f32, 2, "A")
@@ -35,6 +35,7 @@ def signatures() -> list:
         (attention.merge_stats, (t, _c(f64, 3), m, m)),
         (attention.probabilities, (t, i64, i64, m, m)),
         (attention.probabilities, (types.Array(f32, 3, "A"), i64, i64, m, m)),
+        (gating.gate, (m, i64)),  # a mixture of experts' router, prompt path
     ]
 
 

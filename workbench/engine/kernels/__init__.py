@@ -256,7 +256,8 @@ def precompile(types: Iterable[int], progress: Callable[[int, int, str], None] |
     For each type: the activation preparation, the one-token product (matvec) and the prompt product
     (matmat); the dequantization for the types in ``dequantize`` (default: ``types``; a model needs it
     only for its embedding and small float tensors); the product of an expert's tokens
-    (``mul_mat_id_kernel``) for the types in ``experts`` (a mixture-of-experts model's expert tensors).  ``progress(done, total, name)`` is called before each step (name
+    (``mul_mat_id_kernel``) for the types in ``experts`` (a mixture-of-experts model's expert
+    tensors).  ``progress(done, total, name)`` is called before each step (name
     like "Q4_K matmat") and once at the end with done == total, so a caller can show "compiling
     kernels (first start)".  With a warm disk cache every step is a cache load (milliseconds).
     On a first start (a step that took more than COMPILED_SECONDS) every other remaining step is

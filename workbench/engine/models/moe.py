@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import ops
 from ..config import ModelConfig
-from ..gating import SIGMOID, SOFTMAX, Gating, gate as gating_probs, route, sigmoid_rows, softmax_rows  # noqa: F401
+from ..gating import SIGMOID, SOFTMAX, Gating, gate, route
 from ..gguf_file import ModelLoadError
 from ..kv_cache import KVCache
 from ..runtime import Runtime
@@ -118,7 +118,7 @@ class MoEDecoder(Decoder):
         """Layer il's routed experts [n, k] and their weights [n, k] for normed input h."""
         g = self.gating(il)
         (logits,) = self.rt.linear(h, (f"blk.{il}.ffn_gate_inp.weight",))
-        return route(gating_probs(logits, g.kind), g.k, g.bias if g.bias.size else None, g.n_groups,
+        return route(gate(np.ascontiguousarray(logits, dtype=np.float32), g.kind), g.k, g.bias if g.bias.size else None, g.n_groups,
                      g.n_group_used, g.norm, g.scale)
 
     def ffn(self, il: int, h: np.ndarray) -> np.ndarray:
