@@ -73,6 +73,29 @@ def test_proof_reports_untouched_pages():
     assert "not touched yet" in p.line()
 
 
+def test_proof_asks_again_about_pages_that_read_absent(monkeypatch):
+    """A page mid-migration reads as absent for a moment: the proof asks again before calling it
+    untouched; a page still absent after the last look is reported as such."""
+    buf = alloc(MiB, Policy("bind", (0,)), thp=False)
+    buf.array[:] = 1
+    real = sc.move_pages
+    calls: list[int] = []
+
+    def blinking(addrs, nodes=None, flags=0):
+        r = real(addrs, nodes, flags)
+        calls.append(len(addrs))
+        if len(calls) == 1:  # the first look: every other page has no frame
+            return sc.CallResult(True, [(-errno.ENOENT if i % 2 else s) for i, s in enumerate(r.value)])
+        if len(calls) == 2:  # the second: one page still missing
+            return sc.CallResult(True, [-errno.ENOENT] + r.value[1:])
+        return r
+    monkeypatch.setattr(sc, "move_pages", blinking)
+    p = prove([buf])[0]
+    n = MiB // 4096
+    assert calls == [n, n // 2, 1]
+    assert p.absent == 0 and p.share == 1.0
+
+
 def test_migrate_reports_time():
     buf = alloc(2 * MiB, label="m")
     buf.array[:] = 3

@@ -34,6 +34,14 @@ def check_bytes(layout, data, pool):
             np.testing.assert_array_equal(arr, data[s.name][first:first + arr.shape[0]])
 
 
+def numa_maps_of(buf):
+    """The kernel's own per-node count for the mapping (numa_maps walks the page tables itself):
+    evidence for a failure message when move_pages and the pages disagree."""
+    from workbench.numa.proof import read_numa_maps
+    lo = buf.array.ctypes.data
+    return [v for v in read_numa_maps() if v.start <= lo < v.end]
+
+
 class Pinned:
     """Pin the calling thread to one CPU for a block (the 'loader' of none mode)."""
 
@@ -188,7 +196,7 @@ def test_live_switch_moves_pages(pool, topo, record):
         layout = place_weights(SPECS, "none", pool, thp=False)
         data = fill(layout)
     (p,) = prove(layout.buffers())
-    assert p.node_share(pool.nodes[0]) >= OK
+    assert p.node_share(pool.nodes[0]) >= OK, f"{p.line()}; numa_maps: {numa_maps_of(layout.buffers()[0])}"
     steps = ["interleave", "mirror", "slice", "auto", "interleave", "none"]
     for new in steps:
         layout = switch_weights(layout, new, pool)

@@ -8,6 +8,7 @@ splits this process's memory per node into weights / KV / other by address.
 from __future__ import annotations
 
 import errno
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
@@ -16,6 +17,10 @@ import numpy as np
 
 from . import syscalls as sc
 from .memory import PAGE, PlacedBuffer
+
+
+ABSENT = (-errno.ENOENT, -errno.EFAULT)   # move_pages' status for a page with no frame (yet)
+ABSENT_RECHECK_PAUSES = (0.0, 0.01)  # seconds before each further look at the absent pages
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,18 @@ def page_nodes(array: np.ndarray, max_pages: int = 4096) -> sc.CallResult:
         if not r:
             return r
         out.extend(r.value)
+    # A page being migrated, compacted or having its entry rewritten reads as absent for a
+    # moment: ask again about those before calling them untouched.
+    for pause in ABSENT_RECHECK_PAUSES:
+        again = [j for j, s in enumerate(out) if s in ABSENT]
+        if not again:
+            break
+        time.sleep(pause)
+        r = sc.move_pages([addrs[j] for j in again])
+        if not r:
+            break
+        for j, s in zip(again, r.value):
+            out[j] = s
     return sc.CallResult(True, out)
 
 
@@ -94,7 +111,7 @@ def prove_array(array: np.ndarray, label: str, intended: tuple[int, ...] = (), k
     for s in r.value:
         if s >= 0:
             counts[s] = counts.get(s, 0) + 1
-        elif s in (-errno.ENOENT, -errno.EFAULT):  # not faulted in / zero page
+        elif s in ABSENT:  # not faulted in / zero page
             absent += 1
     return BufferProof(label, kind, intended, int(array.nbytes), len(r.value), counts, absent)
 
