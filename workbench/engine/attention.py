@@ -257,6 +257,14 @@ CREW_KEYS = 128  # key positions per chunk of a one-token attention's scores
 CREW_DIMS = 32   # value dimensions per chunk of its weighted sum
 
 
+def token_window(pos0: int, window: int) -> tuple[int, int]:
+    """A token at pos0 on a one-owner cache: the first key slot it sees (its window's first
+    position), and the slot its softmax, probabilities and values start from (that slot's 64-slot
+    boundary, see the general path); on one owner slot j holds position j."""
+    start = max(pos0 - window + 1, 0) if window else 0
+    return start, (start // 64 * 64 if SKIP_SLID_VALUES else 0)
+
+
 def _head_rows(mats: list[np.ndarray], which: list[int], heads: int, rows: list[int]) -> Table:
     """A crew job of F16 matvecs: for each listed matrix i (uint8 [rows, bytes]) and head h, row h
     of the prepared input times the matrix's first rows[i] rows into row h of output i; one
@@ -443,16 +451,10 @@ class AttentionPaths:
         crew's jobs (attention.one_token_attention, or owners_token_attention for a cache split
         between nodes, whose chunks run on each owner's own workers)."""
         crew = self._crew
-        jobs = kv.jobs.get(il)
-        if jobs is None:
-            jobs = kv.jobs[il] = self._attention_jobs(kv, il, q.shape[1] // kv.cfg.n_head_kv)
-        keys, values = ((job.tasks, job.chunks, job.n_owned) for job in jobs)
-        start = max(pos0 - window + 1, 0) if window else 0  # the window's first position
+        keys, values = self._token_jobs(kv, il, q.shape[1] // kv.cfg.n_head_kv)
+        start, base = token_window(pos0, window)
         no = kv.n_workers
         if no == 1:
-            # keys from the window's first slot; softmax, probabilities and values from its
-            # 64-slot boundary (see the general path); on one owner slot j holds position j
-            base = start // 64 * 64 if SKIP_SLID_VALUES else 0
             out, ok = one_token_attention(crew.lead)(
                 crew.ctl, crew.n_workers, keys, values, q[0], k[0], v[0], kv.k[il][0], kv.v[il][0],
                 pos0, window, scale, start, base, kv.cap)
@@ -468,6 +470,14 @@ class AttentionPaths:
             crew.stop()
             raise CrewError("a worker failed during attention")
         return out.reshape(1, q.shape[1], -1)
+
+    def _token_jobs(self, kv: KVCache, il: int, rows: int) -> tuple[tuple, tuple]:
+        """Layer il's one-token attention jobs (keys, values) as the compiled calls take them."""
+        jobs = kv.jobs.get(il)
+        if jobs is None:
+            jobs = kv.jobs[il] = self._attention_jobs(kv, il, rows)
+        keys, values = ((job.tasks, job.chunks, job.n_owned) for job in jobs)
+        return keys, values
 
     def _attention_jobs(self, kv: KVCache, il: int, rows: int) -> tuple[Job, Job]:
         """Crew jobs of a one-token attention over layer il: tasks per (owner, kv head, query

@@ -35,10 +35,9 @@ from .kernels.jitcache import JIT
 from . import kernels, ops
 from .kernels.intrinsics import VNNI, dot_us, f16_to_f32, f_zero, fmadd_i, hsum_f, i_shl, i_sub, i_zero, load_b32
 from .engine import ContextFullError, DoneEvent, Engine, Session, Stats
-from .attention import one_token_attention
+from .attention import one_token_attention, token_window
 from .crew import Crew
 from .kv_cache import KVCache
-from .attention import SKIP_SLID_VALUES
 from .runtime import USE_CREW
 from .generation import Generation, Picker
 from .sampling import SamplingParams
@@ -228,12 +227,8 @@ class _BatchRuntime:
         pos0 = kv.n
         if kv.n_workers != 1 or not USE_CREW:
             return rt.attention(q, k, v, kv, il, pos0, window, scale)
-        jobs = kv.jobs.get(il)
-        if jobs is None:
-            jobs = kv.jobs[il] = rt._attention_jobs(kv, il, q.shape[1] // kv.cfg.n_head_kv)
-        keys, values = ((job.tasks, job.chunks, job.n_owned) for job in jobs)
-        start = max(pos0 - window + 1, 0) if window else 0
-        base = start // 64 * 64 if SKIP_SLID_VALUES else 0
+        keys, values = rt._token_jobs(kv, il, q.shape[1] // kv.cfg.n_head_kv)
+        start, base = token_window(pos0, window)
         crew = _solo_crew(rt.pool)
         out, ok = one_token_attention(crew.lead)(crew.ctl, 1, keys, values, q[0], k[0], v[0], kv.k[il][0],
                                                  kv.v[il][0], pos0, window, scale, start, base, kv.cap)

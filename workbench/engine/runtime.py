@@ -30,14 +30,18 @@ from . import kernels
 from . import ops
 from .attention import AttentionPaths
 from .crew import C_OWNER, C_SPAN, C_TASK, T_OUT, T_OUTOFF, T_XROW, TASK_FIELDS, Crew, CrewError, Job, Table, product_runner
+from .attention import one_token_attention, token_window
 from .expert_token import GELU, SILU, expert_runner, routed_runner
+from .token_attention import block_runner
 from .gating import Gating
 from .gguf_file import GGUFFile, ModelLoadError, TensorInfo
+from .kv_cache import KVCache
 
 F32, F16, BF16 = 0, 1, 30
 # weight bytes of a one-token product below which the calling thread computes it alone (when it
 # stands in for worker 0): a hand-off to the other workers costs more than it saves
 SPLIT_BYTES = 8 << 20
+_EMPTY = np.zeros(0, dtype=np.float32)
 CHUNK_BYTES = 1 << 20  # smallest chunk of rows dealt to the workers, in weight bytes
 CHUNK_ALIGN = 64  # rows
 # one-token products go through the crew (workers waiting in compiled code) in chunks of at
@@ -417,9 +421,10 @@ class Runtime(AttentionPaths):
         self._run(group, xps, outs, x.shape[0] == 1, finish)
         return g, u, a
 
-    def _one_token(self, group: _Group, x: np.ndarray) -> list[np.ndarray] | None:
-        """A group's one-token products with the crew in one compiled call (input preparation
-        included); None when its inputs are not quantized (float weights take the general path)."""
+    def _token_runner(self, group: _Group) -> Callable | None:
+        """The group's compiled one-token product (input preparation + crew job) for the current
+        crew, its job made; None when its inputs are not quantized (float weights take the general
+        path)."""
         crew = self._crew
         if group.runner is None or group.runner_lead is not crew.lead:
             preps = [kernels.preparer(t) for t in group.prep_types]
@@ -427,10 +432,18 @@ class Runtime(AttentionPaths):
             group.runner = False if None in preps or len(preps) > 2 else product_runner(crew.lead, *preps)
         if group.runner is False:
             return None
-        if x.shape[1] != group.ne0:
-            raise ValueError(f"input width {x.shape[1]} != row length {group.ne0}")
         if group.job is None:
             group.job = self._crew_job(group)
+        return group.runner
+
+    def _one_token(self, group: _Group, x: np.ndarray) -> list[np.ndarray] | None:
+        """A group's one-token products with the crew in one compiled call (input preparation
+        included); None when its inputs are not quantized (float weights take the general path)."""
+        crew = self._crew
+        if self._token_runner(group) is None:
+            return None
+        if x.shape[1] != group.ne0:
+            raise ValueError(f"input width {x.shape[1]} != row length {group.ne0}")
         job = group.job
         outs = [np.empty((1, rows), dtype=np.float32) for rows in group.rows]
         if not group.runner(crew.ctl, crew.n_workers, job.tasks, job.chunks, job.n_owned,
@@ -438,6 +451,45 @@ class Runtime(AttentionPaths):
             crew.stop()
             raise CrewError("a worker failed during a product")
         return outs
+
+    def attention_token(self, h: np.ndarray, qkv: tuple[str, str, str], output: str, shape: tuple[int, int, int, int],
+                        kv: KVCache, il: int, pos0: int, window: int, scale: float, *,
+                        biases: Sequence[np.ndarray] = (), q_norm: np.ndarray = _EMPTY, k_norm: np.ndarray = _EMPTY,
+                        eps: float = 0.0, rope: np.ndarray = _EMPTY, neox: bool = False, prescale: bool = False
+                        ) -> np.ndarray | None:
+        """A decoded token's attention sub-layer in one compiled call (token_attention.py): the
+        q/k/v products of `qkv` (+ `biases` q, k, v, output; empty to skip), `q_norm`/`k_norm`
+        per head, RoPE from `rope` (one token's row of ops.rope_cache), queries scaled first when
+        `prescale`, attention over layer il's cache, the `output` product. `shape`: (n_head, n_kv,
+        head_dim, head_dim_v). Returns o [1, n_embd], the same bits as the general path; None when
+        there is no such call here (several tokens, no crew, float weights, a cache split between
+        nodes): the caller takes the general path."""
+        if h.shape[0] != 1 or not self._crewing or kv.n_workers != 1:
+            return None
+        g_qkv, g_out = self._group(qkv), self._group((output,))
+        run_qkv, run_out = self._token_runner(g_qkv), self._token_runner(g_out)
+        if run_qkv is None or run_out is None:
+            return None
+        if h.shape[1] != g_qkv.ne0:
+            raise ValueError(f"input width {h.shape[1]} != row length {g_qkv.ne0}")
+        crew = self._crew
+        n_head, n_kv, hd, hdv = shape
+        keys, values = self._token_jobs(kv, il, n_head // n_kv)
+        start, base = token_window(pos0, window)
+        b = list(biases) + [_EMPTY] * (4 - len(biases))
+        q = np.empty((n_head, hd), dtype=np.float32)
+        k = np.empty((n_kv, hd), dtype=np.float32)
+        v = np.empty((n_kv, hdv), dtype=np.float32)
+        o = np.empty((1, g_out.rows[0]), dtype=np.float32)
+        jq, jo = g_qkv.job, g_out.job
+        if not block_runner(run_qkv, one_token_attention(crew.lead), run_out)(
+                crew.ctl, crew.n_workers, np.ascontiguousarray(h[0], dtype=np.float32),
+                (jq.tasks, jq.chunks, jq.n_owned), q, k, v, b[0], b[1], b[2], q_norm, k_norm, eps, rope, neox,
+                prescale, keys, values, kv.k[il][0], kv.v[il][0], pos0, window, scale, start, base, kv.cap,
+                (jo.tasks, jo.chunks, jo.n_owned), o[0], b[3]):
+            crew.stop()
+            raise CrewError("a worker failed during attention")
+        return o
 
     def _products(self, group: _Group, x: np.ndarray) -> tuple[list[np.ndarray], list[tuple]]:
         """Fresh outputs of a group, and its inputs prepared (once per distinct vec_dot type)."""

@@ -43,6 +43,7 @@ class Decoder:
         self.output_name = "output.weight" if rt.has("output.weight") else "token_embd.weight"
         self._check_tensors()
         self.freq_factors = rt.f32("rope_freqs.weight") if rt.has("rope_freqs.weight") else _EMPTY
+        self._extras: dict[int, tuple] = {}
 
     # -- structure -------------------------------------------------------------
     def layer_tensors(self, il: int) -> list[str]:
@@ -170,6 +171,70 @@ class Decoder:
             self.tap("result_norm", h); self.tap("result_output", logits)
         return logits
 
+    def _rope(self, il: int, positions: np.ndarray, ropes: dict) -> np.ndarray:
+        """The cos/sin table of layer il's RoPE base at `positions` (made once per base and pass)."""
+        c = self.cfg
+        base = c.layer_rope_base(il)
+        cs = ropes.get(base)
+        if cs is None:
+            cs = ropes[base] = ops.rope_cache(positions, c.rope_dims, base, c.rope_freq_scale, self.freq_factors,
+                                              c.rope_ext_factor, c.rope_attn_factor, c.rope_corr[0], c.rope_corr[1])
+        return cs
+
+    def _attn_extras(self, il: int) -> tuple[tuple[np.ndarray, ...], np.ndarray, np.ndarray]:
+        """Layer il's attention biases (q, k, v, output) and q/k norm weights; empty where absent."""
+        got = self._extras.get(il)
+        if got is None:
+            rt, p = self.rt, f"blk.{il}."
+            opt = lambda name: rt.f32(p + name) if rt.has(p + name) else _EMPTY  # noqa: E731
+            got = self._extras[il] = (
+                tuple(opt(f"attn_{t}.bias") for t in ("q", "k", "v", "output")),
+                opt("attn_q_norm.weight") if self.qk_norm else _EMPTY,
+                opt("attn_k_norm.weight") if self.qk_norm else _EMPTY)
+        return got
+
+    def attention(self, il: int, h: np.ndarray, kv: KVCache, pos0: int, positions: np.ndarray,
+                  ropes: dict) -> np.ndarray:
+        """Self-attention of layer il on normed input h [n, n_embd]; returns [n, n_embd] (before
+        the residual add). A decoded token takes the runtime's one compiled call when it has one."""
+        c, rt, tap = self.cfg, self.rt, self.tap
+        n = h.shape[0]
+        p = f"blk.{il}."
+        names = (p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight")
+        cs = self._rope(il, positions, ropes)
+        lo = self.layers.start
+        if n == 1 and not tap:
+            biases, qn, kn = self._attn_extras(il)
+            o = rt.attention_token(h, names, p + "attn_output.weight",
+                                   (c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v), kv, il - lo, pos0,
+                                   c.layer_window(il), c.attn_scale, biases=biases, q_norm=qn, k_norm=kn,
+                                   eps=c.norm_eps, rope=cs, neox=c.rope_neox, prescale=self.prescale_query)
+            if o is not None:
+                return o
+        q, k, v = rt.linear(h, names)
+        q = self._bias(q, p + "attn_q.bias").reshape(n, c.n_head, c.head_dim)
+        k = self._bias(k, p + "attn_k.bias").reshape(n, c.n_head_kv, c.head_dim)
+        v = self._bias(v, p + "attn_v.bias").reshape(n, c.n_head_kv, c.head_dim_v)
+        if self.qk_norm:
+            ops.rms_norm_heads(q, rt.f32(p + "attn_q_norm.weight"), c.norm_eps)
+            ops.rms_norm_heads(k, rt.f32(p + "attn_k_norm.weight"), c.norm_eps)
+        if tap:
+            tap(f"Qcur_normed-{il}", q); tap(f"Kcur_normed-{il}", k); tap(f"Vcur-{il}", v)
+        ops.apply_rope(q, cs, c.rope_neox)
+        ops.apply_rope(k, cs, c.rope_neox)
+        scale = c.attn_scale
+        if self.prescale_query:
+            q *= np.float32(scale)
+            scale = 1.0
+        if tap:
+            tap(f"Qrope-{il}", q); tap(f"Krope-{il}", k)
+        att = rt.attention(q, k, v, kv, il - lo, pos0, c.layer_window(il), scale)  # stage KV: its own layers
+        (o,) = rt.linear(att.reshape(n, -1), (p + "attn_output.weight",))
+        self._bias(o, p + "attn_output.bias")
+        if tap:
+            tap(f"kqv_out-{il}", att.reshape(n, -1))
+        return o
+
     def _forward(self, ids: np.ndarray, kv: KVCache, logit_rows: slice | None) -> np.ndarray:
         c, rt = self.cfg, self.rt
         n = len(ids)
@@ -189,34 +254,9 @@ class Decoder:
             p = f"blk.{il}."
             if tap:
                 tap(f"attn_norm-{il}", h)
-            q, k, v = rt.linear(h, (p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"))
-            q = self._bias(q, p + "attn_q.bias").reshape(n, c.n_head, c.head_dim)
-            k = self._bias(k, p + "attn_k.bias").reshape(n, c.n_head_kv, c.head_dim)
-            v = self._bias(v, p + "attn_v.bias").reshape(n, c.n_head_kv, c.head_dim_v)
-            if self.qk_norm:
-                ops.rms_norm_heads(q, rt.f32(p + "attn_q_norm.weight"), c.norm_eps)
-                ops.rms_norm_heads(k, rt.f32(p + "attn_k_norm.weight"), c.norm_eps)
+            o = self.attention(il, h, kv, pos0, positions, ropes)
             if tap:
-                tap(f"Qcur_normed-{il}", q); tap(f"Kcur_normed-{il}", k); tap(f"Vcur-{il}", v)
-            base = c.layer_rope_base(il)
-            cs = ropes.get(base)
-            if cs is None:
-                cs = ops.rope_cache(positions, c.rope_dims, base, c.rope_freq_scale, self.freq_factors,
-                                    c.rope_ext_factor, c.rope_attn_factor, c.rope_corr[0], c.rope_corr[1])
-                ropes[base] = cs
-            ops.apply_rope(q, cs, c.rope_neox)
-            ops.apply_rope(k, cs, c.rope_neox)
-            scale = c.attn_scale
-            if self.prescale_query:
-                q *= np.float32(scale)
-                scale = 1.0
-            if tap:
-                tap(f"Qrope-{il}", q); tap(f"Krope-{il}", k)
-            att = rt.attention(q, k, v, kv, il - lo, pos0, c.layer_window(il), scale)  # stage KV: its own layers
-            (o,) = rt.linear(att.reshape(n, -1), (p + "attn_output.weight",))
-            self._bias(o, p + "attn_output.bias")
-            if tap:
-                tap(f"kqv_out-{il}", att.reshape(n, -1)); tap(f"attn_out-{il}", o)
+                tap(f"attn_out-{il}", o)
             if il == c.n_layer - 1:
                 # like llama.cpp, finish only the rows whose logits are wanted (which also
                 # keeps the last FFN's products at llama.cpp's widths and numerics)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import ops
 from ..config import ModelConfig
 from ..gating import SIGMOID, SOFTMAX, Gating, gate, route
 from ..gguf_file import ModelLoadError
@@ -78,30 +77,6 @@ class MoEDecoder(Decoder):
         return out
 
     # -- forward ---------------------------------------------------------------------
-    def attention(self, il: int, h: np.ndarray, kv: KVCache, pos0: int, positions: np.ndarray,
-                  ropes: dict) -> np.ndarray:
-        """Grouped-query attention of layer il on normed input h [n, n_embd]; returns [n, n_embd]."""
-        c, rt = self.cfg, self.rt
-        n = h.shape[0]
-        p = f"blk.{il}."
-        q, k, v = rt.linear(h, (p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"))
-        q = self._bias(q, p + "attn_q.bias").reshape(n, c.n_head, c.head_dim)
-        k = self._bias(k, p + "attn_k.bias").reshape(n, c.n_head_kv, c.head_dim)
-        v = self._bias(v, p + "attn_v.bias").reshape(n, c.n_head_kv, c.head_dim_v)
-        if self.qk_norm:
-            ops.rms_norm_heads(q, rt.f32(p + "attn_q_norm.weight"), c.norm_eps)
-            ops.rms_norm_heads(k, rt.f32(p + "attn_k_norm.weight"), c.norm_eps)
-        base = c.layer_rope_base(il)
-        cs = ropes.get(base)
-        if cs is None:
-            cs = ropes[base] = ops.rope_cache(positions, c.rope_dims, base, c.rope_freq_scale, self.freq_factors,
-                                              c.rope_ext_factor, c.rope_attn_factor, c.rope_corr[0], c.rope_corr[1])
-        ops.apply_rope(q, cs, c.rope_neox)
-        ops.apply_rope(k, cs, c.rope_neox)
-        att = rt.attention(q, k, v, kv, il - self.layers.start, pos0, c.layer_window(il), c.attn_scale)
-        (o,) = rt.linear(att.reshape(n, -1), (p + "attn_output.weight",))
-        return self._bias(o, p + "attn_output.bias")
-
     def gating(self, il: int) -> Gating:
         """Layer il's gating parameters (made once per layer)."""
         g = self._gatings.get(il)

@@ -1,0 +1,73 @@
+"""A decoded token's whole attention sub-layer in one compiled call.
+
+Decoding one token through an attention block is a dozen short steps: the q/k/v products, their
+biases, the q/k norms, RoPE on q and k, the attention over the cache, the output product. Each
+is fast compiled code, but each is a separate call from Python (argument unboxing, a dict lookup,
+fresh outputs): measured ~30-50 us a layer, as much as a small model's products. `block_runner`
+builds, per set of compiled pieces, one function that runs them in the general path's order with
+the same functions (`ops.rms_norm_heads`, `ops.apply_rope`, `attention.one_token_attention`, the
+crew's product runner), so the result is the same to the bit (tests/engine/test_token_attention.py).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numba
+import numpy as np
+
+from . import ops
+from .kernels.jitcache import JIT as _NB
+
+_BLOCKS: dict = {}
+
+
+def block_runner(qkv: Callable, attend: Callable, out: Callable) -> Callable:
+    """The compiled attention sub-layer around `qkv` and `out` (crew.product_runner functions for
+    the q/k/v group and the output matrix) and `attend` (attention.one_token_attention)."""
+    key = (qkv, attend, out)
+    fn = _BLOCKS.get(key)
+    if fn is not None:
+        return fn
+
+    @numba.njit(**_NB)
+    def fn(ctl, n_workers, h, qkv_job, q, k, v, bq, bk, bv, q_norm, k_norm, eps, cs, neox, prescale,
+           keys_job, values_job, kc, vc, pos0, window, scale, lo, base, cap, out_job, o, bo):
+        """h [n_embd] (normed) -> o [n_embd]; q, k, v: the products' outputs [n_head, hd],
+        [n_kv, hd], [n_kv, hdv]; a bias, a norm weight or `cs` of size 0 is skipped. False when a
+        worker failed."""
+        t, c, n = qkv_job
+        if not qkv(ctl, n_workers, t, c, n, h, (q.reshape(-1), k.reshape(-1), v.reshape(-1))):
+            return False
+        if bq.size:
+            q += bq.reshape(q.shape)
+        if bk.size:
+            k += bk.reshape(k.shape)
+        if bv.size:
+            v += bv.reshape(v.shape)
+        q3 = q.reshape(1, q.shape[0], q.shape[1])
+        k3 = k.reshape(1, k.shape[0], k.shape[1])
+        if q_norm.size:
+            ops.rms_norm_heads(q3, q_norm, eps)
+        if k_norm.size:
+            ops.rms_norm_heads(k3, k_norm, eps)
+        if cs.size:
+            ops.apply_rope(q3, cs, neox)
+            ops.apply_rope(k3, cs, neox)
+        if prescale:
+            for i in range(q.shape[0]):
+                for j in range(q.shape[1]):
+                    q[i, j] *= np.float32(scale)
+            scale = 1.0
+        att, ok = attend(ctl, n_workers, keys_job, values_job, q, k, v, kc, vc, pos0, window, scale, lo, base,
+                         cap)
+        if not ok:
+            return False
+        t, c, n = out_job
+        if not out(ctl, n_workers, t, c, n, att.reshape(-1), (o,)):
+            return False
+        if bo.size:
+            o += bo
+        return True
+
+    _BLOCKS[key] = fn
+    return fn
