@@ -1,0 +1,65 @@
+"""Q4_K in the 8-row interleaved layout (kernels/x86/k4_x8.py): the repack is lossless and the gemv
+over it gives llama.cpp's gemv order to the bit (against the NumPy emulation and today's kernel on
+the GGUF layout), including the largest integer sums."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from kernel_emulation import SIMD_PATHS, emulate_q4_K, f32, weights
+from test_k4_rows import _saturated, _x
+from workbench.engine import kernels as K
+from workbench.engine.kernels import intrinsics
+from workbench.engine.kernels.x86 import k4_x8
+
+pytestmark = pytest.mark.skipif(not SIMD_PATHS, reason="no SIMD kernel path on this CPU")
+Q4_K = int(T.Q4_K)
+MODES = {"avx2": intrinsics.AVX2, "avx512-vnni": intrinsics.VNNI}
+
+
+@pytest.mark.parametrize("k", [256, 768, 1024, 2048])
+def test_repack_round_trip_and_group_bytes(k):
+    w = weights(T.Q4_K, 32, k, seed=k)
+    x8 = w.copy()
+    k4_x8.repack_rows(x8, 8, 32)                        # the first group stays as it was
+    assert np.array_equal(x8[:8], w[:8]) and not np.array_equal(x8[8:], w[8:])
+    for g in range(1, 4):                               # each group keeps its own bytes
+        assert sorted(x8[8 * g:8 * g + 8].ravel()) == sorted(w[8 * g:8 * g + 8].ravel())
+    k4_x8.unpack_rows(x8, 8, 32)
+    assert np.array_equal(x8, w)
+
+
+@pytest.mark.parametrize("path", [p for p in SIMD_PATHS if p in MODES])
+@pytest.mark.parametrize("k", [256, 768, 1024, 2048])
+def test_gemv_equals_the_gemv_order(path, k):
+    rows = 48
+    w = weights(T.Q4_K, rows, k, seed=5 + k)
+    xp = K.prepare(Q4_K, _x(k, k))
+    ref = emulate_q4_K(w, xp[0][None], xp[1][None], 0)[0]
+    today = np.full(rows, np.nan, f32)
+    K.matvec(Q4_K, w, xp, today, 0, rows)
+    x8 = w.copy()
+    k4_x8.repack_rows(x8, 0, rows)
+    gemv = k4_x8.gemv_x8(MODES[path])
+    for r0, r1 in [(0, rows), (8, 40), (16, 24), (40, 48)]:
+        out = np.full(rows, np.nan, f32)
+        gemv(x8, xp, out, r0, r1)
+        np.testing.assert_array_equal(out[r0:r1], ref[r0:r1], err_msg=f"rows {r0}..{r1}")
+        np.testing.assert_array_equal(out[r0:r1], today[r0:r1])
+        assert np.isnan(out[:r0]).all() and np.isnan(out[r1:]).all()
+
+
+@pytest.mark.parametrize("path", [p for p in SIMD_PATHS if p in MODES])
+def test_gemv_integer_extremes(path):
+    """Quants 15, scales and mins 63, activations +-127: the lanes' integer sums stay exact."""
+    rows, k = 24, 1024
+    w = _saturated(rows, k, seed=11)
+    x8 = w.copy()
+    k4_x8.repack_rows(x8, 0, rows)
+    gemv = k4_x8.gemv_x8(MODES[path])
+    for extreme in (True, False):
+        xp = K.prepare(Q4_K, _x(k, 5, extreme))
+        out = np.full(rows, np.nan, f32)
+        gemv(x8, xp, out, 0, rows)
+        np.testing.assert_array_equal(out, emulate_q4_K(w, xp[0][None], xp[1][None], 0)[0])
