@@ -11,7 +11,7 @@ operands. The outputs are bit-identical (checked below).
 
     python3 benchmarks/q4k_repack_probe.py [--k 1024] [--mb 96] [-r 5]
 
-AMD EPYC (Zen 4) 2026-12-01 20:55 UTC, K=1024, one core, best of 5: in cache (0.25 MB) 26.2 -> 39.6
+AMD EPYC (Zen 4) 2026-12-01 20:43 UTC, K=1024, one core, best of 5: in cache (0.25 MB) 26.2 -> 39.6
 GB/s, from memory (96 MB) 23.7 -> 27.6 GB/s (the probe's streaming read: 27.7).
 """
 from __future__ import annotations

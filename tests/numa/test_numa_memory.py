@@ -75,25 +75,32 @@ def test_proof_reports_untouched_pages():
 
 def test_proof_asks_again_about_pages_that_read_absent(monkeypatch):
     """A page mid-migration reads as absent for a moment: the proof asks again before calling it
-    untouched; a page still absent after the last look is reported as such."""
-    buf = alloc(MiB, Policy("bind", (0,)), thp=False)
-    buf.array[:] = 1
+    untouched, about the absent pages of every buffer at once; a page still absent after the last
+    look is reported as such."""
+    bufs = [alloc(MiB, Policy("bind", (0,)), thp=False) for _ in range(2)]
+    for b in bufs:
+        b.array[:] = 1
     real = sc.move_pages
     calls: list[int] = []
 
     def blinking(addrs, nodes=None, flags=0):
         r = real(addrs, nodes, flags)
         calls.append(len(addrs))
-        if len(calls) == 1:  # the first look: every other page has no frame
+        if len(calls) <= 2:  # each buffer's first look: every other page has no frame
             return sc.CallResult(True, [(-errno.ENOENT if i % 2 else s) for i, s in enumerate(r.value)])
-        if len(calls) == 2:  # the second: one page still missing
+        if len(calls) == 3:  # the second look, both buffers together: one page still missing
             return sc.CallResult(True, [-errno.ENOENT] + r.value[1:])
         return r
     monkeypatch.setattr(sc, "move_pages", blinking)
-    p = prove([buf])[0]
+    proofs = prove(bufs)
     n = MiB // 4096
-    assert calls == [n, n // 2, 1]
-    assert p.absent == 0 and p.share == 1.0
+    assert calls == [n, n, n, 1]
+    assert all(p.absent == 0 and p.share == 1.0 for p in proofs)
+    calls.clear()
+    monkeypatch.setattr(sc, "move_pages", lambda addrs, nodes=None, flags=0: (
+        calls.append(len(addrs)), sc.CallResult(True, [-errno.ENOENT] * len(addrs)))[1])
+    (p,) = prove(bufs[:1])  # never there: reported untouched after the last look
+    assert calls == [n, n, n] and p.absent == n and p.present == 0
 
 
 def test_migrate_reports_time():

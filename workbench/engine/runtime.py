@@ -454,11 +454,11 @@ class Runtime(AttentionPaths):
 
     def attention_token(self, h: np.ndarray, qkv: tuple[str, str, str], output: str, shape: tuple[int, int, int, int],
                         kv: KVCache, il: int, pos0: int, window: int, scale: float, *,
-                        biases: Sequence[np.ndarray] = (), q_norm: np.ndarray = _EMPTY, k_norm: np.ndarray = _EMPTY,
+                        biases: Sequence[np.ndarray] = (_EMPTY,) * 4, q_norm: np.ndarray = _EMPTY, k_norm: np.ndarray = _EMPTY,
                         eps: float = 0.0, rope: np.ndarray = _EMPTY, neox: bool = False, prescale: bool = False
                         ) -> np.ndarray | None:
         """A decoded token's attention sub-layer in one compiled call (token_attention.py): the
-        q/k/v products of `qkv` (+ `biases` q, k, v, output; empty to skip), `q_norm`/`k_norm`
+        q/k/v products of `qkv` (+ `biases` q, k, v, output; size 0 to skip), `q_norm`/`k_norm`
         per head, RoPE from `rope` (one token's row of ops.rope_cache), queries scaled first when
         `prescale`, attention over layer il's cache, the `output` product. `shape`: (n_head, n_kv,
         head_dim, head_dim_v). Returns o [1, n_embd], the same bits as the general path; None when
@@ -476,7 +476,7 @@ class Runtime(AttentionPaths):
         n_head, n_kv, hd, hdv = shape
         keys, values = self._token_jobs(kv, il, n_head // n_kv)
         start, base = token_window(pos0, window)
-        b = list(biases) + [_EMPTY] * (4 - len(biases))
+        b = biases
         q = np.empty((n_head, hd), dtype=np.float32)
         k = np.empty((n_kv, hd), dtype=np.float32)
         v = np.empty((n_kv, hdv), dtype=np.float32)

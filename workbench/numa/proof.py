@@ -70,42 +70,51 @@ class BufferProof:
         return f"{self.label}: {100 * self.share:.1f}% on {where}{extra}{tail}"
 
 
-def page_nodes(array: np.ndarray, max_pages: int = 4096) -> sc.CallResult:
-    """Node of up to ``max_pages`` evenly spaced pages of ``array`` (negative: -errno)."""
+def _sample(array: np.ndarray, max_pages: int) -> list[int]:
+    """Addresses of up to ``max_pages`` evenly spaced pages of ``array``."""
     if array.nbytes == 0:
-        return sc.CallResult(True, [])
+        return []
     start = array.ctypes.data // PAGE * PAGE
-    end = array.ctypes.data + array.nbytes
-    n_pages = (end - start + PAGE - 1) // PAGE
-    step = max(1, n_pages // max_pages)
-    addrs = [start + i * PAGE for i in range(0, n_pages, step)]
-    out: list[int] = []
-    for i in range(0, len(addrs), 4096):
-        r = sc.move_pages(addrs[i:i + 4096])
-        if not r:
-            return r
-        out.extend(r.value)
-    # A page being migrated, compacted or having its entry rewritten reads as absent for a
-    # moment: ask again about those before calling them untouched.
+    n_pages = (array.ctypes.data + array.nbytes - start + PAGE - 1) // PAGE
+    return [start + i * PAGE for i in range(0, n_pages, max(1, n_pages // max_pages))]
+
+
+def _statuses(samples: list[list[int]]) -> list[sc.CallResult]:
+    """move_pages statuses (node, or -errno) of each list of page addresses.
+
+    A page being migrated, compacted or having its entry rewritten reads as absent for a moment:
+    the absent pages of all the lists are asked about again, together, before being called
+    untouched (so a proof of many buffers waits once, not once per buffer)."""
+    results: list[sc.CallResult] = []
+    for addrs in samples:
+        out: list[int] = []
+        for i in range(0, len(addrs), 4096):
+            r = sc.move_pages(addrs[i:i + 4096])
+            if not r:
+                break
+            out.extend(r.value)
+        results.append(r if addrs and not r else sc.CallResult(True, out))
     for pause in ABSENT_RECHECK_PAUSES:
-        again = [j for j, s in enumerate(out) if s in ABSENT]
+        again = [(k, j) for k, r in enumerate(results) if r for j, st in enumerate(r.value) if st in ABSENT]
         if not again:
             break
         time.sleep(pause)
-        r = sc.move_pages([addrs[j] for j in again])
+        r = sc.move_pages([samples[k][j] for k, j in again])
         if not r:
             break
-        for j, s in zip(again, r.value):
-            out[j] = s
-    return sc.CallResult(True, out)
+        for (k, j), st in zip(again, r.value):
+            results[k].value[j] = st
+    return results
 
 
-def prove_array(array: np.ndarray, label: str, intended: tuple[int, ...] = (), kind: str = "other",
-                max_pages: int = 4096) -> BufferProof:
-    """Proof for any array view (e.g. the rows one worker computes inside a slice)."""
-    r = page_nodes(array, max_pages)
+def page_nodes(array: np.ndarray, max_pages: int = 4096) -> sc.CallResult:
+    """Node of up to ``max_pages`` evenly spaced pages of ``array`` (negative: -errno)."""
+    return _statuses([_sample(array, max_pages)])[0]
+
+
+def _proof(r: sc.CallResult, label: str, intended: tuple[int, ...], kind: str, nbytes: int) -> BufferProof:
     if not r:
-        return BufferProof(label, kind, intended, int(array.nbytes), 0, reason=r.reason)
+        return BufferProof(label, kind, intended, nbytes, 0, reason=r.reason)
     counts: dict[int, int] = {}
     absent = 0
     for s in r.value:
@@ -113,7 +122,13 @@ def prove_array(array: np.ndarray, label: str, intended: tuple[int, ...] = (), k
             counts[s] = counts.get(s, 0) + 1
         elif s in ABSENT:  # not faulted in / zero page
             absent += 1
-    return BufferProof(label, kind, intended, int(array.nbytes), len(r.value), counts, absent)
+    return BufferProof(label, kind, intended, nbytes, len(r.value), counts, absent)
+
+
+def prove_array(array: np.ndarray, label: str, intended: tuple[int, ...] = (), kind: str = "other",
+                max_pages: int = 4096) -> BufferProof:
+    """Proof for any array view (e.g. the rows one worker computes inside a slice)."""
+    return _proof(page_nodes(array, max_pages), label, intended, kind, int(array.nbytes))
 
 
 def prove_buffer(buf: PlacedBuffer, max_pages: int = 4096) -> BufferProof:
@@ -122,7 +137,9 @@ def prove_buffer(buf: PlacedBuffer, max_pages: int = 4096) -> BufferProof:
 
 def prove(buffers: Iterable[PlacedBuffer], max_pages: int = 4096) -> list[BufferProof]:
     """Proof for every buffer (pass ``layout.buffers()`` of weights and KV)."""
-    return [prove_buffer(b, max_pages) for b in buffers if not b.closed]
+    bufs = [b for b in buffers if not b.closed]
+    results = _statuses([_sample(b.array, max_pages) for b in bufs])
+    return [_proof(r, b.label, b.intended, b.kind, int(b.array.nbytes)) for r, b in zip(results, bufs)]
 
 
 def format_proof(proofs: Iterable[BufferProof]) -> str:

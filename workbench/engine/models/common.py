@@ -122,11 +122,6 @@ class Decoder:
                          self.rt.f32(name), self.cfg.norm_eps, out)
         return out
 
-    def _bias(self, y: np.ndarray, name: str) -> np.ndarray:
-        if self.rt.has(name):
-            y += self.rt.f32(name)
-        return y
-
     def forward(self, ids: np.ndarray, kv: KVCache, logit_rows: slice | None = None) -> np.ndarray:
         """Run tokens `ids` at positions kv.n.. and return logits for `logit_rows` (default: last)."""
         with self.rt.step(len(ids)):
@@ -203,8 +198,8 @@ class Decoder:
         names = (p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight")
         cs = self._rope(il, positions, ropes)
         lo = self.layers.start
+        biases, qn, kn = self._attn_extras(il)
         if n == 1 and not tap:
-            biases, qn, kn = self._attn_extras(il)
             o = rt.attention_token(h, names, p + "attn_output.weight",
                                    (c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v), kv, il - lo, pos0,
                                    c.layer_window(il), c.attn_scale, biases=biases, q_norm=qn, k_norm=kn,
@@ -212,12 +207,15 @@ class Decoder:
             if o is not None:
                 return o
         q, k, v = rt.linear(h, names)
-        q = self._bias(q, p + "attn_q.bias").reshape(n, c.n_head, c.head_dim)
-        k = self._bias(k, p + "attn_k.bias").reshape(n, c.n_head_kv, c.head_dim)
-        v = self._bias(v, p + "attn_v.bias").reshape(n, c.n_head_kv, c.head_dim_v)
-        if self.qk_norm:
-            ops.rms_norm_heads(q, rt.f32(p + "attn_q_norm.weight"), c.norm_eps)
-            ops.rms_norm_heads(k, rt.f32(p + "attn_k_norm.weight"), c.norm_eps)
+        for y, b in zip((q, k, v), biases):
+            if b.size:
+                y += b
+        q = q.reshape(n, c.n_head, c.head_dim)
+        k = k.reshape(n, c.n_head_kv, c.head_dim)
+        v = v.reshape(n, c.n_head_kv, c.head_dim_v)
+        if qn.size:
+            ops.rms_norm_heads(q, qn, c.norm_eps)
+            ops.rms_norm_heads(k, kn, c.norm_eps)
         if tap:
             tap(f"Qcur_normed-{il}", q); tap(f"Kcur_normed-{il}", k); tap(f"Vcur-{il}", v)
         ops.apply_rope(q, cs, c.rope_neox)
@@ -230,7 +228,8 @@ class Decoder:
             tap(f"Qrope-{il}", q); tap(f"Krope-{il}", k)
         att = rt.attention(q, k, v, kv, il - lo, pos0, c.layer_window(il), scale)  # stage KV: its own layers
         (o,) = rt.linear(att.reshape(n, -1), (p + "attn_output.weight",))
-        self._bias(o, p + "attn_output.bias")
+        if biases[3].size:
+            o += biases[3]
         if tap:
             tap(f"kqv_out-{il}", att.reshape(n, -1))
         return o

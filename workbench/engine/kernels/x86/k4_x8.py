@@ -24,7 +24,7 @@ import numpy as np
 from llvmlite import ir
 from numba.extending import intrinsic
 
-from ..intrinsics import (_BYTES, _V8I, _check_array, b_and, b_shr, bcast_b4, bcast_i32, dot_us, f_lane, f_scale,
+from ..intrinsics import (_BYTES, _V8I, _arr_load, _check_array, _splat, _to_i32, b_and, b_shr, bcast_b4, bcast_i32, dot_us, f_lane, f_scale,
                           f_sub, f_zero, fmadd_v, i_add, i_mul, i_zero, load_b32, prefetch, PREFETCH_BYTES, v8i)
 from ..jitcache import JIT as _NB
 from .k4_rows import f16x8_pairs
@@ -37,11 +37,7 @@ def load_u32x8(typingctx, a, off):
     """8 little-endian dwords at byte ``off`` of a uint8 array."""
     _check_array(a, _BYTES)
     sig = v8i(a, off)
-
-    def cg(context, builder, sig, args):
-        ary = context.make_array(sig.args[0])(context, builder, args[0])
-        return builder.load(builder.bitcast(builder.gep(ary.data, [args[1]]), _V8I.as_pointer()), align=1)
-    return sig, cg
+    return sig, lambda context, builder, sig, args: _arr_load(context, builder, sig, args, 0, _V8I)
 
 
 @intrinsic
@@ -50,11 +46,8 @@ def srl_and(typingctx, v, n, mask):
     sig = v8i(v, n, mask)
 
     def cg(context, builder, sig, args):
-        def splat(s):
-            s = builder.trunc(s, ir.IntType(32)) if s.type.width > 32 else s
-            one = builder.insert_element(ir.Constant(_V8I, None), s, ir.Constant(ir.IntType(32), 0))
-            return builder.shuffle_vector(one, ir.Constant(_V8I, None), ir.Constant(_V8I, [0] * 8))
-        return builder.and_(builder.lshr(args[0], splat(args[1])), splat(args[2]))
+        n, mask = (_splat(builder, _to_i32(builder, a), _V8I) for a in args[1:])
+        return builder.and_(builder.lshr(args[0], n), mask)
     return sig, cg
 
 
