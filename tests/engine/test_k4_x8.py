@@ -63,3 +63,54 @@ def test_gemv_integer_extremes(path):
         out = np.full(rows, np.nan, f32)
         gemv(x8, xp, out, 0, rows)
         np.testing.assert_array_equal(out, emulate_q4_K(w, xp[0][None], xp[1][None], 0)[0])
+
+
+@pytest.mark.parametrize("path", [p for p in SIMD_PATHS if p in MODES])
+@pytest.mark.parametrize("n", [1, 3, 4, 7])
+def test_columns_kernel_is_the_gemv_per_column(path, n):
+    """The prompt / mul_mat_id product over the x8 layout (4 columns per weight load): every output
+    is the one-column gemv's (llama.cpp's repacked mul_mat_id runs the gemv per token), for ranges
+    that cut groups too; nothing outside the range is written."""
+    rows, k = 40, 768
+    w = weights(T.Q4_K, rows, k, seed=21 + n)
+    xp = K.prepare(Q4_K, np.stack([_x(k, 3 + j) for j in range(n)]))
+    ref = emulate_q4_K(w, xp[0], xp[1], 0)
+    x8 = w.copy()
+    k4_x8.repack_rows(x8, 0, rows)
+    cols = k4_x8.gemv_x8_cols(MODES[path])
+    for r0, r1 in [(0, rows), (3, 37), (8, 16), (13, 14)]:
+        out = np.full((n, rows), np.nan, f32)
+        cols(x8, xp, out, r0, r1)
+        np.testing.assert_array_equal(out[:, r0:r1], ref[:, r0:r1], err_msg=f"rows {r0}..{r1}")
+        assert np.isnan(out[:, :r0]).all() and np.isnan(out[:, r1:]).all()
+
+
+def test_engine_type_dispatch_and_dequantization():
+    """Through the kernel tables (kernels.Q4_K_X8): matvec over a range that cuts groups, mul_mat_id,
+    and dequantized rows equal Q4_K's on the GGUF bytes."""
+    if K.packed_type(Q4_K) is None:
+        pytest.skip("the active kernel path keeps Q4_K in the file's layout")
+    rows, k = 32, 512
+    w = weights(T.Q4_K, rows, k, seed=3)
+    x8 = w.copy()
+    k4_x8.repack_rows(x8, 0, rows)
+    xp = K.prepare(Q4_K, _x(k, 9))
+    want, got = np.full(rows, np.nan, f32), np.full(rows, np.nan, f32)
+    K.matvec(Q4_K, w, xp, want, 5, 29)
+    K.matvec(K.Q4_K_X8, x8, xp, got, 5, 29)
+    np.testing.assert_array_equal(got, want)
+    X = K.prepare(Q4_K, np.stack([_x(k, j) for j in range(5)]))
+    want, got = np.zeros((5, rows), f32), np.zeros((5, rows), f32)
+    K.mul_mat_id_kernel(Q4_K)(w, X, want, 0, rows, rows)
+    K.mul_mat_id_kernel(K.Q4_K_X8)(x8, X, got, 0, rows, rows)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(K.dequantize_rows(K.Q4_K_X8, x8, 3, 19), K.dequantize_rows(Q4_K, w, 3, 19))
+    assert not np.array_equal(x8, w)  # dequantizing left x8 as it was (packed)
+    k4_x8.unpack_rows(x8, 0, rows)
+    assert np.array_equal(x8, w)
+
+
+def test_repack_refuses_rows_that_cut_a_group():
+    w = weights(T.Q4_K, 16, 256, seed=1)
+    with pytest.raises(ValueError, match="8-row groups"):
+        k4_x8.repack_rows(w, 4, 16)

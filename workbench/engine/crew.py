@@ -212,6 +212,8 @@ def _build(mv: dict):
     mv_q4_K, mv_q5_K, mv_q6_K = mv[Q4_K], mv[Q5_K], mv[Q6_K]
     IQ4_NL, IQ4_XS, Q3_K, Q2_K = kernels.IQ4_NL, kernels.IQ4_XS, kernels.Q3_K, kernels.Q2_K
     mv_iq4_nl, mv_iq4_xs, mv_q3_K, mv_q2_K = mv[IQ4_NL], mv[IQ4_XS], mv[Q3_K], mv[Q2_K]
+    Q4_K_X8 = kernels.Q4_K_X8  # (the portable path has no packed layout: the engine never packs there)
+    mv_q4_K_x8 = mv.get(Q4_K_X8, mv[Q4_K])
     i8, i32, f32, u8 = np.int8, np.int32, np.float32, np.uint8
 
     @numba.njit(**_NB)
@@ -241,6 +243,8 @@ def _build(mv: dict):
                 mv_q4_0(w, xp, out, lo, hi)
             elif typ == Q5_0:
                 mv_q5_0(w, xp, out, lo, hi)
+            elif typ == Q4_K_X8:
+                mv_q4_K_x8(w, xp, out, lo, hi)
             elif typ == Q4_K:
                 mv_q4_K(w, xp, out, lo, hi)
             elif typ == Q5_K:

@@ -10,7 +10,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from . import crew, kernels
+from . import crew, kernels, packing
 from .chat import ChatFormatter, Message
 from .config import ModelConfig, config_from_metadata
 from .gguf_file import GGUFFile, ModelLoadError, read_gguf
@@ -186,6 +186,9 @@ def precompile_kernels(g: GGUFFile, progress: ProgressFn | None = None) -> None:
     mats = {t.ggml_type for t in g.tensors.values() if len(t.shape) >= 2} | {kernels.F16}
     deq = {t.ggml_type for name, t in g.tensors.items() if len(t.shape) < 2 or name == "token_embd.weight"}
     experts = sorted({t.ggml_type for t in g.tensors.values() if len(t.shape) >= 3})
+    packed = packing.packed_types(g.tensors)  # expert tensors the engine may keep repacked
+    mats |= packed
+    experts = sorted(set(experts) | packed)
     report = None
     if progress:
         def report(done: int, total: int, name: str) -> None:
@@ -283,7 +286,10 @@ class Engine:
             layout = execute_weights(plan, pool, progress, hugetlb_kb=placement.hugepages_kb)
             layout.load(path, {name: (t.path or path, t.offset) for name, t in g.tensors.items()}, progress)
             compiling.join()
-            rt = Runtime(g, layout, pool, row_split)
+            # Q4_K experts into llama.cpp's repacked layout, in place (kernels of the layout were
+            # compiled with the model's own)
+            packed = packing.apply(layout, pool, {}, packing.wanted(g.tensors, len(pool.workers)), progress)
+            rt = Runtime(g, layout, pool, row_split, packed)
             rt.layers = tuple(layers) if layers is not None else None
             model = arch(cfg, rt)
         except BaseException:
@@ -357,11 +363,21 @@ class Engine:
                 if new_pool is not None or mode != p.weights:
                     t0 = time.perf_counter()
                     plan = plan_for_pool(list(self.layout.specs.values()), mode, pool, budget=p.budget)
-                    layout = switch_weights(self.layout, plan, pool, progress)
+                    # packed tensors that the new worker count's pieces could cut go back to the
+                    # file's layout before the copy; the ones that may be packed are packed after it
+                    packed, want = self.rt.packed, packing.wanted(self.gguf.tensors, len(pool.workers))
+                    keep = {n: t for n, t in packed.items() if want.get(n) == t}
+                    packing.apply(self.layout, self.pool, packed, keep, progress)
+                    try:
+                        layout = switch_weights(self.layout, plan, pool, progress)
+                    except BaseException:
+                        packing.apply(self.layout, self.pool, keep, packed, progress)  # the old placement stays
+                        raise
+                    packed = packing.apply(layout, pool, keep, want, progress)
                     reports.append(SwitchReport(f"weights {p.weights} -> {mode}", time.perf_counter() - t0,
                                                 getattr(layout, "switch_method", "")))
                     old_pool = self.rt.pool
-                    self.rt.set_layout(layout, pool)
+                    self.rt.set_layout(layout, pool, packed)
                     if self.rt.routing is not None:  # reads now come from other nodes
                         self.rt.routing.clear()
                     if new_pool is not None:

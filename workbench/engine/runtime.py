@@ -92,10 +92,12 @@ class Pool(Protocol):
 @dataclass
 class Weight:
     info: TensorInfo
+    layout_type: int | None = None  # the layout its bytes are kept in when not the file's (`packing`)
 
     @property
     def ggml_type(self) -> int:
-        return self.info.ggml_type
+        """The type its kernels take: the file's, or the layout the engine keeps it in."""
+        return self.info.ggml_type if self.layout_type is None else self.layout_type
 
     @property
     def rows(self) -> int:
@@ -213,7 +215,7 @@ class Runtime(AttentionPaths):
     """Owns the weights, the worker pool and the split of every product."""
 
     def __init__(self, gguf: GGUFFile, layout: Layout, pool: Pool,
-                 row_split: Callable[[int, int], list[tuple[int, int]]]):
+                 row_split: Callable[[int, int], list[tuple[int, int]]], packed: dict[str, int] | None = None):
         self.gguf = gguf
         self.layout = layout
         self.pool = pool
@@ -232,6 +234,8 @@ class Runtime(AttentionPaths):
         self._starved = 0
         self._backoff_next = CREW_BACKOFF
         self.weights = {name: Weight(info) for name, info in gguf.tensors.items()}
+        self.packed: dict[str, int] = {}
+        self._set_packed(packed or {})
         self.layers: tuple[int, int] | None = None  # a pipeline stage's layer range [lo, hi) (None: all)
 
     # -- weights -----------------------------------------------------------------
@@ -277,7 +281,16 @@ class Runtime(AttentionPaths):
                 return arr, first
         raise IndexError(f"row {row} of {name!r} is held by no worker")
 
-    def set_layout(self, layout: Layout, pool: Pool) -> None:
+    def _set_packed(self, packed: dict[str, int]) -> None:
+        """Tensors whose bytes the layout keeps in an engine layout (`packing`) -> that layout."""
+        for name, w in self.weights.items():
+            w.layout_type = packed.get(name)
+        self.packed = dict(packed)
+
+    def set_layout(self, layout: Layout, pool: Pool, packed: dict[str, int] | None = None) -> None:
+        """A new placement (and its packed tensors: None keeps the current ones)."""
+        if packed is not None:
+            self._set_packed(packed)
         self.layout = layout
         self.pool = pool
         self.n_workers = len(pool.workers)

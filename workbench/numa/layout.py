@@ -155,6 +155,13 @@ class WeightLayout:
         parts = iter(row_split(rows, len(mine)))
         return [next(parts) if w.index in mine else (0, 0) for w in plan.workers]
 
+    def copies(self, name: str) -> list[tuple[np.ndarray, int, int, int | None]]:
+        """Every placed piece of ``name`` (replicas included): uint8 [experts, rows, row_bytes], the
+        first row (within each expert) and the first expert it holds, and its node (None:
+        interleaved or the OS's choice); for rewriting a tensor's bytes in place."""
+        return [(self._view(name, pl), pl.piece.lo, pl.piece.g0, pl.piece.node) for pl in self._pieces[name]
+                if pl.piece.hi > pl.piece.lo and pl.piece.g1 > pl.piece.g0]
+
     def full_array(self, name: str) -> np.ndarray | None:
         """A complete copy (the caller's node's replica when mirrored), else None."""
         d = self._views[name]

@@ -36,22 +36,30 @@ from . import compile_helper as _helper
 __all__ = [
     "SUPPORTED_TYPES", "is_supported", "prepare", "matvec", "matmat", "dequantize_rows",
     "row_bytes", "preparer", "matvec_kernels", "kernel_path", "set_kernel_path", "available_paths",
-    "precompile", "active_types", "mul_mat_id_kernel",
+    "precompile", "active_types", "mul_mat_id_kernel", "packed_type",
 ]
 
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30
 Q2_K, Q3_K, IQ4_NL, IQ4_XS = 10, 11, 20, 23
+#: not a ggml type: Q4_K bytes kept in llama.cpp's 8-row interleaved layout (`x86.k4_x8`; the same
+#: size, rows % 8 == 0). The engine repacks expert tensors into it at load (`..packing`).
+Q4_K_X8 = 1012
+#: a file's type -> the layout the engine may keep it in on a SIMD path
+PACKED_LAYOUTS = {Q4_K: Q4_K_X8}
 
 SUPPORTED_TYPES: dict[int, str] = {
     F32: "F32", F16: "F16", BF16: "BF16", Q8_0: "Q8_0", Q4_0: "Q4_0", Q4_1: "Q4_1",
     Q5_0: "Q5_0", Q5_1: "Q5_1", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K", IQ4_NL: "IQ4_NL", IQ4_XS: "IQ4_XS", Q3_K: "Q3_K", Q2_K: "Q2_K",
 }
 
+#: every type id a kernel takes: the file types and the engine's own layouts
+TYPE_NAMES: dict[int, str] = {**SUPPORTED_TYPES, Q4_K_X8: "Q4_K_x8"}
+
 #: ggml type id -> (elements per block, bytes per block)
 BLOCK_SIZES: dict[int, tuple[int, int]] = {
     F32: (1, 4), F16: (1, 2), BF16: (1, 2), Q8_0: (32, 34), Q4_0: (32, 18), Q4_1: (32, 20),
     Q5_0: (32, 22), Q5_1: (32, 24), Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210),
-    IQ4_NL: (32, 18), IQ4_XS: (256, 136), Q3_K: (256, 110), Q2_K: (256, 84),
+    IQ4_NL: (32, 18), IQ4_XS: (256, 136), Q3_K: (256, 110), Q2_K: (256, 84), Q4_K_X8: (256, 144),
 }
 
 
@@ -74,6 +82,7 @@ _PREPARE = {
     Q4_1: _act.quantize_q8_1, Q5_1: _act.quantize_q8_1,
     Q4_K: _act.quantize_q8_K, Q5_K: _act.quantize_q8_K, Q6_K: _act.quantize_q8_K,
     IQ4_NL: _act.quantize_q8_0, IQ4_XS: _act.quantize_q8_K, Q3_K: _act.quantize_q8_K, Q2_K: _act.quantize_q8_K,
+    Q4_K_X8: _act.quantize_q8_K,
 }
 
 _DEQUANT = {
@@ -83,6 +92,14 @@ _DEQUANT = {
     Q4_K: _kq.dequant_q4_K, Q5_K: _kq.dequant_q5_K, Q6_K: _kq.dequant_q6_K,
     IQ4_NL: _iq.dequant_iq4_nl, IQ4_XS: _iq.dequant_iq4_xs, Q3_K: _kq.dequant_q3_K, Q2_K: _kq.dequant_q2_K,
 }
+
+
+def _dequant_q4_K_x8(w, r0, r1):
+    from .x86.k4_x8 import dequant_x8
+    return dequant_x8(w, r0, r1)
+
+
+_DEQUANT[Q4_K_X8] = _dequant_q4_K_x8
 
 _PORTABLE_MATVEC = {
     F32: _ft.f32_matvec, F16: _ft.f16_matvec, BF16: _ft.bf16_matvec,
@@ -147,10 +164,17 @@ def is_supported(ggml_type: int) -> bool:
     return ggml_type in SUPPORTED_TYPES
 
 
+def packed_type(ggml_type: int) -> int | None:
+    """The layout the active kernel path keeps a tensor of this file type in when it may (expert
+    tensors whose 8-row groups no placement cuts, see `..packing`), or None."""
+    t = PACKED_LAYOUTS.get(ggml_type)
+    return t if t is not None and t in _MATVEC else None
+
+
 def row_bytes(ggml_type: int, ne0: int) -> int:
     bs, ts = BLOCK_SIZES[ggml_type]
     if ne0 % bs:
-        raise ValueError(f"row length {ne0} is not a multiple of the {SUPPORTED_TYPES[ggml_type]} block size {bs}")
+        raise ValueError(f"row length {ne0} is not a multiple of the {TYPE_NAMES[ggml_type]} block size {bs}")
     return ne0 // bs * ts
 
 
@@ -270,9 +294,9 @@ def precompile(types: Iterable[int], progress: Callable[[int, int, str], None] |
     types = list(dict.fromkeys(int(t) for t in types))
     deq = types if dequantize is None else list(dict.fromkeys(int(t) for t in dequantize))
     experts = list(dict.fromkeys(int(t) for t in experts))
-    bad = [t for t in types + deq + experts if t not in SUPPORTED_TYPES]
+    bad = [t for t in types + deq + experts if t not in TYPE_NAMES]
     if bad:
-        raise ValueError(f"unsupported ggml type id(s) {bad}; supported: {sorted(SUPPORTED_TYPES.values())}")
+        raise ValueError(f"unsupported ggml type id(s) {bad}; supported: {sorted(TYPE_NAMES.values())}")
     steps = [(t, s) for t in types for s in PRECOMPILE_STEPS[:3]] + [(t, PRECOMPILE_STEPS[3]) for t in deq] \
         + [(t, PRECOMPILE_STEPS[4]) for t in experts if mul_mat_id_kernel(t) is not None]
     t0 = time.perf_counter()
@@ -281,7 +305,7 @@ def precompile(types: Iterable[int], progress: Callable[[int, int, str], None] |
         if i in given:
             continue
         if progress is not None:
-            progress(i, len(steps), f"{SUPPORTED_TYPES[t]} {s}")
+            progress(i, len(steps), f"{TYPE_NAMES[t]} {s}")
         t1 = time.perf_counter()
         _precompile_step(t, s)
         if not tried and time.perf_counter() - t1 > COMPILED_SECONDS:

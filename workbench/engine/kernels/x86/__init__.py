@@ -7,6 +7,7 @@
     rows_lowbit    one-token products of Q2_K, Q3_K, Q4_0, IQ4_NL, IQ4_XS with rows in groups
     repack         prompt kernels over regrouped weights or activations (repack.cpp, tinyBLAS)
     k4_rows        Q4_K one-token product over groups of 8 rows (gemv_q4_K_8x8 order, plain layout)
+    k4_x8          Q4_K kept in llama.cpp's 8-row interleaved layout (internal type Q4_K_x8)
     blocks         block-format helpers they share
 
 Every family exposes ``kernels(mode) -> {type name: (matvec, matmat[, mul_mat_id])}``: the factory closes over
@@ -19,13 +20,14 @@ from __future__ import annotations
 
 from .. import jitcache  # noqa: F401  (before any kernel is defined)
 from ..intrinsics import AVX2, VNNI
-from . import floats, i_quants, k_quants, legacy_quants, rows_lowbit
+from . import floats, i_quants, k4_x8, k_quants, legacy_quants, rows_lowbit
 
 MODES = {"avx2": AVX2, "avx512-vnni": VNNI}
 #: family module of each type name (the order in which tables() builds them)
-FAMILIES = (legacy_quants, k_quants, i_quants, floats)
+FAMILIES = (legacy_quants, k_quants, i_quants, floats, k4_x8)
 TYPE_IDS = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q2_K": 10, "Q3_K": 11,
-            "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "IQ4_NL": 20, "IQ4_XS": 23, "BF16": 30}
+            "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "IQ4_NL": 20, "IQ4_XS": 23, "BF16": 30,
+            "Q4_K_x8": 1012}  # (not a ggml type: the engine's id for Q4_K in the x8 layout)
 _cache: dict[str, tuple[dict, dict]] = {}
 
 

@@ -1,8 +1,9 @@
 """Q4_K in llama.cpp's 8-row interleaved layout (block_q4_Kx8's size: 8 x 144 bytes a super-block).
 
-Not used by the engine yet (branch work: the load-time repack and the type plumbing come next).
+The engine keeps a mixture-of-experts model's Q4_K expert tensors in this layout (`..packing`
+repacks them in place after loading; kernels see the internal type id `kernels.Q4_K_X8`).
 `benchmarks/q4k_repack_probe.py` measured the gemv below at 26.3 -> 40.8 GB/s in cache against
-today's `k4_rows` kernel on the EPYC host, the same outputs to the bit.
+the `k4_rows` kernel on the GGUF layout on the EPYC host, the same outputs to the bit.
 
 Layout: a matrix of `rows` x `rb` bytes (rows % 8 == 0) keeps its size and its 8-row groups in place;
 group g's bytes [8g * rb, (8g + 8) * rb) hold, per super-block b, a 1152-byte record:
@@ -75,11 +76,25 @@ def group_order(rb: int) -> np.ndarray:
     return order.ravel()
 
 
+_WORDS: dict[int, np.ndarray] = {}
+
+
+def _word_order(rb: int) -> np.ndarray:
+    """`group_order` in 4-byte words: every field of the layout is whole aligned dwords (rb is a
+    multiple of 144, so of 4), so the permutation moves words."""
+    o = _WORDS.get(rb)
+    if o is None:
+        b = group_order(rb)
+        o = _WORDS[rb] = np.ascontiguousarray(b[::4] // 4).astype(np.int32)
+    return o
+
+
 @numba.njit(**_NB)
 def _permute(w: np.ndarray, r0: int, r1: int, order: np.ndarray, to_x8: bool) -> None:
-    wf = w.reshape(-1)
+    """Groups r0 // 8 .. r1 // 8 of w permuted in place, one group (8 x rb bytes) at a time."""
+    wf = w.reshape(-1).view(np.uint32)
     n = order.shape[0]
-    tmp = np.empty(n, np.uint8)
+    tmp = np.empty(n, np.uint32)
     for g in range(r0 // 8, r1 // 8):
         at = g * n
         tmp[:] = wf[at:at + n]
@@ -91,21 +106,36 @@ def _permute(w: np.ndarray, r0: int, r1: int, order: np.ndarray, to_x8: bool) ->
                 wf[at + order[i]] = tmp[i]
 
 
+def _check_rows(w: np.ndarray, r0: int, r1: int) -> None:
+    if r0 % 8 or r1 % 8 or not 0 <= r0 <= r1 <= w.shape[0] or w.shape[1] % 144 or not w.flags.c_contiguous:
+        raise ValueError(f"x8 layout: rows [{r0}, {r1}) of a {w.shape} matrix are not whole 8-row groups "
+                         "of C-contiguous Q4_K rows")
+
+
 def repack_rows(w: np.ndarray, r0: int, r1: int) -> None:
     """In place: rows [r0, r1) of a GGUF Q4_K matrix w [rows, rb] (r0, r1 multiples of 8) -> the x8
     layout, group by group."""
-    _permute(w, r0, r1, group_order(w.shape[1]), True)
+    _check_rows(w, r0, r1)
+    _permute(w, r0, r1, _word_order(w.shape[1]), True)
 
 
 def unpack_rows(w: np.ndarray, r0: int, r1: int) -> None:
     """The inverse of `repack_rows`: rows [r0, r1) back to GGUF's layout, in place."""
-    _permute(w, r0, r1, group_order(w.shape[1]), False)
+    _check_rows(w, r0, r1)
+    _permute(w, r0, r1, _word_order(w.shape[1]), False)
 
 
-def gemv_x8(mode: int):
-    """``fn(w, xp, out, r0, r1)``: out[r0:r1] for a matrix in the x8 layout (w [rows, rb], r0 and r1
-    multiples of 8), xp the Q8_K activations; bit-identical to `k4_rows.q4_K_gemv_rows8` on the
-    GGUF layout."""
+def dequant_x8(w: np.ndarray, r0: int, r1: int) -> np.ndarray:
+    """float32 [r1 - r0, k]: rows r0..r1-1 of a matrix in the x8 layout (its groups unpacked into a
+    copy, then GGUF Q4_K's dequantization)."""
+    from ..k_quants import dequant_q4_K
+    g0, g1 = r0 // 8 * 8, -(-r1 // 8) * 8
+    tmp = w[g0:g1].copy()
+    unpack_rows(tmp, 0, g1 - g0)
+    return dequant_q4_K(tmp, r0 - g0, r1 - g0)
+
+
+def _scale_min():
     @numba.njit(inline="always")
     def scale_min(u0, u1, u2, j):
         """Sub-block j's 6-bit scale and min of the 8 rows (get_scale_min_k4, rows in lanes)."""
@@ -114,6 +144,26 @@ def gemv_x8(mode: int):
         t = 8 * (j - 4)
         return (or_shl4(srl_and(u2, t, 15), srl_and(u0, t + 6, 3)),
                 or_shl4(srl_and(u2, t + 4, 15), srl_and(u1, t + 6, 3)))
+    return scale_min
+
+
+@numba.njit(**_NB)
+def _pair_sums(xb, nb):
+    """[c, b * 8 + j]: the activation sum of sub-block j (32 elements) of column c, block b."""
+    n = xb.shape[0]
+    bs = np.empty((n, nb * 8), np.int32)
+    for c in range(n):
+        for b in range(nb):
+            for j in range(8):
+                bs[c, b * 8 + j] = np.int32(xb[c, b * 16 + 2 * j]) + np.int32(xb[c, b * 16 + 2 * j + 1])
+    return bs
+
+
+def gemv_x8(mode: int):
+    """``fn(w, xp, out, r0, r1)``: out[r0:r1] for a matrix in the x8 layout (w [rows, rb], rows % 8
+    == 0), xp the Q8_K activations of one column; bit-identical to `k4_rows.q4_K_gemv_rows8` on the
+    GGUF layout. A range that cuts a group computes the whole group and writes its own rows."""
+    scale_min = _scale_min()
 
     @numba.njit(**_NB)
     def fn(w, xp, out, r0, r1):
@@ -122,11 +172,8 @@ def gemv_x8(mode: int):
         rb = w.shape[1]
         wf = w.reshape(-1)
         xqu = xq.view(np.uint8)
-        bs = np.empty(nb * 8, np.int32)
-        for b in range(nb):
-            for j in range(8):
-                bs[b * 8 + j] = np.int32(xb[b * 16 + 2 * j]) + np.int32(xb[b * 16 + 2 * j + 1])
-        for g in range(r0 // 8, r1 // 8):
+        bs = _pair_sums(xb.reshape(1, -1), nb).reshape(-1)
+        for g in range(r0 // 8, (r1 + 7) // 8):
             acc = f_zero()
             accm = f_zero()
             base = 8 * g * rb
@@ -152,7 +199,106 @@ def gemv_x8(mode: int):
                 acc = fmadd_v(acc, s, f_scale(d, xd[b]))
                 accm = fmadd_v(accm, m, f_scale(dm, xd[b]))
             r = f_sub(acc, accm)
-            for q in range(8):
-                out[8 * g + q] = f_lane(r, q)
+            if 8 * g >= r0 and 8 * g + 8 <= r1:
+                for q in range(8):
+                    out[8 * g + q] = f_lane(r, q)
+            else:
+                for q in range(8):
+                    if r0 <= 8 * g + q < r1:
+                        out[8 * g + q] = f_lane(r, q)
 
     return fn
+
+
+def gemv_x8_cols(mode: int):
+    """``fn(w, xp, out, r0, r1)``: out[c, r0:r1] for every column c of the 2-D prepared xp, over the
+    x8 layout, 4 columns per weight load. Per output the arithmetic is the one-column gemv's
+    (`gemv_x8`): llama.cpp's repacked mul_mat_id runs ggml_gemv_q4_K_8x8_q8_K once per token."""
+    scale_min = _scale_min()
+
+    @numba.njit(inline="always")
+    def sub(e, o, lo, hi, xf, xo):
+        return dot_us(mode, e, lo, bcast_b4(xf, xo)), dot_us(mode, o, hi, bcast_b4(xf, xo + 32))
+
+    @numba.njit(inline="always")
+    def sums(s, m, e, o, sce, sco, mne, mno, bs, bo):
+        return (i_add(s, i_add(i_mul(e, sce), i_mul(o, sco))),
+                i_add(m, i_add(i_mul(mne, bcast_i32(bs, bo)), i_mul(mno, bcast_i32(bs, bo + 1)))))
+
+    @numba.njit(inline="always")
+    def put(out, c, g, r0, r1, acc, accm):
+        r = f_sub(acc, accm)
+        for q in range(8):
+            if r0 <= 8 * g + q < r1:
+                out[c, 8 * g + q] = f_lane(r, q)
+
+    @numba.njit(**_NB)
+    def fn(w, xp, out, r0, r1):
+        xq, xd, xb = xp
+        n = xq.shape[0]
+        nb = xd.shape[1]
+        k = xq.shape[1]
+        rb = w.shape[1]
+        wf = w.reshape(-1)
+        xf = xq.reshape(-1).view(np.uint8)
+        bs = _pair_sums(xb, nb).reshape(-1)
+        c = 0
+        while c < n:
+            four = c + 4 <= n
+            for g in range(r0 // 8, (r1 + 7) // 8):
+                a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
+                m0 = f_zero(); m1 = f_zero(); m2 = f_zero(); m3 = f_zero()
+                base = 8 * g * rb
+                for b in range(nb):
+                    o = base + b * GROUP
+                    u0, u1, u2 = load_u32x8(wf, o + 32), load_u32x8(wf, o + 64), load_u32x8(wf, o + 96)
+                    S0 = i_zero(); S1 = i_zero(); S2 = i_zero(); S3 = i_zero()
+                    M0 = i_zero(); M1 = i_zero(); M2 = i_zero(); M3 = i_zero()
+                    for p in range(4):
+                        e0 = i_zero(); e1 = i_zero(); e2 = i_zero(); e3 = i_zero()
+                        d0 = i_zero(); d1 = i_zero(); d2 = i_zero(); d3 = i_zero()
+                        xo = c * k + b * 256 + 64 * p
+                        for ch in range(8):
+                            raw = load_b32(wf, o + 128 + p * 256 + ch * 32)
+                            lo = b_and(raw, 15)
+                            hi = b_shr(raw, 4)
+                            e0, d0 = sub(e0, d0, lo, hi, xf, xo + 4 * ch)
+                            if four:
+                                e1, d1 = sub(e1, d1, lo, hi, xf, xo + k + 4 * ch)
+                                e2, d2 = sub(e2, d2, lo, hi, xf, xo + 2 * k + 4 * ch)
+                                e3, d3 = sub(e3, d3, lo, hi, xf, xo + 3 * k + 4 * ch)
+                        sce, mne = scale_min(u0, u1, u2, 2 * p)
+                        sco, mno = scale_min(u0, u1, u2, 2 * p + 1)
+                        bo = (c * nb + b) * 8 + 2 * p
+                        S0, M0 = sums(S0, M0, e0, d0, sce, sco, mne, mno, bs, bo)
+                        if four:
+                            S1, M1 = sums(S1, M1, e1, d1, sce, sco, mne, mno, bs, bo + nb * 8)
+                            S2, M2 = sums(S2, M2, e2, d2, sce, sco, mne, mno, bs, bo + nb * 16)
+                            S3, M3 = sums(S3, M3, e3, d3, sce, sco, mne, mno, bs, bo + nb * 24)
+                    d, dm = f16x8_pairs(wf, o, 4)
+                    a0 = fmadd_v(a0, S0, f_scale(d, xd[c, b])); m0 = fmadd_v(m0, M0, f_scale(dm, xd[c, b]))
+                    if four:
+                        a1 = fmadd_v(a1, S1, f_scale(d, xd[c + 1, b])); m1 = fmadd_v(m1, M1, f_scale(dm, xd[c + 1, b]))
+                        a2 = fmadd_v(a2, S2, f_scale(d, xd[c + 2, b])); m2 = fmadd_v(m2, M2, f_scale(dm, xd[c + 2, b]))
+                        a3 = fmadd_v(a3, S3, f_scale(d, xd[c + 3, b])); m3 = fmadd_v(m3, M3, f_scale(dm, xd[c + 3, b]))
+                put(out, c, g, r0, r1, a0, m0)
+                if four:
+                    put(out, c + 1, g, r0, r1, a1, m1)
+                    put(out, c + 2, g, r0, r1, a2, m2)
+                    put(out, c + 3, g, r0, r1, a3, m3)
+            c += 4 if four else 1
+
+    return fn
+
+
+def kernels(mode: int) -> dict:
+    """{"Q4_K_x8": (matvec, matmat, mul_mat_id)} for one instruction-set mode: the prompt product and
+    the product of an expert's tokens both run the gemv per column, as llama.cpp's repacked
+    mul_mat_id does (a packed tensor is always an expert tensor)."""
+    cols = gemv_x8_cols(mode)
+
+    @numba.njit(**_NB)
+    def mul_mat_id(w, xp, out, r0, r1, rows):
+        cols(w, xp, out, r0, r1)
+
+    return {"Q4_K_x8": (gemv_x8(mode), cols, mul_mat_id)}

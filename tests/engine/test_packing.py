@@ -1,0 +1,150 @@
+"""Expert tensors kept in llama.cpp's repacked Q4_K layout (`engine.packing`, `kernels.x86.k4_x8`).
+
+The engine repacks a MoE model's Q4_K expert tensors in place after loading; prompt and decode must
+give the same logits to the bit as with the file's layout, in every weights mode, across live
+switches of mode and thread count, and a placement that could cut an 8-row group keeps the file's
+layout."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from gguf_factory import TinySpec, write_tiny_model
+from workbench.engine import Engine, kernels
+from workbench.engine import packing
+from workbench.engine.engine import Placement
+from workbench.engine.gguf_file import TensorInfo
+from workbench.engine.kernels.x86 import k4_x8
+
+pytestmark = pytest.mark.skipif(kernels.packed_type(kernels.Q4_K) is None,
+                                reason="the active kernel path keeps Q4_K in the file's layout")
+PROMPT = [5, 17, 29, 3, 41, 8, 2, 11, 19]
+
+
+@pytest.fixture(scope="module")
+def q4k_moe(tmp_path_factory):
+    path = tmp_path_factory.mktemp("packing") / "moe-q4k.gguf"
+    write_tiny_model(path, TinySpec(arch="qwen3moe", qtype=T.Q4_K, n_expert=8, n_expert_used=2, n_ff=256,
+                                    n_ff_exp=256, n_layer=2, seed=3))
+    return str(path)
+
+
+def _logits(eng: Engine, n: int = 8) -> list[np.ndarray]:
+    """Every prompt position's logits (the experts' prompt product), then n decoded tokens'."""
+    s = eng.new_session(64)
+    out = [s.eval(PROMPT, logit_rows=slice(0, len(PROMPT))).copy()]
+    for i in range(n):
+        out.append(s.eval([int(np.argmax(out[-1][-1])) if i % 2 else 7 + i]).copy())
+    s.close()
+    return out
+
+
+def _reference(path: str, monkeypatch) -> list[np.ndarray]:
+    with monkeypatch.context() as m:
+        m.setattr(packing, "ENABLED", False)
+        eng = Engine.load(path, placement=Placement(threads=1))
+        try:
+            assert eng.rt.packed == {}
+            return _logits(eng)
+        finally:
+            eng.close()
+
+
+def _exps(eng: Engine) -> list[str]:
+    return sorted(n for n in eng.gguf.tensors if n.endswith("_exps.weight"))
+
+
+def _file_bytes(eng: Engine, name: str) -> np.ndarray:
+    t = eng.gguf.tensors[name]
+    with open(t.path or eng.path, "rb") as f:
+        f.seek(t.offset)
+        return np.frombuffer(f.read(t.nbytes), np.uint8).reshape(t.rows, -1)
+
+
+def _assert_packed(eng: Engine) -> None:
+    """Every expert tensor is packed, and every copy in memory holds the file's bytes repacked."""
+    assert eng.rt.packed == {n: kernels.Q4_K_X8 for n in _exps(eng)}
+    for name in _exps(eng):
+        assert eng.rt.weights[name].ggml_type == kernels.Q4_K_X8
+        per = eng.gguf.tensors[name].rows // eng.gguf.tensors[name].shape[2]
+        want = _file_bytes(eng, name).reshape(-1, per, eng.gguf.tensors[name].row_bytes)
+        for view, first, g0, _node in eng.layout.copies(name):
+            for e in range(view.shape[0]):
+                e0 = g0 + e
+                got = view[e].copy()
+                assert not np.array_equal(got, want[e0, first:first + got.shape[0]])
+                k4_x8.unpack_rows(got, 0, got.shape[0])
+                assert np.array_equal(got, want[e0, first:first + got.shape[0]]), (name, e0)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_packed_experts_give_the_same_logits(q4k_moe, threads, monkeypatch):
+    ref = _reference(q4k_moe, monkeypatch)
+    eng = Engine.load(q4k_moe, placement=Placement(threads=threads))
+    try:
+        _assert_packed(eng)
+        got = _logits(eng)
+    finally:
+        eng.close()
+    assert len(got) == len(ref)
+    for a, b in zip(got, ref):
+        assert np.array_equal(a, b)
+
+
+def test_packed_experts_in_every_mode_and_across_live_switches(q4k_moe, monkeypatch):
+    ref = _reference(q4k_moe, monkeypatch)
+    for mode in ("slice", "experts", "mirror", "interleave"):
+        eng = Engine.load(q4k_moe, placement=Placement(weights=mode, threads=2))
+        try:
+            _assert_packed(eng)
+            assert all(np.array_equal(a, b) for a, b in zip(_logits(eng, 4), ref)), mode
+        finally:
+            eng.close()
+    eng = Engine.load(q4k_moe, placement=Placement(threads=2))
+    try:
+        for step in (dict(weights="experts"), dict(threads=1), dict(weights="slice", threads=2),
+                     dict(weights="mirror"), dict(weights="none", threads=1)):
+            eng.switch(**step)
+            _assert_packed(eng)
+            assert all(np.array_equal(a, b) for a, b in zip(_logits(eng, 4), ref)), step
+    finally:
+        eng.close()
+
+
+def test_a_switch_that_could_cut_groups_unpacks_first(q4k_moe, monkeypatch):
+    """With more workers than 8-row groups allow, the experts go back to the file's layout during
+    the switch and are packed again when the thread count allows it."""
+    ref = _reference(q4k_moe, monkeypatch)
+    eng = Engine.load(q4k_moe, placement=Placement(threads=2))
+    try:
+        _assert_packed(eng)
+        real = packing.packable
+        monkeypatch.setattr(packing, "packable", lambda name, info, n: None if n == 1 else real(name, info, n))
+        eng.switch(threads=1)
+        assert eng.rt.packed == {} and all(w.ggml_type != kernels.Q4_K_X8 for w in eng.rt.weights.values())
+        for name in _exps(eng):
+            assert np.array_equal(eng.layout.full_array(name), _file_bytes(eng, name))
+        assert all(np.array_equal(a, b) for a, b in zip(_logits(eng, 4), ref))
+        eng.switch(threads=2)
+        _assert_packed(eng)
+        assert all(np.array_equal(a, b) for a, b in zip(_logits(eng, 4), ref))
+    finally:
+        eng.close()
+
+
+def _info(name: str, qtype: int, per: int, n_exp: int = 4, k: int = 256) -> TensorInfo:
+    rb = kernels.row_bytes(qtype, k)
+    return TensorInfo(name=name, shape=(k, per, n_exp), ggml_type=qtype, offset=0, nbytes=rb * per * n_exp)
+
+
+def test_which_tensors_are_packed(monkeypatch):
+    q4k = int(T.Q4_K)
+    up = "blk.0.ffn_up_exps.weight"
+    assert packing.packable(up, _info(up, q4k, 256), 32) == kernels.Q4_K_X8
+    assert packing.packable(up, _info(up, q4k, 256), 33) is None      # fewer than 8 rows a worker
+    assert packing.packable(up, _info(up, q4k, 260), 1) is None       # rows not in whole groups
+    assert packing.packable(up, _info(up, int(T.Q8_0), 256), 1) is None
+    assert packing.packable("blk.0.attn_k_b.weight", _info("blk.0.attn_k_b.weight", q4k, 256), 1) is None
+    monkeypatch.setattr(packing, "ENABLED", False)
+    assert packing.packable(up, _info(up, q4k, 256), 1) is None

@@ -1,0 +1,111 @@
+"""Expert weights kept in a faster byte layout than the file's, decided per tensor and placement.
+
+llama.cpp's CPU backend repacks Q4_K weights on x86 into 8-row interleaved blocks
+(block_q4_Kx8) and runs its own gemv over them. The engine keeps the routed experts' Q4_K tensors
+(`*_exps.weight`) in that layout too (`kernels.x86.k4_x8`): the same bytes per 8-row group, so a
+placement that moves whole groups moves it unchanged, and the decode kernel has no shuffles or
+horizontal sums (26 -> 41 GB/s in cache, 20-24 -> 23-28 GB/s from memory on the EPYC host,
+`benchmarks/q4k_repack_probe.py`). Outputs are the same to the bit as on the file's layout.
+
+A tensor is packed only when no piece or compute range of any plan with this many workers cuts
+an 8-row group: its rows per expert are a multiple of 8 and at least 8 per worker, so
+`numa.plan.row_split` aligns every boundary to 8 rows. `NUMAWB_REPACK=0` keeps the file's layout.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Callable, Mapping
+
+import numpy as np
+
+from ..numa.layout import ProgressEvent
+from ..numa.plan import ROW_ALIGN
+from . import kernels
+from .gguf_file import TensorInfo
+
+ENABLED = os.environ.get("NUMAWB_REPACK", "1") != "0"
+EXPERT_SUFFIX = "_exps.weight"
+Progress = Callable[[ProgressEvent], None]
+
+
+def _candidate(name: str, info: TensorInfo) -> int | None:
+    if not ENABLED or not name.endswith(EXPERT_SUFFIX) or len(info.shape) < 3:
+        return None
+    return kernels.packed_type(info.ggml_type)
+
+
+def packed_types(tensors: Mapping[str, TensorInfo]) -> set[int]:
+    """The layouts a model's tensors may be kept in (their kernels compile with the model's own)."""
+    return {t for name, info in tensors.items() if (t := _candidate(name, info)) is not None}
+
+
+def packable(name: str, info: TensorInfo, n_workers: int) -> int | None:
+    """The layout `name` may be kept in with `n_workers` workers, or None (the file's layout)."""
+    t = _candidate(name, info)
+    active = kernels.active_types()
+    if t is None or (active is not None and t not in active):
+        return None
+    per = info.rows // int(info.shape[2])
+    if per % ROW_ALIGN or per < ROW_ALIGN * n_workers:
+        return None
+    return t
+
+
+def _units(layout, names: list[tuple[str, bool]]) -> list[tuple[np.ndarray, bool, int | None]]:
+    """(one expert's rows of one copy, to the packed layout?, node) for every copy of the tensors."""
+    out = []
+    for name, to_packed in names:
+        for view, first, _g0, node in layout.copies(name):
+            if first % ROW_ALIGN or view.shape[1] % ROW_ALIGN:
+                raise ValueError(f"{name}: a piece starting at row {first} cuts an 8-row group")
+            out += [(view[e], to_packed, node) for e in range(view.shape[0])]
+    return out
+
+
+def _repack(layout, pool, names: list[tuple[str, bool]], progress: Progress | None) -> None:
+    """The tensors' copies permuted in place by the pool's workers, each a share of the copies on
+    its own node (interleaved copies: everyone's), with progress in bytes."""
+    from .kernels.x86.k4_x8 import repack_rows, unpack_rows
+    units = _units(layout, names)
+    if not units:
+        return
+    total = sum(u[0].nbytes for u in units)
+    workers = list(pool.workers)
+    shares: list[list[int]] = [[] for _ in workers]
+    for i, (_v, _p, node) in enumerate(units):
+        mine = [w.index for w in workers if w.node == node] or [w.index for w in workers]
+        shares[mine[i % len(mine)]].append(i)
+    lock = threading.Lock()
+    done, told = [0], [0]
+    t0 = time.perf_counter()
+
+    def work(wk: int) -> None:
+        for i in shares[wk]:
+            view, to_packed, _node = units[i]
+            (repack_rows if to_packed else unpack_rows)(view, 0, view.shape[0])
+            if progress:
+                with lock:  # about a hundred reports, whatever the number of experts
+                    done[0] += view.nbytes
+                    if done[0] - told[0] < total // 100 and done[0] < total:
+                        continue
+                    told[0] = done[0]
+                    dt = time.perf_counter() - t0
+                    progress(ProgressEvent("repack", done[0], total, done[0] / dt if dt > 0 else 0.0,
+                                           "expert weights into llama.cpp's repacked Q4_K layout"))
+    pool.run(work)
+
+
+def wanted(tensors: Mapping[str, TensorInfo], n_workers: int) -> dict[str, int]:
+    """name -> layout of every tensor `packable` with `n_workers` workers."""
+    return {name: t for name, info in tensors.items() if (t := packable(name, info, n_workers)) is not None}
+
+
+def apply(layout, pool, current: Mapping[str, int], want: Mapping[str, int],
+          progress: Progress | None = None) -> dict[str, int]:
+    """Bring the layout's tensors from `current` to `want` (name -> layout; absent: the file's),
+    in place on the pool's workers: unpacks first, then packs. Returns `want` as a new dict."""
+    _repack(layout, pool, [(n, False) for n in current if want.get(n) != current[n]], progress)
+    _repack(layout, pool, [(n, True) for n in want if current.get(n) != want[n]], progress)
+    return dict(want)
