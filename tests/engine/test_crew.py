@@ -150,3 +150,36 @@ def test_waiting_is_not_counted_as_busy(pool, crew):
             crew.stop()
     busy = pool.busy_fraction()
     assert 0.0 <= busy[1] < 0.3, busy  # it computed 32 rows 20 times in ~0.1 s
+
+
+def test_trace_logs_every_job_of_every_pass(pool, crew):
+    """`Crew.trace`: per job the caller's post <= end of its own part <= acknowledgements, and one
+    record per job from the other worker, numbered in its pass and inside the caller's window; the
+    trace spans passes (crew.start keeps it) and stops cleanly."""
+    rng = np.random.default_rng(3)
+    rows, k = 256, 512
+    w = _matrix(K.Q8_0, rows, k, rng)
+    xp = K.prepare(K.Q8_0, rng.standard_normal(k).astype(np.float32))
+    job = Job([(K.Q8_0, w, 0, 0, 0)], [(0, 0, 128, 0), (0, 128, rows, 1)], [])
+    trace = crew.trace(capacity=4096)
+    for _pass in range(2):
+        with pool.lead():
+            crew.start()
+            try:
+                for _ in range(3):
+                    crew.run(job, xp, xp, [np.empty(rows, np.float32)])
+            finally:
+                crew.stop()
+    assert crew.stop_trace() is trace
+    lead, work = trace.records
+    assert lead.shape == (6, 4) and work.shape == (6, 4)
+    assert (lead[:, 0] <= lead[:, 1]).all() and (lead[:, 1] <= lead[:, 2]).all() and (lead[:, 3] == 1).all()
+    assert (work[:, 0] == 1).all() and list(work[:, 1]) == [1, 2, 3, 1, 2, 3]
+    assert (work[:, 2] >= lead[:, 0]).all() and (work[:, 3] <= lead[:, 2]).all() and (work[:, 2] <= work[:, 3]).all()
+    with pool.lead():  # no longer logging
+        crew.start()
+        try:
+            crew.run(job, xp, xp, [np.empty(rows, np.float32)])
+        finally:
+            crew.stop()
+    assert crew.ctl[27] == 0 and trace.records[0].shape == (6, 4)

@@ -59,6 +59,9 @@ N_TASKS = 20
 FAILED = 24      # set by a worker whose loop raised (the caller stops waiting)
 WAITED = 25      # nanoseconds the caller spent waiting for acknowledgements (not working)
 SOLO = 26        # non-zero: the caller runs every job alone, every chunk, pinned or not (`Crew.start`)
+# a trace (`Crew.trace`): addresses of int64 logs and their fill counts, kept across `start`
+TRACE_LEAD, TRACE_LEAD_N, TRACE_WORK, TRACE_WORK_N = 27, 28, 29, 30
+TRACE_CAP = 31   # int64 entries in each log
 ACK = 32         # ACK + 8 * w: last job worker w finished
 SPINS_BEFORE_YIELD = 2000
 
@@ -201,6 +204,20 @@ def _output_table_impl(outs):
     return impl
 
 
+@numba.njit(**_NB)
+def _trace(ctl, at, a, b, c, d):
+    """Append one record (4 int64) to the trace log whose address is ctl[at] (entries used at
+    ctl[at + 1], taken atomically: the workers share their log; capacity at ctl[TRACE_CAP]); a full
+    log drops records."""
+    i = fetch_add(ctl, at + 1, 4)
+    if i + 4 <= ctl[TRACE_CAP]:
+        lg = _view(ctl[at], ctl[TRACE_CAP], np.int64)
+        lg[i] = a
+        lg[i + 1] = b
+        lg[i + 2] = c
+        lg[i + 3] = d
+
+
 # ----------------------------------------------------------------------------- the loop
 def _build(mv: dict):
     """serve / work / lead compiled over one kernel path's matvec functions."""
@@ -308,7 +325,10 @@ def _build(mv: dict):
             seen = seq
             t0 = now_ns()
             work(ctl, me)
-            busy += now_ns() - t0
+            t1 = now_ns()
+            busy += t1 - t0
+            if ctl[TRACE_WORK] != 0:
+                _trace(ctl, TRACE_WORK, me, seq, t0, t1)
             atomic_store(ctl, ACK + 8 * me, seq)
 
     @numba.njit(**_NB)
@@ -359,11 +379,15 @@ def _build(mv: dict):
             work(ctl, 0)
             return True
         seq = ctl[SEQ] + 1
+        tp = now_ns()
         atomic_store(ctl, SEQ, seq)
         work(ctl, 0)
         t0 = now_ns()
         ok = wait_acks(ctl, n_workers, seq)
-        ctl[WAITED] += now_ns() - t0
+        t1 = now_ns()
+        ctl[WAITED] += t1 - t0
+        if ctl[TRACE_LEAD] != 0:
+            _trace(ctl, TRACE_LEAD, tp, t0, t1, tasks.shape[0])
         return ok
 
     @numba.njit(**_NB)
@@ -469,6 +493,15 @@ class Job:
         self.n_owned = len(owned)
 
 
+class CrewTrace:
+    """The logs of `Crew.trace`: `records` = (caller [jobs, (posted, own part done, acknowledged,
+    tasks)], workers [records, (worker, job number in its pass, start, end)]) once stopped."""
+
+    def __init__(self, lead: np.ndarray, work: np.ndarray):
+        self.lead, self.work = lead, work
+        self.records: tuple[np.ndarray, np.ndarray] | None = None
+
+
 class Crew:
     """The pool's workers 1..N-1 held in the compiled loop while a forward pass runs."""
 
@@ -489,7 +522,9 @@ class Crew:
         process holds the workers' CPUs and waiting for them would cost more than their help."""
         if self.active:
             return
+        trace = self.ctl[TRACE_LEAD:TRACE_CAP + 1].copy()  # a trace spans passes
         self.ctl[:] = 0
+        self.ctl[TRACE_LEAD:TRACE_CAP + 1] = trace
         self.solo = solo and self.n_workers > 1
         if self.solo:
             self.ctl[SOLO] = 1
@@ -528,6 +563,26 @@ class Crew:
             self.pool.note_idle(0, waited)  # the caller's waits for acknowledgements
             self.ctl[WAITED] = 0
         return waited
+
+    def trace(self, capacity: int = 1 << 20) -> "CrewTrace":
+        """Log every job from now on (`CrewTrace.read`, `stop_trace`): for each job the caller's
+        post, end of its own part and acknowledgements, and each worker's start and end, in ns
+        (`benchmarks/crew_timeline.py` turns them into a per-job table)."""
+        t = CrewTrace(np.zeros(capacity, np.int64), np.zeros(capacity, np.int64))
+        self.ctl[TRACE_LEAD], self.ctl[TRACE_WORK] = t.lead.ctypes.data, t.work.ctypes.data
+        self.ctl[TRACE_LEAD_N] = self.ctl[TRACE_WORK_N] = 0
+        self.ctl[TRACE_CAP] = capacity
+        self._trace = t
+        return t
+
+    def stop_trace(self) -> "CrewTrace | None":
+        """Stop logging; returns the trace with its records."""
+        t, self._trace = getattr(self, "_trace", None), None
+        if t is not None:
+            n_lead, n_work = (min(int(self.ctl[i]), t.lead.shape[0]) // 4 for i in (TRACE_LEAD_N, TRACE_WORK_N))
+            t.records = (t.lead[:4 * n_lead].reshape(-1, 4).copy(), t.work[:4 * n_work].reshape(-1, 4).copy())
+        self.ctl[TRACE_LEAD:TRACE_CAP + 1] = 0
+        return t
 
     def run(self, job: Job, xa: tuple, xb: tuple, outs: Sequence[np.ndarray]) -> None:
         """Run a job: prepared inputs `xa`, `xb` (tasks' prep 0 / 1) into outputs `outs` (1-D,
