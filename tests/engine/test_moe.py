@@ -328,3 +328,34 @@ def test_fused_gate_up_experts_give_the_same_logits(tmp_path, arch):
         finally:
             eng.close()
     assert all(np.array_equal(a, b) for a, b in zip(*outs))
+
+
+def test_routing_window_and_node_bytes_match_a_brute_force_count():
+    """RoutingStats keeps each layer's last `window` tokens (calls of 1 to more than `window` tokens,
+    wrapping the ring) and counts, per call, each distinct expert's bytes once per node."""
+    from workbench.engine.routing import RoutingStats
+    rng = np.random.default_rng(5)
+    n_layer, n_exp, k, window = 2, 6, 2, 4
+    table = {e: {0: 10.0 * (e + 1), 1: 1.0 * e} for e in range(n_exp)}
+    stats = RoutingStats(n_layer, n_exp, window, bytes_by_node=lambda name, e: table[e], nodes=lambda: [0, 1])
+    rows: dict[int, list] = {0: [], 1: []}
+    calls = []
+    for n in (1, 3, 1, 6, 2, 1, 5):
+        for il in range(n_layer):
+            ids = np.stack([rng.choice(n_exp, k, replace=False) for _ in range(n)])
+            stats.record(f"blk.{il}.ffn_up_exps.weight", ids, (f"blk.{il}.ffn_up_exps.weight",))
+            rows[il] += ids.tolist()
+            calls.append((n, sorted(set(ids.ravel().tolist()))))
+    snap = stats.snapshot()
+    for il in range(n_layer):
+        want = np.bincount(np.array(rows[il][-window:]).ravel(), minlength=n_exp)
+        assert snap.hits[il].tolist() == want.tolist()
+    assert snap.window == window
+    kept = calls[-window * n_layer:]
+    tokens = sum(n for n, _ in kept) / n_layer
+    want_bytes = {nd: sum(table[e][nd] for _, used in kept for e in used) / tokens for nd in (0, 1)}
+    assert snap.node_bytes == pytest.approx(want_bytes)
+    ratios = [max(v) * 2 / sum(v) for v in ([sum(table[e][nd] for e in used) for nd in (0, 1)] for _, used in kept)]
+    assert snap.step_imbalance == pytest.approx(sum(ratios) / len(ratios))
+    stats.clear()
+    assert stats.snapshot().window == 0 and stats.snapshot().node_bytes == {}

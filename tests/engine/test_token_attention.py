@@ -18,21 +18,30 @@ from workbench.engine.engine import Placement
 PROMPT = [5, 17, 29, 3, 41]
 
 
-def _decode(path: str, threads: int, compiled: bool, n: int = 14) -> tuple[list[np.ndarray], int]:
-    """Logits of a prompt and n decoded tokens, and how many layers took the compiled call."""
+def _decode(path: str, threads: int, compiled: bool, n: int = 14, layers: bool = True, by: dict | None = None
+            ) -> tuple[list[np.ndarray], int]:
+    """Logits of a prompt and n decoded tokens, and how many layers took a compiled call (the
+    attention sub-layer's, or a MoE layer's whole; `layers` False: not the latter); `by` gets the
+    count per call."""
     eng = Engine.load(path, placement=Placement(threads=threads))
+    by = {} if by is None else by
     try:
         rt = eng.rt
-        real = rt.attention_token
         taken = [0]
 
-        def spy(*a, **k):
-            if not compiled:
-                return None
-            o = real(*a, **k)
-            taken[0] += o is not None
-            return o
-        rt.attention_token = spy
+        def spy_on(name: str, on: bool) -> None:
+            real = getattr(rt, name)
+
+            def spy(*a, **k):
+                if not on:
+                    return None
+                o = real(*a, **k)
+                taken[0] += o is not None
+                by[name] = by.get(name, 0) + (o is not None)
+                return o
+            setattr(rt, name, spy)
+        spy_on("attention_token", compiled)
+        spy_on("layer_token", compiled and layers)
         s = eng.new_session(64)
         out = [s.eval(PROMPT).copy()]
         for i in range(n):
@@ -51,6 +60,25 @@ def test_compiled_attention_equals_general_path(tmp_path, arch, qtype, threads):
     write_tiny_model(path, TinySpec(arch=arch, qtype=qtype, n_layer=2, seed=11, **extra))
     fast, taken = _decode(str(path), threads, True)
     slow, none = _decode(str(path), threads, False)
-    assert none == 0 and taken == 14 * 2  # every decoded token's every layer took the one call
+    assert none == 0 and taken == 14 * 2  # every decoded token's every layer took one call
     for a, b in zip(fast, slow):
         assert a.dtype == np.float32 and np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("fused,qtype", [(False, T.Q4_K), (True, T.Q8_0)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_whole_moe_layer_in_one_call_equals_its_sub_layers(tmp_path, fused, qtype, threads):
+    """`Runtime.layer_token` (attention, residual adds, norms and the routed FFN in one compiled
+    call) gives the same logits to the bit as the sub-layers' own calls and as the general path,
+    with separate and fused gate/up experts; every layer of every decoded token takes it."""
+    path = tmp_path / "moe.gguf"
+    write_tiny_model(path, TinySpec(arch="qwen3moe", qtype=qtype, n_layer=3, seed=4, n_expert=8, n_expert_used=2,
+                                    n_ff=256, n_ff_exp=256, fuse_gate_up=fused))
+    calls: dict = {}
+    whole, taken = _decode(str(path), threads, True, by=calls)
+    parts, taken_parts = _decode(str(path), threads, True, layers=False)
+    general, none = _decode(str(path), threads, False)
+    assert calls == {"layer_token": 14 * 3}  # (attention_token was not called)
+    assert taken_parts == 14 * 3 and none == 0
+    for a, b, c in zip(whole, parts, general):
+        assert np.array_equal(a, b) and np.array_equal(a, c)

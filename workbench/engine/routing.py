@@ -55,25 +55,30 @@ class RoutingSnapshot:
 
 
 class RoutingStats:
-    """Counts routed experts per layer over the last ``window`` tokens, thread-safe."""
+    """Routed experts per layer over the last ``window`` tokens, thread-safe.
+
+    Recording is on the decode path (once per MoE layer and token), so it only stores: each layer's
+    last ``window`` tokens' expert ids in a ring, and per call the distinct experts read. The hits
+    and the bytes per node are counted when a snapshot is asked for (the dashboard's twice a
+    second), with NumPy over the rings."""
 
     def __init__(self, n_layer: int, n_expert: int, window: int = 256,
                  bytes_by_node: Callable[[str, int], dict[int, float]] | None = None,
                  nodes: Callable[[], list[int]] | None = None):
         self.n_layer, self.n_expert, self.window = n_layer, n_expert, window
-        # plain lists: recording a decoded token is a few list operations (~10 us a layer with NumPy)
-        self._hits: list[list[int]] = [[0] * n_expert for _ in range(n_layer)]
-        self._recent: list[deque] = [deque() for _ in range(n_layer)]
-        self._bytes: deque = deque()    # (token count, layer, nodes, [bytes per node]) per recorded call
+        self._ring: list[np.ndarray | None] = [None] * n_layer   # [window, k] expert ids per layer
+        self._filled = [0] * n_layer                              # tokens recorded per layer (all time)
+        self._pos = [0] * n_layer                                 # the ring's next row per layer
+        self._calls: deque = deque()   # (token count, layer, table key, distinct experts read) per call
         self._bytes_by_node = bytes_by_node
         self._nodes = nodes
         self._tables: dict[tuple, tuple] = {}  # (tensor, tensors) -> _layer_table's entry
         self._lock = threading.Lock()
         self._layers: set[int] = set()
 
-    def _layer_table(self, tensor: str, tensors: tuple[str, ...]) -> tuple[int, list[int], list | None] | None:
-        """(layer, nodes, bytes [n_expert][len(nodes)] read per routed token of each expert), made
-        once per layer and placement: recording a token is then a row lookup, not 3k dict walks."""
+    def _layer_table(self, tensor: str, tensors: tuple[str, ...]) -> tuple[int, list[int], np.ndarray | None] | None:
+        """(layer, nodes, bytes [n_expert, len(nodes)] read per routed token of each expert), made
+        once per layer and placement."""
         key = (tensor, tensors)
         entry = self._tables.get(key)
         if entry is None:
@@ -91,7 +96,7 @@ class RoutingStats:
                     for nb in row:
                         for n, b in nb.items():
                             table[e, nodes.index(n)] += b
-                entry = (il, nodes, table.tolist())
+                entry = (il, nodes, table)
             self._tables[key] = entry
         return entry
 
@@ -101,48 +106,55 @@ class RoutingStats:
         entry = self._layer_table(tensor, tensors)
         if entry is None:
             return
-        il, nodes, table = entry
-        rows = np.asarray(experts, dtype=np.int64).tolist()
-        per_node: list[float] | None = None
-        if table is not None:
-            # each routed expert's rows are read once per call, however many tokens chose it
-            used = rows[0] if len(rows) == 1 else sorted({e for row in rows for e in row})
-            per_node = [0.0] * len(nodes)
-            for e in used:
-                for j, b in enumerate(table[e]):
-                    per_node[j] += b
+        il = entry[0]
+        rows = np.asarray(experts, dtype=np.int64)
+        n, k = rows.shape
+        # each routed expert's rows are read once per call, however many tokens chose it
+        used = rows[0].copy() if n == 1 else np.unique(rows)
         with self._lock:
             self._layers.add(il)
-            q = self._recent[il]
-            hits = self._hits[il]
-            for row in rows:  # a token's experts are distinct
-                q.append(row)
-                for e in row:
-                    hits[e] += 1
-                if len(q) > self.window:
-                    for e in q.popleft():
-                        hits[e] -= 1
-            if per_node:
-                self._bytes.append((len(rows), il, nodes, per_node))
-                while len(self._bytes) > self.window * max(1, len(self._layers)):
-                    self._bytes.popleft()
+            ring = self._ring[il]
+            if ring is None or ring.shape[1] != k:
+                ring = self._ring[il] = np.zeros((self.window, k), dtype=np.int64)
+                self._filled[il] = self._pos[il] = 0
+            take = rows[-self.window:]
+            at = self._pos[il]
+            first = min(len(take), self.window - at)
+            ring[at:at + first] = take[:first]
+            ring[:len(take) - first] = take[first:]
+            self._pos[il] = (at + len(take)) % self.window
+            self._filled[il] += n
+            if entry[2] is not None:
+                self._calls.append((n, il, (tensor, tensors), used))
+                while len(self._calls) > self.window * max(1, len(self._layers)):
+                    self._calls.popleft()
 
     def snapshot(self) -> RoutingSnapshot:
         with self._lock:
-            hits = np.array(self._hits, dtype=np.int64).reshape(self.n_layer, self.n_expert)
-            window = max((len(q) for q in self._recent), default=0)
-            tot: dict[int, float] = {}
-            tokens_per_layer: dict[int, int] = {}
-            ratios = []
-            for n_tok, il, nodes, vals in self._bytes:
-                if sum(vals):
-                    ratios.append(max(vals) * len(vals) / sum(vals))
-                tokens_per_layer[il] = tokens_per_layer.get(il, 0) + n_tok
-                for n, b in zip(nodes, vals):
-                    tot[n] = tot.get(n, 0.0) + b
+            hits = np.zeros((self.n_layer, self.n_expert), dtype=np.int64)
+            window = 0
+            for il, ring in enumerate(self._ring):
+                if ring is not None:
+                    m = min(self._filled[il], self.window)
+                    window = max(window, m)
+                    hits[il] = np.bincount(ring[:m].ravel(), minlength=self.n_expert)[:self.n_expert]
+            calls = list(self._calls)
+            tables = dict(self._tables)
             layers = tuple(sorted(self._layers))
+        tot: dict[int, float] = {}
+        tokens_per_layer: dict[int, int] = {}
+        ratios = []
+        for n_tok, il, key, used in calls:
+            _il, nodes, table = tables[key]
+            vals = table[used].sum(0)
+            total = float(vals.sum())
+            if total:
+                ratios.append(float(vals.max()) * len(vals) / total)
+            tokens_per_layer[il] = tokens_per_layer.get(il, 0) + n_tok
+            for nd, b in zip(nodes, vals.tolist()):
+                tot[nd] = tot.get(nd, 0.0) + b
         n_tokens = max(tokens_per_layer.values(), default=0)
-        node_bytes = {n: b / n_tokens for n, b in tot.items()} if n_tokens else {}
+        node_bytes = {nd: b / n_tokens for nd, b in tot.items()} if n_tokens else {}
         return RoutingSnapshot(window, hits, node_bytes, layers,
                                sum(ratios) / len(ratios) if ratios else 1.0)
 
@@ -150,8 +162,7 @@ class RoutingStats:
         """Forget the window (and the bytes per expert: after a switch they come from other nodes)."""
         with self._lock:
             self._tables = {}
-            for row in self._hits:
-                row[:] = [0] * self.n_expert
-            for q in self._recent:
-                q.clear()
-            self._bytes.clear()
+            self._ring = [None] * self.n_layer
+            self._filled = [0] * self.n_layer
+            self._pos = [0] * self.n_layer
+            self._calls.clear()

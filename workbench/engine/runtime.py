@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Protocol, Sequence
@@ -33,6 +34,7 @@ from .crew import C_OWNER, C_SPAN, C_TASK, T_OUT, T_OUTOFF, T_XROW, TASK_FIELDS,
 from .attention import one_token_attention, token_window
 from .expert_token import GELU, SILU, expert_runner, routed_runner
 from .token_attention import block_runner
+from .token_layer import layer_runner
 from .gating import Gating
 from .gguf_file import GGUFFile, ModelLoadError, TensorInfo
 from .kv_cache import KVCache
@@ -194,6 +196,55 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
     return a.shape == b.shape and a.ctypes.data == b.ctypes.data
 
 
+@dataclass(frozen=True)
+class AttentionSpec:
+    """A layer's attention sub-layer as `Runtime.attention_token` / `layer_token` take it: tensor
+    names, (n_head, n_kv, head_dim, head_dim_v), sliding window (0: none), score scale, biases (q, k,
+    v, output; size 0: none), q/k norm weights, norm epsilon, NEOX RoPE, queries prescaled."""
+    qkv: tuple[str, str, str]
+    output: str
+    shape: tuple[int, int, int, int]
+    window: int
+    scale: float
+    biases: tuple[np.ndarray, ...]
+    q_norm: np.ndarray
+    k_norm: np.ndarray
+    eps: float
+    neox: bool
+    prescale: bool
+
+
+@dataclass(frozen=True)
+class RoutedSpec:
+    """A layer's routed FFN as `Runtime.routed_token` / `layer_token` take it (gate None: `up` is a
+    fused gate_up tensor)."""
+    router: str
+    gating: Gating
+    gate: str | None
+    up: str
+    down: str
+    activation: str = "silu"
+
+
+@dataclass
+class _TokenParts:
+    """A compiled one-token sub-layer and its arguments that stay from token to token: `head` (and
+    for attention `mid`, `win`, `tail`) around the per-token ones; `o` its output."""
+    fn: Callable
+    n_in: int
+    head: tuple
+    mid: tuple
+    win: tuple
+    tail: tuple
+    o: np.ndarray
+
+
+@dataclass
+class _Cached:
+    lead: Callable
+    ready: _TokenParts | None
+
+
 @dataclass
 class _Group:
     """The products of one `linear` call, resolved once per layout."""
@@ -227,6 +278,10 @@ class Runtime(AttentionPaths):
         self._eplans: dict[tuple[str, int], list[tuple[np.ndarray, int, int, int]]] = {}
         self._eblocks: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._etoken: dict[tuple, tuple] = {}  # (gate, up, down) -> compiled one-token expert FFN
+        # a decoded token's compiled sub-layers with their fixed arguments: per KV cache (attention)
+        # and per tensors (routed FFN), remade when the layout or the crew changes
+        self._tparts: "weakref.WeakKeyDictionary[KVCache, dict]" = weakref.WeakKeyDictionary()
+        self._rparts: dict[tuple, _Cached] = {}
         self._leading = False
         self._crew: Crew | None = None
         self.routing = None  # RoutingStats of a mixture-of-experts model (set by the engine)
@@ -301,6 +356,8 @@ class Runtime(AttentionPaths):
         self._eplans.clear()
         self._eblocks.clear()
         self._etoken.clear()
+        self._tparts = weakref.WeakKeyDictionary()
+        self._rparts.clear()
 
     # -- products ----------------------------------------------------------------
     @contextmanager
@@ -477,32 +534,55 @@ class Runtime(AttentionPaths):
         head_dim, head_dim_v). Returns o [1, n_embd], the same bits as the general path; None when
         there is no such call here (several tokens, no crew, float weights, a cache split between
         nodes): the caller takes the general path."""
-        if h.shape[0] != 1 or not self._crewing or kv.n_workers != 1:
+        if h.shape[0] != 1 or not self._crewing:
             return None
-        g_qkv, g_out = self._group(qkv), self._group((output,))
-        run_qkv, run_out = self._token_runner(g_qkv), self._token_runner(g_out)
-        if run_qkv is None or run_out is None:
+        parts = self._attention_parts(AttentionSpec(qkv, output, shape, window, scale, tuple(biases), q_norm, k_norm,
+                                                    eps, neox, prescale), kv, il)
+        if parts is None:
             return None
-        if h.shape[1] != g_qkv.ne0:
-            raise ValueError(f"input width {h.shape[1]} != row length {g_qkv.ne0}")
+        if h.shape[1] != parts.n_in:
+            raise ValueError(f"input width {h.shape[1]} != row length {parts.n_in}")
         crew = self._crew
-        n_head, n_kv, hd, hdv = shape
-        keys, values = self._token_jobs(kv, il, n_head // n_kv)
         start, base = token_window(pos0, window)
-        b = biases
-        q = np.empty((n_head, hd), dtype=np.float32)
-        k = np.empty((n_kv, hd), dtype=np.float32)
-        v = np.empty((n_kv, hdv), dtype=np.float32)
-        o = np.empty((1, g_out.rows[0]), dtype=np.float32)
-        jq, jo = g_qkv.job, g_out.job
-        if not block_runner(run_qkv, one_token_attention(crew.lead), run_out)(
-                crew.ctl, crew.n_workers, np.ascontiguousarray(h[0], dtype=np.float32),
-                (jq.tasks, jq.chunks, jq.n_owned), q, k, v, b[0], b[1], b[2], q_norm, k_norm, eps, rope, neox,
-                prescale, keys, values, kv.k[il][0], kv.v[il][0], pos0, window, scale, start, base, kv.cap,
-                (jo.tasks, jo.chunks, jo.n_owned), o[0], b[3]):
+        if not parts.fn(crew.ctl, crew.n_workers, np.ascontiguousarray(h[0], dtype=np.float32), *parts.head, rope,
+                        *parts.mid, pos0, *parts.win, start, base, *parts.tail):
             crew.stop()
             raise CrewError("a worker failed during attention")
-        return o
+        return parts.o.copy()
+
+    def _attention_parts(self, spec: "AttentionSpec", kv: KVCache, il: int) -> "_TokenParts | None":
+        """The compiled attention sub-layer of `spec` on layer il of `kv` with every argument that
+        does not change from token to token (job tables, outputs, norms), made once per layout and
+        cache; None when that layer has no such call (float weights, a cache split between nodes)."""
+        if kv.n_workers != 1:
+            return None
+        per_kv = self._tparts.get(kv)
+        if per_kv is None:
+            per_kv = self._tparts[kv] = {}
+        crew = self._crew
+        key = (spec.qkv, spec.output, il)
+        parts = per_kv.get(key)
+        if parts is not None and parts.lead is crew.lead:
+            return parts.ready
+        g_qkv, g_out = self._group(spec.qkv), self._group((spec.output,))
+        run_qkv, run_out = self._token_runner(g_qkv), self._token_runner(g_out)
+        ready = None
+        if run_qkv is not None and run_out is not None:
+            n_head, n_kv, hd, hdv = spec.shape
+            keys, values = self._token_jobs(kv, il, n_head // n_kv)
+            q = np.empty((n_head, hd), dtype=np.float32)
+            k = np.empty((n_kv, hd), dtype=np.float32)
+            v = np.empty((n_kv, hdv), dtype=np.float32)
+            o = np.empty((1, g_out.rows[0]), dtype=np.float32)
+            b = spec.biases
+            jq, jo = g_qkv.job, g_out.job
+            ready = _TokenParts(
+                block_runner(run_qkv, one_token_attention(crew.lead), run_out), g_qkv.ne0,
+                ((jq.tasks, jq.chunks, jq.n_owned), q, k, v, b[0], b[1], b[2], spec.q_norm, spec.k_norm, spec.eps),
+                (spec.neox, spec.prescale, keys, values, kv.k[il][0], kv.v[il][0]),
+                (spec.window, spec.scale), (kv.cap, (jo.tasks, jo.chunks, jo.n_owned), o[0], b[3]), o)
+        per_kv[key] = _Cached(crew.lead, ready)
+        return ready
 
     def _products(self, group: _Group, x: np.ndarray) -> tuple[list[np.ndarray], list[tuple]]:
         """Fresh outputs of a group, and its inputs prepared (once per distinct vec_dot type)."""
@@ -724,31 +804,78 @@ class Runtime(AttentionPaths):
         without a compiled path): the caller routes and calls `moe`."""
         if h.shape[0] != 1 or not self._crewing:
             return None
-        rgroup = self._group((router,))
-        if rgroup.prep_types != [kernels.F32]:
-            return None
-        entry = self._token_experts(gate, up, down)
-        if entry is None:
+        parts = self._routed_parts(RoutedSpec(router, gating, gate, up, down, activation))
+        if parts is None:
             return None
         crew = self._crew
-        if rgroup.job is None:
-            rgroup.job = self._crew_job(rgroup)
-        _lead, runner, (gu_t3, gu_c3, gu_w), (d_t3, d_c3, d_w), _r, _n = entry
-        k = gating.k
-        g, u, act, d, out, n_ff = self._token_scratch(entry, k, gate is None)
-        ids = np.empty(k, dtype=np.int64)
-        wts = np.empty(k, dtype=np.float32)
-        logits = np.empty(rgroup.rows[0], dtype=np.float32)
-        job = rgroup.job
-        if not routed_runner(crew.lead, runner)(crew.ctl, crew.n_workers, np.ascontiguousarray(h, dtype=np.float32), job.tasks, job.chunks,
-                         job.n_owned, logits, gating.kind, k, gating.bias, gating.n_groups, gating.n_group_used,
-                         gating.norm, gating.scale, ids, wts, gu_t3, gu_c3, gu_w, d_t3, d_c3, d_w, g, u, act, d,
-                         out[0], n_ff, GELU if activation == "gelu" else SILU, ops.GELU_F16):
+        if not parts.fn(crew.ctl, crew.n_workers, np.ascontiguousarray(h, dtype=np.float32), *parts.head):
             crew.stop()
             raise CrewError("a worker failed during an expert product")
+        self._record_routing(parts)
+        return parts.o.copy()
+
+    def _record_routing(self, parts: "_TokenParts") -> None:
         if self.routing is not None:
-            self.routing.record(up, ids[None], tuple(n for n in (gate, up, down) if n))
-        return out
+            ids, names = parts.mid
+            self.routing.record(names[-2], ids[None], names)
+
+    def _routed_parts(self, spec: "RoutedSpec") -> "_TokenParts | None":
+        """`routed_runner` of `spec` with every argument that does not change from token to token
+        (job tables, gating, scratch, outputs), made once per layout; None when there is no such
+        call (a router that is not float32, experts without a compiled path)."""
+        crew = self._crew
+        key = (spec.router, spec.gate, spec.up, spec.down)
+        cached = self._rparts.get(key)
+        if cached is not None and cached.lead is crew.lead:
+            return cached.ready
+        ready = None
+        rgroup = self._group((spec.router,))
+        entry = self._token_experts(spec.gate, spec.up, spec.down) if rgroup.prep_types == [kernels.F32] else None
+        if entry is not None:
+            if rgroup.job is None:
+                rgroup.job = self._crew_job(rgroup)
+            _lead, runner, (gu_t3, gu_c3, gu_w), (d_t3, d_c3, d_w), _r, _n = entry
+            g_ = spec.gating
+            k = g_.k
+            g, u, act, d, out, n_ff = self._token_scratch(entry, k, spec.gate is None)
+            ids = np.empty(k, dtype=np.int64)
+            wts = np.empty(k, dtype=np.float32)
+            logits = np.empty(rgroup.rows[0], dtype=np.float32)
+            job = rgroup.job
+            names = tuple(n for n in (spec.gate, spec.up, spec.down) if n)
+            ready = _TokenParts(
+                routed_runner(crew.lead, runner), rgroup.ne0,
+                (job.tasks, job.chunks, job.n_owned, logits, g_.kind, k, g_.bias, g_.n_groups, g_.n_group_used,
+                 g_.norm, g_.scale, ids, wts, gu_t3, gu_c3, gu_w, d_t3, d_c3, d_w, g, u, act, d, out[0], n_ff,
+                 GELU if spec.activation == "gelu" else SILU, ops.GELU_F16),
+                (ids, names), (), (), out)
+        self._rparts[key] = _Cached(crew.lead, ready)
+        return ready
+
+    def layer_token(self, x: np.ndarray, h: np.ndarray, attention: "AttentionSpec", kv: KVCache, il: int,
+                    pos0: int, rope: np.ndarray, ffn_norm: np.ndarray, ffn: "RoutedSpec", next_norm: np.ndarray,
+                    eps: float) -> np.ndarray | None:
+        """A decoded token's whole layer in one compiled call (`token_layer`): the attention
+        sub-layer of `attention` on normed input h, x += its output, the `ffn_norm` norm, the routed
+        FFN `ffn`, x += its output; returns x normed by `next_norm` (the next layer's input norm),
+        the same bits as the calls one by one. x is updated in place. None when either half has no
+        compiled call here: the caller runs the layer step by step."""
+        if h.shape[0] != 1 or not self._crewing:
+            return None
+        a = self._attention_parts(attention, kv, il)
+        f = self._routed_parts(ffn) if a is not None else None
+        if f is None:
+            return None
+        crew = self._crew
+        fn = layer_runner(a.fn, f.fn)
+        start, base = token_window(pos0, attention.window)
+        hn = np.empty_like(x)
+        if not fn(crew.ctl, crew.n_workers, x, np.ascontiguousarray(h, dtype=np.float32), a.head, rope, a.mid, pos0,
+                  a.win, start, base, a.tail, a.o, ffn_norm, f.head, f.o, next_norm, eps, hn):
+            crew.stop()
+            raise CrewError("a worker failed during a layer")
+        self._record_routing(f)
+        return hn
 
     def _expert_products(self, names: tuple[str, ...], x: np.ndarray, groups: list, m_out: int
                          ) -> list[np.ndarray]:

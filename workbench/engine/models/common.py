@@ -17,7 +17,7 @@ from .. import ops
 from ..config import ModelConfig
 from ..gguf_file import ModelLoadError
 from ..kv_cache import KVCache
-from ..runtime import Runtime
+from ..runtime import AttentionSpec, Runtime
 
 _EMPTY = np.zeros(0, dtype=np.float32)
 
@@ -44,6 +44,7 @@ class Decoder:
         self._check_tensors()
         self.freq_factors = rt.f32("rope_freqs.weight") if rt.has("rope_freqs.weight") else _EMPTY
         self._extras: dict[int, tuple] = {}
+        self._specs: dict[int, AttentionSpec] = {}
 
     # -- structure -------------------------------------------------------------
     def layer_tensors(self, il: int) -> list[str]:
@@ -187,6 +188,18 @@ class Decoder:
                 opt("attn_q_norm.weight") if self.qk_norm else _EMPTY,
                 opt("attn_k_norm.weight") if self.qk_norm else _EMPTY)
         return got
+
+    def attention_spec(self, il: int) -> AttentionSpec:
+        """Layer il's attention as the runtime's one-token calls take it (made once per layer)."""
+        spec = self._specs.get(il)
+        if spec is None:
+            c, p = self.cfg, f"blk.{il}."
+            biases, qn, kn = self._attn_extras(il)
+            spec = self._specs[il] = AttentionSpec(
+                (p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"), p + "attn_output.weight",
+                (c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v), c.layer_window(il), c.attn_scale, biases, qn, kn,
+                c.norm_eps, c.rope_neox, self.prescale_query)
+        return spec
 
     def attention(self, il: int, h: np.ndarray, kv: KVCache, pos0: int, positions: np.ndarray,
                   ropes: dict) -> np.ndarray:

@@ -15,7 +15,7 @@ from ..config import ModelConfig
 from ..gating import SIGMOID, SOFTMAX, Gating, gate, route
 from ..gguf_file import ModelLoadError
 from ..kv_cache import KVCache
-from ..runtime import Runtime
+from ..runtime import RoutedSpec, Runtime
 from .common import Decoder
 
 
@@ -34,6 +34,8 @@ class MoEDecoder(Decoder):
         if not cfg.n_ff_exp:
             cfg.n_ff_exp = cfg.n_ff
         self._gatings: dict[int, Gating] = {}
+        self._routed: dict[int, RoutedSpec | None] = {}
+        self._steps: dict[int, tuple | bool] = {}  # per layer: layer_token's fixed arguments, or False
         super().__init__(cfg, rt)
 
     # -- structure -------------------------------------------------------------------
@@ -123,6 +125,38 @@ class MoEDecoder(Decoder):
             out = out + s
         return out
 
+    def routed_spec(self, il: int) -> RoutedSpec | None:
+        """Layer il's routed FFN as the runtime's one-token calls take it (made once per layer);
+        None for a dense layer or one with shared experts."""
+        if il not in self._routed:
+            p = f"blk.{il}."
+            spec = None
+            if self.is_moe_layer(il) and not self.rt.has(p + "ffn_up_shexp.weight"):
+                fused = self.fused_gate_up(il)
+                spec = RoutedSpec(p + "ffn_gate_inp.weight", self.gating(il), None if fused else p + "ffn_gate_exps.weight",
+                                  p + ("ffn_gate_up_exps.weight" if fused else "ffn_up_exps.weight"),
+                                  p + "ffn_down_exps.weight", self.activation)
+            self._routed[il] = spec
+        return self._routed[il]
+
+    def _layer_token(self, il: int, x: np.ndarray, h: np.ndarray, kv: KVCache, pos0: int, positions: np.ndarray,
+                     ropes: dict) -> np.ndarray | None:
+        """A decoded token's layer il in one runtime call (attention, residuals, norms, routed FFN):
+        the next layer's normed input, or None (this family's own attention, a dense or shared-expert
+        FFN, no compiled call): the caller runs the layer step by step."""
+        step = self._steps.get(il)
+        if step is None:
+            rt = self.rt
+            ffn = self.routed_spec(il) if type(self).attention is Decoder.attention else None
+            step = self._steps[il] = False if ffn is None else (
+                self.attention_spec(il), il - self.layers.start, rt.f32(f"blk.{il}.ffn_norm.weight"), ffn,
+                rt.f32(self._next_norm(il)), self.cfg.norm_eps)
+        if step is False:
+            return None
+        attn, at, ffn_norm, ffn, next_norm, eps = step
+        return self.rt.layer_token(x, h, attn, kv, at, pos0, self._rope(il, positions, ropes), ffn_norm, ffn,
+                                   next_norm, eps)
+
     def _forward(self, ids: np.ndarray, kv: KVCache, logit_rows: slice | None) -> np.ndarray:
         c = self.cfg
         n = len(ids)
@@ -134,7 +168,14 @@ class MoEDecoder(Decoder):
         positions = np.arange(pos0, pos0 + n, dtype=np.int64)
         ropes: dict = {}
         h = self.norm(x, f"blk.{self.layers.start}.attn_norm.weight")
+        # a decoded token whose logits row is its own: whole layers in one call where there is one
+        one = n == 1 and not tap and (logit_rows is None or len(range(*logit_rows.indices(1))) == 1)
         for il in self.layers:
+            if one:
+                hn = self._layer_token(il, x, h, kv, pos0, positions, ropes)
+                if hn is not None:
+                    h = hn
+                    continue
             p = f"blk.{il}."
             if tap:
                 tap(f"attn_norm-{il}", h)
