@@ -18,11 +18,11 @@ from workbench.engine.engine import Placement
 PROMPT = [5, 17, 29, 3, 41]
 
 
-def _decode(path: str, threads: int, compiled: bool, n: int = 14, layers: bool = True, by: dict | None = None
-            ) -> tuple[list[np.ndarray], int]:
+def _decode(path: str, threads: int, compiled: bool, n: int = 14, layers: bool = True, by: dict | None = None,
+            tokens: bool = True) -> tuple[list[np.ndarray], int]:
     """Logits of a prompt and n decoded tokens, and how many layers took a compiled call (the
-    attention sub-layer's, or a MoE layer's whole; `layers` False: not the latter); `by` gets the
-    count per call."""
+    attention sub-layer's, or a MoE layer's whole; `layers` False: not the latter; `tokens` False:
+    not a token's every layer at once); `by` gets the count per call."""
     eng = Engine.load(path, placement=Placement(threads=threads))
     by = {} if by is None else by
     try:
@@ -42,6 +42,7 @@ def _decode(path: str, threads: int, compiled: bool, n: int = 14, layers: bool =
             setattr(rt, name, spy)
         spy_on("attention_token", compiled)
         spy_on("layer_token", compiled and layers)
+        spy_on("token_layers", compiled and layers and tokens)
         s = eng.new_session(64)
         out = [s.eval(PROMPT).copy()]
         for i in range(n):
@@ -68,17 +69,20 @@ def test_compiled_attention_equals_general_path(tmp_path, arch, qtype, threads):
 @pytest.mark.parametrize("fused,qtype", [(False, T.Q4_K), (True, T.Q8_0)])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_whole_moe_layer_in_one_call_equals_its_sub_layers(tmp_path, fused, qtype, threads):
-    """`Runtime.layer_token` (attention, residual adds, norms and the routed FFN in one compiled
-    call) gives the same logits to the bit as the sub-layers' own calls and as the general path,
-    with separate and fused gate/up experts; every layer of every decoded token takes it."""
+    """`Runtime.token_layers` (a token's every layer in one compiled call) and `layer_token`
+    (attention, residual adds, norms and the routed FFN of one layer) give the same logits to the bit
+    as the sub-layers' own calls and as the general path, with separate and fused gate/up experts;
+    every decoded token takes the one call."""
     path = tmp_path / "moe.gguf"
     write_tiny_model(path, TinySpec(arch="qwen3moe", qtype=qtype, n_layer=3, seed=4, n_expert=8, n_expert_used=2,
                                     n_ff=256, n_ff_exp=256, fuse_gate_up=fused))
-    calls: dict = {}
-    whole, taken = _decode(str(path), threads, True, by=calls)
+    calls, per_layer = {}, {}
+    token, _ = _decode(str(path), threads, True, by=calls)
+    whole, _ = _decode(str(path), threads, True, by=per_layer, tokens=False)
     parts, taken_parts = _decode(str(path), threads, True, layers=False)
     general, none = _decode(str(path), threads, False)
-    assert calls == {"layer_token": 14 * 3}  # (attention_token was not called)
+    assert calls == {"token_layers": 14}  # (one call a token: the other two were not called)
+    assert per_layer == {"layer_token": 14 * 3}
     assert taken_parts == 14 * 3 and none == 0
-    for a, b, c in zip(whole, parts, general):
-        assert np.array_equal(a, b) and np.array_equal(a, c)
+    for a, b, c, d in zip(token, whole, parts, general):
+        assert np.array_equal(a, b) and np.array_equal(a, c) and np.array_equal(a, d)

@@ -31,10 +31,10 @@ from . import kernels
 from . import ops
 from .attention import AttentionPaths
 from .crew import C_OWNER, C_SPAN, C_TASK, T_OUT, T_OUTOFF, T_XROW, TASK_FIELDS, Crew, CrewError, Job, Table, product_runner
-from .attention import one_token_attention, token_window
+from .attention import SKIP_SLID_VALUES, one_token_attention, token_window
 from .expert_token import GELU, SILU, expert_runner, routed_runner
 from .token_attention import block_runner
-from .token_layer import layer_runner
+from .token_layer import layer_runner, token_runner
 from .gating import Gating
 from .gguf_file import GGUFFile, ModelLoadError, TensorInfo
 from .kv_cache import KVCache
@@ -876,6 +876,57 @@ class Runtime(AttentionPaths):
             raise CrewError("a worker failed during a layer")
         self._record_routing(f)
         return hn
+
+    def token_layers(self, x: np.ndarray, h: np.ndarray, steps: Sequence[tuple], kv: KVCache, pos0: int,
+                     rope: np.ndarray) -> np.ndarray | None:
+        """A decoded token's layers in one compiled call (`token_layer.token_runner`): for each step
+        (AttentionSpec, layer in the cache, ffn norm weight, RoutedSpec, next norm weight, eps) what
+        `layer_token` does, the layers' fixed arguments kept per cache as a typed list; x is updated
+        in place; returns the last layer's output normed by its next norm. None when a layer has
+        no compiled call or the layers' calls differ (tensor types): the caller goes layer by layer."""
+        if h.shape[0] != 1 or not self._crewing:
+            return None
+        crew = self._crew
+        per_kv = self._tparts.get(kv)
+        if per_kv is None:
+            per_kv = self._tparts[kv] = {}
+        key = ("token", tuple(s[1] for s in steps))
+        cached = per_kv.get(key)
+        if cached is None or cached.lead is not crew.lead:
+            cached = per_kv[key] = _Cached(crew.lead, self._token_layers(steps, kv))
+        if cached.ready is None:
+            return None
+        fn, layers, routed, h_last = cached.ready
+        if not fn(crew.ctl, crew.n_workers, x, np.ascontiguousarray(h, dtype=np.float32), layers, rope, pos0,
+                  SKIP_SLID_VALUES):
+            crew.stop()
+            raise CrewError("a worker failed during a token's layers")
+        for f in routed:
+            self._record_routing(f)
+        return h_last.copy()
+
+    def _token_layers(self, steps: Sequence[tuple], kv: KVCache) -> tuple | None:
+        from numba.typed import List
+        fns, layers, routed = set(), [], []
+        for attention, il, ffn_norm, ffn, next_norm, eps in steps:
+            a = self._attention_parts(attention, kv, il)
+            f = self._routed_parts(ffn) if a is not None else None
+            if f is None:
+                return None
+            fns.add((a.fn, f.fn))
+            routed.append(f)
+            layers.append((a.head, a.mid, int(attention.window), float(attention.scale), a.tail, a.o, ffn_norm,
+                           f.head, f.o, next_norm, float(eps), np.empty_like(f.o)))
+        if len(fns) != 1:
+            return None
+        typed = List()
+        try:
+            for layer in layers:
+                typed.append(layer)
+        except Exception:  # the layers' arguments differ in type (numba.core.errors.TypingError)
+            return None
+        (attn, ffn), = fns
+        return token_runner(attn, ffn), typed, routed, layers[-1][-1]
 
     def _expert_products(self, names: tuple[str, ...], x: np.ndarray, groups: list, m_out: int
                          ) -> list[np.ndarray]:

@@ -47,3 +47,35 @@ def layer_runner(attn: Callable, ffn: Callable) -> Callable:
 
     _LAYERS[key] = fn
     return fn
+
+
+_TOKENS: dict = {}
+
+
+def token_runner(attn: Callable, ffn: Callable) -> Callable:
+    """A decoded token's every layer in one compiled call: `layer_runner`'s steps in a loop over a
+    typed list of the layers' fixed arguments (unboxed once per token, not once per layer: a
+    layer's ~50 arrays cost ~20 us to pass from Python), the attention window computed here."""
+    key = (attn, ffn)
+    fn = _TOKENS.get(key)
+    if fn is not None:
+        return fn
+    layer = layer_runner(attn, ffn)
+
+    @numba.njit(**_NB)
+    def fn(ctl, n_workers, x, h, layers, rope, pos0, skip_slid):
+        """x [1, n_embd] (the residual, updated in place), h its normed value entering the first
+        layer; each layer's h_next receives its output normed by the next norm. False if a
+        worker failed."""
+        for i in range(len(layers)):
+            a_head, a_mid, window, scale, a_tail, o, ffn_norm, f_args, f_out, next_norm, eps, h_next = layers[i]
+            start = max(pos0 - window + 1, 0) if window else 0
+            base = start // 64 * 64 if skip_slid else 0
+            if not layer(ctl, n_workers, x, h, a_head, rope, a_mid, pos0, (window, scale), start, base, a_tail, o,
+                         ffn_norm, f_args, f_out, next_norm, eps, h_next):
+                return False
+            h = h_next
+        return True
+
+    _TOKENS[key] = fn
+    return fn

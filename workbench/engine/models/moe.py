@@ -36,6 +36,7 @@ class MoEDecoder(Decoder):
         self._gatings: dict[int, Gating] = {}
         self._routed: dict[int, RoutedSpec | None] = {}
         self._steps: dict[int, tuple | bool] = {}  # per layer: layer_token's fixed arguments, or False
+        self._all_steps: list | None = None        # every layer's, when all have one (else [])
         super().__init__(cfg, rt)
 
     # -- structure -------------------------------------------------------------------
@@ -139,11 +140,23 @@ class MoEDecoder(Decoder):
             self._routed[il] = spec
         return self._routed[il]
 
-    def _layer_token(self, il: int, x: np.ndarray, h: np.ndarray, kv: KVCache, pos0: int, positions: np.ndarray,
-                     ropes: dict) -> np.ndarray | None:
-        """A decoded token's layer il in one runtime call (attention, residuals, norms, routed FFN):
-        the next layer's normed input, or None (this family's own attention, a dense or shared-expert
-        FFN, no compiled call): the caller runs the layer step by step."""
+    def _token_layers(self, x: np.ndarray, h: np.ndarray, kv: KVCache, pos0: int, positions: np.ndarray,
+                      ropes: dict) -> np.ndarray | None:
+        """A decoded token's layers in one runtime call when every layer has one (`_layer_token`)
+        and they share one RoPE base; else None."""
+        steps = self._all_steps
+        if steps is None:
+            for il in self.layers:
+                self._layer_token_step(il)
+            bases = {self.cfg.layer_rope_base(il) for il in self.layers}
+            ok = len(bases) == 1 and all(self._steps[il] is not False for il in self.layers)
+            steps = self._all_steps = [self._steps[il] for il in self.layers] if ok else []
+        if not steps:
+            return None
+        return self.rt.token_layers(x, h, steps, kv, pos0, self._rope(self.layers.start, positions, ropes))
+
+    def _layer_token_step(self, il: int) -> tuple | bool:
+        """layer_token's fixed arguments of layer il (made once), or False: no such call."""
         step = self._steps.get(il)
         if step is None:
             rt = self.rt
@@ -151,6 +164,14 @@ class MoEDecoder(Decoder):
             step = self._steps[il] = False if ffn is None else (
                 self.attention_spec(il), il - self.layers.start, rt.f32(f"blk.{il}.ffn_norm.weight"), ffn,
                 rt.f32(self._next_norm(il)), self.cfg.norm_eps)
+        return step
+
+    def _layer_token(self, il: int, x: np.ndarray, h: np.ndarray, kv: KVCache, pos0: int, positions: np.ndarray,
+                     ropes: dict) -> np.ndarray | None:
+        """A decoded token's layer il in one runtime call (attention, residuals, norms, routed FFN):
+        the next layer's normed input, or None (this family's own attention, a dense or shared-expert
+        FFN, no compiled call): the caller runs the layer step by step."""
+        step = self._layer_token_step(il)
         if step is False:
             return None
         attn, at, ffn_norm, ffn, next_norm, eps = step
@@ -170,6 +191,11 @@ class MoEDecoder(Decoder):
         h = self.norm(x, f"blk.{self.layers.start}.attn_norm.weight")
         # a decoded token whose logits row is its own: whole layers in one call where there is one
         one = n == 1 and not tap and (logit_rows is None or len(range(*logit_rows.indices(1))) == 1)
+        if one:
+            hn = self._token_layers(x, h, kv, pos0, positions, ropes)
+            if hn is not None:
+                kv.n = pos0 + n
+                return self._output(x, hn)
         for il in self.layers:
             if one:
                 hn = self._layer_token(il, x, h, kv, pos0, positions, ropes)
