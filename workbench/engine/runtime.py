@@ -34,7 +34,7 @@ from .crew import C_OWNER, C_SPAN, C_TASK, T_OUT, T_OUTOFF, T_XROW, TASK_FIELDS,
 from .attention import SKIP_SLID_VALUES, one_token_attention, token_window
 from .expert_token import GELU, SILU, expert_runner, routed_runner
 from .token_attention import block_runner
-from .token_layer import layer_runner, token_runner
+from .token_layer import layer_runner, token_runner, typed_layers
 from .gating import Gating
 from .gguf_file import GGUFFile, ModelLoadError, TensorInfo
 from .kv_cache import KVCache
@@ -906,7 +906,6 @@ class Runtime(AttentionPaths):
         return h_last.copy()
 
     def _token_layers(self, steps: Sequence[tuple], kv: KVCache) -> tuple | None:
-        from numba.typed import List
         fns, layers, routed = set(), [], []
         for attention, il, ffn_norm, ffn, next_norm, eps in steps:
             a = self._attention_parts(attention, kv, il)
@@ -919,11 +918,9 @@ class Runtime(AttentionPaths):
                            f.head, f.o, next_norm, float(eps), np.empty_like(f.o)))
         if len(fns) != 1:
             return None
-        typed = List()
         try:
-            for layer in layers:
-                typed.append(layer)
-        except Exception:  # the layers' arguments differ in type (numba.core.errors.TypingError)
+            typed = typed_layers(tuple(layers))
+        except numba.core.errors.TypingError:  # the layers' arguments differ in type
             return None
         (attn, ffn), = fns
         return token_runner(attn, ffn), typed, routed, layers[-1][-1]

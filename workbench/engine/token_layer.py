@@ -52,6 +52,17 @@ def layer_runner(attn: Callable, ffn: Callable) -> Callable:
 _TOKENS: dict = {}
 
 
+@numba.njit(**_NB)
+def typed_layers(layers):
+    """A typed list of the layers' argument tuples (all of one type), made in compiled code: made
+    from Python, each append compiles numba's list methods for the item type in every process
+    (1.9 s before a model's first decoded token); here they come from the disk cache."""
+    out = numba.typed.List()
+    for i in range(len(layers)):
+        out.append(layers[i])
+    return out
+
+
 def token_runner(attn: Callable, ffn: Callable) -> Callable:
     """A decoded token's every layer in one compiled call: `layer_runner`'s steps in a loop over a
     typed list of the layers' fixed arguments (unboxed once per token, not once per layer: a
