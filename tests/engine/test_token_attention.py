@@ -61,7 +61,8 @@ def test_compiled_attention_equals_general_path(tmp_path, arch, qtype, threads):
     write_tiny_model(path, TinySpec(arch=arch, qtype=qtype, n_layer=2, seed=11, **extra))
     fast, taken = _decode(str(path), threads, True)
     slow, none = _decode(str(path), threads, False)
-    assert none == 0 and taken == 14 * 2  # every decoded token's every layer took one call
+    # every decoded token's every layer took one call (a MoE token: one call for all its layers)
+    assert none == 0 and taken == (14 if arch == "qwen3moe" else 14 * 2)
     for a, b in zip(fast, slow):
         assert a.dtype == np.float32 and np.array_equal(a, b)
 
