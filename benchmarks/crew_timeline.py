@@ -27,6 +27,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from workbench.engine import Engine, kernels  # noqa: E402
+from workbench.engine.crew import TRACE_LEAD_N  # noqa: E402
 from workbench.engine.engine import Placement, default_model_path  # noqa: E402
 
 
@@ -52,7 +53,7 @@ def main() -> None:
         t = time.perf_counter_ns()
         s.eval([200 + i])
         walls.append(time.perf_counter_ns() - t)
-        bounds.append(int(crew.ctl[28]) // 4)
+        bounds.append(int(crew.ctl[TRACE_LEAD_N]) // 4)
     lead, work = crew.stop_trace().records
     if len(lead) < bounds[-1]:
         sys.exit("the trace log filled up: lower -n")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from workbench.engine import kernels as K
-from workbench.engine.crew import Crew, CrewError, Job
+from workbench.engine.crew import TRACE_LEAD, Crew, CrewError, Job
 from workbench.numa import WorkerPool
 
 TYPES = [K.F32, K.F16, K.BF16, K.Q8_0, K.Q4_0, K.Q5_0, K.Q4_1, K.Q5_1, K.Q4_K, K.Q5_K, K.Q6_K]
@@ -182,4 +182,4 @@ def test_trace_logs_every_job_of_every_pass(pool, crew):
             crew.run(job, xp, xp, [np.empty(rows, np.float32)])
         finally:
             crew.stop()
-    assert crew.ctl[27] == 0 and trace.records[0].shape == (6, 4)
+    assert crew.ctl[TRACE_LEAD] == 0 and trace.records[0].shape == (6, 4)

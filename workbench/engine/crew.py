@@ -511,6 +511,7 @@ class Crew:
         self.ctl = np.zeros(ACK + 8 * max(n_workers, 1) + 8, dtype=np.int64)
         self.active = False
         self.solo = False
+        self._trace: CrewTrace | None = None
         # `lead` is public for compiled callers that post jobs themselves (attention, runners)
         self._serve, self.lead, _core = _compiled()
 
@@ -565,7 +566,7 @@ class Crew:
         return waited
 
     def trace(self, capacity: int = 1 << 20) -> "CrewTrace":
-        """Log every job from now on (`CrewTrace.read`, `stop_trace`): for each job the caller's
+        """Log every job from now on (until `stop_trace`): for each job the caller's
         post, end of its own part and acknowledgements, and each worker's start and end, in ns
         (`benchmarks/crew_timeline.py` turns them into a per-job table)."""
         t = CrewTrace(np.zeros(capacity, np.int64), np.zeros(capacity, np.int64))
@@ -577,7 +578,7 @@ class Crew:
 
     def stop_trace(self) -> "CrewTrace | None":
         """Stop logging; returns the trace with its records."""
-        t, self._trace = getattr(self, "_trace", None), None
+        t, self._trace = self._trace, None
         if t is not None:
             n_lead, n_work = (min(int(self.ctl[i]), t.lead.shape[0]) // 4 for i in (TRACE_LEAD_N, TRACE_WORK_N))
             t.records = (t.lead[:4 * n_lead].reshape(-1, 4).copy(), t.work[:4 * n_work].reshape(-1, 4).copy())

@@ -229,7 +229,8 @@ class RoutedSpec:
 @dataclass
 class _TokenParts:
     """A compiled one-token sub-layer and its arguments that stay from token to token: `head` (and
-    for attention `mid`, `win`, `tail`) around the per-token ones; `o` its output."""
+    for attention `mid`, `win`, `tail`) around the per-token ones; `o` its output; a routed FFN's
+    `routing`: (its ids output, the expert tensors) for `RoutingStats.record`."""
     fn: Callable
     n_in: int
     head: tuple
@@ -237,6 +238,7 @@ class _TokenParts:
     win: tuple
     tail: tuple
     o: np.ndarray
+    routing: tuple = ()
 
 
 @dataclass
@@ -816,7 +818,7 @@ class Runtime(AttentionPaths):
 
     def _record_routing(self, parts: "_TokenParts") -> None:
         if self.routing is not None:
-            ids, names = parts.mid
+            ids, names = parts.routing
             self.routing.record(names[-2], ids[None], names)
 
     def _routed_parts(self, spec: "RoutedSpec") -> "_TokenParts | None":
@@ -848,7 +850,7 @@ class Runtime(AttentionPaths):
                 (job.tasks, job.chunks, job.n_owned, logits, g_.kind, k, g_.bias, g_.n_groups, g_.n_group_used,
                  g_.norm, g_.scale, ids, wts, gu_t3, gu_c3, gu_w, d_t3, d_c3, d_w, g, u, act, d, out[0], n_ff,
                  GELU if spec.activation == "gelu" else SILU, ops.GELU_F16),
-                (ids, names), (), (), out)
+                (), (), (), out, (ids, names))
         self._rparts[key] = _Cached(crew.lead, ready)
         return ready
 
@@ -906,6 +908,8 @@ class Runtime(AttentionPaths):
         return h_last.copy()
 
     def _token_layers(self, steps: Sequence[tuple], kv: KVCache) -> tuple | None:
+        """`token_layers`' compiled call, its typed list of the layers' fixed arguments, the routed
+        parts (for the routing record) and the last layer's output; None when there is none."""
         fns, layers, routed = set(), [], []
         for attention, il, ffn_norm, ffn, next_norm, eps in steps:
             a = self._attention_parts(attention, kv, il)
