@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import numpy as np
@@ -284,7 +285,9 @@ def test_two_kv_owners_decode_through_the_crew(model_path, eng, monkeypatch):
             monkeypatch.setattr(runtime, "USE_CREW", False)
             np.testing.assert_array_equal(plain.eval([t]), a)
             monkeypatch.setattr(runtime, "USE_CREW", True)
-        assert two.rt._crew is not None and not two.rt._crew.active  # left after each pass
+        assert two.rt._crew is not None
+        two.rt.release_crew()  # it stays launched between decoded tokens (runtime.LINGER)
+        assert not two.rt._crew.active
         assert two.rt._crew.lead in {key[1] for key in _decoders() if isinstance(key, tuple)}  # owners' path ran
     finally:
         two.close()
@@ -297,18 +300,20 @@ def test_starved_crew_backs_off_to_solo_passes(eng, monkeypatch):
     from workbench.engine import crew as crew_mod
     from workbench.engine import runtime
     assert eng.rt.n_workers > 1
-    orig = crew_mod.Crew.stop
     starts: list[bool] = []
     orig_start = crew_mod.Crew.start
     monkeypatch.setattr(crew_mod.Crew, "start", lambda self, solo=False: starts.append(solo) or orig_start(self, solo))
-    # waits are reported as none (healthy) or 10 s (starved), whatever this machine's load
-    healthy = lambda self: orig(self) * 0.0  # noqa: E731
-    monkeypatch.setattr(crew_mod.Crew, "stop", healthy)
+    # waits are reported as none (healthy) or 10 s a pass (starved), whatever this machine's load:
+    # the runtime reads the crew's wait counter at the start and the end of each pass
+    calls = itertools.count()
+    healthy = lambda self: 0.0  # noqa: E731
+    starved = lambda self: 10.0 * next(calls)  # noqa: E731
+    monkeypatch.setattr(crew_mod.Crew, "waited", healthy)
     eng.rt.crew_backoff, eng.rt._starved, eng.rt._backoff_next = 0, 0, runtime.CREW_BACKOFF
     ref = eng.new_session(256)
     ref_logits = [ref.eval(PROMPT)] + [ref.eval([t]) for t in (5, 6, 7, 8, 9)]
     assert eng.rt.crew_backoff == 0
-    monkeypatch.setattr(crew_mod.Crew, "stop", lambda self: orig(self) + 10.0)  # as if it waited 10 s
+    monkeypatch.setattr(crew_mod.Crew, "waited", starved)  # as if each pass waited 10 s
     s = eng.new_session(512)
     got = [s.eval(PROMPT)]
     for i, t in enumerate((5, 6, 7, 8, 9)):
@@ -325,7 +330,50 @@ def test_starved_crew_backs_off_to_solo_passes(eng, monkeypatch):
         s.eval([10 + t % 50])
     assert eng.rt.crew_backoff == 2 * runtime.CREW_BACKOFF
     # a healthy pass after the back-off resets it
-    monkeypatch.setattr(crew_mod.Crew, "stop", healthy)
+    monkeypatch.setattr(crew_mod.Crew, "waited", healthy)
     for t in range(2 * runtime.CREW_BACKOFF + 1):
         s.eval([10 + t % 50])
     assert eng.rt.crew_backoff == 0 and eng.rt._backoff_next == runtime.CREW_BACKOFF
+
+
+def test_the_crew_stays_launched_between_tokens_and_yields_to_the_pool(eng, monkeypatch):
+    """After a decoded token the crew's workers stay in their compiled loop (no thread hand-off
+    before the next token); any other use of the pool -- another thread asking where the workers
+    run, a prompt -- releases them first, and so does the watchdog once no token came for
+    LINGER_IDLE. Logits do not change whichever way the crew was started."""
+    import time as _time
+    from workbench.engine import runtime
+    rt = eng.rt
+    assert rt.n_workers > 1
+    ref = eng.new_session(256)
+    ref.eval(PROMPT)
+    monkeypatch.setattr(runtime, "LINGER", False)
+    want = [ref.eval([t]).copy() for t in (5, 6, 7, 8)]
+    assert not rt._crew.active  # released after every pass
+    monkeypatch.setattr(runtime, "LINGER", True)
+    monkeypatch.setattr(runtime, "LINGER_IDLE", 3600.0)  # the watchdog stays out of the first part
+    s = eng.new_session(256)
+    s.eval(PROMPT)
+    got = [s.eval([5]).copy()]
+    crew = rt._crew
+    assert crew.active and rt._lingering
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(eng.pool.check()))
+    t.start()
+    t.join(timeout=30)
+    assert not t.is_alive() and len(seen[0]) == rt.n_workers  # the other thread got the workers
+    assert not crew.active and not rt._lingering
+    got.append(s.eval([6]).copy())
+    assert crew.active
+    s2 = eng.new_session(256)
+    s2.eval(PROMPT)  # a prompt's pass uses the pool its own way: the crew leaves first
+    assert not crew.active
+    got.append(s.eval([7]).copy())
+    monkeypatch.setattr(runtime, "LINGER_IDLE", 0.05)
+    got.append(s.eval([8]).copy())
+    deadline = _time.monotonic() + 20
+    while crew.active and _time.monotonic() < deadline:
+        _time.sleep(0.01)
+    assert not crew.active and not rt._lingering  # the watchdog released it
+    for a, b in zip(want, got):
+        np.testing.assert_array_equal(a, b)

@@ -224,6 +224,34 @@ def test_activation_quantizers_bit_exact():
             np.testing.assert_array_equal(a, b[0])
 
 
+def test_q8_K_takes_the_first_of_equal_magnitudes_and_rounds_half_to_even():
+    """quantize_q8_K (eight lanes at a time) against ggml's reference: a block's largest magnitude
+    appearing as -m before +m (the first sets the sign of iscale) and the reverse, at the first
+    and the last lane of a block; values whose product lands on .5 (half to even); the +127
+    clamp; an all-zero block; tiny and huge blocks; a strided input; rows of 768 (an expert's
+    down input)."""
+    rng = np.random.default_rng(21)
+    x = rng.standard_normal((6, 768)).astype(np.float32)
+    x[0, 10], x[0, 200] = -4.0, 4.0          # -m first
+    x[1, 10], x[1, 200] = 4.0, -4.0          # +m first
+    x[2, 256], x[2, 511] = -7.5, 7.5         # the block's first and last lanes
+    x[3, 0:256] = 0.0                        # an all-zero block
+    x[3, 256:512] = rng.standard_normal(256).astype(np.float32) * np.float32(1e-30)
+    x[3, 512:768] *= np.float32(1e30)
+    halves = np.array([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5, -126.5], dtype=np.float32)
+    x[4, 0:8] = halves
+    x[4, 8] = np.float32(-127.0)             # iscale = 1: the halves above round as written
+    x[5] = np.float32(3.0)                   # every lane the max: +127 after the -127/3 scale
+    x[5, 1] = np.float32(-3.0)
+    for arr in (x, np.asfortranarray(x)[:, :], x[:, ::1], np.repeat(x, 2, axis=1)[:, ::2]):
+        qs, d, bs = K.prepare(int(T.Q4_K), arr)
+        rq, rd, rb = ref_q8_K(np.ascontiguousarray(arr))
+        np.testing.assert_array_equal(qs, rq)
+        np.testing.assert_array_equal(d, rd)
+        np.testing.assert_array_equal(bs, rb)
+    assert (K.prepare(int(T.Q4_K), x)[0][4, :6] == [0, 2, 2, 0, -2, -2]).all()  # half to even
+
+
 def _check(got, ref, tol, what):
     err = np.abs(got.astype(np.float64) - ref)
     bad = err > tol

@@ -19,10 +19,11 @@ PROMPT = [5, 17, 29, 3, 41]
 
 
 def _decode(path: str, threads: int, compiled: bool, n: int = 14, layers: bool = True, by: dict | None = None,
-            tokens: bool = True) -> tuple[list[np.ndarray], int]:
+            tokens: bool = True, program: bool = True) -> tuple[list[np.ndarray], int]:
     """Logits of a prompt and n decoded tokens, and how many layers took a compiled call (the
     attention sub-layer's, or a MoE layer's whole; `layers` False: not the latter; `tokens` False:
-    not a token's every layer at once); `by` gets the count per call."""
+    not a token's every layer at once; `program` False: not from the token id to the logits);
+    `by` gets the count per call."""
     eng = Engine.load(path, placement=Placement(threads=threads))
     by = {} if by is None else by
     try:
@@ -43,6 +44,7 @@ def _decode(path: str, threads: int, compiled: bool, n: int = 14, layers: bool =
         spy_on("attention_token", compiled)
         spy_on("layer_token", compiled and layers)
         spy_on("token_layers", compiled and layers and tokens)
+        spy_on("token_program", compiled and layers and tokens and program)
         s = eng.new_session(64)
         out = [s.eval(PROMPT).copy()]
         for i in range(n):
@@ -70,20 +72,70 @@ def test_compiled_attention_equals_general_path(tmp_path, arch, qtype, threads):
 @pytest.mark.parametrize("fused,qtype", [(False, T.Q4_K), (True, T.Q8_0)])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_whole_moe_layer_in_one_call_equals_its_sub_layers(tmp_path, fused, qtype, threads):
-    """`Runtime.token_layers` (a token's every layer in one compiled call) and `layer_token`
+    """`Runtime.token_program` (a token from its id to its logits in one compiled call),
+    `token_layers` (a token's every layer in one compiled call) and `layer_token`
     (attention, residual adds, norms and the routed FFN of one layer) give the same logits to the bit
     as the sub-layers' own calls and as the general path, with separate and fused gate/up experts;
     every decoded token takes the one call."""
     path = tmp_path / "moe.gguf"
     write_tiny_model(path, TinySpec(arch="qwen3moe", qtype=qtype, n_layer=3, seed=4, n_expert=8, n_expert_used=2,
                                     n_ff=256, n_ff_exp=256, fuse_gate_up=fused))
-    calls, per_layer = {}, {}
-    token, _ = _decode(str(path), threads, True, by=calls)
+    calls, layer_calls, per_layer = {}, {}, {}
+    program, _ = _decode(str(path), threads, True, by=calls)
+    token, _ = _decode(str(path), threads, True, by=layer_calls, program=False)
     whole, _ = _decode(str(path), threads, True, by=per_layer, tokens=False)
     parts, taken_parts = _decode(str(path), threads, True, layers=False)
     general, none = _decode(str(path), threads, False)
-    assert calls == {"token_layers": 14}  # (one call a token: the other two were not called)
+    assert calls == {"token_program": 14}  # (one call a token: the others were not called)
+    assert layer_calls == {"token_layers": 14}
     assert per_layer == {"layer_token": 14 * 3}
     assert taken_parts == 14 * 3 and none == 0
-    for a, b, c, d in zip(token, whole, parts, general):
-        assert np.array_equal(a, b) and np.array_equal(a, c) and np.array_equal(a, d)
+    for p, a, b, c, d in zip(program, token, whole, parts, general):
+        assert np.array_equal(p, a) and np.array_equal(a, b) and np.array_equal(a, c) and np.array_equal(a, d)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_token_call_journals_its_routing_and_ends_with_the_output_product(tmp_path, threads):
+    """The one-call token path writes each layer's routed experts to a journal that RoutingStats
+    reads in bulk (half full, at a snapshot): over 300 tokens -- the journal wraps -- the hits, the
+    bytes per node and the step imbalance equal those of the layer-by-layer path, which records
+    every layer from Python, also across a prompt recorded between tokens. The output product runs
+    inside the same call (no one-row `linear` call of the output matrix)."""
+    path = tmp_path / "moe.gguf"
+    write_tiny_model(path, TinySpec(arch="qwen3moe", qtype=T.Q8_0, n_layer=2, seed=8, n_expert=8, n_expert_used=2,
+                                    n_ff=256, n_ff_exp=256))
+    snaps: dict[bool, list] = {True: [], False: []}
+    linear_calls: dict[bool, int] = {}
+    logits: dict[bool, list] = {True: [], False: []}
+    for tokens in (True, False):
+        eng = Engine.load(str(path), placement=Placement(threads=threads))
+        try:
+            rt = eng.rt
+            if not tokens:
+                rt.token_layers = rt.token_program = lambda *a, **k: None
+            real_linear, n_linear = rt.linear, [0]
+
+            def linear(x, names, *a, **k):
+                n_linear[0] += x.shape[0] == 1 and eng.model.output_name in names  # a decoded token's logits
+                return real_linear(x, names, *a, **k)
+            s = eng.new_session(256)
+            s.eval(PROMPT)
+            rt.linear = linear
+            for i in range(300):
+                if s.kv.n == 200:  # a prompt between tokens: recorded from Python, after the journal's rows
+                    s.reset()
+                    s.eval(PROMPT)
+                out = s.eval([3 + (i * 7) % 200])
+                if i in (20, 150, 299):
+                    snaps[tokens].append(eng.routing())
+                    logits[tokens].append(out.copy())
+            linear_calls[tokens] = n_linear[0]
+        finally:
+            eng.close()
+    assert linear_calls[True] == 1 and linear_calls[False] == 301  # 1: the second prompt's last row
+    for a, b in zip(logits[True], logits[False]):
+        assert np.array_equal(a, b)
+    for a, b in zip(snaps[True], snaps[False]):
+        assert a.window == b.window and np.array_equal(a.hits, b.hits)
+        assert a.node_bytes == pytest.approx(b.node_bytes) and a.step_imbalance == pytest.approx(b.step_imbalance)
+    assert snaps[True][-1].window == 256 and snaps[True][-1].hits.sum() == 256 * 2 * 2

@@ -565,6 +565,10 @@ class Crew:
             self.ctl[WAITED] = 0
         return waited
 
+    def waited(self) -> float:
+        """Seconds the caller has waited for acknowledgements since `start`."""
+        return float(self.ctl[WAITED]) * 1e-9
+
     def trace(self, capacity: int = 1 << 20) -> "CrewTrace":
         """Log every job from now on (until `stop_trace`): for each job the caller's
         post, end of its own part and acknowledgements, and each worker's start and end, in ns

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import threading
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -54,6 +55,26 @@ class RoutingSnapshot:
                 "imbalance": self.imbalance, "step_imbalance": self.step_imbalance}
 
 
+class TokenJournal:
+    """Routed experts that compiled code writes for each decoded token, every layer at once
+    (`token_layer.token_runner`): row ``written % size`` of ``ids`` [size, layers, k], then
+    ``written[0] += 1``. `RoutingStats` reads the new rows in bulk (at a snapshot, before other
+    records, and from the decoding thread once half the journal is new), so a token costs no
+    Python per layer. ``keys``: each layer's (tensor, expert tensors), as `RoutingStats.record`
+    takes them."""
+
+    def __init__(self, keys: list[tuple[str, tuple[str, ...]]], k: int, size: int = 256):
+        self.keys = list(keys)
+        self.ids = np.zeros((size, len(self.keys), k), dtype=np.int64)
+        self.written = np.zeros(1, dtype=np.int64)
+        self.read = 0
+
+    @property
+    def due(self) -> bool:
+        """Half the journal holds rows not yet read (read them before the writer laps them)."""
+        return int(self.written[0]) - self.read >= self.ids.shape[0] // 2
+
+
 class RoutingStats:
     """Routed experts per layer over the last ``window`` tokens, thread-safe.
 
@@ -75,6 +96,38 @@ class RoutingStats:
         self._tables: dict[tuple, tuple] = {}  # (tensor, tensors) -> _layer_table's entry
         self._lock = threading.Lock()
         self._layers: set[int] = set()
+        self._journals: "weakref.WeakSet[TokenJournal]" = weakref.WeakSet()
+
+    def attach(self, journal: TokenJournal) -> None:
+        """Count the rows compiled code writes into `journal` from now on (see TokenJournal)."""
+        with self._lock:
+            if journal not in self._journals:
+                journal.read = int(journal.written[0])
+                self._journals.add(journal)
+
+    def read_journals(self) -> None:
+        """Count the journals' new rows (also done at every snapshot and record)."""
+        with self._lock:
+            self._read_journals()
+
+    def _read_journals(self) -> None:
+        for j in list(self._journals):
+            written = int(j.written[0])
+            n = written - j.read
+            if n <= 0:
+                continue
+            size = j.ids.shape[0]
+            n = min(n, size)  # rows lapped by the writer are lost (never with `due` honoured)
+            rows = j.ids[(written - n + np.arange(n)) % size]  # [n, layers, k], oldest first
+            j.read = written
+            entries = [(li, self._layer_table(*key), key) for li, key in enumerate(j.keys)]
+            entries = [(li, e, key) for li, e, key in entries if e is not None]
+            for li, entry, _key in entries:
+                self._ring_add(entry[0], rows[:, li, :])
+            # the calls in the order they ran: token by token, layer by layer
+            self._calls.extend((1, entry[0], key, rows[t, li]) for t in range(n) for li, entry, key in entries
+                               if entry[2] is not None)
+            self._trim()
 
     def _layer_table(self, tensor: str, tensors: tuple[str, ...]) -> tuple[int, list[int], np.ndarray | None] | None:
         """(layer, nodes, bytes [n_expert, len(nodes)] read per routed token of each expert), made
@@ -101,36 +154,48 @@ class RoutingStats:
         return entry
 
     def record(self, tensor: str, experts: np.ndarray, tensors: tuple[str, ...] = ()) -> None:
-        """Tokens' routed experts [n, k] of the layer that ``tensor`` (``blk.N.…``) belongs to;
-        ``tensors``: the expert tensors read for them (their bytes per node are counted)."""
+        """Tokens' routed experts [n, k] of the layer that ``tensor`` (``blk.N.…``) belongs to,
+        computed in one call; ``tensors``: the expert tensors read for them (their bytes per node
+        are counted)."""
         entry = self._layer_table(tensor, tensors)
         if entry is None:
             return
-        il = entry[0]
-        rows = np.asarray(experts, dtype=np.int64)
-        n, k = rows.shape
-        # each routed expert's rows are read once per call, however many tokens chose it
-        used = rows[0].copy() if n == 1 else np.unique(rows)
         with self._lock:
-            self._layers.add(il)
-            ring = self._ring[il]
-            if ring is None or ring.shape[1] != k:
-                ring = self._ring[il] = np.zeros((self.window, k), dtype=np.int64)
-                self._filled[il] = self._pos[il] = 0
-            take = rows[-self.window:]
-            at = self._pos[il]
-            first = min(len(take), self.window - at)
-            ring[at:at + first] = take[:first]
-            ring[:len(take) - first] = take[first:]
-            self._pos[il] = (at + len(take)) % self.window
-            self._filled[il] += n
-            if entry[2] is not None:
-                self._calls.append((n, il, (tensor, tensors), used))
-                while len(self._calls) > self.window * max(1, len(self._layers)):
-                    self._calls.popleft()
+            self._read_journals()
+            self._add(entry, (tensor, tensors), np.asarray(experts, dtype=np.int64))
+
+    def _add(self, entry: tuple, key: tuple, rows: np.ndarray) -> None:
+        """Rows [n, k] of one layer, computed in one call. Under the lock."""
+        n = rows.shape[0]
+        self._ring_add(entry[0], rows)
+        if entry[2] is not None:
+            # each routed expert's rows are read once per call, however many tokens chose it
+            self._calls.append((n, entry[0], key, rows[0].copy() if n == 1 else np.unique(rows)))
+            self._trim()
+
+    def _ring_add(self, il: int, rows: np.ndarray) -> None:
+        n, k = rows.shape
+        self._layers.add(il)
+        ring = self._ring[il]
+        if ring is None or ring.shape[1] != k:
+            ring = self._ring[il] = np.zeros((self.window, k), dtype=np.int64)
+            self._filled[il] = self._pos[il] = 0
+        take = rows[-self.window:]
+        at = self._pos[il]
+        first = min(len(take), self.window - at)
+        ring[at:at + first] = take[:first]
+        ring[:len(take) - first] = take[first:]
+        self._pos[il] = (at + len(take)) % self.window
+        self._filled[il] += n
+
+    def _trim(self) -> None:
+        limit = self.window * max(1, len(self._layers))
+        while len(self._calls) > limit:
+            self._calls.popleft()
 
     def snapshot(self) -> RoutingSnapshot:
         with self._lock:
+            self._read_journals()
             hits = np.zeros((self.n_layer, self.n_expert), dtype=np.int64)
             window = 0
             for il, ring in enumerate(self._ring):
@@ -161,6 +226,8 @@ class RoutingStats:
     def clear(self) -> None:
         """Forget the window (and the bytes per expert: after a switch they come from other nodes)."""
         with self._lock:
+            for j in self._journals:  # what they hold now was routed before the switch
+                j.read = int(j.written[0])
             self._tables = {}
             self._ring = [None] * self.n_layer
             self._filled = [0] * self.n_layer

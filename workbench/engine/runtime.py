@@ -17,6 +17,7 @@ product whatever the split, so results do not depend on the thread count.
 from __future__ import annotations
 
 import os
+import threading
 import time
 import weakref
 from contextlib import AbstractContextManager, contextmanager
@@ -30,7 +31,7 @@ from .kernels.jitcache import JIT
 from . import kernels
 from . import ops
 from .attention import AttentionPaths
-from .crew import C_OWNER, C_SPAN, C_TASK, T_OUT, T_OUTOFF, T_XROW, TASK_FIELDS, Crew, CrewError, Job, Table, product_runner
+from .crew import C_OWNER, C_SPAN, C_TASK, CHUNK_FIELDS, T_OUT, T_OUTOFF, T_XROW, TASK_FIELDS, Crew, CrewError, Job, Table, product_runner
 from .attention import SKIP_SLID_VALUES, one_token_attention, token_window
 from .expert_token import GELU, SILU, expert_runner, routed_runner
 from .token_attention import block_runner
@@ -38,12 +39,15 @@ from .token_layer import layer_runner, token_runner, typed_layers
 from .gating import Gating
 from .gguf_file import GGUFFile, ModelLoadError, TensorInfo
 from .kv_cache import KVCache
+from .routing import TokenJournal
 
 F32, F16, BF16 = 0, 1, 30
 # weight bytes of a one-token product below which the calling thread computes it alone (when it
 # stands in for worker 0): a hand-off to the other workers costs more than it saves
 SPLIT_BYTES = 8 << 20
 _EMPTY = np.zeros(0, dtype=np.float32)
+_NO_TASKS = np.zeros((0, TASK_FIELDS), dtype=np.int64)
+_NO_CHUNKS = np.zeros((0, CHUNK_FIELDS), dtype=np.int64)
 CHUNK_BYTES = 1 << 20  # smallest chunk of rows dealt to the workers, in weight bytes
 CHUNK_ALIGN = 64  # rows
 # one-token products go through the crew (workers waiting in compiled code) in chunks of at
@@ -62,6 +66,16 @@ CREW_STARVED_SECONDS = 0.002  # and longer than this (a scheduler time slice; ti
 CREW_STARVED = 3
 CREW_BACKOFF = 16
 CREW_BACKOFF_MAX = 1024
+# A decoded token's crew stays launched after its pass, its workers spinning in compiled code, so
+# the next token does not pay two thread wake-ups and GIL hand-offs (`Crew.stop` then `start`:
+# ~0.2 ms a token on the EPYC VM at 2 threads, 5 % of a MoE token). It is released after
+# LINGER_IDLE seconds without a pass (by a watchdog thread), at the end of the first pass LINGER_MAX
+# seconds after it started (the pool's busy accounting catches up), and before anyone else uses
+# the pool (`WorkerPool.hold`). NUMAWB_CREW_LINGER=0 releases it after every pass, as before.
+LINGER = os.environ.get("NUMAWB_CREW_LINGER", "1") != "0"
+LINGER_IDLE = 0.02
+LINGER_TICK = 0.01  # the watchdog's period while a crew lingers
+LINGER_MAX = 0.25
 # weight types whose products take the same prepared activations (ggml's vec_dot_type: Q8_0,
 # Q8_1, Q8_K) -> one representative type, so a group prepares each input once
 _VEC_DOT = {kernels.Q4_0: kernels.Q8_0, kernels.Q5_0: kernels.Q8_0, kernels.Q4_1: kernels.Q5_1,
@@ -83,6 +97,10 @@ class Pool(Protocol):
     def run(self, fn: Callable[[int], None], lead: bool = False) -> None: ...
 
     def lead(self) -> AbstractContextManager[None]: ...
+
+    def lead_begin(self) -> tuple: ...
+
+    def lead_end(self, state: tuple) -> None: ...
 
     def launch(self, fn: Callable[[int], None], lead: bool = False) -> None: ...
 
@@ -264,6 +282,44 @@ class _Group:
     runner_lead: Callable | None = None  # the crew `lead` the runner was built around
 
 
+class _Watchdog:
+    """One daemon thread for the process: releases the crews left launched (LINGER) once their
+    runtime has gone LINGER_IDLE seconds without a pass."""
+
+    _lock = threading.Lock()
+    _wake = threading.Event()
+    _watched: "weakref.WeakSet[Runtime]" = weakref.WeakSet()
+    _thread: threading.Thread | None = None
+
+    @classmethod
+    def watch(cls, rt: "Runtime") -> None:
+        with cls._lock:
+            cls._watched.add(rt)
+            if cls._thread is None:
+                cls._thread = threading.Thread(target=cls._loop, name="numawb-crew-watchdog", daemon=True)
+                cls._thread.start()
+        cls._wake.set()
+
+    @classmethod
+    def _loop(cls) -> None:
+        while True:
+            cls._wake.wait()
+            time.sleep(LINGER_TICK)
+            now = time.perf_counter()
+            with cls._lock:
+                watched = list(cls._watched)
+            for rt in watched:
+                if rt._linger_expired(now):
+                    rt.release_crew()
+            with cls._lock:
+                for rt in watched:
+                    if not rt._lingering:
+                        cls._watched.discard(rt)
+                if not cls._watched:
+                    cls._wake.clear()
+            del watched
+
+
 class Runtime(AttentionPaths):
     """Owns the weights, the worker pool and the split of every product."""
 
@@ -284,9 +340,18 @@ class Runtime(AttentionPaths):
         # and per tensors (routed FFN), remade when the layout or the crew changes
         self._tparts: "weakref.WeakKeyDictionary[KVCache, dict]" = weakref.WeakKeyDictionary()
         self._rparts: dict[tuple, _Cached] = {}
+        self._journals: dict[tuple, TokenJournal] = {}  # routed experts of token_layers' calls
         self._leading = False
         self._crew: Crew | None = None
-        self.routing = None  # RoutingStats of a mixture-of-experts model (set by the engine)
+        # the crew between passes (see LINGER): transitions under _crew_lock; _vacating asks the
+        # pass in progress to release it instead of lingering
+        self._crew_lock = threading.RLock()
+        self._lingering = False
+        self._vacating = False
+        self._passing = False
+        self._crew_t0 = 0.0
+        self._last_pass = 0.0
+        self._routing = None
         self.crew_backoff = 0  # one-token passes left without the crew (see _note_wait)
         self._starved = 0
         self._backoff_next = CREW_BACKOFF
@@ -294,6 +359,18 @@ class Runtime(AttentionPaths):
         self.packed: dict[str, int] = {}
         self._set_packed(packed or {})
         self.layers: tuple[int, int] | None = None  # a pipeline stage's layer range [lo, hi) (None: all)
+
+    @property
+    def routing(self):
+        """RoutingStats of a mixture-of-experts model (set by the engine), or None."""
+        return self._routing
+
+    @routing.setter
+    def routing(self, stats) -> None:
+        self._routing = stats
+        if stats is not None:
+            for journal in self._journals.values():
+                stats.attach(journal)
 
     # -- weights -----------------------------------------------------------------
     def has(self, name: str) -> bool:
@@ -346,6 +423,7 @@ class Runtime(AttentionPaths):
 
     def set_layout(self, layout: Layout, pool: Pool, packed: dict[str, int] | None = None) -> None:
         """A new placement (and its packed tensors: None keeps the current ones)."""
+        self.release_crew()
         if packed is not None:
             self._set_packed(packed)
         self.layout = layout
@@ -366,46 +444,122 @@ class Runtime(AttentionPaths):
     def step(self, n_tokens: int = 0) -> Iterator[None]:
         """One forward pass: the calling thread stands in for worker 0 (see `WorkerPool.lead`).
 
-        For one token the other workers wait in the crew's compiled loop for the whole pass.
+        For one token the other workers wait in the crew's compiled loop for the whole pass, and
+        after it until the next one (see LINGER). `begin_pass`/`end_pass` are the same without a
+        generator (a decoded token's Python runs cold: every frame counts).
         """
-        if self._leading:
+        state = self.begin_pass(n_tokens)
+        ok = False
+        try:
             yield
-            return
-        if self.n_workers == 1:
-            # one worker: the calling thread does everything; one token still runs its products
-            # and attention as jobs (one compiled call per group instead of one per matrix)
-            solo = n_tokens == 1 and USE_CREW
-            if solo:
-                if self._crew is None:
-                    self._crew = Crew(self.pool, 1)
-                self._crew.start()
-            try:
-                yield
-            finally:
-                if solo:
-                    self._crew.stop()
-            return
-        with self.pool.lead():
+            ok = True
+        finally:
+            self.end_pass(state, ok)
+
+    def begin_pass(self, n_tokens: int = 0) -> tuple | None:
+        """Start a forward pass of n_tokens (see `step`); the state to give `end_pass`."""
+        if self._leading:
+            return None
+        self._crew_lock.acquire()
+        try:
+            self._passing = True
+            self._last_pass = t0 = time.perf_counter()
+            if self.n_workers == 1:
+                # the calling thread does everything; one token still runs its products and
+                # attention as jobs (one compiled call per group instead of one per matrix)
+                if n_tokens == 1 and USE_CREW:
+                    if self._crew is None:
+                        self._crew = Crew(self.pool, 1)
+                    self._crew.start()
+                    return (self._crew, False, None, 0.0, t0)
+                return (None, False, None, 0.0, t0)
+            want = n_tokens == 1 and USE_CREW
+            solo = want and self.crew_backoff > 0
+            crew = self._crew
+            if self._lingering and (not want or crew is None or crew.solo != solo or self._vacating):
+                self._stop_crew()
+            lead = self.pool.lead_begin()
             self._leading = True
-            crew = None
-            solo = False
-            if n_tokens == 1 and USE_CREW:
-                if self._crew is None:
-                    self._crew = Crew(self.pool, self.n_workers)
-                crew = self._crew
-                solo = self.crew_backoff > 0
-                if solo:
-                    self.crew_backoff -= 1
-                crew.start(solo=solo)
-            t0 = time.perf_counter()
-            try:
-                yield
-            finally:
-                self._leading = False
+            if not want:
+                return (None, False, lead, 0.0, t0)
+            if crew is None:
+                crew = self._crew = Crew(self.pool, self.n_workers)
+            if solo:
+                self.crew_backoff -= 1
+            if not crew.active:
+                try:
+                    crew.start(solo=solo)
+                except BaseException:
+                    self._leading = False
+                    self.pool.lead_end(lead)
+                    raise
+                self._crew_t0 = t0
+            self._lingering = False
+            return (crew, solo, lead, crew.waited(), t0)
+        except BaseException:
+            self._passing = False
+            self._crew_lock.release()
+            raise
+
+    def end_pass(self, state: tuple | None, ok: bool = True) -> None:
+        """End the pass `begin_pass` started (ok: it ran to the end; else the crew is stopped)."""
+        if state is None:
+            return
+        crew, solo, lead, w0, t0 = state
+        try:
+            if lead is None:  # one worker
                 if crew is not None:
-                    waited = crew.stop()
+                    crew.stop()
+                return
+            self._leading = False
+            try:
+                if crew is not None:
+                    now = time.perf_counter()
                     if not solo:
-                        self._note_wait(waited, time.perf_counter() - t0)
+                        self._note_wait(crew.waited() - w0, now - t0)
+                    if (ok and LINGER and not solo and crew.active and not self._vacating
+                            and now - self._crew_t0 < LINGER_MAX and self.crew_backoff == 0):
+                        self._linger()
+                    else:
+                        self._stop_crew()
+            finally:
+                self.pool.lead_end(lead)
+        finally:
+            self._passing = False
+            self._last_pass = time.perf_counter()
+            self._crew_lock.release()
+
+    def _linger(self) -> None:
+        """Leave the crew launched after this pass (see LINGER)."""
+        if not self._lingering:
+            self._lingering = True
+            hold = getattr(self.pool, "hold", None)
+            if hold is not None:
+                hold(self.release_crew)
+            _Watchdog.watch(self)
+
+    def _stop_crew(self) -> None:
+        self._lingering = False
+        hold = getattr(self.pool, "hold", None)
+        if hold is not None:
+            hold(None)
+        if self._crew is not None and self._crew.active:
+            self._crew.stop()
+
+    def release_crew(self) -> None:
+        """Release a crew left launched between passes (any thread; waits for a pass in progress)."""
+        if not self._lingering:
+            return
+        self._vacating = True
+        try:
+            with self._crew_lock:
+                if self._lingering:
+                    self._stop_crew()
+        finally:
+            self._vacating = False
+
+    def _linger_expired(self, now: float) -> bool:
+        return self._lingering and not self._passing and now - self._last_pass > LINGER_IDLE
 
     def _note_wait(self, waited: float, wall: float) -> None:
         """Back off from the crew after CREW_STARVED passes in a row mostly spent waiting for it."""
@@ -420,7 +574,7 @@ class Runtime(AttentionPaths):
 
     @property
     def _crewing(self) -> bool:
-        return self._crew is not None and self._crew.active
+        return self._passing and self._crew is not None and self._crew.active
 
     def _plan(self, name: str) -> list[tuple[np.ndarray, int, int, int]]:
         """Per worker: (array it reads, first row that array holds, lo, hi)."""
@@ -880,46 +1034,89 @@ class Runtime(AttentionPaths):
         return hn
 
     def token_layers(self, x: np.ndarray, h: np.ndarray, steps: Sequence[tuple], kv: KVCache, pos0: int,
-                     rope: np.ndarray) -> np.ndarray | None:
+                     rope: np.ndarray, output: str | None = None) -> tuple[np.ndarray, np.ndarray | None] | None:
         """A decoded token's layers in one compiled call (`token_layer.token_runner`): for each step
         (AttentionSpec, layer in the cache, ffn norm weight, RoutedSpec, next norm weight, eps) what
         `layer_token` does, the layers' fixed arguments kept per cache as a typed list; x is updated
-        in place; returns the last layer's output normed by its next norm. None when a layer has
-        no compiled call or the layers' calls differ (tensor types): the caller goes layer by layer."""
+        in place. Returns (the last layer's output normed by its next norm, the logits [1, rows] of
+        `output` times it when that product runs in the same call, else None). None when a layer
+        has no compiled call or the layers' calls differ (tensor types): the caller goes layer by
+        layer."""
         if h.shape[0] != 1 or not self._crewing:
             return None
         crew = self._crew
+        ready = self._token_parts(kv, ("token", tuple(s[1] for s in steps), output),
+                                  lambda: self._token_layers(steps, kv, output))
+        if ready is None:
+            return None
+        fn, layers, journal, out_job, h_last = ready
+        ok, logits = fn(crew.ctl, crew.n_workers, x, np.ascontiguousarray(h, dtype=np.float32), layers, rope, pos0,
+                        SKIP_SLID_VALUES, journal.ids, journal.written, out_job)
+        if not ok:
+            crew.stop()
+            raise CrewError("a worker failed during a token's layers")
+        if journal.due and self.routing is not None:
+            self.routing.read_journals()
+        if out_job[3]:
+            return h_last, logits.reshape(1, -1)
+        return h_last.copy(), None
+
+    def token_program(self, tok: int, steps: Sequence[tuple], kv: KVCache, pos0: int, prologue: tuple,
+                      output: str) -> np.ndarray | None:
+        """A decoded token from its id to its logits [1, rows of `output`] in one compiled call:
+        `token_layers` with the embedding row, its scale, the first norm and the RoPE table of pos0
+        done in the same call (the Python around them ran cold after each token's weights streamed
+        through the caches). prologue: (embedding tensor, scale or 0, first norm weight tensor, eps,
+        (rope dims, base, freq scale, freq factors, ext factor, attn factor, corr lo, corr hi)).
+        None when there is no such call (see `token_layers`; an embedding split between workers
+        or kept in an engine layout)."""
+        if not self._crewing:
+            return None
+        crew = self._crew
+        ready = self._token_parts(kv, ("program", tuple(s[1] for s in steps), output),
+                                  lambda: self._token_layers(steps, kv, output, prologue))
+        if ready is None:
+            return None
+        fn, (pro, layers), journal, out_job, _h = ready
+        ok, logits = fn(crew.ctl, crew.n_workers, tok, pos0, pro, layers, SKIP_SLID_VALUES, journal.ids,
+                        journal.written, out_job)
+        if not ok:
+            crew.stop()
+            raise CrewError("a worker failed during a token's layers")
+        if journal.due and self.routing is not None:
+            self.routing.read_journals()
+        return logits.reshape(1, -1)
+
+    def _token_parts(self, kv: KVCache, key: tuple, build: Callable[[], tuple | None]) -> tuple | None:
+        """The parts of a token's compiled call kept per cache under `key`, made by `build` (again
+        when the crew changed); None when there is no such call."""
         per_kv = self._tparts.get(kv)
         if per_kv is None:
             per_kv = self._tparts[kv] = {}
-        key = ("token", tuple(s[1] for s in steps))
         cached = per_kv.get(key)
-        if cached is None or cached.lead is not crew.lead:
-            cached = per_kv[key] = _Cached(crew.lead, self._token_layers(steps, kv))
-        if cached.ready is None:
-            return None
-        fn, layers, routed, h_last = cached.ready
-        if not fn(crew.ctl, crew.n_workers, x, np.ascontiguousarray(h, dtype=np.float32), layers, rope, pos0,
-                  SKIP_SLID_VALUES):
-            crew.stop()
-            raise CrewError("a worker failed during a token's layers")
-        for f in routed:
-            self._record_routing(f)
-        return h_last.copy()
+        if cached is None or cached.lead is not self._crew.lead:
+            cached = per_kv[key] = _Cached(self._crew.lead, build())
+        return cached.ready
 
-    def _token_layers(self, steps: Sequence[tuple], kv: KVCache) -> tuple | None:
-        """`token_layers`' compiled call, its typed list of the layers' fixed arguments, the routed
-        parts (for the routing record) and the last layer's output; None when there is none."""
-        fns, layers, routed = set(), [], []
+    def _token_layers(self, steps: Sequence[tuple], kv: KVCache, output: str | None,
+                      prologue: tuple | None = None) -> tuple | None:
+        """`token_layers`' compiled call, its typed list of the layers' fixed arguments, the routing
+        journal, the output product's job (its row count 0: none) and the last layer's output;
+        None when there is no such call. With `prologue` (see `token_program`) the call starts from
+        the token id, and its arguments are (the prologue's typed list, the layers')."""
+        fns, layers, keys = set(), [], []
+        k = 0
         for attention, il, ffn_norm, ffn, next_norm, eps in steps:
             a = self._attention_parts(attention, kv, il)
             f = self._routed_parts(ffn) if a is not None else None
             if f is None:
                 return None
             fns.add((a.fn, f.fn))
-            routed.append(f)
+            ids, names = f.routing
+            keys.append((names[-2], names))
+            k = ids.shape[0]
             layers.append((a.head, a.mid, int(attention.window), float(attention.scale), a.tail, a.o, ffn_norm,
-                           f.head, f.o, next_norm, float(eps), np.empty_like(f.o)))
+                           f.head, f.o, next_norm, float(eps), np.empty_like(f.o), ids))
         if len(fns) != 1:
             return None
         try:
@@ -927,7 +1124,31 @@ class Runtime(AttentionPaths):
         except numba.core.errors.TypingError:  # the layers' arguments differ in type
             return None
         (attn, ffn), = fns
-        return token_runner(attn, ffn), typed, routed, layers[-1][-1]
+        run_out = None
+        out_job = (_NO_TASKS, _NO_CHUNKS, 0, 0)
+        if output is not None and prologue is not None:
+            embed = kernels.dequantizer(self.weights[prologue[0]].ggml_type)
+            emb = self.layout.full_array(prologue[0])
+            if embed is None or emb is None:
+                return None
+        if output is not None:
+            g = self._group((output,))
+            run_out = self._token_runner(g) if len(g.rows) == 1 else None
+            if run_out is not None:
+                out_job = (g.job.tasks, g.job.chunks, g.job.n_owned, g.rows[0])
+        jkey = (tuple(keys), k)
+        journal = self._journals.get(jkey)
+        if journal is None:  # one per set of layers, kept for the runtime's life
+            journal = self._journals[jkey] = TokenJournal(keys, k)
+            if self._routing is not None:
+                self._routing.attach(journal)
+        if prologue is not None:
+            if run_out is None:
+                return None
+            name, scale, norm, eps, rope = prologue
+            pro = typed_layers(((emb, float(scale), self.f32(norm), float(eps), *rope),))
+            return token_runner(attn, ffn, run_out, embed), (pro, typed), journal, out_job, None
+        return token_runner(attn, ffn, run_out), typed, journal, out_job, layers[-1][-2]
 
     def _expert_products(self, names: tuple[str, ...], x: np.ndarray, groups: list, m_out: int
                          ) -> list[np.ndarray]:

@@ -63,30 +63,84 @@ def typed_layers(layers):
     return out
 
 
-def token_runner(attn: Callable, ffn: Callable) -> Callable:
+def token_runner(attn: Callable, ffn: Callable, out: Callable | None = None,
+                 embed: Callable | None = None) -> Callable:
     """A decoded token's every layer in one compiled call: `layer_runner`'s steps in a loop over a
     typed list of the layers' fixed arguments (unboxed once per token, not once per layer: a
-    layer's ~50 arrays cost ~20 us to pass from Python), the attention window computed here."""
-    key = (attn, ffn)
+    layer's ~50 arrays cost ~20 us to pass from Python), the attention window computed here.
+
+    Each layer's routed experts go to a journal row (`routing.TokenJournal`: read in bulk, not per
+    layer from Python). With `out` (a `crew.product_runner`) the call ends with the output product
+    and returns the logits: the Python around the last layer ran cold after a token's weights
+    streamed through the caches (~0.1 ms a token measured on the EPYC VM).
+
+    With `embed` (a `kernels.dequantizer`, and `out`) the call starts from the token id: the
+    embedding row, its scale, the first layer's input norm and the RoPE table of the position
+    (the functions the Python path calls, in its order), from a prologue tuple made once."""
+    key = (attn, ffn, out, embed)
     fn = _TOKENS.get(key)
     if fn is not None:
         return fn
     layer = layer_runner(attn, ffn)
 
     @numba.njit(**_NB)
-    def fn(ctl, n_workers, x, h, layers, rope, pos0, skip_slid):
-        """x [1, n_embd] (the residual, updated in place), h its normed value entering the first
-        layer; each layer's h_next receives its output normed by the next norm. False if a
-        worker failed."""
+    def layers_(ctl, n_workers, x, h, layers, rope, pos0, skip_slid, journal, written):
+        row = written[0] % journal.shape[0]
         for i in range(len(layers)):
-            a_head, a_mid, window, scale, a_tail, o, ffn_norm, f_args, f_out, next_norm, eps, h_next = layers[i]
+            (a_head, a_mid, window, scale, a_tail, o, ffn_norm, f_args, f_out, next_norm, eps, h_next,
+             ids) = layers[i]
             start = max(pos0 - window + 1, 0) if window else 0
             base = start // 64 * 64 if skip_slid else 0
             if not layer(ctl, n_workers, x, h, a_head, rope, a_mid, pos0, (window, scale), start, base, a_tail, o,
                          ffn_norm, f_args, f_out, next_norm, eps, h_next):
-                return False
+                return False, h
+            for j in range(ids.shape[0]):
+                journal[row, i, j] = ids[j]
             h = h_next
-        return True
+        written[0] += 1
+        return True, h
+
+    if out is not None:
+        @numba.njit(**_NB)
+        def output(ctl, n_workers, out_job, h_last):
+            tasks, chunks, n_owned, n_out = out_job
+            logits = np.empty(n_out, dtype=np.float32)
+            return out(ctl, n_workers, tasks, chunks, n_owned, h_last.reshape(-1), (logits,)), logits
+
+    if embed is not None:
+        assert out is not None
+
+        @numba.njit(**_NB)
+        def fn(ctl, n_workers, tok, pos0, prologue, layers, skip_slid, journal, written, out_job):
+            """Token id `tok` at position pos0 -> (True, logits); (False, _) if a worker failed."""
+            (emb, scale, norm_w, eps, n_rot, base, freq_scale, freq_factors, ext, attn_f, c0, c1) = prologue[0]
+            x = embed(emb, tok, tok + 1)
+            if scale != 0.0:
+                x *= np.float32(scale)
+            h = np.empty_like(x)
+            ops.rms_norm(x, norm_w, eps, h)
+            rope = ops.rope_cache(np.full(1, pos0, dtype=np.int64), n_rot, base, freq_scale, freq_factors, ext,
+                                  attn_f, c0, c1)
+            ok, h_last = layers_(ctl, n_workers, x, h, layers, rope, pos0, skip_slid, journal, written)
+            if not ok:
+                return False, _NONE
+            return output(ctl, n_workers, out_job, h_last)
+    elif out is None:
+        @numba.njit(**_NB)
+        def fn(ctl, n_workers, x, h, layers, rope, pos0, skip_slid, journal, written, out_job):
+            """x [1, n_embd] (the residual, updated in place), h its normed value entering the first
+            layer; each layer's h_next receives its output normed by the next norm. (False, _) if a
+            worker failed."""
+            ok, _h = layers_(ctl, n_workers, x, h, layers, rope, pos0, skip_slid, journal, written)
+            return ok, _NONE
+    else:
+        @numba.njit(**_NB)
+        def fn(ctl, n_workers, x, h, layers, rope, pos0, skip_slid, journal, written, out_job):
+            """As above, then the output product of the last layer's normed output: (True, logits)."""
+            ok, h_last = layers_(ctl, n_workers, x, h, layers, rope, pos0, skip_slid, journal, written)
+            if not ok:
+                return False, _NONE
+            return output(ctl, n_workers, out_job, h_last)
 
     _TOKENS[key] = fn
     return fn

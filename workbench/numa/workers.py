@@ -129,6 +129,8 @@ class WorkerPool:
         self._error: BaseException | None = None
         self._err_lock = threading.Lock()
         self._run_lock = threading.Lock()
+        self._holder: Callable[[], None] | None = None
+        self._lead_cpus: set[int] | None = None
         self._launched: list[_Worker] = []
         self._closed = False
         self._w = [_Worker(i, cpu, nd) for i, (cpu, nd) in enumerate(plan)]
@@ -214,11 +216,23 @@ class WorkerPool:
         """
         if self._closed:
             raise RuntimeError("WorkerPool is closed")
+        self._vacate()
         self._run_lock.acquire()
         self._fn = fn
         self._launched = self._w[1:] if lead else self._w
         for w in self._launched:
             w.go.release()
+
+    def hold(self, release: Callable[[], None] | None) -> None:
+        """The last ``launch``'s workers stay busy after its caller's pass (the engine's crew,
+        spinning between decoded tokens); ``release`` ends that, and the next ``launch`` or
+        ``close``, from any thread, calls it first. None: nothing is held."""
+        self._holder = release
+
+    def _vacate(self) -> None:
+        release, self._holder = self._holder, None
+        if release is not None:
+            release()
 
     def join(self) -> None:
         """Wait for the workers of the last ``launch``; re-raise the first error one raised."""
@@ -238,22 +252,37 @@ class WorkerPool:
 
         It is pinned to the CPUs of worker 0's node that the pool uses (not to worker 0's own
         CPU: the scheduler may then dodge other load), and its affinity is restored on exit.
+        ``lead_begin``/``lead_end`` are the same as two calls.
         """
-        w0 = self._w[0]
-        cpus = {w.cpu for w in self._w if w.node == w0.node and w.cpu is not None}
-        saved = os.sched_getaffinity(0) if cpus else None
-        if saved is not None:
-            try:
-                os.sched_setaffinity(0, cpus)
-            except OSError:
-                saved = None
-        t0 = time.perf_counter()
+        state = self.lead_begin()
         try:
             yield
         finally:
-            w0.busy += time.perf_counter() - t0
-            if saved is not None:
-                os.sched_setaffinity(0, saved)
+            self.lead_end(state)
+
+    def lead_begin(self) -> tuple:
+        """Enter ``lead``; returns the state ``lead_end`` takes. The affinity is set only when it
+        differs (two system calls a pass saved when the thread already runs there)."""
+        w0 = self._w[0]
+        cpus = self._lead_cpus
+        if cpus is None:
+            cpus = self._lead_cpus = {w.cpu for w in self._w if w.node == w0.node and w.cpu is not None}
+        saved = os.sched_getaffinity(0) if cpus else None
+        if saved is not None:
+            if saved == cpus:
+                saved = None
+            else:
+                try:
+                    os.sched_setaffinity(0, cpus)
+                except OSError:
+                    saved = None
+        return saved, time.perf_counter()
+
+    def lead_end(self, state: tuple) -> None:
+        saved, t0 = state
+        self._w[0].busy += time.perf_counter() - t0
+        if saved is not None:
+            os.sched_setaffinity(0, saved)
 
     def check(self) -> list[WorkerInfo]:
         """Ask every worker again where it runs (getcpu from inside it)."""
@@ -282,6 +311,7 @@ class WorkerPool:
     def close(self) -> None:
         if self._closed:
             return
+        self._vacate()
         with self._run_lock:
             self._closed = True
             self._fn = None

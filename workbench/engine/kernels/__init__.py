@@ -329,6 +329,13 @@ def precompile(types: Iterable[int], progress: Callable[[int, int, str], None] |
     return time.perf_counter() - t0
 
 
+def dequantizer(ggml_type: int):
+    """The compiled row dequantization of a file type, (w, r0, r1) -> float32 [r1 - r0, ne0], for
+    compiled callers (an embedding lookup inside a token's call); None for the engine's layouts."""
+    fn = _DEQUANT.get(ggml_type)
+    return fn if isinstance(fn, numba.core.registry.CPUDispatcher) else None
+
+
 def dequantize_rows(ggml_type: int, w: np.ndarray, r0: int, r1: int) -> np.ndarray:
     """float32 [r1 - r0, ne0]: rows r0..r1-1 of w (e.g. embedding lookup)."""
     return _DEQUANT[ggml_type](w, r0, r1)

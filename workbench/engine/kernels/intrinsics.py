@@ -919,3 +919,69 @@ def q2_mins_lanes(typingctx, a, off, xb, xoff):
         return builder.call(_fn(builder, "llvm.x86.avx2.pmadd.wd", _V8I, [_V16S, _V16S]), [m, bs])
 
     return sig, cg
+
+
+# ----------------------------------------------------------------------------- activation quantization
+@intrinsic
+def abs_bits(typingctx, v):
+    """|v| per lane as int32 bits (f32x8 -> i32x8): non-negative floats order as their bits, so
+    magnitudes compare exactly as integers (no NaN in activations)."""
+    sig = v8i(v)
+
+    def cg(context, builder, sig, args):
+        return builder.and_(builder.bitcast(args[0], _V8I), ir.Constant(_V8I, [0x7FFFFFFF] * 8))
+
+    return sig, cg
+
+
+@intrinsic
+def i_max(typingctx, a, b):
+    """Signed max per lane (i32x8)."""
+    sig = v8i(a, b)
+
+    def cg(context, builder, sig, args):
+        return builder.select(builder.icmp_signed(">", args[0], args[1]), args[0], args[1])
+
+    return sig, cg
+
+
+@intrinsic
+def hmax_i(typingctx, v):
+    """The largest of the 8 int32 lanes."""
+    sig = types.int32(v)
+
+    def cg(context, builder, sig, args):
+        red = _fn(builder, "llvm.vector.reduce.smax.v8i32", _i32, [_V8I])
+        return builder.call(red, [args[0]])
+
+    return sig, cg
+
+
+@intrinsic
+def q8_lanes(typingctx, v, s):
+    """min(127, round_half_even(v * s)) per lane (f32x8, float32 s -> i32x8): ggml's
+    ``MIN(127, nearest_int(iscale * x))`` of quantize_row_q8_K, the product rounded once."""
+    sig = v8i(v, types.float32)
+
+    def cg(context, builder, sig, args):
+        p = builder.fmul(args[0], _splat(builder, args[1], _V8F))
+        r = builder.call(_fn(builder, "llvm.rint.v8f32", _V8F, [_V8F]), [p])
+        q = builder.fptosi(r, _V8I)
+        top = ir.Constant(_V8I, [127] * 8)
+        return builder.select(builder.icmp_signed("<", q, top), q, top)
+
+    return sig, cg
+
+
+@intrinsic
+def store_i8x8(typingctx, a, off, v):
+    """a[off:off + 8] = v truncated to int8 (int8 array; the lanes fit)."""
+    _check_array(a, (types.int8,))
+    sig = types.void(a, off, v)
+
+    def cg(context, builder, sig, args):
+        vty = ir.VectorType(_i8, 8)
+        builder.store(builder.trunc(args[2], vty), _ptr(context, builder, sig.args[0], args[0], args[1], vty), align=1)
+        return context.get_dummy_value()
+
+    return sig, cg

@@ -125,8 +125,15 @@ class Decoder:
 
     def forward(self, ids: np.ndarray, kv: KVCache, logit_rows: slice | None = None) -> np.ndarray:
         """Run tokens `ids` at positions kv.n.. and return logits for `logit_rows` (default: last)."""
-        with self.rt.step(len(ids)):
-            return self._forward(ids, kv, logit_rows)
+        rt = self.rt
+        state = rt.begin_pass(len(ids))  # `rt.step` without a generator: a token's Python runs cold
+        try:
+            out = self._forward(ids, kv, logit_rows)
+        except BaseException:
+            rt.end_pass(state, False)
+            raise
+        rt.end_pass(state, True)
+        return out
 
     def forward_stage(self, inp: np.ndarray, kv: KVCache, logit_rows: slice | None = None) -> np.ndarray:
         """One pipeline stage (layers `self.layers`): token ids [n] in on the first stage, else the

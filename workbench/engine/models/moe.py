@@ -9,6 +9,8 @@ compiled call): model code never sees kernels, threads or where the experts live
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..config import ModelConfig
@@ -37,6 +39,7 @@ class MoEDecoder(Decoder):
         self._routed: dict[int, RoutedSpec | None] = {}
         self._steps: dict[int, tuple | bool] = {}  # per layer: layer_token's fixed arguments, or False
         self._all_steps: list | None = None        # every layer's, when all have one (else [])
+        self._prologue: tuple | None = None        # token_program's embedding, first norm and RoPE
         super().__init__(cfg, rt)
 
     # -- structure -------------------------------------------------------------------
@@ -141,9 +144,36 @@ class MoEDecoder(Decoder):
         return self._routed[il]
 
     def _token_layers(self, x: np.ndarray, h: np.ndarray, kv: KVCache, pos0: int, positions: np.ndarray,
-                      ropes: dict) -> np.ndarray | None:
+                      ropes: dict) -> tuple[np.ndarray, np.ndarray | None] | None:
         """A decoded token's layers in one runtime call when every layer has one (`_layer_token`)
-        and they share one RoPE base; else None."""
+        and they share one RoPE base, with the output product on the last stage: (the last
+        layer's normed output, the logits or None); else None."""
+        steps = self._token_layers_steps()
+        if not steps:
+            return None
+        return self.rt.token_layers(x, h, steps, kv, pos0, self._rope(self.layers.start, positions, ropes),
+                                    self.output_name if self.is_last else None)
+
+    def _token_program(self, tok: int, kv: KVCache, pos0: int) -> np.ndarray | None:
+        """A decoded token from its id to its logits in one runtime call (`Runtime.token_program`:
+        `_token_layers` with the embedding, the first norm and the RoPE table in the same call), on
+        a model held whole by this process; else None."""
+        steps = self._token_layers_steps()
+        if not steps:
+            return None
+        c = self.cfg
+        pro = self._prologue
+        if pro is None:
+            il = self.layers.start
+            pro = self._prologue = (
+                "token_embd.weight", math.sqrt(c.n_embd) if self.embed_scale else 0.0, f"blk.{il}.attn_norm.weight",
+                float(c.norm_eps), (int(c.rope_dims), float(c.layer_rope_base(il)), float(c.rope_freq_scale),
+                                    self.freq_factors, float(c.rope_ext_factor), float(c.rope_attn_factor),
+                                    float(c.rope_corr[0]), float(c.rope_corr[1])))
+        return self.rt.token_program(tok, steps, kv, pos0, pro, self.output_name)
+
+    def _token_layers_steps(self) -> list:
+        """Every layer's `_layer_token_step` when all have one and share one RoPE base, else []."""
         steps = self._all_steps
         if steps is None:
             for il in self.layers:
@@ -151,9 +181,7 @@ class MoEDecoder(Decoder):
             bases = {self.cfg.layer_rope_base(il) for il in self.layers}
             ok = len(bases) == 1 and all(self._steps[il] is not False for il in self.layers)
             steps = self._all_steps = [self._steps[il] for il in self.layers] if ok else []
-        if not steps:
-            return None
-        return self.rt.token_layers(x, h, steps, kv, pos0, self._rope(self.layers.start, positions, ropes))
+        return steps
 
     def _layer_token_step(self, il: int) -> tuple | bool:
         """layer_token's fixed arguments of layer il (made once), or False: no such call."""
@@ -184,18 +212,24 @@ class MoEDecoder(Decoder):
         pos0 = kv.n
         if pos0 + n > kv.n_ctx:
             raise ValueError(f"context full: {pos0 + n} tokens > {kv.n_ctx}")
-        x = self._stage_input(ids)
         tap = self.tap
+        # a decoded token whose logits row is its own: whole layers in one call where there is one
+        one = n == 1 and not tap and (logit_rows is None or len(range(*logit_rows.indices(1))) == 1)
+        if one and self.is_first and self.is_last:
+            logits = self._token_program(int(ids[0]), kv, pos0)
+            if logits is not None:
+                kv.n = pos0 + n
+                return logits
+        x = self._stage_input(ids)
         positions = np.arange(pos0, pos0 + n, dtype=np.int64)
         ropes: dict = {}
         h = self.norm(x, f"blk.{self.layers.start}.attn_norm.weight")
-        # a decoded token whose logits row is its own: whole layers in one call where there is one
-        one = n == 1 and not tap and (logit_rows is None or len(range(*logit_rows.indices(1))) == 1)
         if one:
-            hn = self._token_layers(x, h, kv, pos0, positions, ropes)
-            if hn is not None:
+            done = self._token_layers(x, h, kv, pos0, positions, ropes)
+            if done is not None:
                 kv.n = pos0 + n
-                return self._output(x, hn)
+                hn, logits = done
+                return logits if logits is not None else self._output(x, hn)
         for il in self.layers:
             if one:
                 hn = self._layer_token(il, x, h, kv, pos0, positions, ropes)
