@@ -1,6 +1,6 @@
 """Where a decoded token's time goes between the crew's threads (a benchmark, not a test).
 
-    python3 benchmarks/crew_timeline.py [-m MODEL] [-t 2] [-n 32] [--jobs]
+    python3 benchmarks/crew_timeline.py [-m MODEL] [-t 2] [-n 32] [--jobs] [--random]
 
 Decodes ``-n`` tokens with the crew traced (`Crew.trace`: for every job the caller's post, the end
 of its own part and the acknowledgements, and every worker's start and end, in ns) and prints per
@@ -37,9 +37,9 @@ def main() -> None:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-n", type=int, default=32, help="decoded tokens traced")
     ap.add_argument("--jobs", action="store_true", help="one line per job of a token")
+    ap.add_argument("--random", action="store_true",
+                    help="random token ids (as llama-bench and `numawb bench`: routing differs token to token)")
     a = ap.parse_args()
-    if a.threads < 2:
-        sys.exit("the crew has workers from 2 threads on")
     path = a.model or default_model_path()
     eng = Engine.load(path, placement=Placement(threads=a.threads))
     s = eng.new_session(512)
@@ -49,9 +49,11 @@ def main() -> None:
     crew = eng.rt._crew
     crew.trace()
     bounds, walls = [0], []
+    rng = np.random.default_rng(0)
+    ids = rng.integers(4, eng.cfg.n_vocab, a.n) if a.random else 200 + np.arange(a.n)
     for i in range(a.n):
         t = time.perf_counter_ns()
-        s.eval([200 + i])
+        s.eval([int(ids[i])])
         walls.append(time.perf_counter_ns() - t)
         bounds.append(int(crew.ctl[TRACE_LEAD_N]) // 4)
     lead, work = crew.stop_trace().records

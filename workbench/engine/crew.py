@@ -376,7 +376,11 @@ def _build(mv: dict):
         ctl[N_OWNED] = n_owned
         atomic_store(ctl, NEXT, 0)
         if ctl[SOLO] != 0:  # nobody else is listening: every chunk here, no acknowledgements
+            tp = now_ns()
             work(ctl, 0)
+            if ctl[TRACE_LEAD] != 0:
+                t1 = now_ns()
+                _trace(ctl, TRACE_LEAD, tp, t1, t1, tasks.shape[0])
             return True
         seq = ctl[SEQ] + 1
         tp = now_ns()

@@ -451,6 +451,15 @@ class Session:
              cancel: threading.Event | None = None) -> np.ndarray:
         """Append tokens to the cache; logits of the last token (or of `logit_rows` of this call)."""
         model = self.engine.model
+        if len(ids) == 1 and logit_rows is None:  # a decoded token: the shortest way (its Python runs cold)
+            if self.kv.n + 1 > self.kv.n_ctx:
+                raise ContextFullError(f"context full: {self.kv.n} + 1 tokens exceed n_ctx {self.kv.n_ctx}")
+            if cancel is not None and cancel.is_set():
+                raise Cancelled("cancelled after 0 of 1 prompt tokens")
+            tok = int(ids[0])
+            out = model.forward(np.array((tok,), dtype=np.int64), self.kv, None)
+            self.tokens.append(tok)
+            return out[-1]
         if self.kv.n + len(ids) > self.kv.n_ctx:
             raise ContextFullError(f"context full: {self.kv.n} + {len(ids)} tokens exceed n_ctx {self.kv.n_ctx}")
         outs = []

@@ -341,6 +341,7 @@ class Runtime(AttentionPaths):
         self._tparts: "weakref.WeakKeyDictionary[KVCache, dict]" = weakref.WeakKeyDictionary()
         self._rparts: dict[tuple, _Cached] = {}
         self._journals: dict[tuple, TokenJournal] = {}  # routed experts of token_layers' calls
+        self._step_keys: dict[tuple, tuple] = {}
         self._leading = False
         self._crew: Crew | None = None
         # the crew between passes (see LINGER): transitions under _crew_lock; _vacating asks the
@@ -494,7 +495,6 @@ class Runtime(AttentionPaths):
                     self.pool.lead_end(lead)
                     raise
                 self._crew_t0 = t0
-            self._lingering = False
             return (crew, solo, lead, crew.waited(), t0)
         except BaseException:
             self._passing = False
@@ -530,7 +530,8 @@ class Runtime(AttentionPaths):
             self._crew_lock.release()
 
     def _linger(self) -> None:
-        """Leave the crew launched after this pass (see LINGER)."""
+        """Leave the crew launched after this pass (see LINGER); a lingering crew stays so through
+        the passes that reuse it (the watchdog skips a runtime in a pass)."""
         if not self._lingering:
             self._lingering = True
             hold = getattr(self.pool, "hold", None)
@@ -1045,7 +1046,7 @@ class Runtime(AttentionPaths):
         if h.shape[0] != 1 or not self._crewing:
             return None
         crew = self._crew
-        ready = self._token_parts(kv, ("token", tuple(s[1] for s in steps), output),
+        ready = self._token_parts(kv, self._steps_key("token", steps, output),
                                   lambda: self._token_layers(steps, kv, output))
         if ready is None:
             return None
@@ -1073,7 +1074,7 @@ class Runtime(AttentionPaths):
         if not self._crewing:
             return None
         crew = self._crew
-        ready = self._token_parts(kv, ("program", tuple(s[1] for s in steps), output),
+        ready = self._token_parts(kv, self._steps_key("program", steps, output),
                                   lambda: self._token_layers(steps, kv, output, prologue))
         if ready is None:
             return None
@@ -1086,6 +1087,14 @@ class Runtime(AttentionPaths):
         if journal.due and self.routing is not None:
             self.routing.read_journals()
         return logits.reshape(1, -1)
+
+    def _steps_key(self, kind: str, steps: Sequence[tuple], output: str | None) -> tuple:
+        """(kind, the steps' layers, output), made once per steps object (the memo holds it, so its
+        id is not reused)."""
+        memo = self._step_keys.get((kind, id(steps), output))
+        if memo is None or memo[0] is not steps:
+            memo = self._step_keys[(kind, id(steps), output)] = (steps, (kind, tuple(s[1] for s in steps), output))
+        return memo[1]
 
     def _token_parts(self, kv: KVCache, key: tuple, build: Callable[[], tuple | None]) -> tuple | None:
         """The parts of a token's compiled call kept per cache under `key`, made by `build` (again
