@@ -139,3 +139,19 @@ def test_a_token_call_journals_its_routing_and_ends_with_the_output_product(tmp_
         assert a.window == b.window and np.array_equal(a.hits, b.hits)
         assert a.node_bytes == pytest.approx(b.node_bytes) and a.step_imbalance == pytest.approx(b.step_imbalance)
     assert snaps[True][-1].window == 256 and snaps[True][-1].hits.sum() == 256 * 2 * 2
+
+
+def test_the_token_program_scales_the_embedding_as_the_python_path(tmp_path, monkeypatch):
+    """A family that scales its embeddings (Gemma's sqrt(n_embd)): the token program's prologue
+    gives the same logits to the bit as the Python embedding + `token_layers`."""
+    from workbench.engine.models.qwen3moe import Qwen3MoE
+    monkeypatch.setattr(Qwen3MoE, "embed_scale", True)
+    path = tmp_path / "moe.gguf"
+    write_tiny_model(path, TinySpec(arch="qwen3moe", qtype=T.Q8_0, n_layer=2, seed=9, n_expert=8, n_expert_used=2,
+                                    n_ff=256, n_ff_exp=256))
+    calls: dict = {}
+    program, _ = _decode(str(path), 2, True, n=6, by=calls)
+    layers, _ = _decode(str(path), 2, True, n=6, program=False)
+    assert calls == {"token_program": 6}
+    for a, b in zip(program, layers):
+        assert np.array_equal(a, b)
