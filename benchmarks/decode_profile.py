@@ -10,7 +10,8 @@ and every kernel call (exclusive wall-clock time on the calling thread; kernels 
 threads are summed per worker), by wrapping those functions for a separate run.
 ``--ab`` compares source trees (e.g. a ``git archive`` of HEAD and the working tree): one
 process per tree and thread count, all loaded at once and taking turns run by run, so that
-every variant sees the same background load.
+every variant sees the same background load. ``NUMAWB_BENCH_RANDOM=1`` decodes random token ids
+(as llama-bench does; see RANDOM below).
 """
 from __future__ import annotations
 
@@ -26,14 +27,25 @@ from workbench.engine import kernels  # noqa: E402
 PROMPT = "The capital of France is"
 
 
+# NUMAWB_BENCH_RANDOM=1: random token ids, as llama-bench and `numawb bench` decode (a MoE model
+# routes each token to other experts; with the ids 200, 201, ... of the default, neighbouring
+# tokens of the synthetic MoE file share experts that stay in the caches, which flatters it)
+RANDOM = os.environ.get("NUMAWB_BENCH_RANDOM", "0") != "0"
+
+
 def decode_tps(session, n: int) -> float:
     session.reset()
     session.eval(session.engine.tokenizer.encode(PROMPT))
     for i in range(3):
         session.eval([100 + i])
+    if RANDOM:
+        import numpy as np
+        ids = [int(v) for v in np.random.default_rng().integers(4, session.engine.cfg.n_vocab, n)]
+    else:
+        ids = [200 + i for i in range(n)]
     t = time.perf_counter()
-    for i in range(n):
-        session.eval([200 + i])
+    for tok in ids:
+        session.eval([tok])
     return n / (time.perf_counter() - t)
 
 
