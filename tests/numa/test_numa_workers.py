@@ -136,3 +136,42 @@ def test_lead_runs_worker_zero_on_the_caller_and_restores_affinity():
         pool.run(fn)  # the pool still works after an error in the caller's share
     finally:
         pool.close()
+
+
+def test_a_held_launch_is_released_before_the_next_use_from_any_thread():
+    """`hold(release)`: a launch whose workers stay busy past their caller's pass (the engine's crew
+    spinning between tokens) is ended by `release` before the next launch -- from another thread
+    too -- and before `close`; each release is called once."""
+    pool = WorkerPool(2)
+    try:
+        stop = threading.Event()
+        released: list[str] = []
+
+        def spin(i: int) -> None:
+            stop.wait(30)
+
+        def release() -> None:
+            released.append(threading.current_thread().name)
+            stop.set()
+            pool.join()
+
+        pool.launch(spin, lead=True)
+        pool.hold(release)
+        seen: list = []
+        t = threading.Thread(target=lambda: seen.append(pool.check()), name="other")
+        t.start()
+        t.join(timeout=30)
+        assert not t.is_alive() and len(seen[0]) == 2
+        assert released == ["other"]
+        stop.clear()
+        pool.launch(spin, lead=True)
+        pool.hold(release)
+        pool.hold(None)      # let go by its holder: nothing to call
+        stop.set()
+        pool.join()
+        stop.clear()
+        pool.launch(spin, lead=True)
+        pool.hold(release)
+    finally:
+        pool.close()         # releases the held launch first
+    assert released == ["other", threading.current_thread().name]

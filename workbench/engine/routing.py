@@ -81,7 +81,8 @@ class RoutingStats:
     Recording is on the decode path (once per MoE layer and token), so it only stores: each layer's
     last ``window`` tokens' expert ids in a ring, and per call the distinct experts read. The hits
     and the bytes per node are counted when a snapshot is asked for (the dashboard's twice a
-    second), with NumPy over the rings."""
+    second), with NumPy over the rings. A decoded token computed in one compiled call records
+    through a `TokenJournal` instead (no Python per token), read in bulk into the same rings."""
 
     def __init__(self, n_layer: int, n_expert: int, window: int = 256,
                  bytes_by_node: Callable[[str, int], dict[int, float]] | None = None,

@@ -310,7 +310,10 @@ class _Watchdog:
                 watched = list(cls._watched)
             for rt in watched:
                 if rt._linger_expired(now):
-                    rt.release_crew()
+                    try:
+                        rt.release_crew()
+                    except Exception:  # noqa: BLE001 - a worker's error: the pass that met it raised it already
+                        pass
             with cls._lock:
                 for rt in watched:
                     if not rt._lingering:
