@@ -1056,11 +1056,7 @@ class Runtime(AttentionPaths):
         fn, layers, journal, out_job, h_last = ready
         ok, logits = fn(crew.ctl, crew.n_workers, x, np.ascontiguousarray(h, dtype=np.float32), layers, rope, pos0,
                         SKIP_SLID_VALUES, journal.ids, journal.written, out_job)
-        if not ok:
-            crew.stop()
-            raise CrewError("a worker failed during a token's layers")
-        if journal.due and self.routing is not None:
-            self.routing.read_journals()
+        self._token_done(ok, journal)
         if out_job[3]:
             return h_last, logits.reshape(1, -1)
         return h_last.copy(), None
@@ -1084,12 +1080,16 @@ class Runtime(AttentionPaths):
         fn, (pro, layers), journal, out_job, _h = ready
         ok, logits = fn(crew.ctl, crew.n_workers, tok, pos0, pro, layers, SKIP_SLID_VALUES, journal.ids,
                         journal.written, out_job)
+        self._token_done(ok, journal)
+        return logits.reshape(1, -1)
+
+    def _token_done(self, ok: bool, journal: TokenJournal) -> None:
+        """After a token's compiled call: raise if a worker failed; count the journal when due."""
         if not ok:
-            crew.stop()
+            self._crew.stop()
             raise CrewError("a worker failed during a token's layers")
         if journal.due and self.routing is not None:
             self.routing.read_journals()
-        return logits.reshape(1, -1)
 
     def _steps_key(self, kind: str, steps: Sequence[tuple], output: str | None) -> tuple:
         """(kind, the steps' layers, output), made once per steps object (the memo holds it, so its
@@ -1138,11 +1138,6 @@ class Runtime(AttentionPaths):
         (attn, ffn), = fns
         run_out = None
         out_job = (_NO_TASKS, _NO_CHUNKS, 0, 0)
-        if output is not None and prologue is not None:
-            embed = kernels.dequantizer(self.weights[prologue[0]].ggml_type)
-            emb = self.layout.full_array(prologue[0])
-            if embed is None or emb is None:
-                return None
         if output is not None:
             g = self._group((output,))
             run_out = self._token_runner(g) if len(g.rows) == 1 else None
@@ -1155,9 +1150,11 @@ class Runtime(AttentionPaths):
             if self._routing is not None:
                 self._routing.attach(journal)
         if prologue is not None:
-            if run_out is None:
-                return None
             name, scale, norm, eps, rope = prologue
+            embed = kernels.dequantizer(self.weights[name].ggml_type)
+            emb = self.layout.full_array(name)
+            if run_out is None or embed is None or emb is None:
+                return None
             pro = typed_layers(((emb, float(scale), self.f32(norm), float(eps), *rope),))
             return token_runner(attn, ffn, run_out, embed), (pro, typed), journal, out_job, None
         return token_runner(attn, ffn, run_out), typed, journal, out_job, layers[-1][-2]

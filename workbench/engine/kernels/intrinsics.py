@@ -560,16 +560,17 @@ def i_sub(typingctx, a, b):
     return sig, lambda context, builder, sig, args: builder.sub(args[0], args[1])
 
 
+def _reduce_i32x8(op: str):
+    """Codegen of an int32x8 -> int32 lane reduction (llvm.vector.reduce.<op>)."""
+    def cg(context, builder, sig, args):
+        return builder.call(_fn(builder, f"llvm.vector.reduce.{op}.v8i32", _i32, [_V8I]), [args[0]])
+    return cg
+
+
 @intrinsic
 def hsum_i(typingctx, v):
     """Sum of the 8 int32 lanes (exact in int32 for these kernels)."""
-    sig = types.int32(v)
-
-    def cg(context, builder, sig, args):
-        red = _fn(builder, "llvm.vector.reduce.add.v8i32", _i32, [_V8I])
-        return builder.call(red, [args[0]])
-
-    return sig, cg
+    return types.int32(v), _reduce_i32x8("add")
 
 
 @intrinsic
@@ -948,13 +949,7 @@ def i_max(typingctx, a, b):
 @intrinsic
 def hmax_i(typingctx, v):
     """The largest of the 8 int32 lanes."""
-    sig = types.int32(v)
-
-    def cg(context, builder, sig, args):
-        red = _fn(builder, "llvm.vector.reduce.smax.v8i32", _i32, [_V8I])
-        return builder.call(red, [args[0]])
-
-    return sig, cg
+    return types.int32(v), _reduce_i32x8("smax")
 
 
 @intrinsic
