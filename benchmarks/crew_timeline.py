@@ -74,6 +74,12 @@ def main() -> None:
     job_of = np.searchsorted(posts, work[:, 2], side="right") - 1
     wk_job = np.zeros(len(lead), dtype=np.int64)
     np.add.at(wk_job, job_of[job_of >= 0], (work[:, 3] - work[:, 2])[job_of >= 0])
+    # how long after the post the (last) worker started, and finished after the caller's own part
+    late = np.zeros(len(lead), dtype=np.int64)
+    ok = job_of >= 0
+    np.maximum.at(late, job_of[ok], work[ok, 2] - posts[job_of[ok]])
+    after = np.full(len(lead), np.iinfo(np.int64).min, dtype=np.int64)
+    np.maximum.at(after, job_of[ok], work[ok, 3] - lead[job_of[ok], 1])
     for k in range(a.n):
         jobs = lead[bounds[k]:bounds[k + 1]]
         if len(jobs) == 0:  # a token decoded without posting a job (the crew ran solo)
@@ -84,7 +90,8 @@ def main() -> None:
         wks = wk_job[bounds[k]:bounds[k + 1]]
         per_tok.append((walls[k], own.sum(), wks.sum(), acks.sum(), gaps.sum(), len(jobs),
                         walls[k] - (jobs[-1, 2] - jobs[0, 0])))
-        rows.append(np.stack([jobs[:, 3], gaps, own, wks], 1))
+        rows.append(np.stack([jobs[:, 3], gaps, own, wks, late[bounds[k]:bounds[k + 1]],
+                              np.maximum(after[bounds[k]:bounds[k + 1]], 0)], 1))
     p = np.median(np.array(per_tok, dtype=np.float64), 0)
     print(f"per token (median): {p[5]:.0f} jobs, wall {p[0] / 1e6:.2f} ms; caller working {p[1] / 1e6:.2f} ms, "
           f"workers working {p[2] / 1e6:.2f} ms, caller waiting for acknowledgements {p[3] / 1e6:.2f} ms, "
@@ -93,9 +100,11 @@ def main() -> None:
     if a.jobs:
         n = min(len(r) for r in rows)
         m = np.median(np.stack([r[:n] for r in rows]), 0)
-        print("job  tasks  gap before (us)  caller (us)  workers (us)")
-        for j, (nt, g, o, w) in enumerate(m):
-            print(f"{j:3d}  {nt:5.0f}  {g / 1e3:15.1f}  {o / 1e3:11.1f}  {w / 1e3:12.1f}")
+        print("job  tasks  gap before (us)  caller (us)  workers (us)  worker started after post (us)  "
+              "worker done after caller (us)")
+        for j, (nt, g, o, w, lt, af) in enumerate(m):
+            print(f"{j:3d}  {nt:5.0f}  {g / 1e3:15.1f}  {o / 1e3:11.1f}  {w / 1e3:12.1f}  {lt / 1e3:30.1f}  "
+                  f"{af / 1e3:29.1f}")
     eng.close()
 
 

@@ -155,3 +155,45 @@ def test_the_token_program_scales_the_embedding_as_the_python_path(tmp_path, mon
     assert calls == {"token_program": 6}
     for a, b in zip(program, layers):
         assert np.array_equal(a, b)
+
+
+def test_typed_layers_keeps_the_layers_and_refuses_mixed_types():
+    """The layers' typed list (built one layer per compiled call, so its compile does not grow
+    with the layer count) holds the layers in order, the same arrays; layers of different types
+    raise numba's TypingError (the runtime then goes layer by layer)."""
+    import numba
+    from workbench.engine.token_layer import typed_layers
+    a = [np.arange(4, dtype=np.float32) + i for i in range(5)]
+    layers = tuple((a[i], np.int64(i), (a[i][:2], 0.5 * i)) for i in range(5))
+    out = typed_layers(layers)
+    assert len(out) == 5
+    for i, (arr, n, (view, f)) in enumerate(out):
+        assert n == i and f == 0.5 * i
+        assert np.shares_memory(arr, a[i]) and np.array_equal(view, a[i][:2])
+    with pytest.raises(numba.core.errors.TypingError):
+        typed_layers((layers[0], (np.zeros((2, 2), dtype=np.float32), np.int64(1), (a[0][:2], 1.0))))
+
+
+def test_the_token_program_compiles_its_layers_into_itself(tmp_path):
+    """The layer loop and the layer function are compiled into the token program (numba's
+    inline="always"), not on their own and then once more inside it: a fresh install's first
+    decoded token of a mixture-of-experts model spent ~13 s of its ~70 s optimizing those copies.
+    The layer-by-layer path's own layer function is a separate one that Python calls."""
+    from workbench.engine import token_layer
+    path = tmp_path / "moe.gguf"
+    write_tiny_model(path, TinySpec(arch="qwen3moe", qtype=T.Q8_0, n_layer=2, seed=8, n_expert=8, n_expert_used=2,
+                                    n_ff=256, n_ff_exp=256))
+    eng = Engine.load(str(path), placement=Placement(threads=1))
+    try:
+        s = eng.new_session(64)
+        s.eval(PROMPT)
+        s.eval([5])
+        s.eval([6])
+        programs = list(token_layer._TOKENS.values())
+        assert any(p.signatures for p in programs)  # the token program ran
+        inlined = [fn for (attn, ffn, inline), fn in token_layer._LAYERS.items() if inline]
+        assert inlined and all(fn.targetoptions.get("inline") == "always" and not fn.signatures for fn in inlined)
+        standalone = [fn for (attn, ffn, inline), fn in token_layer._LAYERS.items() if not inline]
+        assert all(fn.targetoptions.get("inline", "never") == "never" for fn in standalone)
+    finally:
+        eng.close()

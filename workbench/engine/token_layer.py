@@ -23,15 +23,17 @@ _LAYERS: dict = {}
 _NONE = np.zeros(0, dtype=np.float32)
 
 
-def layer_runner(attn: Callable, ffn: Callable) -> Callable:
+def layer_runner(attn: Callable, ffn: Callable, inline: bool = False) -> Callable:
     """The compiled layer around `attn` (a `token_attention.block_runner` function) and `ffn` (an
-    `expert_token.routed_runner` function)."""
-    key = (attn, ffn)
+    `expert_token.routed_runner` function). inline: for compiled callers only (`token_runner`),
+    compiled into the caller (numba's inline="always") instead of on its own and then again
+    inside it (a callee's code is optimized once per caller it is linked into)."""
+    key = (attn, ffn, inline)
     fn = _LAYERS.get(key)
     if fn is not None:
         return fn
 
-    @numba.njit(**_NB)
+    @numba.njit(**_NB, inline="always" if inline else "never")
     def fn(ctl, n_workers, x, h, a_head, rope, a_mid, pos0, a_win, start, base, a_tail, o, ffn_norm, f_args,
            f_out, next_norm, eps, h_next):
         """x [1, n_embd] (the residual, updated in place), h its normed value -> h_next, x normed
@@ -53,13 +55,30 @@ _TOKENS: dict = {}
 
 
 @numba.njit(**_NB)
-def typed_layers(layers):
+def _list_of(item):
+    out = numba.typed.List()
+    out.append(item)
+    return out
+
+
+@numba.njit(**_NB)
+def _append(items, item) -> None:
+    items.append(item)
+
+
+def typed_layers(layers: tuple) -> numba.typed.List:
     """A typed list of the layers' argument tuples (all of one type), made in compiled code: made
     from Python, each append compiles numba's list methods for the item type in every process
-    (1.9 s before a model's first decoded token); here they come from the disk cache."""
-    out = numba.typed.List()
-    for i in range(len(layers)):
-        out.append(layers[i])
+    (1.9 s before a model's first decoded token); here they come from the disk cache. One layer
+    per call: a function taking the whole tuple compiled the unboxing of every layer's ~50 arrays
+    (14 s on a fresh install for 8 layers, more with more layers); this one compiles once per
+    layer type, whatever the layer count. Raises numba's TypingError when the layers differ."""
+    kinds = {numba.typeof(layer) for layer in layers}
+    if len(kinds) != 1:  # appending a layer of another type would fail inside numba, not in typing
+        raise numba.core.errors.TypingError(f"layers of {len(kinds)} different argument types")
+    out = _list_of(layers[0])
+    for layer in layers[1:]:
+        _append(out, layer)
     return out
 
 
@@ -81,9 +100,9 @@ def token_runner(attn: Callable, ffn: Callable, out: Callable | None = None,
     fn = _TOKENS.get(key)
     if fn is not None:
         return fn
-    layer = layer_runner(attn, ffn)
+    layer = layer_runner(attn, ffn, inline=True)
 
-    @numba.njit(**_NB)
+    @numba.njit(**_NB, inline="always")
     def layers_(ctl, n_workers, x, h, layers, rope, pos0, skip_slid, journal, written):
         row = written[0] % journal.shape[0]
         for i in range(len(layers)):
