@@ -74,6 +74,7 @@ class TinySpec:
     weights_scale: float = 0.0
     yarn: tuple[float, int, float] | None = None  # (factor, original context, mscale_all_dim)
     old_mla: bool = False         # the legacy attn_kv_b layout (refused)
+    eos_id: int = 1               # tokenizer.ggml.eos_token_id
 
 
 def _deepseek2_layers(spec: TinySpec, mat, vec, experts) -> None:
@@ -198,7 +199,7 @@ def write_tiny_model(path: str | os.PathLike, spec: TinySpec, split_max_tensors:
     w.add_array("tokenizer.ggml.scores", scores)
     w.add_array("tokenizer.ggml.token_type", types)
     w.add_uint32("tokenizer.ggml.bos_token_id", 2)
-    w.add_uint32("tokenizer.ggml.eos_token_id", 1)
+    w.add_uint32("tokenizer.ggml.eos_token_id", spec.eos_id)
     w.add_uint32("tokenizer.ggml.unknown_token_id", 3)
     w.add_bool("tokenizer.ggml.add_bos_token", True)
     w.add_bool("tokenizer.ggml.add_space_prefix", a != "gemma3")

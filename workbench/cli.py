@@ -119,6 +119,8 @@ class CommandLine:
         _add_model(g)
         g.add_argument("-p", "--prompt", required=True)
         _add_sampling(g)
+        g.add_argument("--ignore-eos", action="store_true",
+                       help="keep generating past end-of-generation tokens (as llama.cpp's --ignore-eos)")
         g.add_argument("--json", action="store_true", help="print one JSON object")
 
         pp = sub.add_parser("perplexity", help="llama-perplexity's estimate over a text file")
@@ -307,7 +309,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     session = eng.new_session(max(args.ctx_size, len(ids) + args.n_predict + 1))
     done = None
     try:
-        for ev in session.generate(ids, params, args.n_predict):
+        for ev in session.generate(ids, params, args.n_predict, stop_ids=set() if args.ignore_eos else None):
             if isinstance(ev, TokenEvent) and not args.json:
                 sys.stdout.write(ev.text)
                 sys.stdout.flush()

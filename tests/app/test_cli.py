@@ -213,3 +213,23 @@ def test_topo_and_help_load_neither_numba_nor_the_kernels(argv):
     assert [m for m in mods if m == "numba" or m.startswith("numba.")] == []
     assert [m for m in mods if m.startswith("workbench.engine")] == []
     assert [m for m in mods if m == "textual" or m.startswith("textual.")] == []
+
+
+def test_generate_ignore_eos_keeps_going(tmp_path):
+    """--ignore-eos (llama.cpp's flag) generates the whole budget through end-of-generation tokens:
+    a model whose greedy first token is made its EOS stops at once without it."""
+    spec = TinySpec(arch="qwen3", qtype=T.Q8_0, n_layer=1)
+    probe = tmp_path / "probe.gguf"
+    write_tiny_model(probe, spec)
+    r = numawb("generate", "-m", str(probe), "-p", "the cat", "-n", "1", "--temp", "0", "-t", "1", "--json")
+    assert r.returncode == 0, r.stderr
+    first = json.loads(r.stdout)["tokens"][0]
+    path = tmp_path / "eos.gguf"
+    write_tiny_model(path, TinySpec(arch="qwen3", qtype=T.Q8_0, n_layer=1, eos_id=first))
+    args = ("generate", "-m", str(path), "-p", "the cat", "-n", "6", "--temp", "0", "-t", "1", "--json")
+    stopped = json.loads(numawb(*args).stdout)
+    assert stopped["stop_reason"] == "eos" and len(stopped["tokens"]) <= 1
+    r = numawb(*args, "--ignore-eos")
+    assert r.returncode == 0, r.stderr
+    kept = json.loads(r.stdout)
+    assert kept["stop_reason"] == "length" and len(kept["tokens"]) == 6 and kept["tokens"][0] == first
