@@ -352,6 +352,11 @@ def test_the_crew_stays_launched_between_tokens_and_yields_to_the_pool(eng, monk
     assert not rt._crew.active  # released after every pass
     monkeypatch.setattr(runtime, "LINGER", True)
     monkeypatch.setattr(runtime, "LINGER_IDLE", 3600.0)  # the watchdog stays out of the first part
+    # on a busy machine a token may take longer than LINGER_MAX, or its waits count as a starved
+    # crew (which runs the next tokens solo, not lingering): neither is what this test is about
+    monkeypatch.setattr(runtime, "LINGER_MAX", 3600.0)
+    monkeypatch.setattr(runtime, "CREW_STARVED", 1 << 30)
+    rt.crew_backoff = 0
     s = eng.new_session(256)
     s.eval(PROMPT)
     got = [s.eval([5]).copy()]

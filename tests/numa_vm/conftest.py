@@ -5,6 +5,7 @@ Every measured placement share is printed in the terminal summary.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,21 @@ def pytest_collection_modifyitems(config, items):
         for item in items:  # this hook sees the whole session: mark only our own tests
             if here in Path(item.fspath).parents:
                 item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_numa_balancing():
+    """Automatic NUMA balancing off while the guest proves placements (as numawb's docs advise for
+    measurements): its scanner unmaps pages for hinting faults and migrates them, and a proof
+    taken then read 254 of a first-touched buffer's 256 pages as absent (CI, 4-node guest, a
+    busy host). The placement mechanics are what these tests prove, not the balancer."""
+    from workbench.numa import disable_numa_balancing, numa_balancing
+    guard = None
+    if numa_balancing() and os.geteuid() == 0:
+        guard = disable_numa_balancing()
+    yield
+    if guard is not None:
+        guard.restore()
 
 
 @pytest.fixture(scope="session")
