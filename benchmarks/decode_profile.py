@@ -19,6 +19,8 @@ import os
 import sys
 import time
 
+import numpy as np
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from profiling import Timers, cli, wrap_engine  # noqa: E402
 
@@ -39,7 +41,6 @@ def decode_tps(session, n: int) -> float:
     for i in range(3):
         session.eval([100 + i])
     if RANDOM:
-        import numpy as np
         ids = [int(v) for v in np.random.default_rng().integers(4, session.engine.cfg.n_vocab, n)]
     else:
         ids = [200 + i for i in range(n)]

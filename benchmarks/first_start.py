@@ -3,7 +3,7 @@
     python3 benchmarks/first_start.py [-m MODEL] [-t THREADS] [-n TOKENS]
 
 Copies `workbench/` (sources only) into a temporary folder, points the kernel cache there too
-(``XDG_CACHE_HOME``), and runs ``python -m workbench generate -p hi -n 1`` twice in fresh
+(``XDG_CACHE_HOME``), and runs ``python -m workbench generate -p hi -n 1 --ignore-eos`` twice in fresh
 processes: the first compiles the kernels the model's tensor types need, the second finds them
 in the cache. Prints both wall times (a benchmark, not a test: the figures depend on the host).
 ``-n 2`` times the first *decoded* token too (the first comes from the prompt's logits; a decoded
@@ -29,8 +29,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def run_once(tree: str, env: dict, args: list[str], n: int = 1) -> float:
     t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "workbench", "generate", "-p", "hi", "-n", str(n), "--ignore-eos", *args],
-                       cwd=tree, env=env, capture_output=True, text=True, timeout=1800)
+    cmd = [sys.executable, "-m", "workbench", "generate", "-p", "hi", "-n", str(n), "--ignore-eos", *args]
+    p = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=1800)
     dt = time.perf_counter() - t0
     if p.returncode != 0:
         raise SystemExit(f"first_start: generate failed: {p.stderr.strip()[-400:]}")

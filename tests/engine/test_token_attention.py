@@ -191,9 +191,9 @@ def test_the_token_program_compiles_its_layers_into_itself(tmp_path):
         s.eval([6])
         programs = list(token_layer._TOKENS.values())
         assert any(p.signatures for p in programs)  # the token program ran
-        inlined = [fn for (attn, ffn, inline), fn in token_layer._LAYERS.items() if inline]
-        assert inlined and all(fn.targetoptions.get("inline") == "always" and not fn.signatures for fn in inlined)
-        standalone = [fn for (attn, ffn, inline), fn in token_layer._LAYERS.items() if not inline]
-        assert all(fn.targetoptions.get("inline", "never") == "never" for fn in standalone)
+        # the token program's layer function was never compiled on its own (a caller that does not
+        # inline it compiles it first); the layer-by-layer path has its own, which Python calls
+        inlined = [fn for (_a, _f, inline), fn in token_layer._LAYERS.items() if inline]
+        assert inlined and all(not fn.signatures for fn in inlined)
     finally:
         eng.close()

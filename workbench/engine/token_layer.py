@@ -95,7 +95,13 @@ def token_runner(attn: Callable, ffn: Callable, out: Callable | None = None,
 
     With `embed` (a `kernels.dequantizer`, and `out`) the call starts from the token id: the
     embedding row, its scale, the first layer's input norm and the RoPE table of the position
-    (the functions the Python path calls, in its order), from a prologue tuple made once."""
+    (the functions the Python path calls, in its order), from a prologue tuple made once.
+
+    The layer loop and the layer are compiled into the call (inline="always"): numba optimizes a
+    callee's code again in every caller it is linked into, so on their own they cost a fresh
+    install ~13 s more before the first decoded token. Not inlined further down: the attention
+    block and the routed FFN take `*args`, and the crew's job tables carry raw addresses, so an
+    array whose last use is inlined before the job runs would be freed under it."""
     key = (attn, ffn, out, embed)
     fn = _TOKENS.get(key)
     if fn is not None:
