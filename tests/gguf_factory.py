@@ -51,6 +51,7 @@ class TinySpec:
     n_layer: int = 2
     n_ctx: int = 256
     sliding_window: int = 8  # gemma3 only; small so that tests cross it
+    rope_base: float = 10000.0  # gemma3: its global layers' (the sliding-window ones keep 10000)
     tied: bool = True
     seed: int = 0
     # mixture of experts (qwen3moe; llama with experts = Mixtral style)
@@ -185,7 +186,7 @@ def write_tiny_model(path: str | os.PathLike, spec: TinySpec, split_max_tensors:
         w.add_uint32(f"{a}.attention.key_length", spec.head_dim)
         w.add_uint32(f"{a}.attention.value_length", spec.head_dim)
     w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
-    w.add_float32(f"{a}.rope.freq_base", 10000.0)
+    w.add_float32(f"{a}.rope.freq_base", spec.rope_base)
     if a == "gemma3":
         w.add_uint32(f"{a}.attention.sliding_window", spec.sliding_window)
     if spec.n_expert:

@@ -54,6 +54,24 @@ def _decode(path: str, threads: int, compiled: bool, n: int = 14, layers: bool =
         eng.close()
 
 
+def _every_path(path: str, threads: int) -> tuple:
+    """Decoded logits by the token program, by `token_layers`, by `layer_token`, by the sub-layers'
+    calls and by the general path, and (the calls taken by each of the first three, the sub-layer
+    calls taken, the compiled calls the general path took)."""
+    calls, layer_calls, per_layer = {}, {}, {}
+    program, _ = _decode(path, threads, True, by=calls)
+    token, _ = _decode(path, threads, True, by=layer_calls, program=False)
+    whole, _ = _decode(path, threads, True, by=per_layer, tokens=False)
+    parts, taken_parts = _decode(path, threads, True, layers=False)
+    general, none = _decode(path, threads, False)
+    return program, token, whole, parts, general, (calls, layer_calls, per_layer, taken_parts, none)
+
+
+def _all_equal(*runs: list[np.ndarray]) -> None:
+    for step in zip(*runs):
+        assert all(np.array_equal(step[0], other) for other in step[1:])
+
+
 @pytest.mark.parametrize("arch,qtype", [("gemma3", T.Q8_0), ("qwen3", T.Q4_K), ("qwen2", T.Q8_0),
                                         ("llama", T.Q6_K), ("qwen3moe", T.Q4_K)])
 @pytest.mark.parametrize("threads", [1, 2])
@@ -63,8 +81,8 @@ def test_compiled_attention_equals_general_path(tmp_path, arch, qtype, threads):
     write_tiny_model(path, TinySpec(arch=arch, qtype=qtype, n_layer=2, seed=11, **extra))
     fast, taken = _decode(str(path), threads, True)
     slow, none = _decode(str(path), threads, False)
-    # every decoded token's every layer took one call (a MoE token: one call for all its layers)
-    assert none == 0 and taken == (14 if arch == "qwen3moe" else 14 * 2)
+    # every decoded token took one call for all its layers (from its id to its logits)
+    assert none == 0 and taken == 14
     for a, b in zip(fast, slow):
         assert a.dtype == np.float32 and np.array_equal(a, b)
 
@@ -80,18 +98,33 @@ def test_whole_moe_layer_in_one_call_equals_its_sub_layers(tmp_path, fused, qtyp
     path = tmp_path / "moe.gguf"
     write_tiny_model(path, TinySpec(arch="qwen3moe", qtype=qtype, n_layer=3, seed=4, n_expert=8, n_expert_used=2,
                                     n_ff=256, n_ff_exp=256, fuse_gate_up=fused))
-    calls, layer_calls, per_layer = {}, {}, {}
-    program, _ = _decode(str(path), threads, True, by=calls)
-    token, _ = _decode(str(path), threads, True, by=layer_calls, program=False)
-    whole, _ = _decode(str(path), threads, True, by=per_layer, tokens=False)
-    parts, taken_parts = _decode(str(path), threads, True, layers=False)
-    general, none = _decode(str(path), threads, False)
+    program, token, whole, parts, general, (calls, layer_calls, per_layer, taken_parts, none) = \
+        _every_path(str(path), threads)
     assert calls == {"token_program": 14}  # (one call a token: the others were not called)
     assert layer_calls == {"token_layers": 14}
     assert per_layer == {"layer_token": 14 * 3}
     assert taken_parts == 14 * 3 and none == 0
-    for p, a, b, c, d in zip(program, token, whole, parts, general):
-        assert np.array_equal(p, a) and np.array_equal(a, b) and np.array_equal(a, c) and np.array_equal(a, d)
+    _all_equal(program, token, whole, parts, general)
+
+
+@pytest.mark.parametrize("arch,qtype", [("gemma3", T.Q8_0), ("llama", T.Q4_K)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_dense_token_in_one_call_equals_its_layers(tmp_path, arch, qtype, threads):
+    """A dense model's decoded token: `token_program`, `token_layers` and `layer_token` (with the
+    gated FFN in one call, `dense_token`) give the same logits to the bit as the sub-layers' calls
+    and the general path. Gemma 3 takes every switch: post-attention and post-FFN norms, five
+    sliding-window layers and a global one with RoPE bases of their own (10000 and 1e6), GELU, the
+    embedding scale; the Llama file SiLU and a K-quant."""
+    path = tmp_path / f"{arch}.gguf"
+    write_tiny_model(path, TinySpec(arch=arch, qtype=qtype, n_layer=6 if arch == "gemma3" else 2, seed=5,
+                                    rope_base=1e6 if arch == "gemma3" else 10000.0))
+    n_layer = 6 if arch == "gemma3" else 2
+    program, token, whole, parts, general, (calls, layer_calls, per_layer, taken_parts, none) = \
+        _every_path(str(path), threads)
+    assert calls == {"token_program": 14} and layer_calls == {"token_layers": 14}
+    assert per_layer == {"layer_token": 14 * n_layer}
+    assert taken_parts == 14 * n_layer and none == 0
+    _all_equal(program, token, whole, parts, general)
 
 
 @pytest.mark.parametrize("threads", [1, 2])

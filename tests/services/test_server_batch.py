@@ -84,6 +84,9 @@ SPECS = {
     "qwen2-f16": TinySpec(arch="qwen2", qtype=T.F16, n_layer=2, n_ctx=512),
     "qwen3-q5_0": TinySpec(arch="qwen3", qtype=T.Q5_0, n_layer=2, n_ctx=512),
     "llama-q8_0": TinySpec(arch="llama", qtype=T.Q8_0, n_layer=2, n_ctx=512, tied=False),
+    # a mixture of experts: each row's RoPE at its own cache's position, as for the dense families
+    "qwen3moe-q8_0": TinySpec(arch="qwen3moe", qtype=T.Q8_0, n_layer=2, n_ctx=512, n_expert=8, n_expert_used=2,
+                              n_ff=256, n_ff_exp=256),
 }
 
 

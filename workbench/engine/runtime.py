@@ -33,6 +33,7 @@ from . import ops
 from .attention import AttentionPaths
 from .crew import C_OWNER, C_SPAN, C_TASK, CHUNK_FIELDS, T_OUT, T_OUTOFF, T_XROW, TASK_FIELDS, Crew, CrewError, Job, Table, product_runner
 from .attention import SKIP_SLID_VALUES, one_token_attention, token_window
+from .dense_token import dense_runner
 from .expert_token import GELU, SILU, expert_runner, routed_runner
 from .token_attention import block_runner
 from .token_layer import layer_runner, token_runner, typed_layers
@@ -48,6 +49,7 @@ SPLIT_BYTES = 8 << 20
 _EMPTY = np.zeros(0, dtype=np.float32)
 _NO_TASKS = np.zeros((0, TASK_FIELDS), dtype=np.int64)
 _NO_CHUNKS = np.zeros((0, CHUNK_FIELDS), dtype=np.int64)
+_NO_IDS = np.zeros(0, dtype=np.int64)
 CHUNK_BYTES = 1 << 20  # smallest chunk of rows dealt to the workers, in weight bytes
 CHUNK_ALIGN = 64  # rows
 # one-token products go through the crew (workers waiting in compiled code) in chunks of at
@@ -239,6 +241,15 @@ class RoutedSpec:
     router: str
     gating: Gating
     gate: str | None
+    up: str
+    down: str
+    activation: str = "silu"
+
+
+@dataclass(frozen=True)
+class DenseSpec:
+    """A layer's dense gated FFN as `Runtime.layer_token` / `token_layers` take it."""
+    gate: str
     up: str
     down: str
     activation: str = "silu"
@@ -975,7 +986,7 @@ class Runtime(AttentionPaths):
         return parts.o.copy()
 
     def _record_routing(self, parts: "_TokenParts") -> None:
-        if self.routing is not None:
+        if self.routing is not None and parts.routing:
             ids, names = parts.routing
             self.routing.record(names[-2], ids[None], names)
 
@@ -1012,18 +1023,47 @@ class Runtime(AttentionPaths):
         self._rparts[key] = _Cached(crew.lead, ready)
         return ready
 
+    def _dense_parts(self, spec: DenseSpec) -> "_TokenParts | None":
+        """`dense_token.dense_runner` of `spec` with its job tables and scratch, made once per layout;
+        None when there is no such call (float weights, more than two activation formats)."""
+        crew = self._crew
+        key = ("dense", spec.gate, spec.up, spec.down)
+        cached = self._rparts.get(key)
+        if cached is not None and cached.lead is crew.lead:
+            return cached.ready
+        ready = None
+        g_gu, g_d = self._group((spec.gate, spec.up)), self._group((spec.down,))
+        run_gu, run_d = self._token_runner(g_gu), self._token_runner(g_d)
+        if run_gu is not None and run_d is not None and g_gu.rows[0] == g_gu.rows[1] == g_d.ne0:
+            g = np.empty((1, g_gu.rows[0]), dtype=np.float32)
+            u, act = np.empty_like(g), np.empty_like(g)
+            out = np.empty((1, g_d.rows[0]), dtype=np.float32)
+            jg, jd = g_gu.job, g_d.job
+            ready = _TokenParts(
+                dense_runner(run_gu, run_d), g_gu.ne0,
+                ((jg.tasks, jg.chunks, jg.n_owned), g, u, act, (jd.tasks, jd.chunks, jd.n_owned), out[0],
+                 GELU if spec.activation == "gelu" else SILU, ops.GELU_F16),
+                (), (), (), out)
+        self._rparts[key] = _Cached(crew.lead, ready)
+        return ready
+
+    def _ffn_parts(self, spec: "RoutedSpec | DenseSpec") -> "_TokenParts | None":
+        return self._routed_parts(spec) if isinstance(spec, RoutedSpec) else self._dense_parts(spec)
+
     def layer_token(self, x: np.ndarray, h: np.ndarray, attention: "AttentionSpec", kv: KVCache, il: int,
-                    pos0: int, rope: np.ndarray, ffn_norm: np.ndarray, ffn: "RoutedSpec", next_norm: np.ndarray,
-                    eps: float) -> np.ndarray | None:
+                    pos0: int, rope: np.ndarray, ffn_norm: np.ndarray, ffn: "RoutedSpec | DenseSpec",
+                    next_norm: np.ndarray, eps: float, post_attn: np.ndarray = _EMPTY,
+                    post_ffn: np.ndarray = _EMPTY) -> np.ndarray | None:
         """A decoded token's whole layer in one compiled call (`token_layer`): the attention
-        sub-layer of `attention` on normed input h, x += its output, the `ffn_norm` norm, the routed
-        FFN `ffn`, x += its output; returns x normed by `next_norm` (the next layer's input norm),
-        the same bits as the calls one by one. x is updated in place. None when either half has no
-        compiled call here: the caller runs the layer step by step."""
+        sub-layer of `attention` on normed input h, x += its output (normed by `post_attn` first,
+        when given), the `ffn_norm` norm, the routed or dense FFN `ffn`, x += its output (normed by
+        `post_ffn` first, when given); returns x normed by `next_norm` (the next layer's input
+        norm), the same bits as the calls one by one. x is updated in place. None when either half
+        has no compiled call here: the caller runs the layer step by step."""
         if h.shape[0] != 1 or not self._crewing:
             return None
         a = self._attention_parts(attention, kv, il)
-        f = self._routed_parts(ffn) if a is not None else None
+        f = self._ffn_parts(ffn) if a is not None else None
         if f is None:
             return None
         crew = self._crew
@@ -1031,18 +1071,20 @@ class Runtime(AttentionPaths):
         start, base = token_window(pos0, attention.window)
         hn = np.empty_like(x)
         if not fn(crew.ctl, crew.n_workers, x, np.ascontiguousarray(h, dtype=np.float32), a.head, rope, a.mid, pos0,
-                  a.win, start, base, a.tail, a.o, ffn_norm, f.head, f.o, next_norm, eps, hn):
+                  a.win, start, base, a.tail, a.o, ffn_norm, f.head, f.o, next_norm, eps, hn, post_attn, post_ffn):
             crew.stop()
             raise CrewError("a worker failed during a layer")
         self._record_routing(f)
         return hn
 
     def token_layers(self, x: np.ndarray, h: np.ndarray, steps: Sequence[tuple], kv: KVCache, pos0: int,
-                     rope: np.ndarray, output: str | None = None) -> tuple[np.ndarray, np.ndarray | None] | None:
+                     ropes: np.ndarray, output: str | None = None) -> tuple[np.ndarray, np.ndarray | None] | None:
         """A decoded token's layers in one compiled call (`token_layer.token_runner`): for each step
-        (AttentionSpec, layer in the cache, ffn norm weight, RoutedSpec, next norm weight, eps) what
-        `layer_token` does, the layers' fixed arguments kept per cache as a typed list; x is updated
-        in place. Returns (the last layer's output normed by its next norm, the logits [1, rows] of
+        (AttentionSpec, layer in the cache, ffn norm weight, RoutedSpec or DenseSpec, next norm
+        weight, eps, post-attention norm weight, post-FFN norm weight (size 0: none), RoPE base
+        index) what `layer_token` does, with the RoPE table ropes[index] ([bases, 1, rope dims / 2,
+        2]); the layers' fixed arguments kept per cache as a typed list; x is updated in place.
+        Returns (the last layer's output normed by its next norm, the logits [1, rows] of
         `output` times it when that product runs in the same call, else None). None when a layer
         has no compiled call or the layers' calls differ (tensor types): the caller goes layer by
         layer."""
@@ -1054,7 +1096,7 @@ class Runtime(AttentionPaths):
         if ready is None:
             return None
         fn, layers, journal, out_job, h_last = ready
-        ok, logits = fn(crew.ctl, crew.n_workers, x, np.ascontiguousarray(h, dtype=np.float32), layers, rope, pos0,
+        ok, logits = fn(crew.ctl, crew.n_workers, x, np.ascontiguousarray(h, dtype=np.float32), layers, ropes, pos0,
                         SKIP_SLID_VALUES, journal.ids, journal.written, out_job)
         self._token_done(ok, journal)
         if out_job[3]:
@@ -1069,7 +1111,8 @@ class Runtime(AttentionPaths):
         through the caches). prologue: (embedding tensor, scale or 0, first norm weight tensor, eps,
         (rope dims, base, freq scale, freq factors, ext factor, attn factor, corr lo, corr hi)).
         None when there is no such call (see `token_layers`; an embedding split between workers
-        or kept in an engine layout)."""
+        or kept in an engine layout). The prologue's RoPE base is an array: every base the steps'
+        indexes name."""
         if not self._crewing:
             return None
         crew = self._crew
@@ -1088,7 +1131,7 @@ class Runtime(AttentionPaths):
         if not ok:
             self._crew.stop()
             raise CrewError("a worker failed during a token's layers")
-        if journal.due and self.routing is not None:
+        if journal.keys and journal.due and self.routing is not None:
             self.routing.read_journals()
 
     def _steps_key(self, kind: str, steps: Sequence[tuple], output: str | None) -> tuple:
@@ -1118,17 +1161,20 @@ class Runtime(AttentionPaths):
         the token id, and its arguments are (the prologue's typed list, the layers')."""
         fns, layers, keys = set(), [], []
         k = 0
-        for attention, il, ffn_norm, ffn, next_norm, eps in steps:
+        for attention, il, ffn_norm, ffn, next_norm, eps, post_attn, post_ffn, rope_i in steps:
             a = self._attention_parts(attention, kv, il)
-            f = self._routed_parts(ffn) if a is not None else None
+            f = self._ffn_parts(ffn) if a is not None else None
             if f is None:
                 return None
             fns.add((a.fn, f.fn))
-            ids, names = f.routing
-            keys.append((names[-2], names))
-            k = ids.shape[0]
+            ids = _NO_IDS
+            if f.routing:  # routed experts: the journal's row for this layer
+                ids, names = f.routing
+                keys.append((names[-2], names))
+                k = ids.shape[0]
             layers.append((a.head, a.mid, int(attention.window), float(attention.scale), a.tail, a.o, ffn_norm,
-                           f.head, f.o, next_norm, float(eps), np.empty_like(f.o), ids))
+                           f.head, f.o, next_norm, float(eps), np.empty_like(f.o), ids, post_attn, post_ffn,
+                           int(rope_i)))
         if len(fns) != 1:
             return None
         try:
@@ -1147,7 +1193,7 @@ class Runtime(AttentionPaths):
         journal = self._journals.get(jkey)
         if journal is None:  # one per set of layers, kept for the runtime's life
             journal = self._journals[jkey] = TokenJournal(keys, k)
-            if self._routing is not None:
+            if self._routing is not None and keys:
                 self._routing.attach(journal)
         if prologue is not None:
             name, scale, norm, eps, rope = prologue
@@ -1157,7 +1203,7 @@ class Runtime(AttentionPaths):
                 return None
             pro = typed_layers(((emb, float(scale), self.f32(norm), float(eps), *rope),))
             return token_runner(attn, ffn, run_out, embed), (pro, typed), journal, out_job, None
-        return token_runner(attn, ffn, run_out), typed, journal, out_job, layers[-1][-2]
+        return token_runner(attn, ffn, run_out), typed, journal, out_job, layers[-1][11]
 
     def _expert_products(self, names: tuple[str, ...], x: np.ndarray, groups: list, m_out: int
                          ) -> list[np.ndarray]:

@@ -25,7 +25,9 @@ _NONE = np.zeros(0, dtype=np.float32)
 
 def layer_runner(attn: Callable, ffn: Callable, inline: bool = False) -> Callable:
     """The compiled layer around `attn` (a `token_attention.block_runner` function) and `ffn` (an
-    `expert_token.routed_runner` function). inline: for compiled callers only (`token_runner`),
+    `expert_token.routed_runner` or `dense_token.dense_runner` function); `a_post`, `f_post`: the
+    norms of the sub-layers' outputs before their residual adds (Gemma's post-attention and post-FFN
+    norms; size 0: none), as `Decoder.add_norm`. inline: for compiled callers only (`token_runner`),
     compiled into the caller (numba's inline="always") instead of on its own and then again
     inside it (a callee's code is optimized once per caller it is linked into)."""
     key = (attn, ffn, inline)
@@ -35,16 +37,16 @@ def layer_runner(attn: Callable, ffn: Callable, inline: bool = False) -> Callabl
 
     @numba.njit(**_NB, inline="always" if inline else "never")
     def fn(ctl, n_workers, x, h, a_head, rope, a_mid, pos0, a_win, start, base, a_tail, o, ffn_norm, f_args,
-           f_out, next_norm, eps, h_next):
+           f_out, next_norm, eps, h_next, a_post, f_post):
         """x [1, n_embd] (the residual, updated in place), h its normed value -> h_next, x normed
         by `next_norm`; o, f_out: the sub-layers' outputs [1, n_embd]. False if a worker failed."""
         if not attn(ctl, n_workers, h[0], *a_head, rope, *a_mid, pos0, *a_win, start, base, *a_tail):
             return False
         h2 = np.empty_like(x)
-        ops.add_rms_norm(x, o, _NONE, False, ffn_norm, eps, h2)
+        ops.add_rms_norm(x, o, a_post, a_post.shape[0] != 0, ffn_norm, eps, h2)
         if not ffn(ctl, n_workers, h2, *f_args):
             return False
-        ops.add_rms_norm(x, f_out, _NONE, False, next_norm, eps, h_next)
+        ops.add_rms_norm(x, f_out, f_post, f_post.shape[0] != 0, next_norm, eps, h_next)
         return True
 
     _LAYERS[key] = fn
@@ -109,15 +111,15 @@ def token_runner(attn: Callable, ffn: Callable, out: Callable | None = None,
     layer = layer_runner(attn, ffn, inline=True)
 
     @numba.njit(**_NB, inline="always")
-    def layers_(ctl, n_workers, x, h, layers, rope, pos0, skip_slid, journal, written):
+    def layers_(ctl, n_workers, x, h, layers, ropes, pos0, skip_slid, journal, written):
         row = written[0] % journal.shape[0]
         for i in range(len(layers)):
             (a_head, a_mid, window, scale, a_tail, o, ffn_norm, f_args, f_out, next_norm, eps, h_next,
-             ids) = layers[i]
+             ids, a_post, f_post, rope_i) = layers[i]
             start = max(pos0 - window + 1, 0) if window else 0
             base = start // 64 * 64 if skip_slid else 0
-            if not layer(ctl, n_workers, x, h, a_head, rope, a_mid, pos0, (window, scale), start, base, a_tail, o,
-                         ffn_norm, f_args, f_out, next_norm, eps, h_next):
+            if not layer(ctl, n_workers, x, h, a_head, ropes[rope_i], a_mid, pos0, (window, scale), start, base,
+                         a_tail, o, ffn_norm, f_args, f_out, next_norm, eps, h_next, a_post, f_post):
                 return False, h
             for j in range(ids.shape[0]):
                 journal[row, i, j] = ids[j]
@@ -138,31 +140,34 @@ def token_runner(attn: Callable, ffn: Callable, out: Callable | None = None,
         @numba.njit(**_NB)
         def fn(ctl, n_workers, tok, pos0, prologue, layers, skip_slid, journal, written, out_job):
             """Token id `tok` at position pos0 -> (True, logits); (False, _) if a worker failed."""
-            (emb, scale, norm_w, eps, n_rot, base, freq_scale, freq_factors, ext, attn_f, c0, c1) = prologue[0]
+            (emb, scale, norm_w, eps, n_rot, bases, freq_scale, freq_factors, ext, attn_f, c0, c1) = prologue[0]
             x = embed(emb, tok, tok + 1)
             if scale != 0.0:
                 x *= np.float32(scale)
             h = np.empty_like(x)
             ops.rms_norm(x, norm_w, eps, h)
-            rope = ops.rope_cache(np.full(1, pos0, dtype=np.int64), n_rot, base, freq_scale, freq_factors, ext,
-                                  attn_f, c0, c1)
-            ok, h_last = layers_(ctl, n_workers, x, h, layers, rope, pos0, skip_slid, journal, written)
+            pos = np.full(1, pos0, dtype=np.int64)
+            ropes = np.empty((bases.shape[0], 1, n_rot // 2, 2), dtype=np.float32)
+            for b in range(bases.shape[0]):
+                ropes[b] = ops.rope_cache(pos, n_rot, bases[b], freq_scale, freq_factors, ext, attn_f, c0, c1)
+            ok, h_last = layers_(ctl, n_workers, x, h, layers, ropes, pos0, skip_slid, journal, written)
             if not ok:
                 return False, _NONE
             return output(ctl, n_workers, out_job, h_last)
     elif out is None:
         @numba.njit(**_NB)
-        def fn(ctl, n_workers, x, h, layers, rope, pos0, skip_slid, journal, written, out_job):
+        def fn(ctl, n_workers, x, h, layers, ropes, pos0, skip_slid, journal, written, out_job):
             """x [1, n_embd] (the residual, updated in place), h its normed value entering the first
-            layer; each layer's h_next receives its output normed by the next norm. (False, _) if a
-            worker failed."""
-            ok, _h = layers_(ctl, n_workers, x, h, layers, rope, pos0, skip_slid, journal, written)
+            layer; each layer's h_next receives its output normed by the next norm; ropes [bases, 1,
+            rope dims / 2, 2]: the position's RoPE table per base (each layer names its own). (False,
+            _) if a worker failed."""
+            ok, _h = layers_(ctl, n_workers, x, h, layers, ropes, pos0, skip_slid, journal, written)
             return ok, _NONE
     else:
         @numba.njit(**_NB)
-        def fn(ctl, n_workers, x, h, layers, rope, pos0, skip_slid, journal, written, out_job):
+        def fn(ctl, n_workers, x, h, layers, ropes, pos0, skip_slid, journal, written, out_job):
             """As above, then the output product of the last layer's normed output: (True, logits)."""
-            ok, h_last = layers_(ctl, n_workers, x, h, layers, rope, pos0, skip_slid, journal, written)
+            ok, h_last = layers_(ctl, n_workers, x, h, layers, ropes, pos0, skip_slid, journal, written)
             if not ok:
                 return False, _NONE
             return output(ctl, n_workers, out_job, h_last)

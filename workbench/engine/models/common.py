@@ -17,7 +17,7 @@ from .. import ops
 from ..config import ModelConfig
 from ..gguf_file import ModelLoadError
 from ..kv_cache import KVCache
-from ..runtime import AttentionSpec, Runtime
+from ..runtime import AttentionSpec, DenseSpec, RoutedSpec, Runtime
 
 _EMPTY = np.zeros(0, dtype=np.float32)
 
@@ -45,6 +45,10 @@ class Decoder:
         self.freq_factors = rt.f32("rope_freqs.weight") if rt.has("rope_freqs.weight") else _EMPTY
         self._extras: dict[int, tuple] = {}
         self._specs: dict[int, AttentionSpec] = {}
+        self._steps: dict[int, tuple | bool] = {}  # per layer: layer_token's fixed arguments, or False
+        self._all_steps: list | None = None        # every layer's, when all have one (else [])
+        self._prologue: tuple | None = None        # token_program's embedding, first norm and RoPE
+        self._bases: list[float] | None = None     # the layers' RoPE bases (each step names one)
 
     # -- structure -------------------------------------------------------------
     def layer_tensors(self, il: int) -> list[str]:
@@ -176,8 +180,17 @@ class Decoder:
 
     def _rope(self, il: int, positions: np.ndarray, ropes: dict) -> np.ndarray:
         """The cos/sin table of layer il's RoPE base at `positions` (made once per base and pass)."""
+        return self._rope_of(self.cfg.layer_rope_base(il), positions, ropes)
+
+    def _rope_bases(self) -> list[float]:
+        """The RoPE bases of this part's layers (Gemma 3: one for its sliding-window layers, one for
+        its global ones), in the order of the token calls' table of tables."""
+        if self._bases is None:
+            self._bases = sorted({self.cfg.layer_rope_base(il) for il in self.layers})
+        return self._bases
+
+    def _rope_of(self, base: float, positions: np.ndarray, ropes: dict) -> np.ndarray:
         c = self.cfg
-        base = c.layer_rope_base(il)
         cs = ropes.get(base)
         if cs is None:
             cs = ropes[base] = ops.rope_cache(positions, c.rope_dims, base, c.rope_freq_scale, self.freq_factors,
@@ -254,46 +267,149 @@ class Decoder:
             tap(f"kqv_out-{il}", att.reshape(n, -1))
         return o
 
+    # -- a decoded token in one compiled call ----------------------------------------------------
+    def token_ffn(self, il: int) -> DenseSpec | RoutedSpec | None:
+        """Layer il's FFN as the runtime's one-token layer calls take it; None: no such call."""
+        p = f"blk.{il}."
+        return DenseSpec(p + "ffn_gate.weight", p + "ffn_up.weight", p + "ffn_down.weight", self.activation)
+
+    def _token_program(self, tok: int, kv: KVCache, pos0: int) -> np.ndarray | None:
+        """A decoded token from its id to its logits in one runtime call (`Runtime.token_program`:
+        `_token_layers` with the embedding, the first norm and the RoPE tables in the same call), on
+        a model held whole by this process; else None."""
+        steps = self._token_layers_steps()
+        if not steps:
+            return None
+        c = self.cfg
+        pro = self._prologue
+        if pro is None:
+            il = self.layers.start
+            pro = self._prologue = (
+                "token_embd.weight", math.sqrt(c.n_embd) if self.embed_scale else 0.0, f"blk.{il}.attn_norm.weight",
+                float(c.norm_eps), (int(c.rope_dims), np.array(self._rope_bases(), dtype=np.float64),
+                                    float(c.rope_freq_scale), self.freq_factors, float(c.rope_ext_factor),
+                                    float(c.rope_attn_factor), float(c.rope_corr[0]), float(c.rope_corr[1])))
+        return self.rt.token_program(tok, steps, kv, pos0, pro, self.output_name)
+
+    def _token_layers(self, x: np.ndarray, h: np.ndarray, kv: KVCache, pos0: int, positions: np.ndarray,
+                      ropes: dict) -> tuple[np.ndarray, np.ndarray | None] | None:
+        """A decoded token's layers in one runtime call when every layer has one (`_layer_token`),
+        with the output product on the last stage: (the last layer's normed output, the logits or
+        None); else None."""
+        steps = self._token_layers_steps()
+        if not steps:
+            return None
+        tables = np.stack([self._rope_of(b, positions, ropes) for b in self._rope_bases()])
+        return self.rt.token_layers(x, h, steps, kv, pos0, tables, self.output_name if self.is_last else None)
+
+    def _token_layers_steps(self) -> list:
+        """Every layer's `_layer_token_step` when all have one, else []."""
+        steps = self._all_steps
+        if steps is None:
+            ok = all(self._layer_token_step(il) is not False for il in self.layers)
+            steps = self._all_steps = [self._steps[il] for il in self.layers] if ok else []
+        return steps
+
+    def _layer_token_step(self, il: int) -> tuple | bool:
+        """layer_token's fixed arguments of layer il (made once), or False: no such call (a family's
+        own attention, an FFN without one)."""
+        step = self._steps.get(il)
+        if step is None:
+            rt, p = self.rt, f"blk.{il}."
+            ffn = self.token_ffn(il) if type(self).attention is Decoder.attention else None
+            post = (rt.f32(p + "post_attention_norm.weight"), rt.f32(p + "post_ffw_norm.weight")) \
+                if self.post_norms else (_EMPTY, _EMPTY)
+            step = self._steps[il] = False if ffn is None else (
+                self.attention_spec(il), il - self.layers.start, rt.f32(p + "ffn_norm.weight"), ffn,
+                rt.f32(self._next_norm(il)), self.cfg.norm_eps, *post,
+                self._rope_bases().index(self.cfg.layer_rope_base(il)))
+        return step
+
+    def _layer_token(self, il: int, x: np.ndarray, h: np.ndarray, kv: KVCache, pos0: int, positions: np.ndarray,
+                     ropes: dict) -> np.ndarray | None:
+        """A decoded token's layer il in one runtime call (attention, residuals, norms, FFN): the
+        next layer's normed input, or None (no such call): the caller runs the layer step by step."""
+        step = self._layer_token_step(il)
+        if step is False:
+            return None
+        attn, at, ffn_norm, ffn, next_norm, eps, post_attn, post_ffn, _rope_i = step
+        return self.rt.layer_token(x, h, attn, kv, at, pos0, self._rope(il, positions, ropes), ffn_norm, ffn,
+                                   next_norm, eps, post_attn, post_ffn)
+
+    # -- the pass ----------------------------------------------------------------------------
     def _forward(self, ids: np.ndarray, kv: KVCache, logit_rows: slice | None) -> np.ndarray:
-        c, rt = self.cfg, self.rt
         n = len(ids)
         pos0 = kv.n
         if pos0 + n > kv.n_ctx:
             raise ValueError(f"context full: {pos0 + n} tokens > {kv.n_ctx}")
-        x = self._stage_input(ids)
-        lo = self.layers.start
         tap = self.tap
+        # a decoded token whose logits row is its own: whole layers in one call where there is one
+        one = n == 1 and not tap and (logit_rows is None or len(range(*logit_rows.indices(1))) == 1)
+        if one and self.is_first and self.is_last:
+            logits = self._token_program(int(ids[0]), kv, pos0)
+            if logits is not None:
+                kv.n = pos0 + n
+                return logits
+        x = self._stage_input(ids)
         if tap:
             tap("inp_scaled", x)
         # a batch of sequences (engine/batch.py) gives each row its own position
         positions = kv.positions(n) if hasattr(kv, "positions") else np.arange(pos0, pos0 + n, dtype=np.int64)
         ropes: dict[float, np.ndarray] = {}
-        h = self.norm(x, f"blk.{lo}.attn_norm.weight")
+        h = self.norm(x, f"blk.{self.layers.start}.attn_norm.weight")
+        if one:
+            done = self._token_layers(x, h, kv, pos0, positions, ropes)
+            if done is not None:
+                kv.n = pos0 + n
+                hn, logits = done
+                return logits if logits is not None else self._output(x, hn)
         for il in self.layers:
-            p = f"blk.{il}."
-            if tap:
-                tap(f"attn_norm-{il}", h)
-            o = self.attention(il, h, kv, pos0, positions, ropes)
-            if tap:
-                tap(f"attn_out-{il}", o)
-            if il == c.n_layer - 1:
-                # like llama.cpp, finish only the rows whose logits are wanted (which also
-                # keeps the last FFN's products at llama.cpp's widths and numerics)
-                sel = logit_rows if logit_rows is not None else slice(n - 1, n)
-                o = np.ascontiguousarray(o[sel])
-                x = np.ascontiguousarray(x[sel])
-            h = self.add_norm(x, o, p + "post_attention_norm.weight" if self.post_norms else None,
-                              p + "ffn_norm.weight")
-            if tap:
-                tap(f"sa_out-{il}", x); tap(f"ffn_norm-{il}", h)
-            g, u, a = rt.gated(h, p + "ffn_gate.weight", p + "ffn_up.weight", self.activation)
-            (d,) = rt.linear(a, (p + "ffn_down.weight",))
-            if tap:
-                tap(f"ffn_gate-{il}", g); tap(f"ffn_up-{il}", u); tap(f"ffn_geglu-{il}", a)
-                tap(f"ffn_out-{il}", d)
-            # the next layer's input norm (the output norm after the last layer) with the add
-            h = self.add_norm(x, d, p + "post_ffw_norm.weight" if self.post_norms else None, self._next_norm(il))
-            if tap:
-                tap(f"l_out-{il}", x)
+            if one:
+                hn = self._layer_token(il, x, h, kv, pos0, positions, ropes)
+                if hn is not None:
+                    h = hn
+                    continue
+            x, h = self._layer(il, x, h, kv, pos0, positions, ropes, logit_rows)
         kv.n = pos0 + n
         return self._output(x, h)
+
+    def _attention_step(self, il: int, x: np.ndarray, h: np.ndarray, kv: KVCache, pos0: int,
+                        positions: np.ndarray, ropes: dict, logit_rows: slice | None
+                        ) -> tuple[np.ndarray, np.ndarray]:
+        """Layer il's attention on the normed h: (the residual x, the attention output), both cut
+        at the last layer to the rows whose logits are wanted (as llama.cpp, which also keeps the
+        last FFN's products at llama.cpp's widths and numerics)."""
+        tap = self.tap
+        if tap:
+            tap(f"attn_norm-{il}", h)
+        o = self.attention(il, h, kv, pos0, positions, ropes)
+        if tap:
+            tap(f"attn_out-{il}", o)
+        if il == self.cfg.n_layer - 1:
+            sel = logit_rows if logit_rows is not None else slice(x.shape[0] - 1, x.shape[0])
+            o = np.ascontiguousarray(o[sel])
+            x = np.ascontiguousarray(x[sel])
+        return x, o
+
+    def _layer(self, il: int, x: np.ndarray, h: np.ndarray, kv: KVCache, pos0: int, positions: np.ndarray,
+               ropes: dict, logit_rows: slice | None) -> tuple[np.ndarray, np.ndarray]:
+        """Layer il step by step on the residual x [n, n_embd] and its normed value h: (x, the next
+        norm of x); x is updated in place (the last layer keeps only the rows whose logits are
+        wanted)."""
+        rt, tap = self.rt, self.tap
+        p = f"blk.{il}."
+        x, o = self._attention_step(il, x, h, kv, pos0, positions, ropes, logit_rows)
+        h = self.add_norm(x, o, p + "post_attention_norm.weight" if self.post_norms else None,
+                          p + "ffn_norm.weight")
+        if tap:
+            tap(f"sa_out-{il}", x); tap(f"ffn_norm-{il}", h)
+        g, u, a = rt.gated(h, p + "ffn_gate.weight", p + "ffn_up.weight", self.activation)
+        (d,) = rt.linear(a, (p + "ffn_down.weight",))
+        if tap:
+            tap(f"ffn_gate-{il}", g); tap(f"ffn_up-{il}", u); tap(f"ffn_geglu-{il}", a)
+            tap(f"ffn_out-{il}", d)
+        # the next layer's input norm (the output norm after the last layer) with the add
+        h = self.add_norm(x, d, p + "post_ffw_norm.weight" if self.post_norms else None, self._next_norm(il))
+        if tap:
+            tap(f"l_out-{il}", x)
+        return x, h

@@ -9,7 +9,6 @@ compiled call): model code never sees kernels, threads or where the experts live
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 
@@ -17,7 +16,7 @@ from ..config import ModelConfig
 from ..gating import SIGMOID, SOFTMAX, Gating, gate, route
 from ..gguf_file import ModelLoadError
 from ..kv_cache import KVCache
-from ..runtime import RoutedSpec, Runtime
+from ..runtime import DenseSpec, RoutedSpec, Runtime
 from .common import Decoder
 
 
@@ -37,9 +36,6 @@ class MoEDecoder(Decoder):
             cfg.n_ff_exp = cfg.n_ff
         self._gatings: dict[int, Gating] = {}
         self._routed: dict[int, RoutedSpec | None] = {}
-        self._steps: dict[int, tuple | bool] = {}  # per layer: layer_token's fixed arguments, or False
-        self._all_steps: list | None = None        # every layer's, when all have one (else [])
-        self._prologue: tuple | None = None        # token_program's embedding, first norm and RoPE
         super().__init__(cfg, rt)
 
     # -- structure -------------------------------------------------------------------
@@ -143,117 +139,24 @@ class MoEDecoder(Decoder):
             self._routed[il] = spec
         return self._routed[il]
 
-    def _token_layers(self, x: np.ndarray, h: np.ndarray, kv: KVCache, pos0: int, positions: np.ndarray,
-                      ropes: dict) -> tuple[np.ndarray, np.ndarray | None] | None:
-        """A decoded token's layers in one runtime call when every layer has one (`_layer_token`)
-        and they share one RoPE base, with the output product on the last stage: (the last
-        layer's normed output, the logits or None); else None."""
-        steps = self._token_layers_steps()
-        if not steps:
-            return None
-        return self.rt.token_layers(x, h, steps, kv, pos0, self._rope(self.layers.start, positions, ropes),
-                                    self.output_name if self.is_last else None)
+    def token_ffn(self, il: int) -> RoutedSpec | DenseSpec | None:
+        """A routed layer's `routed_spec` (None with shared experts), a dense layer's gated FFN."""
+        return self.routed_spec(il) if self.is_moe_layer(il) else super().token_ffn(il)
 
-    def _token_program(self, tok: int, kv: KVCache, pos0: int) -> np.ndarray | None:
-        """A decoded token from its id to its logits in one runtime call (`Runtime.token_program`:
-        `_token_layers` with the embedding, the first norm and the RoPE table in the same call), on
-        a model held whole by this process; else None."""
-        steps = self._token_layers_steps()
-        if not steps:
-            return None
-        c = self.cfg
-        pro = self._prologue
-        if pro is None:
-            il = self.layers.start
-            pro = self._prologue = (
-                "token_embd.weight", math.sqrt(c.n_embd) if self.embed_scale else 0.0, f"blk.{il}.attn_norm.weight",
-                float(c.norm_eps), (int(c.rope_dims), float(c.layer_rope_base(il)), float(c.rope_freq_scale),
-                                    self.freq_factors, float(c.rope_ext_factor), float(c.rope_attn_factor),
-                                    float(c.rope_corr[0]), float(c.rope_corr[1])))
-        return self.rt.token_program(tok, steps, kv, pos0, pro, self.output_name)
-
-    def _token_layers_steps(self) -> list:
-        """Every layer's `_layer_token_step` when all have one and share one RoPE base, else []."""
-        steps = self._all_steps
-        if steps is None:
-            for il in self.layers:
-                self._layer_token_step(il)
-            bases = {self.cfg.layer_rope_base(il) for il in self.layers}
-            ok = len(bases) == 1 and all(self._steps[il] is not False for il in self.layers)
-            steps = self._all_steps = [self._steps[il] for il in self.layers] if ok else []
-        return steps
-
-    def _layer_token_step(self, il: int) -> tuple | bool:
-        """layer_token's fixed arguments of layer il (made once), or False: no such call."""
-        step = self._steps.get(il)
-        if step is None:
-            rt = self.rt
-            ffn = self.routed_spec(il) if type(self).attention is Decoder.attention else None
-            step = self._steps[il] = False if ffn is None else (
-                self.attention_spec(il), il - self.layers.start, rt.f32(f"blk.{il}.ffn_norm.weight"), ffn,
-                rt.f32(self._next_norm(il)), self.cfg.norm_eps)
-        return step
-
-    def _layer_token(self, il: int, x: np.ndarray, h: np.ndarray, kv: KVCache, pos0: int, positions: np.ndarray,
-                     ropes: dict) -> np.ndarray | None:
-        """A decoded token's layer il in one runtime call (attention, residuals, norms, routed FFN):
-        the next layer's normed input, or None (this family's own attention, a dense or shared-expert
-        FFN, no compiled call): the caller runs the layer step by step."""
-        step = self._layer_token_step(il)
-        if step is False:
-            return None
-        attn, at, ffn_norm, ffn, next_norm, eps = step
-        return self.rt.layer_token(x, h, attn, kv, at, pos0, self._rope(il, positions, ropes), ffn_norm, ffn,
-                                   next_norm, eps)
-
-    def _forward(self, ids: np.ndarray, kv: KVCache, logit_rows: slice | None) -> np.ndarray:
-        c = self.cfg
-        n = len(ids)
-        pos0 = kv.n
-        if pos0 + n > kv.n_ctx:
-            raise ValueError(f"context full: {pos0 + n} tokens > {kv.n_ctx}")
+    def _layer(self, il: int, x: np.ndarray, h: np.ndarray, kv: KVCache, pos0: int, positions: np.ndarray,
+               ropes: dict, logit_rows: slice | None) -> tuple[np.ndarray, np.ndarray]:
+        """A MoE layer step by step: attention, then `ffn` (routed experts, shared experts, or a
+        dense FFN), no post norms."""
         tap = self.tap
-        # a decoded token whose logits row is its own: whole layers in one call where there is one
-        one = n == 1 and not tap and (logit_rows is None or len(range(*logit_rows.indices(1))) == 1)
-        if one and self.is_first and self.is_last:
-            logits = self._token_program(int(ids[0]), kv, pos0)
-            if logits is not None:
-                kv.n = pos0 + n
-                return logits
-        x = self._stage_input(ids)
-        positions = np.arange(pos0, pos0 + n, dtype=np.int64)
-        ropes: dict = {}
-        h = self.norm(x, f"blk.{self.layers.start}.attn_norm.weight")
-        if one:
-            done = self._token_layers(x, h, kv, pos0, positions, ropes)
-            if done is not None:
-                kv.n = pos0 + n
-                hn, logits = done
-                return logits if logits is not None else self._output(x, hn)
-        for il in self.layers:
-            if one:
-                hn = self._layer_token(il, x, h, kv, pos0, positions, ropes)
-                if hn is not None:
-                    h = hn
-                    continue
-            p = f"blk.{il}."
-            if tap:
-                tap(f"attn_norm-{il}", h)
-            o = self.attention(il, h, kv, pos0, positions, ropes)
-            if tap:
-                tap(f"attn_out-{il}", o)
-            if il == c.n_layer - 1:
-                sel = logit_rows if logit_rows is not None else slice(n - 1, n)
-                o = np.ascontiguousarray(o[sel])
-                x = np.ascontiguousarray(x[sel])
-            h = self.add_norm(x, o, None, p + "ffn_norm.weight")
-            if tap:
-                tap(f"ffn_inp-{il}", x); tap(f"ffn_norm-{il}", h)
-            d = self.ffn(il, h)
-            if tap:
-                tap(f"ffn_out-{il}", d)
-            h = self.add_norm(x, d, None, self._next_norm(il))
-            if tap:
-                tap(f"l_out-{il}", x)
-        kv.n = pos0 + n
-        return self._output(x, h)
+        p = f"blk.{il}."
+        x, o = self._attention_step(il, x, h, kv, pos0, positions, ropes, logit_rows)
+        h = self.add_norm(x, o, None, p + "ffn_norm.weight")
+        if tap:
+            tap(f"ffn_inp-{il}", x); tap(f"ffn_norm-{il}", h)
+        d = self.ffn(il, h)
+        if tap:
+            tap(f"ffn_out-{il}", d)
+        h = self.add_norm(x, d, None, self._next_norm(il))
+        if tap:
+            tap(f"l_out-{il}", x)
+        return x, h
