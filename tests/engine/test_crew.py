@@ -183,3 +183,27 @@ def test_trace_logs_every_job_of_every_pass(pool, crew):
         finally:
             crew.stop()
     assert crew.ctl[TRACE_LEAD] == 0 and trace.records[0].shape == (6, 4)
+
+
+def test_lead_calls_the_job_loop_through_its_address_not_its_code():
+    """`lead` (which every one-token runner calls) reaches lead_core through the address the crew
+    keeps in its control block: its machine code holds no copy of lead_core, the job loop or the
+    kernels (numba would optimize those again inside every runner: most of a first decoded
+    token's compile time); a control block no crew made posts nothing."""
+    import numba
+    from numba import types
+    from workbench.engine import crew as C
+    _serve, lead, core = C._compiled()
+    v1 = types.Array(types.float32, 1, "C")
+    one = types.UniTuple(v1, 1)
+    sig = (C._VEC, types.int64, C._TAB, C._TAB, types.int64, one, one, one, types.int64, types.int64, types.int64)
+    fresh, fresh_core = numba.njit(lead.py_func), numba.njit(core.py_func)  # (cached code cannot be inspected)
+    fresh.compile(sig)
+    fresh_core.compile(C.CORE_ARGS)
+    asm, core_asm = fresh.inspect_asm(sig), fresh_core.inspect_asm(C.CORE_ARGS)
+    assert "lead_core" not in asm and "run_chunk" not in asm
+    assert len(asm) * 5 < len(core_asm)
+    x, out = np.zeros(4, np.float32), np.zeros(4, np.float32)
+    job = Job([(K.F32, np.zeros((4, 16), np.uint8), 0, 0, 0)], [], [(0, 0, 4)])
+    ctl = np.zeros(C.ACK + 16, dtype=np.int64)  # no LEAD_FN
+    assert not lead(ctl, 1, job.tasks, job.chunks, job.n_owned, (x,), (x,), (out,), 0, C.NO_LIMIT, 0)

@@ -27,6 +27,7 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from . import kernels
@@ -56,6 +57,7 @@ CHUNKS = 17      # address of its chunk table
 N_OWNED = 18     # chunks [0, N_OWNED) are pinned to a worker; [N_OWNED, N_CHUNKS) are shared
 N_CHUNKS = 19
 N_TASKS = 20
+LEAD_FN = 21     # address of the compiled `lead_core` (`lead` calls it through this, see `_call_core`)
 FAILED = 24      # set by a worker whose loop raised (the caller stops waiting)
 WAITED = 25      # nanoseconds the caller spent waiting for acknowledgements (not working)
 SOLO = 26        # non-zero: the caller runs every job alone, every chunk, pinned or not (`Crew.start`)
@@ -146,6 +148,43 @@ def _voidptr(typingctx, addr):
     def codegen(context, builder, sig, args):
         return builder.inttoptr(args[0], context.get_value_type(types.voidptr))
     return types.voidptr(types.int64), codegen
+
+
+_I64 = types.int64
+_VEC, _TAB = types.Array(_I64, 1, "C"), types.Array(_I64, 2, "C")
+# lead_core's one signature: ctl, n_workers, tasks, chunks, n_owned, xa, xb, outs, row_lo, row_hi, w_shift
+CORE_ARGS = (_VEC, _I64, _TAB, _TAB, _I64, _TAB, _TAB, _TAB, _I64, _I64, _I64)
+
+
+@intrinsic
+def _call_core(typingctx, addr, ctl, n_workers, tasks, chunks, n_owned, xa, xb, outs, row_lo, row_hi, w_shift):
+    """lead_core(ctl, ...) called through its address `addr` (numba's calling convention) instead of
+    by name: a compiled caller of `lead` then does not link lead_core, the job loop and every
+    kernel into its own code and optimize them once more (numba re-optimizes a callee's code in
+    every caller): those were most of the compile time of each one-token runner. The address is
+    data (`Crew` puts it in ctl[LEAD_FN]), so callers stay in the disk cache."""
+    got = (ctl, n_workers, tasks, chunks, n_owned, xa, xb, outs, row_lo, row_hi, w_shift)
+    for have, want in zip(got, CORE_ARGS):
+        if isinstance(want, types.Array) and have != want:
+            raise numba.core.errors.TypingError(f"lead_core takes {want}, got {have}")
+    sig = types.boolean(_I64, *CORE_ARGS)
+
+    def codegen(context, builder, sig, args):
+        cc = context.call_conv
+        fnty = cc.get_function_type(types.boolean, CORE_ARGS)
+        fn = builder.inttoptr(args[0], fnty.as_pointer())
+        status, res = cc.call_function(builder, fn, types.boolean, CORE_ARGS, args[1:])
+        with cgutils.if_unlikely(builder, status.is_error):
+            cc.return_status_propagate(builder, status)
+        return res
+    return sig, codegen
+
+
+def core_address(lead_core) -> int:
+    """The address of lead_core compiled for `CORE_ARGS` (compiled or loaded from the cache now)."""
+    lead_core.compile(CORE_ARGS)
+    cres = lead_core.overloads[CORE_ARGS]
+    return int(cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name))
 
 
 @numba.njit(inline="always")
@@ -402,10 +441,11 @@ def _build(mv: dict):
         2-D with the row given by the task); outs: tuple of outputs (1-D, or 2-D with the row given
         by the task). row_hi >= 0: every task's rows are [row_lo, row_hi); w_shift >= 0: every
         task's weight shift (negative: keep what the caller put in the task table)."""
-        # plain int64s: a caller's literal constants would otherwise compile lead_core once more
         i64 = np.int64
-        return lead_core(ctl, i64(n_workers), tasks, chunks, i64(n_owned), input_table(xa), input_table(xb),
-                         output_table(outs), i64(row_lo), i64(row_hi), i64(w_shift))
+        if ctl[LEAD_FN] == 0:  # (a control block that no Crew made: nothing to call)
+            return False
+        return _call_core(ctl[LEAD_FN], ctl, i64(n_workers), tasks, chunks, i64(n_owned), input_table(xa),
+                          input_table(xb), output_table(outs), i64(row_lo), i64(row_hi), i64(w_shift))
 
     return serve, lead, lead_core
 
@@ -427,10 +467,8 @@ def warm() -> None:
     first start the engine calls this in the background while the weights load, after
     `kernels.precompile`, so the first decoded token does not wait for it."""
     serve, _lead, lead_core = _compiled()
-    i64 = types.int64
-    vec, tab = types.Array(i64, 1, "C"), types.Array(i64, 2, "C")
-    serve.compile((vec, i64, i64))
-    lead_core.compile((vec, i64, tab, tab, i64, tab, tab, tab, i64, i64, i64))
+    serve.compile((_VEC, _I64, _I64))
+    lead_core.compile(CORE_ARGS)
 
 
 _RUNNERS: dict = {}
@@ -517,7 +555,9 @@ class Crew:
         self.solo = False
         self._trace: CrewTrace | None = None
         # `lead` is public for compiled callers that post jobs themselves (attention, runners)
-        self._serve, self.lead, _core = _compiled()
+        self._serve, self.lead, core = _compiled()
+        self._core = core_address(core)
+        self.ctl[LEAD_FN] = self._core
 
     def start(self, solo: bool = False) -> None:
         """Send workers 1..N-1 into the loop (returns at once; the caller stands in for worker 0).
@@ -530,6 +570,7 @@ class Crew:
         trace = self.ctl[TRACE_LEAD:TRACE_CAP + 1].copy()  # a trace spans passes
         self.ctl[:] = 0
         self.ctl[TRACE_LEAD:TRACE_CAP + 1] = trace
+        self.ctl[LEAD_FN] = self._core
         self.solo = solo and self.n_workers > 1
         if self.solo:
             self.ctl[SOLO] = 1
