@@ -87,6 +87,9 @@ SPECS = {
     # a mixture of experts: each row's RoPE at its own cache's position, as for the dense families
     "qwen3moe-q8_0": TinySpec(arch="qwen3moe", qtype=T.Q8_0, n_layer=2, n_ctx=512, n_expert=8, n_expert_used=2,
                               n_ff=256, n_ff_exp=256),
+    # multi-head latent attention: its rows are decoded one after another (`batch.batchable`)
+    "deepseek2-q8_0": TinySpec(arch="deepseek2", qtype=T.Q8_0, n_layer=2, n_ctx=512, n_expert=8, n_expert_used=2,
+                               n_ff=256, n_ff_exp=128),
 }
 
 

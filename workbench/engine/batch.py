@@ -272,6 +272,14 @@ class _BatchKV:
             c.n += 1
 
 
+def batchable(model) -> bool:
+    """Whether one forward pass can carry several sequences: the shared attention runs each row on
+    its own cache (`_BatchRuntime.attention`); a family with an attention of its own (DeepSeek's
+    MLA, on its latent cache) decodes its rows one after another instead (the same bits)."""
+    from .models.common import Decoder
+    return type(model).attention is Decoder.attention
+
+
 def decode_batch(engine: Engine, sessions: list[Session], tokens: list[int]) -> np.ndarray:
     """Append one token to each session's cache in one forward pass; logits [n, n_vocab].
 
@@ -283,8 +291,8 @@ def decode_batch(engine: Engine, sessions: list[Session], tokens: list[int]) -> 
     for s in sessions:
         if s.kv.n + 1 > s.kv.n_ctx:
             raise ContextFullError(f"context full: {s.kv.n} + 1 tokens exceed n_ctx {s.kv.n_ctx}")
-    if len(sessions) == 1:
-        return sessions[0].eval([int(tokens[0])])[None]
+    if len(sessions) == 1 or not batchable(engine.model):
+        return np.stack([s.eval([int(t)]) for s, t in zip(sessions, tokens)])
     model, rt = engine.model, engine.rt
     caches = [s.kv for s in sessions]
     view = copy.copy(model)
@@ -308,8 +316,8 @@ def stage_batch(engine: Engine, sessions: list[Session], inp: np.ndarray) -> np.
     for s in sessions:
         if s.kv.n + 1 > s.kv.n_ctx:
             raise ContextFullError(f"context full: {s.kv.n} + 1 tokens exceed n_ctx {s.kv.n_ctx}")
-    if len(sessions) == 1:
-        return sessions[0].forward_stage(inp, sessions[0].kv.n)
+    if len(sessions) == 1 or not batchable(engine.model):
+        return np.concatenate([s.forward_stage(inp[i:i + 1], s.kv.n) for i, s in enumerate(sessions)])
     model, rt = engine.model, engine.rt
     caches = [s.kv for s in sessions]
     view = copy.copy(model)

@@ -9,7 +9,6 @@ compiled call): model code never sees kernels, threads or where the experts live
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from ..config import ModelConfig
