@@ -173,7 +173,9 @@ def test_a_host_dying_mid_generation_ends_the_request_then_reload(cluster, tiny)
                     got.append(ev.token)
                     if len(got) == 3:
                         ray.kill(victim.actor, no_restart=True)
-        assert "\n" not in str(e.value) and got == want[:3]
+        # ray.kill is asynchronous: a step sent before the actor is gone may still finish (one more
+        # token on a fast host); what must hold is a correct prefix and the request ended early
+        assert "\n" not in str(e.value) and 3 <= len(got) < 12 and got == want[:len(got)]
         with pytest.raises(ClusterError, match="reload to go on"):
             list(pipe.generate(PROMPT, GREEDY, 2, stop_ids=set()))
         pipe.reload()
