@@ -247,17 +247,72 @@ def gelu_mul(g: np.ndarray, u: np.ndarray, out: np.ndarray, table: np.ndarray) -
             out[i, j] = y * u[i, j]
 
 
+@intrinsic
+def swiglu16(typingctx, g, u, out, j):
+    """out[j:j+16] = ggml_v_silu(g[j:j+16]) * u[j:j+16] on one 16-float vector (1-D float32 arrays
+    whose elements are adjacent): `ggml_expf`'s operations lane by lane (the FMAs, the rounding
+    trick, scalef as a float64 product rounded once, the overflow selects), so each lane equals the
+    scalar function to the bit; LLVM lowers it to AVX-512 here (the scalar loop did not vectorize:
+    3 us for a MoE layer's 8 x 768 activations, on the path between two crew jobs)."""
+    sig = types.void(g, u, out, types.int64)
+
+    def cg(context, builder, sig, args):
+        f32, f64, i64 = ir.FloatType(), ir.DoubleType(), ir.IntType(64)
+        vf, vd, vi = ir.VectorType(f32, 16), ir.VectorType(f64, 16), ir.VectorType(i64, 16)
+
+        def ptr(k):
+            ary = context.make_array(sig.args[k])(context, builder, args[k])
+            return builder.bitcast(builder.gep(ary.data, [args[3]]), vf.as_pointer())
+
+        def splat(c, vty=vf, ty=f32):
+            return ir.Constant(vty, [ir.Constant(ty, float(c))] * 16)
+
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf, vf, vf]), "llvm.fma.v16f32")
+        x = builder.load(ptr(0), align=4)
+        neg = builder.fneg(x)
+        r = splat(_EXP_R)
+        z = builder.call(fma, [neg, splat(_EXP_LOG2E), r])
+        n = builder.fsub(z, r)
+        nn = builder.fneg(n)
+        b = builder.call(fma, [nn, splat(_EXP_LN2_LO), builder.call(fma, [nn, splat(_EXP_LN2_HI), neg])])
+        uu = builder.fmul(b, b)
+        jj = builder.call(fma, [builder.call(fma, [builder.call(fma, [splat(_EXP_C5), b, splat(_EXP_C4)]), uu,
+                                                   builder.call(fma, [splat(_EXP_C3), b, splat(_EXP_C2)])]),
+                                uu, builder.call(fma, [splat(_EXP_C1), b, splat(1.0)])])
+        lo, hi = splat(-193.0), splat(193.0)
+        nc = builder.select(builder.fcmp_ordered(">", n, lo), n, lo)
+        nc = builder.select(builder.fcmp_ordered("<", nc, hi), nc, hi)
+        e = builder.add(builder.fptosi(nc, vi), ir.Constant(vi, [ir.Constant(i64, 1023)] * 16))
+        p2 = builder.bitcast(builder.shl(e, ir.Constant(vi, [ir.Constant(i64, 52)] * 16)), vd)
+        res = builder.fptrunc(builder.fmul(builder.fpext(jj, vd), p2), vf)
+        alt = builder.select(builder.fcmp_ordered("<=", n, splat(0.0)), splat(0.0), splat(math.inf))
+        fabs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf]), "llvm.fabs.v16f32")
+        ex = builder.select(builder.fcmp_ordered(">", builder.call(fabs, [n]), splat(192.0)), alt, res)
+        y = builder.fmul(builder.fdiv(x, builder.fadd(splat(1.0), ex)), builder.load(ptr(1), align=4))
+        builder.store(y, ptr(2), align=4)
+        return context.get_dummy_value()
+
+    return sig, cg
+
+
 @nb.njit(**_JIT)
 def silu_mul(g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
     """out = silu(g) * u (SwiGLU) as ggml_vec_swiglu_f32 on AVX-512: ggml_v_silu, x / (1 +
-    ggml_v_expf(-x)), on blocks of 16, expf on a row's last d % 16 values (rows passed whole, or
-    from a multiple of 16: the blocks are counted from the start of what is passed)."""
+    ggml_v_expf(-x)), on blocks of 16 (`swiglu16` where a row's values are adjacent), expf on a
+    row's last d % 16 values (rows passed whole, or from a multiple of 16: the blocks are counted
+    from the start of what is passed)."""
     n, d = g.shape
     d16 = d - d % 16
+    vec = g.strides[1] == 4 and u.strides[1] == 4 and out.strides[1] == 4
     for i in range(n):
-        for j in range(d16):
-            x = g[i, j]
-            out[i, j] = (x / (np.float32(1.0) + ggml_expf(-x))) * u[i, j]
+        if vec:
+            gi, ui, oi = g[i], u[i], out[i]
+            for j in range(0, d16, 16):
+                swiglu16(gi, ui, oi, j)
+        else:
+            for j in range(d16):
+                x = g[i, j]
+                out[i, j] = (x / (np.float32(1.0) + ggml_expf(-x))) * u[i, j]
         for j in range(d16, d):
             x = g[i, j]
             out[i, j] = (x / (np.float32(1.0) + np.float32(math.exp(-x)))) * u[i, j]

@@ -1,0 +1,51 @@
+"""Element-wise operations: the vector forms equal the scalar functions they replace, to the bit."""
+from __future__ import annotations
+
+import numpy as np
+
+from workbench.engine import ops
+
+
+def _inputs(rows: int, d: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    g = (rng.standard_normal((rows, d)) * rng.choice([0.01, 1.0, 8.0, 40.0], (rows, d))).astype(np.float32)
+    special = np.array([0.0, -0.0, 1e-40, -1e-40, 1e-7, -1e-7, 87.5, -87.5, 88.8, -88.8, 103.0, -103.0,
+                        132.9, -132.9, 140.0, -140.0, 192.5, -192.5, 300.0, -300.0, 1e30, -1e30], dtype=np.float32)
+    flat = g.reshape(-1)
+    flat[:special.size] = special
+    u = rng.standard_normal((rows, d)).astype(np.float32)
+    return g, u
+
+
+def _strided(a: np.ndarray) -> np.ndarray:
+    """The same values with a row stride of 8 bytes between elements (the scalar loop's input)."""
+    wide = np.zeros((a.shape[0], 2 * a.shape[1]), dtype=np.float32)
+    wide[:, ::2] = a
+    return wide[:, ::2]
+
+
+def test_silu_mul_vector_path_equals_the_scalar_ggml_expf_to_the_bit() -> None:
+    # 8 x 768: a MoE layer's routed activations; 3 x 200: rows with a 8-value tail (libm expf there)
+    for rows, d, seed in ((8, 768, 0), (3, 200, 1), (5, 16, 2)):
+        g, u = _inputs(rows, d, seed)
+        fast = np.empty_like(g)
+        ops.silu_mul(g, u, fast)                       # adjacent values: 16 lanes at a time
+        slow_out = _strided(np.zeros_like(g))
+        ops.silu_mul(_strided(g), _strided(u), slow_out)  # the per-element loop over ggml_expf
+        assert np.array_equal(fast.view(np.uint32), np.ascontiguousarray(slow_out).view(np.uint32))
+        # and both are SiLU: x * sigmoid(x) * u within float32 rounding where it is finite
+        with np.errstate(over="ignore"):
+            ref = (g.astype(np.float64) / (1.0 + np.exp(-g.astype(np.float64)))) * u
+        ok = np.isfinite(ref) & (np.abs(ref) < 1e30)
+        assert np.allclose(fast[ok], ref[ok], rtol=1e-5, atol=1e-30)
+
+
+def test_silu_mul_on_column_ranges_of_a_fused_gate_up_output() -> None:
+    # the fused gate_up tensor's output is [k, 2 * n_ff]: gate = [:, :n_ff], up = [:, n_ff:]
+    g, u = _inputs(4, 256, 3)
+    gu = np.concatenate([g, u], axis=1)
+    out = np.empty((4, 256), dtype=np.float32)
+    ops.silu_mul(gu[:, :256], gu[:, 256:], out)
+    want = np.empty_like(out)
+    ops.silu_mul(g, u, want)
+    assert np.array_equal(out.view(np.uint32), want.view(np.uint32))
