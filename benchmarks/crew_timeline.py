@@ -1,6 +1,6 @@
 """Where a decoded token's time goes between the crew's threads (a benchmark, not a test).
 
-    python3 benchmarks/crew_timeline.py [-m MODEL] [-t 2] [-n 32] [--jobs] [--random]
+    python3 benchmarks/crew_timeline.py [-m MODEL] [-t 2] [-n 32] [--jobs] [--random] [--depth 4096]
 
 Decodes ``-n`` tokens with the crew traced (`Crew.trace`: for every job the caller's post, the end
 of its own part and the acknowledgements, and every worker's start and end, in ns) and prints per
@@ -43,13 +43,18 @@ def main() -> None:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-n", type=int, default=32, help="decoded tokens traced")
     ap.add_argument("--jobs", action="store_true", help="one line per job of a token")
+    ap.add_argument("--depth", type=int, default=0,
+                    help="tokens already in the cache before the traced ones (a prompt of random ids)")
     ap.add_argument("--random", action="store_true",
                     help="random token ids (as llama-bench and `numawb bench`: routing differs token to token)")
     a = ap.parse_args()
     path = a.model or default_model_path()
     eng = Engine.load(path, placement=Placement(threads=a.threads))
-    s = eng.new_session(512)
-    s.eval(eng.tokenizer.encode("The capital of France is")[:16])
+    s = eng.new_session(max(512, a.depth + a.n + 64))
+    if a.depth:
+        s.eval([int(t) for t in np.random.default_rng(1).integers(4, eng.cfg.n_vocab, a.depth)])
+    else:
+        s.eval(eng.tokenizer.encode("The capital of France is")[:16])
     for i in range(4):
         s.eval([100 + i])
     crew = eng.rt._crew
