@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from workbench.engine import kernels as K
-from workbench.engine.crew import TRACE_LEAD, Crew, CrewError, Job
+from workbench.engine.crew import CURSORS, STEALABLE, TRACE_LEAD, Crew, CrewError, Job
 from workbench.numa import WorkerPool
 
 TYPES = [K.F32, K.F16, K.BF16, K.Q8_0, K.Q4_0, K.Q5_0, K.Q4_1, K.Q5_1, K.Q4_K, K.Q5_K, K.Q6_K]
@@ -71,6 +71,55 @@ def test_shared_and_pinned_chunks_match_single_thread(pool, crew, t):
                 np.testing.assert_array_equal(out, ref)
         finally:
             crew.stop()
+
+
+def _thefts(crew: Crew, victim: int) -> int:
+    """Pieces of `victim`'s pinned list that others took in the last job (its cursor's low half)."""
+    return int(crew.ctl[int(crew.ctl[CURSORS]) + 8 * victim]) & 0xFFFFFFFF
+
+
+def _run_pieces(pool, crew: Crew, t: int, rows: int, seed: int, runs: int) -> list[int]:
+    """A product whose rows are all pinned to worker 1 in pieces of 8, STEALABLE, run `runs` times:
+    each output equals the single-thread product to the bit (every row written: it starts as NaN);
+    returns how many of worker 1's pieces others took in each run."""
+    rng = np.random.default_rng(seed)
+    k = 512
+    w = _matrix(t, rows, k, rng)
+    xp = K.prepare(t, rng.standard_normal(k).astype(np.float32))
+    ref = np.empty(rows, np.float32)
+    K.matvec(t, w, xp, ref, 0, rows)
+    pieces = [(0, lo, lo + 8, 1) for lo in range(0, rows, 8)]
+    job = Job([(t, w, 0, 0, 0)], pieces, [])
+    job.n_owned = len(pieces) | STEALABLE
+    stolen = []
+    with pool.lead():
+        crew.start()
+        try:
+            for _ in range(runs):
+                out = np.full(rows, np.nan, np.float32)
+                crew.run(job, xp, xp, [out])
+                np.testing.assert_array_equal(out, ref)
+                stolen.append(_thefts(crew, 1))
+        finally:
+            crew.stop()
+    return stolen
+
+
+@pytest.mark.parametrize("t", [K.Q4_K, K.Q8_0], ids=["q4_K", "q8_0"])
+def test_a_free_worker_takes_pinned_pieces_of_its_node_from_the_back(pool, crew, t):
+    """STEALABLE: every piece pinned to worker 1; the caller (worker 0) has none of its own, so it
+    takes worker 1's last pieces while worker 1 works through the first ones; each row is still one
+    kernel call's dot product (the same bits)."""
+    assert max(_run_pieces(pool, crew, t, 320, 11, 20)) > 0, "the idle caller never took a piece"
+
+
+def test_pinned_pieces_stay_on_their_node(pool):
+    """Workers of different steal groups (nodes) never take each other's pieces: a piece is read
+    from its owner's node's memory."""
+    crew = Crew(pool, pool.n_threads)
+    crew._groups = [0, 1]
+    crew._init_ctl()
+    assert _run_pieces(pool, crew, K.Q4_K, 256, 12, 5) == [0] * 5
 
 
 def test_two_prepared_inputs_and_three_outputs(pool, crew):

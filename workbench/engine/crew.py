@@ -58,6 +58,8 @@ N_OWNED = 18     # chunks [0, N_OWNED) are pinned to a worker; [N_OWNED, N_CHUNK
 N_CHUNKS = 19
 N_TASKS = 20
 LEAD_FN = 21     # address of the compiled `lead_core` (`lead` calls it through this, see `_call_core`)
+STEAL = 22       # non-zero: the posted job's pinned chunks may be stolen (see `STEALABLE`)
+CURSORS = 23     # where the per-worker cursors start: ctl[CURSORS] + 8 * w (a line each)
 FAILED = 24      # set by a worker whose loop raised (the caller stops waiting)
 WAITED = 25      # nanoseconds the caller spent waiting for acknowledgements (not working)
 SOLO = 26        # non-zero: the caller runs every job alone, every chunk, pinned or not (`Crew.start`)
@@ -65,7 +67,17 @@ SOLO = 26        # non-zero: the caller runs every job alone, every chunk, pinne
 TRACE_LEAD, TRACE_LEAD_N, TRACE_WORK, TRACE_WORK_N = 27, 28, 29, 30
 TRACE_CAP = 31   # int64 entries in each log
 ACK = 32         # ACK + 8 * w: last job worker w finished
+# ... then per worker w, at ctl[CURSORS] + 8 * w: its pinned chunks taken from the front (high 32
+# bits: by w) and from the back (low 32 bits: by others), and at + 1 its steal group (its node)
 SPINS_BEFORE_YIELD = 2000
+# added to a job's pinned-chunk count (`lead`'s n_owned): a worker done with its own pinned chunks
+# takes those of a worker of its group (node) that is behind, from the end of that worker's list.
+# Pinned halves keep each worker on long contiguous streams (finer shared chunks streamed 25-35 %
+# slower on the EPYC VM), but under a hypervisor either vCPU can run 5-20 % slower for a while:
+# the other one then waited at every expert job.
+STEALABLE = 1 << 40
+STEAL_TAIL = 4   # the owner claims its pieces in runs, leaving at least this many at its list's end
+_LOW32 = (1 << 32) - 1
 
 
 # ----------------------------------------------------------------------------- intrinsics
@@ -98,6 +110,16 @@ def fetch_add(typingctx, arr, idx, val):
         return builder.atomic_rmw("add", _slot(context, builder, sig.args[0], args[0], args[1]), args[2],
                                   "seq_cst")
     return types.int64(arr, idx, types.int64), codegen
+
+
+@intrinsic
+def compare_swap(typingctx, arr, idx, old, new):
+    """arr[idx] = new if it holds old (atomically); True if it did."""
+    def codegen(context, builder, sig, args):
+        res = builder.cmpxchg(_slot(context, builder, sig.args[0], args[0], args[1]), args[2], args[3],
+                              "seq_cst", "seq_cst")
+        return builder.extract_value(res, 1)
+    return types.boolean(arr, idx, types.int64, types.int64), codegen
 
 
 @intrinsic
@@ -317,6 +339,89 @@ def _build(mv: dict):
                 mv_q2_K(w, xp, out, lo, hi)
 
     @numba.njit(**_NB)
+    def run_pinned(tasks, chunks, c):
+        # a chunk's tasks share the first one's row limits
+        t0 = chunks[c, C_TASK]
+        lo, hi = tasks[t0, T_LO] + chunks[c, C_LO], min(tasks[t0, T_LO] + chunks[c, C_HI], tasks[t0, T_HI])
+        if lo < hi:
+            for t in range(t0, t0 + chunks[c, C_SPAN]):
+                run_chunk(tasks, t, lo, hi)
+
+    @numba.njit(**_NB)
+    def steal_pinned(ctl, me, tasks, chunks, n_owned):
+        """Worker me's pinned chunks in order, each claimed on its cursor (front count + 1); then,
+        while a worker of its group has some left, the last of them (back count + 1): whole
+        chunks, each run by exactly one worker with the same kernel calls."""
+        base = ctl[CURSORS]
+        n_workers = 0
+        while base + 8 * n_workers < ctl.shape[0] - 1 and ctl[base + 8 * n_workers + 1] >= 0:
+            n_workers += 1
+        mine = 0
+        for c in range(n_owned):
+            if chunks[c, C_OWNER] == me:
+                mine += 1
+        at = base + 8 * me
+        pos = 0
+        while True:
+            cur = atomic_load(ctl, at)
+            f = cur >> 32
+            left = mine - f - (cur & _LOW32)
+            if left <= 0:
+                break
+            while chunks[pos, C_OWNER] != me:
+                pos += 1
+            # claim the following pieces of the same rows' run too (one kernel call, one stream),
+            # all but the last STEAL_TAIL of the list, which stay for a thief to take one by one
+            n, prev, nxt = 1, pos, pos + 1
+            while n < left - STEAL_TAIL:
+                while nxt < n_owned and chunks[nxt, C_OWNER] != me:
+                    nxt += 1
+                if (nxt >= n_owned or chunks[nxt, C_TASK] != chunks[pos, C_TASK]
+                        or chunks[nxt, C_SPAN] != chunks[pos, C_SPAN] or chunks[nxt, C_LO] != chunks[prev, C_HI]):
+                    break
+                n += 1
+                prev = nxt
+                nxt += 1
+            if compare_swap(ctl, at, cur, cur + (n << 32)):
+                last = pos
+                for _ in range(n - 1):
+                    last += 1
+                    while chunks[last, C_OWNER] != me:
+                        last += 1
+                t0 = chunks[pos, C_TASK]
+                lo = tasks[t0, T_LO] + chunks[pos, C_LO]
+                hi = min(tasks[t0, T_LO] + chunks[last, C_HI], tasks[t0, T_HI])
+                if lo < hi:
+                    for t in range(t0, t0 + chunks[pos, C_SPAN]):
+                        run_chunk(tasks, t, lo, hi)
+                pos = last + 1
+        group = ctl[at + 1]
+        for d in range(1, n_workers):
+            v = (me + d) % n_workers
+            vat = base + 8 * v
+            if ctl[vat + 1] != group:
+                continue
+            theirs = 0
+            for c in range(n_owned):
+                if chunks[c, C_OWNER] == v:
+                    theirs += 1
+            while True:
+                cur = atomic_load(ctl, vat)
+                back = cur & _LOW32
+                if (cur >> 32) + back >= theirs:
+                    break
+                if compare_swap(ctl, vat, cur, cur + 1):
+                    k = back  # the (k+1)-th of v's chunks from the end of its list
+                    c = n_owned - 1
+                    while True:
+                        if chunks[c, C_OWNER] == v:
+                            if k == 0:
+                                break
+                            k -= 1
+                        c -= 1
+                    run_pinned(tasks, chunks, c)
+
+    @numba.njit(**_NB)
     def work(ctl, me):
         """Worker `me`'s part of the posted job: its pinned chunks, then shared ones as they come."""
         n_tasks = ctl[N_TASKS]
@@ -325,14 +430,12 @@ def _build(mv: dict):
         chunks = numba.carray(_voidptr(ctl[CHUNKS]), (max(n_chunks, 1), CHUNK_FIELDS), np.int64)
         n_owned = ctl[N_OWNED]
         solo = ctl[SOLO] != 0
-        # a chunk's tasks share the first one's row limits
-        for c in range(n_owned):
-            if solo or chunks[c, C_OWNER] == me:
-                t0 = chunks[c, C_TASK]
-                lo, hi = tasks[t0, T_LO] + chunks[c, C_LO], min(tasks[t0, T_LO] + chunks[c, C_HI], tasks[t0, T_HI])
-                if lo < hi:
-                    for t in range(t0, t0 + chunks[c, C_SPAN]):
-                        run_chunk(tasks, t, lo, hi)
+        if ctl[STEAL] != 0 and not solo:
+            steal_pinned(ctl, me, tasks, chunks, n_owned)
+        else:
+            for c in range(n_owned):
+                if solo or chunks[c, C_OWNER] == me:
+                    run_pinned(tasks, chunks, c)
         while True:
             c = n_owned + fetch_add(ctl, NEXT, 1)
             if c >= n_chunks:
@@ -408,6 +511,12 @@ def _build(mv: dict):
                 tasks[t, T_N2] = xp[2, 2]
             o = tasks[t, T_OUT]
             tasks[t, T_OUTADDR] = outs[o, 0] + tasks[t, T_OUTROW] * outs[o, 1] + 4 * tasks[t, T_OUTOFF]
+        steal = (n_owned & STEALABLE) != 0 and n_workers > 1 and ctl[CURSORS] != 0
+        n_owned = n_owned & (STEALABLE - 1)
+        if steal:
+            for w in range(n_workers):
+                ctl[ctl[CURSORS] + 8 * w] = 0
+        ctl[STEAL] = 1 if steal else 0
         ctl[TASKS] = address(tasks)
         ctl[CHUNKS] = address(chunks)
         ctl[N_TASKS] = tasks.shape[0]
@@ -436,6 +545,9 @@ def _build(mv: dict):
     @numba.njit(**_NB)
     def lead(ctl, n_workers, tasks, chunks, n_owned, xa, xb, outs, row_lo, row_hi, w_shift):
         """Fill the job's input/output addresses, post it, do worker 0's part, wait for the rest.
+
+        n_owned: the job's first n_owned chunks are pinned to their workers; + STEALABLE: a worker
+        done with its own takes those of a worker of its node that is behind, from the back.
 
         xa, xb: the prepared inputs of the tasks marked 0 / 1 (tuples of 1 or 3 arrays, 1-D or
         2-D with the row given by the task); outs: tuple of outputs (1-D, or 2-D with the row given
@@ -550,14 +662,27 @@ class Crew:
     def __init__(self, pool, n_workers: int):
         self.pool = pool
         self.n_workers = n_workers
-        self.ctl = np.zeros(ACK + 8 * max(n_workers, 1) + 8, dtype=np.int64)
+        n = max(n_workers, 1)
+        self._cursors = ACK + 8 * n + 8
+        self.ctl = np.zeros(self._cursors + 8 * (n + 1) + 8, dtype=np.int64)
+        # each worker's steal group: its node (a thief reads only its own node's memory)
+        workers = list(getattr(pool, "workers", ()))
+        self._groups = [int(getattr(workers[w], "node", 0) or 0) if w < len(workers) else 0 for w in range(n)]
         self.active = False
         self.solo = False
         self._trace: CrewTrace | None = None
         # `lead` is public for compiled callers that post jobs themselves (attention, runners)
         self._serve, self.lead, core = _compiled()
         self._core = core_address(core)
+        self._init_ctl()
+
+    def _init_ctl(self) -> None:
+        """The fields no job changes: lead_core's address, the cursors' place and steal groups."""
         self.ctl[LEAD_FN] = self._core
+        self.ctl[CURSORS] = self._cursors
+        for w, g in enumerate(self._groups):
+            self.ctl[self._cursors + 8 * w + 1] = g
+        self.ctl[self._cursors + 8 * len(self._groups) + 1] = -1  # the end of the list
 
     def start(self, solo: bool = False) -> None:
         """Send workers 1..N-1 into the loop (returns at once; the caller stands in for worker 0).
@@ -570,7 +695,7 @@ class Crew:
         trace = self.ctl[TRACE_LEAD:TRACE_CAP + 1].copy()  # a trace spans passes
         self.ctl[:] = 0
         self.ctl[TRACE_LEAD:TRACE_CAP + 1] = trace
-        self.ctl[LEAD_FN] = self._core
+        self._init_ctl()
         self.solo = solo and self.n_workers > 1
         if self.solo:
             self.ctl[SOLO] = 1

@@ -19,7 +19,7 @@ import numba
 import numpy as np
 
 from . import ops
-from .crew import C_TASK, NO_LIMIT, T_OUTOFF, T_XROW
+from .crew import C_TASK, NO_LIMIT, STEALABLE, T_OUTOFF, T_XROW
 from .gating import _route, gate
 
 from .kernels.jitcache import JIT as _NB
@@ -68,13 +68,13 @@ def expert_runner(lead: Callable, prep_gu: Callable, prep_down: Callable, n_gu: 
     if n_gu == 2:
         @numba.njit(**_NB)
         def gate_up(ctl, n_workers, tasks, chunks, xa, g, u, n_ff):
-            ok = lead(ctl, n_workers, tasks, chunks, chunks.shape[0], xa, xa, (g, u), 0, NO_LIMIT, 0)
+            ok = lead(ctl, n_workers, tasks, chunks, chunks.shape[0] | STEALABLE, xa, xa, (g, u), 0, NO_LIMIT, 0)
             k = g.shape[0] // n_ff
             return ok, g.reshape(k, n_ff), u.reshape(k, n_ff)
     else:
         @numba.njit(**_NB)
         def gate_up(ctl, n_workers, tasks, chunks, xa, g, u, n_ff):
-            ok = lead(ctl, n_workers, tasks, chunks, chunks.shape[0], xa, xa, (g,), 0, NO_LIMIT, 0)
+            ok = lead(ctl, n_workers, tasks, chunks, chunks.shape[0] | STEALABLE, xa, xa, (g,), 0, NO_LIMIT, 0)
             gu = g.reshape(-1, 2 * n_ff)
             return ok, gu[:, :n_ff], gu[:, n_ff:]
 
@@ -97,7 +97,7 @@ def expert_runner(lead: Callable, prep_gu: Callable, prep_down: Callable, n_gu: 
             ops.silu_mul(g2, u2, a2)
         xd = prep_down(a2)
         tasks, chunks = compose(d_t3, d_c3, d_w, ids, np.arange(k))
-        if not lead(ctl, n_workers, tasks, chunks, chunks.shape[0], xd, xd, (d,), 0, NO_LIMIT, 0):
+        if not lead(ctl, n_workers, tasks, chunks, chunks.shape[0] | STEALABLE, xd, xd, (d,), 0, NO_LIMIT, 0):
             return False
         n_embd = out.shape[0]
         for j in range(n_embd):

@@ -31,7 +31,8 @@ from .kernels.jitcache import JIT
 from . import kernels
 from . import ops
 from .attention import AttentionPaths
-from .crew import C_OWNER, C_SPAN, C_TASK, CHUNK_FIELDS, T_OUT, T_OUTOFF, T_XROW, TASK_FIELDS, Crew, CrewError, Job, Table, product_runner
+from .crew import (C_OWNER, C_SPAN, C_TASK, CHUNK_FIELDS, STEALABLE, T_OUT, T_OUTOFF, T_XROW, TASK_FIELDS, Crew,
+                   CrewError, Job, Table, product_runner)
 from .attention import SKIP_SLID_VALUES, one_token_attention, token_window
 from .dense_token import dense_runner
 from .expert_token import GELU, SILU, expert_runner, routed_runner
@@ -56,6 +57,9 @@ CHUNK_ALIGN = 64  # rows
 # least this many weight bytes; NUMAWB_CREW=0 turns the crew off (Python hand-offs, as before)
 CREW_CHUNK_BYTES = 96 << 10
 EXPERT_ROWS = 32  # prompt: expert rows per piece, read once from memory for all of its tokens
+# one token: a worker's rows of an expert in pinned pieces of this many rows (a multiple of the
+# kernels' 8-row groups): the pieces a worker of the same node may take over at the end
+STEAL_ROWS = 64
 USE_CREW = os.environ.get("NUMAWB_CREW", "1") != "0"
 # a pass whose caller waited for the crew's workers longer than this share of it is "starved":
 # another process holds a worker's CPU and the spinning only delays it. After CREW_STARVED such
@@ -1254,7 +1258,11 @@ class Runtime(AttentionPaths):
                 for j, nm in enumerate(names):
                     for wk, (arr, first, lo, hi) in enumerate(self._expert_plan(nm, e)):
                         if hi > lo:
-                            owned.append((len(tasks), lo - first, hi - first, wk))
+                            # in pieces, in order: the owner streams them one after another, a
+                            # worker of its node that is done first takes the last ones (STEALABLE)
+                            step = STEAL_ROWS if self.n_workers > 1 else hi - lo
+                            owned += [(len(tasks), a - first, min(a + step, hi) - first, wk)
+                                      for a in range(lo, hi, step)]
                             tasks.append((ws[j].ggml_type, np.ascontiguousarray(arr), pidx[j], j, first))
                 job = Job(tasks, owned, [])
                 tasks_all.append(job.tasks)
@@ -1290,8 +1298,9 @@ class Runtime(AttentionPaths):
         tasks[:, T_XROW] = np.repeat(np.array(ri, dtype=np.int64), n_t)
         chunks = chunks3[es_a]
         chunks[:, :, C_TASK] += (np.arange(m, dtype=np.int64) * n_t)[:, None]
-        self._crew.run(Table(tasks, chunks.reshape(-1, chunks.shape[2])), xps[0], xps[-1],
-                       [o.reshape(-1) for o in outs])
+        table = Table(tasks, chunks.reshape(-1, chunks.shape[2]))
+        table.n_owned |= STEALABLE
+        self._crew.run(table, xps[0], xps[-1], [o.reshape(-1) for o in outs])
 
     def sub_products(self, name: str, x: np.ndarray) -> np.ndarray:
         """x [m, n, ne0] -> [m, n, rows] with sub-matrix i of 3-D tensor `name` applied to x[i]
