@@ -123,6 +123,23 @@ def test_memory_summary_and_format(report):
     assert json.loads(json.dumps(dataclasses.replace(report, memory=mem).as_dict()))["memory"]["met"] is False
 
 
+def test_fresh_process_memory_measures_a_process_that_found_its_code_compiled(monkeypatch):
+    """A first process that compiled (LLVM's working memory in its peak) is run again; the second
+    one is measured, and the line says what the first compiled."""
+    outs = iter([dict(RAW_MEMORY, peak_rss=900_000_000, compiled=14), dict(RAW_MEMORY, compiled=0)])
+    calls = []
+    monkeypatch.setattr(bench, "_run_child", lambda cmd, timeout: (calls.append(cmd) or object(), 1.0, None))
+    monkeypatch.setattr(bench, "_last_json", lambda p: next(outs))
+    mem = bench.fresh_process_memory("model.gguf")
+    assert len(calls) == 2 and mem["peak_rss_bytes"] == RAW_MEMORY["peak_rss"] and mem["compiled_first"] == 14
+    assert "a first process compiled 14 functions" in bench.format_memory(mem)
+    # nothing compiled: one process
+    outs = iter([dict(RAW_MEMORY, compiled=0)])
+    calls.clear()
+    mem = bench.fresh_process_memory("model.gguf")
+    assert len(calls) == 1 and mem["compiled_first"] == 0 and "compiled" not in bench.format_memory(mem)
+
+
 def test_fresh_process_memory_default_model():
     """One fresh process on the default model (a few seconds): the fields are there and sane."""
     try:
