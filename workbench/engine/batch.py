@@ -276,8 +276,7 @@ def batchable(model) -> bool:
     """Whether one forward pass can carry several sequences: the shared attention runs each row on
     its own cache (`_BatchRuntime.attention`); a family with an attention of its own (DeepSeek's
     MLA, on its latent cache) decodes its rows one after another instead (the same bits)."""
-    from .models.common import Decoder
-    return type(model).attention is Decoder.attention
+    return model.shares_attention()
 
 
 def decode_batch(engine: Engine, sessions: list[Session], tokens: list[int]) -> np.ndarray:

@@ -58,7 +58,7 @@ N_OWNED = 18     # chunks [0, N_OWNED) are pinned to a worker; [N_OWNED, N_CHUNK
 N_CHUNKS = 19
 N_TASKS = 20
 LEAD_FN = 21     # address of the compiled `lead_core` (`lead` calls it through this, see `_call_core`)
-STEAL = 22       # non-zero: the posted job's pinned chunks may be stolen (see `STEALABLE`)
+STEAL = 22       # the posted job's worker count when its pinned chunks may be stolen, else 0 (`STEALABLE`)
 CURSORS = 23     # where the per-worker cursors start: ctl[CURSORS] + 8 * w (a line each)
 FAILED = 24      # set by a worker whose loop raised (the caller stops waiting)
 WAITED = 25      # nanoseconds the caller spent waiting for acknowledgements (not working)
@@ -339,10 +339,11 @@ def _build(mv: dict):
                 mv_q2_K(w, xp, out, lo, hi)
 
     @numba.njit(**_NB)
-    def run_pinned(tasks, chunks, c):
-        # a chunk's tasks share the first one's row limits
+    def run_pinned(tasks, chunks, c, last):
+        """The rows of chunks c..last (one run of pieces of the same tasks; last == c: one chunk),
+        one kernel call per task; a chunk's tasks share the first one's row limits."""
         t0 = chunks[c, C_TASK]
-        lo, hi = tasks[t0, T_LO] + chunks[c, C_LO], min(tasks[t0, T_LO] + chunks[c, C_HI], tasks[t0, T_HI])
+        lo, hi = tasks[t0, T_LO] + chunks[c, C_LO], min(tasks[t0, T_LO] + chunks[last, C_HI], tasks[t0, T_HI])
         if lo < hi:
             for t in range(t0, t0 + chunks[c, C_SPAN]):
                 run_chunk(tasks, t, lo, hi)
@@ -353,9 +354,7 @@ def _build(mv: dict):
         while a worker of its group has some left, the last of them (back count + 1): whole
         chunks, each run by exactly one worker with the same kernel calls."""
         base = ctl[CURSORS]
-        n_workers = 0
-        while base + 8 * n_workers < ctl.shape[0] - 1 and ctl[base + 8 * n_workers + 1] >= 0:
-            n_workers += 1
+        n_workers = ctl[STEAL]
         mine = 0
         for c in range(n_owned):
             if chunks[c, C_OWNER] == me:
@@ -383,18 +382,8 @@ def _build(mv: dict):
                 prev = nxt
                 nxt += 1
             if compare_swap(ctl, at, cur, cur + (n << 32)):
-                last = pos
-                for _ in range(n - 1):
-                    last += 1
-                    while chunks[last, C_OWNER] != me:
-                        last += 1
-                t0 = chunks[pos, C_TASK]
-                lo = tasks[t0, T_LO] + chunks[pos, C_LO]
-                hi = min(tasks[t0, T_LO] + chunks[last, C_HI], tasks[t0, T_HI])
-                if lo < hi:
-                    for t in range(t0, t0 + chunks[pos, C_SPAN]):
-                        run_chunk(tasks, t, lo, hi)
-                pos = last + 1
+                run_pinned(tasks, chunks, pos, prev)  # prev: the run's last piece
+                pos = prev + 1
         group = ctl[at + 1]
         for d in range(1, n_workers):
             v = (me + d) % n_workers
@@ -419,7 +408,7 @@ def _build(mv: dict):
                                 break
                             k -= 1
                         c -= 1
-                    run_pinned(tasks, chunks, c)
+                    run_pinned(tasks, chunks, c, c)
 
     @numba.njit(**_NB)
     def work(ctl, me):
@@ -435,7 +424,7 @@ def _build(mv: dict):
         else:
             for c in range(n_owned):
                 if solo or chunks[c, C_OWNER] == me:
-                    run_pinned(tasks, chunks, c)
+                    run_pinned(tasks, chunks, c, c)
         while True:
             c = n_owned + fetch_add(ctl, NEXT, 1)
             if c >= n_chunks:
@@ -516,7 +505,7 @@ def _build(mv: dict):
         if steal:
             for w in range(n_workers):
                 ctl[ctl[CURSORS] + 8 * w] = 0
-        ctl[STEAL] = 1 if steal else 0
+        ctl[STEAL] = n_workers if steal else 0
         ctl[TASKS] = address(tasks)
         ctl[CHUNKS] = address(chunks)
         ctl[N_TASKS] = tasks.shape[0]
@@ -664,7 +653,7 @@ class Crew:
         self.n_workers = n_workers
         n = max(n_workers, 1)
         self._cursors = ACK + 8 * n + 8
-        self.ctl = np.zeros(self._cursors + 8 * (n + 1) + 8, dtype=np.int64)
+        self.ctl = np.zeros(self._cursors + 8 * n + 8, dtype=np.int64)
         # each worker's steal group: its node (a thief reads only its own node's memory)
         workers = list(getattr(pool, "workers", ()))
         self._groups = [int(getattr(workers[w], "node", 0) or 0) if w < len(workers) else 0 for w in range(n)]
@@ -682,7 +671,6 @@ class Crew:
         self.ctl[CURSORS] = self._cursors
         for w, g in enumerate(self._groups):
             self.ctl[self._cursors + 8 * w + 1] = g
-        self.ctl[self._cursors + 8 * len(self._groups) + 1] = -1  # the end of the list
 
     def start(self, solo: bool = False) -> None:
         """Send workers 1..N-1 into the loop (returns at once; the caller stands in for worker 0).

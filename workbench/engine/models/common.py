@@ -268,6 +268,12 @@ class Decoder:
         return o
 
     # -- a decoded token in one compiled call ----------------------------------------------------
+    @classmethod
+    def shares_attention(cls) -> bool:
+        """Whether the family runs this class's attention (not one of its own, like DeepSeek's MLA
+        on its latent cache): the one-token layer calls and batched decoding build on it."""
+        return cls.attention is Decoder.attention
+
     def token_ffn(self, il: int) -> DenseSpec | RoutedSpec | None:
         """Layer il's FFN as the runtime's one-token layer calls take it; None: no such call."""
         p = f"blk.{il}."
@@ -316,7 +322,7 @@ class Decoder:
         step = self._steps.get(il)
         if step is None:
             rt, p = self.rt, f"blk.{il}."
-            ffn = self.token_ffn(il) if type(self).attention is Decoder.attention else None
+            ffn = self.token_ffn(il) if self.shares_attention() else None
             post = (rt.f32(p + "post_attention_norm.weight"), rt.f32(p + "post_ffw_norm.weight")) \
                 if self.post_norms else (_EMPTY, _EMPTY)
             step = self._steps[il] = False if ffn is None else (
