@@ -37,7 +37,7 @@ from .attention import SKIP_SLID_VALUES, one_token_attention, token_window
 from .dense_token import dense_runner
 from .expert_token import GELU, SILU, expert_runner, routed_runner
 from .token_attention import block_runner
-from .token_layer import layer_runner, token_runner, typed_layers
+from .token_layer import layer_runner, list_address, token_runner, typed_layers
 from .gating import Gating
 from .gguf_file import GGUFFile, ModelLoadError, TensorInfo
 from .kv_cache import KVCache
@@ -1099,9 +1099,10 @@ class Runtime(AttentionPaths):
                                   lambda: self._token_layers(steps, kv, output))
         if ready is None:
             return None
-        fn, layers, journal, out_job, h_last = ready
-        ok, logits = fn(crew.ctl, crew.n_workers, x, np.ascontiguousarray(h, dtype=np.float32), layers, ropes, pos0,
-                        SKIP_SLID_VALUES, journal.ids, journal.written, out_job)
+        fn, (layers, _typed), journal, out_job, h_last = ready
+        logits = np.empty(out_job[3], dtype=np.float32)
+        ok = fn(crew.ctl, crew.n_workers, x, np.ascontiguousarray(h, dtype=np.float32), layers, ropes, pos0,
+                SKIP_SLID_VALUES, journal.ids, journal.written, out_job, logits)
         self._token_done(ok, journal)
         if out_job[3]:
             return h_last, logits.reshape(1, -1)
@@ -1124,9 +1125,10 @@ class Runtime(AttentionPaths):
                                   lambda: self._token_layers(steps, kv, output, prologue))
         if ready is None:
             return None
-        fn, (pro, layers), journal, out_job, _h = ready
-        ok, logits = fn(crew.ctl, crew.n_workers, tok, pos0, pro, layers, SKIP_SLID_VALUES, journal.ids,
-                        journal.written, out_job)
+        fn, (pro, layers, *_lists), journal, out_job, _h = ready
+        logits = np.empty(out_job[3], dtype=np.float32)
+        ok = fn(crew.ctl, crew.n_workers, tok, pos0, pro, layers, SKIP_SLID_VALUES, journal.ids, journal.written,
+                out_job, logits)
         self._token_done(ok, journal)
         return logits.reshape(1, -1)
 
@@ -1206,8 +1208,11 @@ class Runtime(AttentionPaths):
             if run_out is None or embed is None or emb is None:
                 return None
             pro = typed_layers(((emb, float(scale), self.f32(norm), float(eps), *rope),))
-            return token_runner(attn, ffn, run_out, embed), (pro, typed), journal, out_job, None
-        return token_runner(attn, ffn, run_out), typed, journal, out_job, layers[-1][11]
+            fn = token_runner(attn, ffn, run_out, embed, numba.typeof(typed), numba.typeof(pro))
+            # the lists ride along: their addresses are valid while they live
+            return fn, (list_address(pro), list_address(typed), pro, typed), journal, out_job, None
+        fn = token_runner(attn, ffn, run_out, None, numba.typeof(typed))
+        return fn, (list_address(typed), typed), journal, out_job, layers[-1][11]
 
     def _expert_products(self, names: tuple[str, ...], x: np.ndarray, groups: list, m_out: int
                          ) -> list[np.ndarray]:

@@ -17,10 +17,13 @@ import numba
 import numpy as np
 
 from . import ops
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+from numba.typed import listobject
+
 from .kernels.jitcache import JIT as _NB
 
 _LAYERS: dict = {}
-_NONE = np.zeros(0, dtype=np.float32)
 
 
 def layer_runner(attn: Callable, ffn: Callable, inline: bool = False) -> Callable:
@@ -84,8 +87,32 @@ def typed_layers(layers: tuple) -> numba.typed.List:
     return out
 
 
+@intrinsic
+def _borrowed(typingctx, addr, list_ref):
+    """The typed list (of type list_ref) whose C list pointer is stored at `addr` (`list_address`),
+    without a reference of its own (a null meminfo: NRT's incref and decref skip it); the caller
+    keeps the List alive. A typed List passed from Python is unboxed through Python code (numba's
+    type check unpickles the List class, then reads `_opaque`): ~50 us a list when the interpreter
+    ran cold after a token's weights streamed through the caches; an int is unboxed in C."""
+    list_type = list_ref.instance_type
+
+    def codegen(context, builder, sig, args):
+        lst = cgutils.create_struct_proxy(list_type)(context, builder)
+        lst.data = builder.load(builder.inttoptr(args[0], listobject.ll_list_type.as_pointer()))
+        lst.meminfo = cgutils.get_null_value(lst.meminfo.type)
+        return lst._getvalue()
+    return list_type(types.intp, list_ref), codegen
+
+
+def list_address(items: numba.typed.List) -> int:
+    """Where `items`' C list pointer is stored (its meminfo's data, as numba's unboxing reads it);
+    valid while `items` lives."""
+    return int(items._opaque.data)
+
+
 def token_runner(attn: Callable, ffn: Callable, out: Callable | None = None,
-                 embed: Callable | None = None) -> Callable:
+                 embed: Callable | None = None, layers_type: types.Type | None = None,
+                 prologue_type: types.Type | None = None) -> Callable:
     """A decoded token's every layer in one compiled call: `layer_runner`'s steps in a loop over a
     typed list of the layers' fixed arguments (unboxed once per token, not once per layer: a
     layer's ~50 arrays cost ~20 us to pass from Python), the attention window computed here.
@@ -99,19 +126,23 @@ def token_runner(attn: Callable, ffn: Callable, out: Callable | None = None,
     embedding row, its scale, the first layer's input norm and the RoPE table of the position
     (the functions the Python path calls, in its order), from a prologue tuple made once.
 
+    The typed lists come as `list_address` ints (see `_borrowed`), typed by `layers_type` and
+    `prologue_type` (numba.typeof of the lists).
+
     The layer loop and the layer are compiled into the call (inline="always"): numba optimizes a
     callee's code again in every caller it is linked into, so on their own they cost a fresh
     install ~13 s more before the first decoded token. Not inlined further down: the attention
     block and the routed FFN take `*args`, and the crew's job tables carry raw addresses, so an
     array whose last use is inlined before the job runs would be freed under it."""
-    key = (attn, ffn, out, embed)
+    key = (attn, ffn, out, embed, layers_type, prologue_type)
     fn = _TOKENS.get(key)
     if fn is not None:
         return fn
     layer = layer_runner(attn, ffn, inline=True)
 
     @numba.njit(**_NB, inline="always")
-    def layers_(ctl, n_workers, x, h, layers, ropes, pos0, skip_slid, journal, written):
+    def layers_(ctl, n_workers, x, h, layers_at, ropes, pos0, skip_slid, journal, written):
+        layers = _borrowed(layers_at, layers_type)
         row = written[0] % journal.shape[0]
         for i in range(len(layers)):
             (a_head, a_mid, window, scale, a_tail, o, ffn_norm, f_args, f_out, next_norm, eps, h_next,
@@ -129,18 +160,19 @@ def token_runner(attn: Callable, ffn: Callable, out: Callable | None = None,
 
     if out is not None:
         @numba.njit(**_NB)
-        def output(ctl, n_workers, out_job, h_last):
-            tasks, chunks, n_owned, n_out = out_job
-            logits = np.empty(n_out, dtype=np.float32)
-            return out(ctl, n_workers, tasks, chunks, n_owned, h_last.reshape(-1), (logits,)), logits
+        def output(ctl, n_workers, out_job, h_last, logits):
+            tasks, chunks, n_owned, _n_out = out_job
+            return out(ctl, n_workers, tasks, chunks, n_owned, h_last.reshape(-1), (logits,))
 
     if embed is not None:
         assert out is not None
 
         @numba.njit(**_NB)
-        def fn(ctl, n_workers, tok, pos0, prologue, layers, skip_slid, journal, written, out_job):
-            """Token id `tok` at position pos0 -> (True, logits); (False, _) if a worker failed."""
-            (emb, scale, norm_w, eps, n_rot, bases, freq_scale, freq_factors, ext, attn_f, c0, c1) = prologue[0]
+        def fn(ctl, n_workers, tok, pos0, prologue, layers, skip_slid, journal, written, out_job, logits):
+            """Token id `tok` at position pos0: its logits into `logits` [rows of the output]; False if
+            a worker failed."""
+            (emb, scale, norm_w, eps, n_rot, bases, freq_scale, freq_factors, ext, attn_f, c0,
+             c1) = _borrowed(prologue, prologue_type)[0]
             x = embed(emb, tok, tok + 1)
             if scale != 0.0:
                 x *= np.float32(scale)
@@ -151,26 +183,23 @@ def token_runner(attn: Callable, ffn: Callable, out: Callable | None = None,
             for b in range(bases.shape[0]):
                 ropes[b] = ops.rope_cache(pos, n_rot, bases[b], freq_scale, freq_factors, ext, attn_f, c0, c1)
             ok, h_last = layers_(ctl, n_workers, x, h, layers, ropes, pos0, skip_slid, journal, written)
-            if not ok:
-                return False, _NONE
-            return output(ctl, n_workers, out_job, h_last)
+            return ok and output(ctl, n_workers, out_job, h_last, logits)
     elif out is None:
         @numba.njit(**_NB)
-        def fn(ctl, n_workers, x, h, layers, ropes, pos0, skip_slid, journal, written, out_job):
+        def fn(ctl, n_workers, x, h, layers, ropes, pos0, skip_slid, journal, written, out_job, logits):
             """x [1, n_embd] (the residual, updated in place), h its normed value entering the first
             layer; each layer's h_next receives its output normed by the next norm; ropes [bases, 1,
-            rope dims / 2, 2]: the position's RoPE table per base (each layer names its own). (False,
-            _) if a worker failed."""
+            rope dims / 2, 2]: the position's RoPE table per base (each layer names its own). False
+            if a worker failed. Returns a bool only, and takes the logits' buffer: boxing an array
+            runs numba's unpickler (Python) on the way out."""
             ok, _h = layers_(ctl, n_workers, x, h, layers, ropes, pos0, skip_slid, journal, written)
-            return ok, _NONE
+            return ok
     else:
         @numba.njit(**_NB)
-        def fn(ctl, n_workers, x, h, layers, ropes, pos0, skip_slid, journal, written, out_job):
-            """As above, then the output product of the last layer's normed output: (True, logits)."""
+        def fn(ctl, n_workers, x, h, layers, ropes, pos0, skip_slid, journal, written, out_job, logits):
+            """As above, then the output product of the last layer's normed output into `logits`."""
             ok, h_last = layers_(ctl, n_workers, x, h, layers, ropes, pos0, skip_slid, journal, written)
-            if not ok:
-                return False, _NONE
-            return output(ctl, n_workers, out_job, h_last)
+            return ok and output(ctl, n_workers, out_job, h_last, logits)
 
     _TOKENS[key] = fn
     return fn
