@@ -188,6 +188,23 @@ def machine_line() -> str:
             f"Linux {platform.release()}, Python {platform.python_version()}, numawb kernels {kernel_path()}")
 
 
+def decode_ceilings(args, lcpp: dict, numa: dict, bpt: float, limit) -> list[tuple[str, int, float]]:
+    """(test, threads, ceiling) per decode test run by both engines: the tokens/s of streaming
+    `bpt` bytes a token at the bandwidth `limit(numawb's record, threads)` gives, over llama.cpp's
+    tokens/s. A decode ratio is the quotient of the engines' bandwidth shares, so this is the most a
+    bandwidth-bound decode can reach against that llama.cpp run."""
+    out = []
+    for t in args.threads:
+        for test in args.tests:
+            l, nb = lcpp.get((test, t)), numa.get((test, t))
+            if not (test.startswith("tg") and l and nb and l["avg_ts"] > 0):
+                continue
+            lim = limit(nb, t)
+            if lim:
+                out.append((test, t, lim * 1e9 / bpt / l["avg_ts"]))
+    return out
+
+
 def build_report(args, facts, bw, lcpp, numa, notes, version, local: dict | None = None,
                  build: dict | None = None) -> str:
     """The markdown report; `local[(pass, threads)]`: mean bandwidth probed around that pass's runs
@@ -238,6 +255,12 @@ def build_report(args, facts, bw, lcpp, numa, notes, version, local: dict | None
             if met:
                 summary.append(met == "yes")
     lines.append("")
+    ceilings = decode_ceilings(args, lcpp, numa, bpt, limit)
+    if ceilings:
+        lines.append("Decode ratio if numawb streamed 100 % of the bandwidth probed around its runs, against "
+                     "llama.cpp's measured rate (both engines read the same weights: a ratio target above "
+                     "this needs a faster memory, not a faster engine): "
+                     + ", ".join(f"{test} {t}t {c:.2f}x" for test, t, c in ceilings) + ".")
     nb = numa.get(("tg128", tmax))
     if nb and limit(nb, tmax):
         lim = limit(nb, tmax)

@@ -86,3 +86,25 @@ def test_compare_records_cpu_and_amx_decision(tmp_path):
     assert info["cpu"] == XEON and info["amx"].startswith("unusable") and info["extra flags"] == NO_AMX
     here = cmp.llama_build_info(str(tmp_path / "elsewhere" / "bin" / "llama-bench"))  # no build-info
     assert here["cpu"] == cmp.cpu_model() and here["amx"] and "amx-check" in here["origin"]
+
+
+def test_compare_reports_the_decode_ratio_a_full_probe_would_give():
+    """The decode ceiling: numawb streaming every byte at its pass's probed bandwidth, over llama.cpp's
+    measured rate (100 MB a token at 40 GB/s is 400 t/s; against 320 t/s that is 1.25x)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import compare_llamacpp as cmp
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+    class Args:
+        threads = [1, 2]
+        tests = ["pp512", "tg128"]
+
+    lcpp = {("tg128", 1): {"avg_ts": 200.0}, ("tg128", 2): {"avg_ts": 320.0}, ("pp512", 2): {"avg_ts": 500.0}}
+    numa = {("tg128", 1): {"avg_ts": 240.0, "_pass": 1}, ("tg128", 2): {"avg_ts": 330.0, "_pass": 0},
+            ("pp512", 2): {"avg_ts": 900.0}}
+    probes = {(1, 1): 25.0, (0, 2): 40.0}
+    got = cmp.decode_ceilings(Args, lcpp, numa, 100e6, lambda rec, t: probes.get((rec.get("_pass", 0), t)))
+    assert [(test, t) for test, t, _ in got] == [("tg128", 1), ("tg128", 2)]
+    assert got[0][2] == pytest.approx(1.25) and got[1][2] == pytest.approx(1.25)
