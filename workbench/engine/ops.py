@@ -251,7 +251,8 @@ GELU_COMPUTE_ROWS = 4
 
 @nb.njit(**_JIT)
 def _gelu_mul_row(g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
-    """One row of `gelu_mul` computed (see _POW2); vectorized by LLVM over contiguous rows."""
+    """One row of `gelu_mul` computed (the comment above _GELU_C says how); LLVM vectorizes it
+    over a contiguous row (8 float64 lanes)."""
     for j in range(g.shape[0]):
         x = g[j]
         xh = round_f16(x)

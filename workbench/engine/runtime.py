@@ -1099,9 +1099,9 @@ class Runtime(AttentionPaths):
                                   lambda: self._token_layers(steps, kv, output))
         if ready is None:
             return None
-        fn, (layers, _typed), journal, out_job, h_last = ready
+        fn, (layers_at, _typed), journal, out_job, h_last = ready  # _typed: alive for the call
         logits = np.empty(out_job[3], dtype=np.float32)
-        ok = fn(crew.ctl, crew.n_workers, x, np.ascontiguousarray(h, dtype=np.float32), layers, ropes, pos0,
+        ok = fn(crew.ctl, crew.n_workers, x, np.ascontiguousarray(h, dtype=np.float32), layers_at, ropes, pos0,
                 SKIP_SLID_VALUES, journal.ids, journal.written, out_job, logits)
         self._token_done(ok, journal)
         if out_job[3]:
@@ -1125,10 +1125,10 @@ class Runtime(AttentionPaths):
                                   lambda: self._token_layers(steps, kv, output, prologue))
         if ready is None:
             return None
-        fn, (pro, layers, *_lists), journal, out_job, _h = ready
+        fn, (pro_at, layers_at, *_lists), journal, out_job, _h = ready  # _lists: alive for the call
         logits = np.empty(out_job[3], dtype=np.float32)
-        ok = fn(crew.ctl, crew.n_workers, tok, pos0, pro, layers, SKIP_SLID_VALUES, journal.ids, journal.written,
-                out_job, logits)
+        ok = fn(crew.ctl, crew.n_workers, tok, pos0, pro_at, layers_at, SKIP_SLID_VALUES, journal.ids,
+                journal.written, out_job, logits)
         self._token_done(ok, journal)
         return logits.reshape(1, -1)
 

@@ -15,12 +15,11 @@ from typing import Callable
 
 import numba
 import numpy as np
-
-from . import ops
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 from numba.typed import listobject
 
+from . import ops
 from .kernels.jitcache import JIT as _NB
 
 _LAYERS: dict = {}
@@ -134,6 +133,8 @@ def token_runner(attn: Callable, ffn: Callable, out: Callable | None = None,
     install ~13 s more before the first decoded token. Not inlined further down: the attention
     block and the routed FFN take `*args`, and the crew's job tables carry raw addresses, so an
     array whose last use is inlined before the job runs would be freed under it."""
+    if layers_type is None or (embed is not None and prologue_type is None):
+        raise TypeError("token_runner needs the typed lists' types (numba.typeof of the lists)")
     key = (attn, ffn, out, embed, layers_type, prologue_type)
     fn = _TOKENS.get(key)
     if fn is not None:
