@@ -51,29 +51,31 @@ def test_silu_mul_on_column_ranges_of_a_fused_gate_up_output() -> None:
     assert np.array_equal(out.view(np.uint32), want.view(np.uint32))
 
 
-def test_gelu_computed_for_a_few_rows_equals_the_table_for_every_half() -> None:
-    # the result depends on the input only through its value rounded to half (or through the
-    # +-10 cut-offs): every half, as the one-row (computed) and as the many-row (table) path
-    halves = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
-    edges = np.array([9.999, 10.0, 10.001, -9.999, -10.0, -10.001, 65519.0, 65520.0, 1e30, -1e30, np.inf,
-                      -np.inf], dtype=np.float32)
-    g = np.concatenate([halves, edges, np.zeros(4, np.float32)]).reshape(1, -1)
-    u = np.random.default_rng(3).standard_normal(g.shape).astype(np.float32)
+def _gelu_both_paths(g: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """gelu_mul of rows g (at most GELU_COMPUTE_ROWS: the computed path), and of the same rows
+    repeated past that count (the table path), cut back to g's rows."""
     assert g.shape[0] <= ops.GELU_COMPUTE_ROWS
     computed = np.empty_like(g)
     ops.gelu_mul(g, u, computed, ops.GELU_F16)
-    rows = g.reshape(ops.GELU_COMPUTE_ROWS + 4, -1)
-    looked_up = np.empty_like(rows)
-    ops.gelu_mul(rows, u.reshape(rows.shape), looked_up, ops.GELU_F16)
-    looked_up = looked_up.reshape(g.shape)
+    reps = ops.GELU_COMPUTE_ROWS // g.shape[0] + 1
+    looked_up = np.empty((reps * g.shape[0], g.shape[1]), np.float32)
+    ops.gelu_mul(np.tile(g, (reps, 1)), np.tile(u, (reps, 1)), looked_up, ops.GELU_F16)
+    return computed, looked_up[:g.shape[0]]
+
+
+def test_gelu_computed_for_a_few_rows_equals_the_table_for_every_half() -> None:
+    # the result depends on the input only through its value rounded to half (or through the
+    # +-10 cut-offs): every half, and edges around the cut-offs and past the half range
+    halves = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+    edges = np.array([9.999, 10.0, 10.001, -9.999, -10.0, -10.001, 65519.0, 65520.0, 1e30, -1e30, np.inf,
+                      -np.inf], dtype=np.float32)
+    g = np.concatenate([halves, edges]).reshape(1, -1)
+    u = np.random.default_rng(3).standard_normal(g.shape).astype(np.float32)
+    computed, looked_up = _gelu_both_paths(g, u)
     nan = np.isnan(looked_up)
     np.testing.assert_array_equal(np.isnan(computed), nan)
     np.testing.assert_array_equal(computed[~nan].view(np.uint32), looked_up[~nan].view(np.uint32))
     # and decode's shapes: a token's 2048 activations, MoE's 4 rows of 768 (vectorized body and tail)
     for n, d in ((1, 2048), (4, 768), (2, 37)):
-        gg, uu = _inputs(n, d, n + d)
-        reps = ops.GELU_COMPUTE_ROWS + 1  # as many copies: the table path
-        a, b = np.empty_like(gg), np.empty((reps * n, d), np.float32)
-        ops.gelu_mul(gg, uu, a, ops.GELU_F16)
-        ops.gelu_mul(np.tile(gg, (reps, 1)), np.tile(uu, (reps, 1)), b, ops.GELU_F16)
-        np.testing.assert_array_equal(a.view(np.uint32), b[:n].view(np.uint32))
+        computed, looked_up = _gelu_both_paths(*_inputs(n, d, n + d))
+        np.testing.assert_array_equal(computed.view(np.uint32), looked_up.view(np.uint32))

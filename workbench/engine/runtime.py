@@ -1208,10 +1208,10 @@ class Runtime(AttentionPaths):
             if run_out is None or embed is None or emb is None:
                 return None
             pro = typed_layers(((emb, float(scale), self.f32(norm), float(eps), *rope),))
-            fn = token_runner(attn, ffn, run_out, embed, numba.typeof(typed), numba.typeof(pro))
+            fn = token_runner(attn, ffn, numba.typeof(typed), run_out, embed, numba.typeof(pro))
             # the lists ride along: their addresses are valid while they live
             return fn, (list_address(pro), list_address(typed), pro, typed), journal, out_job, None
-        fn = token_runner(attn, ffn, run_out, None, numba.typeof(typed))
+        fn = token_runner(attn, ffn, numba.typeof(typed), run_out)
         return fn, (list_address(typed), typed), journal, out_job, layers[-1][11]
 
     def _expert_products(self, names: tuple[str, ...], x: np.ndarray, groups: list, m_out: int

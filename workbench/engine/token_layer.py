@@ -109,11 +109,10 @@ def list_address(items: numba.typed.List) -> int:
     return int(items._opaque.data)
 
 
-def token_runner(attn: Callable, ffn: Callable, out: Callable | None = None,
-                 embed: Callable | None = None, layers_type: types.Type | None = None,
-                 prologue_type: types.Type | None = None) -> Callable:
+def token_runner(attn: Callable, ffn: Callable, layers_type: types.Type, out: Callable | None = None,
+                 embed: Callable | None = None, prologue_type: types.Type | None = None) -> Callable:
     """A decoded token's every layer in one compiled call: `layer_runner`'s steps in a loop over a
-    typed list of the layers' fixed arguments (unboxed once per token, not once per layer: a
+    typed list of the layers' fixed arguments (one list for the token, not arrays per layer: a
     layer's ~50 arrays cost ~20 us to pass from Python), the attention window computed here.
 
     Each layer's routed experts go to a journal row (`routing.TokenJournal`: read in bulk, not per
@@ -125,16 +124,16 @@ def token_runner(attn: Callable, ffn: Callable, out: Callable | None = None,
     embedding row, its scale, the first layer's input norm and the RoPE table of the position
     (the functions the Python path calls, in its order), from a prologue tuple made once.
 
-    The typed lists come as `list_address` ints (see `_borrowed`), typed by `layers_type` and
-    `prologue_type` (numba.typeof of the lists).
+    The typed lists come as `list_address` ints (see `_borrowed`) of the types `layers_type` and
+    `prologue_type` (numba.typeof of the lists; the latter with `embed`).
 
     The layer loop and the layer are compiled into the call (inline="always"): numba optimizes a
     callee's code again in every caller it is linked into, so on their own they cost a fresh
     install ~13 s more before the first decoded token. Not inlined further down: the attention
     block and the routed FFN take `*args`, and the crew's job tables carry raw addresses, so an
     array whose last use is inlined before the job runs would be freed under it."""
-    if layers_type is None or (embed is not None and prologue_type is None):
-        raise TypeError("token_runner needs the typed lists' types (numba.typeof of the lists)")
+    if embed is not None and prologue_type is None:
+        raise TypeError("token_runner with an embedding needs the prologue list's type")
     key = (attn, ffn, out, embed, layers_type, prologue_type)
     fn = _TOKENS.get(key)
     if fn is not None:
