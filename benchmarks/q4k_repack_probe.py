@@ -1,5 +1,5 @@
 """Would repacking Q4_K weights pay off? The gemv over the 8-row interleaved layout
-(`kernels/x86/k4_x8.py`, not used by the engine yet) against the kernel numawb runs today (a
+(`kernels/x86/k4_x8.py`, which the engine now keeps experts in on the AVX-512 VNNI path) against the kernel numawb runs today (a
 benchmark, not a test).
 
 Today's one-token Q4_K kernel (`kernels/x86/k4_rows.py`) reads GGUF's own layout: per row and
@@ -13,6 +13,11 @@ operands. The outputs are bit-identical (checked below).
 
 AMD EPYC (Zen 4) 2026-12-01 20:43 UTC, K=1024, one core, best of 5: in cache (0.25 MB) 26.2 -> 39.6
 GB/s, from memory (96 MB) 23.7 -> 27.6 GB/s (the probe's streaming read: 27.7).
+
+AMD EPYC without AVX-512 (avx2 path) 2026-12-03 08:00 UTC, K=1024: in cache 7.0 -> 7.3 GB/s, from
+memory 7.0-7.2 -> 4.8-6.9 GB/s over a dozen processes (the GGUF layout steady, the packed one not;
+prefetching every line of the packed records did not steady it): `engine/packing.py` packs only on
+the AVX-512 VNNI path by default.
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from workbench.engine import kernels as K  # noqa: E402
-from workbench.engine.kernels.intrinsics import VNNI  # noqa: E402
+from workbench.engine.kernels.x86 import MODES  # noqa: E402
 from workbench.engine.kernels.x86 import k4_rows, k4_x8  # noqa: E402
 
 
@@ -42,13 +47,14 @@ def main() -> None:
     ap.add_argument("--mb", type=float, default=96.0, help="size of the from-memory matrix")
     ap.add_argument("-r", type=int, default=5, help="timed rounds (best is reported)")
     a = ap.parse_args()
-    if K.kernel_path() != "avx512-vnni":
-        sys.exit(f"this prototype needs AVX512-VNNI (kernel path here: {K.kernel_path()})")
+    if K.kernel_path() not in MODES:
+        sys.exit(f"the packed gemv needs an x86 SIMD kernel path (here: {K.kernel_path()})")
+    mode = MODES[K.kernel_path()]
     rng = np.random.default_rng(0)
     xp = K.prepare(K.Q4_K, rng.standard_normal(a.k).astype(np.float32))
-    plain = k4_rows.q4_K_gemv_rows8(VNNI)
-    gemv_x8 = k4_x8.gemv_x8(VNNI)
-    print(f"{os.uname().machine}, K={a.k}, one thread; GGUF bytes per second (both layouts are the same size)")
+    plain = k4_rows.q4_K_gemv_rows8(mode)
+    gemv_x8 = k4_x8.gemv_x8(mode)
+    print(f"{os.uname().machine}, kernel path {K.kernel_path()}, K={a.k}, one thread; GGUF bytes per second (both layouts are the same size)")
     for mb, reps in ((0.25, 3000), (a.mb, 12)):
         rows = max(8, int(mb * 1e6 / (a.k // 256 * 144)) // 8 * 8)
         w = q4k_matrix(rows, a.k, rng)

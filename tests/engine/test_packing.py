@@ -22,6 +22,12 @@ pytestmark = pytest.mark.skipif(kernels.packed_type(kernels.Q4_K) is None,
 PROMPT = [5, 17, 29, 3, 41, 8, 2, 11, 19]
 
 
+@pytest.fixture(autouse=True)
+def _packing_on(monkeypatch):
+    """Pack on any path with the x8 kernels (by default only where it measured faster)."""
+    monkeypatch.setattr(packing, "REPACK", "1")
+
+
 @pytest.fixture(scope="module")
 def q4k_moe(tmp_path_factory):
     path = tmp_path_factory.mktemp("packing") / "moe-q4k.gguf"
@@ -42,7 +48,7 @@ def _logits(eng: Engine, n: int = 8) -> list[np.ndarray]:
 
 def _reference(path: str, monkeypatch) -> list[np.ndarray]:
     with monkeypatch.context() as m:
-        m.setattr(packing, "ENABLED", False)
+        m.setattr(packing, "REPACK", "0")
         eng = Engine.load(path, placement=Placement(threads=1))
         try:
             assert eng.rt.packed == {}
@@ -146,5 +152,18 @@ def test_which_tensors_are_packed(monkeypatch):
     assert packing.packable(up, _info(up, q4k, 260), 1) is None       # rows not in whole groups
     assert packing.packable(up, _info(up, int(T.Q8_0), 256), 1) is None
     assert packing.packable("blk.0.attn_k_b.weight", _info("blk.0.attn_k_b.weight", q4k, 256), 1) is None
-    monkeypatch.setattr(packing, "ENABLED", False)
+    monkeypatch.setattr(packing, "REPACK", "0")
     assert packing.packable(up, _info(up, q4k, 256), 1) is None
+
+
+def test_packs_by_default_only_where_faster(monkeypatch):
+    """Unset NUMAWB_REPACK: the AVX-512 VNNI path packs, the AVX2 path keeps the file's layout
+    (its packed gemv streamed slower from memory); "1" packs on either."""
+    up = "blk.0.ffn_up_exps.weight"
+    info = _info(up, int(T.Q4_K), 256)
+    monkeypatch.setattr(packing, "REPACK", "")
+    for path, want in (("avx512-vnni", kernels.Q4_K_X8), ("avx2", None)):
+        monkeypatch.setattr(kernels, "kernel_path", lambda p=path: p)
+        assert packing.packable(up, info, 1) == want, path
+    monkeypatch.setattr(packing, "REPACK", "1")
+    assert packing.packable(up, info, 1) == kernels.Q4_K_X8

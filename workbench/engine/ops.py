@@ -56,7 +56,8 @@ def pow2_f64(typingctx, n):
 
     def cg(context, builder, sig, args):
         i64 = ir.IntType(64)
-        e = builder.add(builder.fptosi(args[0], i64), ir.Constant(i64, 1023))
+        # through int32 (n fits): a vectorized loop then converts lanes in one instruction without AVX512DQ
+        e = builder.add(builder.sext(builder.fptosi(args[0], ir.IntType(32)), i64), ir.Constant(i64, 1023))
         return builder.bitcast(builder.shl(e, ir.Constant(i64, 52)), ir.DoubleType())
 
     return sig, cg
@@ -326,7 +327,10 @@ def swiglu16(typingctx, g, u, out, j):
         lo, hi = splat(-193.0), splat(193.0)
         nc = builder.select(builder.fcmp_ordered(">", n, lo), n, lo)
         nc = builder.select(builder.fcmp_ordered("<", nc, hi), nc, hi)
-        e = builder.add(builder.fptosi(nc, vi), ir.Constant(vi, [ir.Constant(i64, 1023)] * 16))
+        # to int32 first (nc is clamped to +-193): AVX2 and AVX-512F convert f32 lanes to int32 in one
+        # instruction, to int64 only with AVX512DQ (else LLVM converts the 16 lanes one by one)
+        vi32 = ir.VectorType(ir.IntType(32), 16)
+        e = builder.add(builder.sext(builder.fptosi(nc, vi32), vi), ir.Constant(vi, [ir.Constant(i64, 1023)] * 16))
         p2 = builder.bitcast(builder.shl(e, ir.Constant(vi, [ir.Constant(i64, 52)] * 16)), vd)
         res = builder.fptrunc(builder.fmul(builder.fpext(jj, vd), p2), vf)
         alt = builder.select(builder.fcmp_ordered("<=", n, splat(0.0)), splat(0.0), splat(math.inf))

@@ -9,7 +9,13 @@ horizontal sums (26 -> 41 GB/s in cache, 20-24 -> 23-28 GB/s from memory on the 
 
 A tensor is packed only when no piece or compute range of any plan with this many workers cuts
 an 8-row group: its rows per expert are a multiple of 8 and at least 8 per worker, so
-`numa.plan.row_split` aligns every boundary to 8 rows. `NUMAWB_REPACK=0` keeps the file's layout.
+`numa.plan.row_split` aligns every boundary to 8 rows.
+
+Where it pays depends on the kernel path: on the AVX2-only EPYC host (2026-12-03) the x8 gemv ran
+as fast as `k4_rows` in cache (7.3 against 7.0 GB/s) but 4.8-6.9 GB/s from memory against a steady
+7.0-7.2, and the engine decoded the synthetic Qwen3-MoE at 46-49 / 78-84 t/s (1 / 2 threads)
+packed against 61-64 / 109-110 unpacked. So by default only the AVX-512 VNNI path packs;
+`NUMAWB_REPACK=1` packs on any x86 path, `NUMAWB_REPACK=0` never.
 """
 from __future__ import annotations
 
@@ -25,13 +31,21 @@ from ..numa.plan import ROW_ALIGN
 from . import kernels
 from .gguf_file import TensorInfo
 
-ENABLED = os.environ.get("NUMAWB_REPACK", "1") != "0"
+REPACK = os.environ.get("NUMAWB_REPACK", "")  # "1": always, "0": never, else where it measured faster
+FASTER_ON = frozenset({"avx512-vnni"})  # kernel paths whose packed gemv beat the file's layout
 EXPERT_SUFFIX = "_exps.weight"
 Progress = Callable[[ProgressEvent], None]
 
 
+def enabled() -> bool:
+    """Whether expert tensors are packed at all on the active kernel path (see `REPACK`)."""
+    if REPACK in ("0", "1"):
+        return REPACK == "1"
+    return kernels.kernel_path() in FASTER_ON
+
+
 def _candidate(name: str, info: TensorInfo) -> int | None:
-    if not ENABLED or not name.endswith(EXPERT_SUFFIX) or len(info.shape) < 3:
+    if not enabled() or not name.endswith(EXPERT_SUFFIX) or len(info.shape) < 3:
         return None
     return kernels.packed_type(info.ggml_type)
 
