@@ -1,6 +1,6 @@
 """Would repacking Q4_K weights pay off? The gemv over the 8-row interleaved layout
-(`kernels/x86/k4_x8.py`, which the engine now keeps experts in on the AVX-512 VNNI path) against the kernel numawb runs today (a
-benchmark, not a test).
+(`kernels/x86/k4_x8.py`, the layout the engine keeps experts in on the AVX-512 VNNI path) against
+the kernel on the file's layout (a benchmark, not a test).
 
 Today's one-token Q4_K kernel (`kernels/x86/k4_rows.py`) reads GGUF's own layout: per row and
 super-block it unpacks the 6-bit scales, broadcasts each sub-block's scale with a shuffle and
