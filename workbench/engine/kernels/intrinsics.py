@@ -320,7 +320,9 @@ def dot_ss(typingctx, mode, acc, a, b):
         zero = ir.Constant(_V32B, [0] * 32)
         neg = builder.icmp_signed("<", a, zero)
         absa = builder.select(neg, builder.sub(zero, a), a)
-        sb = builder.select(neg, builder.sub(zero, b), b)
+        # b * sign(a) in one vpsignb (ggml's _mm256_sign_epi8), where LLVM made a compare, an xor and
+        # a subtract of the select; it zeroes b where a == 0, which |a| = 0 multiplies away anyway
+        sb = builder.call(_fn(builder, "llvm.x86.avx2.psign.b", _V32B, [_V32B, _V32B]), [b, a])
         return _dpbusd(builder, m, args[1], absa, sb)
 
     return sig, cg
