@@ -62,6 +62,14 @@ class Loaded(Message):
         self.engine, self.chat, self.seconds = engine, chat, seconds
 
 
+class PreparingDecode(Message):
+    """The decoded tokens' call is compiling (on) or done (off): a first start."""
+
+    def __init__(self, on: bool) -> None:
+        super().__init__()
+        self.on = on
+
+
 class LoadFailed(Message):
     def __init__(self, path: str, error: str) -> None:
         super().__init__()
@@ -274,6 +282,7 @@ class WorkbenchApp(App[int]):
         self.engine: Any = None
         self.chat: Chat | None = None
         self.loading = False
+        self.preparing = False  # compiling the decode call after a load (`_prepare_decoding`)
         self.switching = False
         self.last_switch: list[SwitchReport] = []
         self.last_error: str = ""
@@ -391,6 +400,8 @@ class WorkbenchApp(App[int]):
             parts.append(f"SIMULATED {self.simulate}")
         if self.server is not None:
             parts.append(f"serving {self.server.url}")
+        if self.preparing:
+            parts.append("compiling the decode call (first start)…")
         status = self.source.status()
         if status:
             parts.append(status)
@@ -500,6 +511,48 @@ class WorkbenchApp(App[int]):
         if self.auto_advice and not self.advising:
             self.request_advice(probe=False)
         self.sample_now()
+        self._prepare_decoding(msg.chat)
+
+    @work(thread=True, group="prepare", exit_on_error=False)
+    def _prepare_decoding(self, chat: Chat) -> None:
+        """Compile the decoded tokens' call while the user types (a first start's long compile,
+        `Session.prepare_decoding`); the subtitle says so when it takes more than a moment."""
+        session = getattr(chat, "session", None)
+        if not hasattr(session, "decoding_compile"):  # a cluster pipeline's session
+            return
+        t0 = time.perf_counter()
+        lock, state = threading.Lock(), {"shown": False, "done": False}
+
+        def show(on: bool) -> None:
+            self.post_message(PreparingDecode(on))
+
+        def slow() -> None:
+            with lock:
+                if not state["done"]:
+                    state["shown"] = True
+                    show(True)
+
+        timer = threading.Timer(0.5, slow)
+        timer.daemon = True
+        try:
+            compile_ = session.decoding_compile()
+            if compile_ is None:
+                return
+            timer.start()
+            compile_()
+            self.record("decode.prepared", seconds=time.perf_counter() - t0)
+        except Exception as e:  # noqa: BLE001 - decoding compiles on first use instead
+            self.record("decode.prepare_error", error=str(e) or type(e).__name__)
+        finally:
+            timer.cancel()
+            with lock:
+                state["done"] = True
+                if state["shown"]:
+                    show(False)
+
+    def on_preparing_decode(self, msg: PreparingDecode) -> None:
+        self.preparing = msg.on
+        self._update_subtitle()
 
     @work(thread=True, group="close", exit_on_error=False)
     def _close_engine(self, eng: Any) -> None:

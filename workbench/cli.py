@@ -307,6 +307,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if len(ids) == 0 or (len(ids) == 1 and ids[0] == eng.tokenizer.bos_id and not args.prompt):
         raise UserError("empty prompt: give some text with -p")
     session = eng.new_session(max(args.ctx_size, len(ids) + args.n_predict + 1))
+    if args.n_predict > 1:  # a first start compiles the decoded tokens' call while the prompt runs
+        compile_ = session.decoding_compile()
+        if compile_ is not None:
+            threading.Thread(target=compile_, name="numawb-decode-compile", daemon=True).start()
     done = None
     try:
         for ev in session.generate(ids, params, args.n_predict, stop_ids=set() if args.ignore_eos else None):

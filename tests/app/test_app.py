@@ -108,6 +108,24 @@ async def test_mounts_at_once_then_loads_with_progress(tiny):
 
 
 @aio
+async def test_decode_call_is_compiled_after_the_load_before_the_first_reply(tiny):
+    """A first start's long compile of the decoded tokens' call runs while the user types: the
+    app records it done, and the reply then decodes with that very call (no other specialisation)."""
+    from workbench.engine import token_layer
+    events: list[tuple[str, dict]] = []
+    app = make_app(tiny, recorder=lambda kind, data: events.append((kind, data)))
+    token_layer._TOKENS.clear()  # a new dispatcher: its specialisations are this test's
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(app, pilot)
+        await until(pilot, lambda: any(k == "decode.prepared" for k, _ in events), 120)
+        assert not app.preparing and "compiling the decode call" not in app.sub_title
+        (fn,) = token_layer._TOKENS.values()
+        assert len(fn.overloads) == 1
+        reply = await chat_once(app, pilot)
+        assert reply.text and len(fn.overloads) == 1
+
+
+@aio
 async def test_load_progress_panel_shows_bytes_and_phase(tiny):
     from workbench.numa.layout import ProgressEvent
     from workbench.app import LoadProgress

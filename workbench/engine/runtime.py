@@ -1132,6 +1132,28 @@ class Runtime(AttentionPaths):
         self._token_done(ok, journal)
         return logits.reshape(1, -1)
 
+    def token_program_compile(self, steps: Sequence[tuple], kv: KVCache, prologue: tuple,
+                              output: str) -> Callable[[], None] | None:
+        """`token_program`'s compiled call for these steps and cache, made ready without running a
+        token: its parts are built now (typed lists, the routing journal, the crew's product
+        runners; milliseconds once compiled), and the returned function compiles the call itself
+        for exactly the argument types `token_program` will pass. That compile is the long part
+        of a first start (26 s on the AVX2-only EPYC for the default model) and touches no state
+        of this runtime, so a caller can run it without the engine's lock while a prompt is
+        evaluated. None when there is no such call."""
+        if self._crew is None:  # the crew `begin_pass` would start (not started here)
+            self._crew = Crew(self.pool, self.n_workers)
+        ready = self._token_parts(kv, self._steps_key("program", steps, output),
+                                  lambda: self._token_layers(steps, kv, output, prologue))
+        if ready is None:
+            return None
+        fn, (pro_at, layers_at, *_lists), journal, out_job, _h = ready
+        crew = self._crew
+        args = (crew.ctl, crew.n_workers, 0, 0, pro_at, layers_at, SKIP_SLID_VALUES, journal.ids,
+                journal.written, out_job, np.empty(0, dtype=np.float32))
+        sig = tuple(numba.typeof(a) for a in args)
+        return lambda: fn.compile(sig)
+
     def _token_done(self, ok: bool, journal: TokenJournal) -> None:
         """After a token's compiled call: raise if a worker failed; count the journal when due."""
         if not ok:

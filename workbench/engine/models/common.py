@@ -286,16 +286,29 @@ class Decoder:
         steps = self._token_layers_steps()
         if not steps:
             return None
-        c = self.cfg
+        return self.rt.token_program(tok, steps, kv, pos0, self._token_prologue(), self.output_name)
+
+    def token_program_compile(self, kv: KVCache) -> Callable[[], None] | None:
+        """The compile of the call `_token_program` makes for cache `kv`, to run ahead of the first
+        decoded token (`Runtime.token_program_compile`); None when decoding has no such call."""
+        if not (self.is_first and self.is_last):
+            return None
+        steps = self._token_layers_steps()
+        if not steps:
+            return None
+        return self.rt.token_program_compile(steps, kv, self._token_prologue(), self.output_name)
+
+    def _token_prologue(self) -> tuple:
+        """token_program's prologue: embedding, its scale, the first norm, eps and RoPE (made once)."""
         pro = self._prologue
         if pro is None:
-            il = self.layers.start
+            c, il = self.cfg, self.layers.start
             pro = self._prologue = (
                 "token_embd.weight", math.sqrt(c.n_embd) if self.embed_scale else 0.0, f"blk.{il}.attn_norm.weight",
                 float(c.norm_eps), (int(c.rope_dims), np.array(self._rope_bases(), dtype=np.float64),
                                     float(c.rope_freq_scale), self.freq_factors, float(c.rope_ext_factor),
                                     float(c.rope_attn_factor), float(c.rope_corr[0]), float(c.rope_corr[1])))
-        return self.rt.token_program(tok, steps, kv, pos0, pro, self.output_name)
+        return pro
 
     def _token_layers(self, x: np.ndarray, h: np.ndarray, kv: KVCache, pos0: int, positions: np.ndarray,
                       ropes: dict) -> tuple[np.ndarray, np.ndarray | None] | None:
