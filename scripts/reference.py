@@ -37,6 +37,11 @@ Everything is deterministic: greedy decoding takes the argmax of the logits
 batch sizes, and the seed is fixed (it is unused by greedy decoding anyway).
 Logits may still differ in the last bits between llama.cpp builds / CPUs
 (SIMD paths), so tests compare them with a tolerance.
+
+llama.cpp's native build rounds attention's sums and exps differently with and without AVX-512
+(workbench/engine/kernels/llama_build.py), so there is a file per build: ``gemma3_golden.json`` written on an
+AVX-512 host, ``gemma3_golden_avx2.json`` on an AVX2-only one (``--out tests/data/gemma3_golden_avx2.json``); the golden tests read the
+one of the host's build.
 """
 
 from __future__ import annotations

@@ -18,6 +18,11 @@ Rerun (llama-cpp-python lives in its own venv, see scripts/reference.py)::
 Greedy = argmax of the raw logits at every step (ties -> lowest id), no sampler; the
 prompts are token ids (no tokenizer involved); flash attention off, f16 KV cache
 (the bindings' defaults), n_threads 2, n_batch 512.
+
+llama.cpp's native build rounds attention's sums and exps differently with and without AVX-512
+(workbench/engine/kernels/llama_build.py), so there is a file per build: ``moe_golden.json`` written on an
+AVX-512 host, ``moe_golden_avx2.json`` on an AVX2-only one (``--out tests/data/moe_golden_avx2.json``); the golden tests read the
+one of the host's build.
 """
 
 from __future__ import annotations

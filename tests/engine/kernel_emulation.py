@@ -276,3 +276,86 @@ def emulate(t, w, xp, n):
 
 
 # ----------------------------------------------------------------------------- tests
+
+
+# ---- the orders that differ between llama.cpp's AVX-512 and AVX2 builds (kernels/llama_build.py)
+_EXP = {name: f32(float.fromhex(h)) for name, h in (
+    ("r", "0x1.8p23"), ("log2e", "0x1.715476p+0"), ("ln2_hi", "0x1.62e4p-1"), ("ln2_lo", "0x1.7f7d1cp-20"),
+    ("c5", "0x1.0e4020p-7"), ("c4", "0x1.573e2ep-5"), ("c3", "0x1.555e66p-3"), ("c2", "0x1.fffdb6p-2"),
+    ("c1", "0x1.ffffecp-1"))}
+
+
+def ggml_v_expf(x, wide: bool):
+    """ggml_v_expf (ggml-cpu/vec.h) lane by lane: the __m512 form (wide) or the __m256 one, the latter
+    with its integer bit operations on 2^n as written there."""
+    c = _EXP
+    x = np.asarray(x, f32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        z = fma32(x, c["log2e"], c["r"])
+        n = (z - c["r"]).astype(f32)
+        b = fma32(-n, c["ln2_lo"], fma32(-n, c["ln2_hi"], x))
+        u = (b * b).astype(f32)
+        p = fma32(fma32(c["c5"], b, c["c4"]), u, fma32(c["c3"], b, c["c2"]))
+        an = np.abs(n)
+        if wide:
+            j = fma32(p, u, fma32(c["c1"], b, f32(1.0)))
+            r = (j.astype(f64) * np.exp2(np.clip(n, -193, 193).astype(f64))).astype(f32)  # scalef: one rounding
+            return np.where(an > 192, np.where(n <= 0, f32(0.0), f32(np.inf)), r).astype(f32)
+        j = fma32(p, u, (c["c1"] * b).astype(f32))
+        e = (z.view(np.uint32).astype(np.uint64) << 23) & 0xFFFFFFFF
+        k = ((e + 0x3F800000) & 0xFFFFFFFF).astype(np.uint32).view(f32)
+        g = np.where(n <= 0, 0x82000000, 0).astype(np.uint64)
+        s1 = ((g + 0x7F000000) & 0xFFFFFFFF).astype(np.uint32).view(f32)
+        s2 = ((e - g) & 0xFFFFFFFF).astype(np.uint32).view(f32)
+        far = (fma32(s2, j, s2) * s1).astype(f32)
+        return np.where(an > 192, (s1 * s1).astype(f32), np.where(an > 126, far, fma32(k, j, k))).astype(f32)
+
+
+def hadd8(v):
+    """GGML_F32x8_REDUCE's end on the last axis: t_i = v_i + v_(i+4), then two hadds: (t0+t1)+(t2+t3)."""
+    v = np.asarray(v, f32)
+    t = v[..., :4] + v[..., 4:]
+    return (t[..., 0] + t[..., 1]) + (t[..., 2] + t[..., 3])
+
+
+def red16(v):
+    """GCC's _mm512_reduce_add_ps on 16 float32 lanes (last axis): 8 + 8, then hsum_float_8's tree."""
+    v = np.asarray(v, f32)
+    return hsum8(v[..., :8] + v[..., 8:])
+
+
+def vec_dot_float(wf, x, wide: bool, f16: bool):
+    """ggml_vec_dot_f16 / _f32 of each row of wf (float32 values) with x: 4 accumulators of 16
+    (wide) or 8 lanes over steps of 64 / 32, (0+2)+(1+3), the build's reduction; leftovers in
+    float64 (f16) or f32 FMAs (f32)."""
+    rows, k = wf.shape
+    lanes = 16 if wide else 8
+    step = 4 * lanes
+    acc = np.zeros((4, rows, lanes), f32)
+    np_ = k - k % step
+    for j in range(0, np_, step):
+        for a in range(4):
+            sl = slice(j + lanes * a, j + lanes * (a + 1))
+            acc[a] = fma32(wf[:, sl], np.broadcast_to(x[sl][None], (rows, lanes)), acc[a])
+    v = (acc[0] + acc[2]) + (acc[1] + acc[3])
+    s = red16(v) if wide else hadd8(v)
+    if f16:
+        s = s.astype(f64)
+        for j in range(np_, k):
+            s = s + (wf[:, j] * x[j]).astype(f32).astype(f64)
+        return s.astype(f32)
+    for j in range(np_, k):
+        s = fma32(wf[:, j], np.full(rows, x[j], f32), s)
+    return s
+
+
+def tinyblas_float(wf, X, wide: bool):
+    """llamafile tinyBLAS<16> / <8> per output: lane j % lanes accumulates by FMA in order, then the
+    build's horizontal sum (_mm512_reduce_add_ps or hsum of 8)."""
+    lanes = 16 if wide else 8
+    rows, k = wf.shape
+    acc = np.zeros((X.shape[0], rows, lanes), f32)
+    for j in range(0, k, lanes):
+        acc = fma32(np.broadcast_to(wf[None, :, j:j + lanes], acc.shape),
+                    np.broadcast_to(X[:, None, j:j + lanes], acc.shape), acc)
+    return red16(acc) if wide else hsum8(acc)

@@ -29,7 +29,8 @@ from gguf import quants as gq
 from workbench.engine import kernels as K
 from kernel_emulation import (KDIM, ROWS, SIMD_PATHS, activations, emulate, emulate_legacy,  # noqa: F401
                               emulate_k4_tiled, emulate_q4_0_repacked, emulate_q4_K, emulate_q4_K_vec, emulate_q6_K,
-                              f16, f32, f64, fma32, hsum8, weights)
+                              f16, f32, f64, fma32, hsum8, tinyblas_float, vec_dot_float, weights)
+from workbench.engine.kernels.llama_build import WIDE
 
 pytestmark = pytest.mark.skipif(not SIMD_PATHS, reason="no SIMD kernel path on this CPU")
 
@@ -477,42 +478,20 @@ def test_q2_K_dequantize_matches_gguf_py():
     np.testing.assert_array_equal(K.dequantize_rows(K.Q2_K, w, 0, 5), gq.dequantize(w, T.Q2_K))
 
 
-def _red16(v):
-    """GCC's _mm512_reduce_add_ps on 16 float32 lanes (last axis): 8 + 8, then hsum_float_8's tree."""
-    v = np.asarray(v, f32)
-    return hsum8(v[..., :8] + v[..., 8:])
-
-
 def _emulate_f32(w, X, tiny):
-    """llama.cpp's F32 products on AVX-512: tinyBLAS<16> (16 lanes, one FMA chain each, then the
-    reduce tree) or ggml_vec_dot_f32 (4 accumulators x 16 lanes over steps of 64, (0+2)+(1+3), the
-    tree, leftovers in f32 FMAs)."""
-    rows, k = w.shape
-    out = np.empty((X.shape[0], rows), f32)
-    for c, x in enumerate(X):
-        if tiny:
-            acc = np.zeros((rows, 16), f32)
-            for j in range(0, k, 16):
-                acc = fma32(w[:, j:j + 16], x[j:j + 16][None], acc)
-            out[c] = _red16(acc)
-            continue
-        acc = np.zeros((4, rows, 16), f32)
-        np_ = k - k % 64
-        for j in range(0, np_, 64):
-            for a in range(4):
-                acc[a] = fma32(w[:, j + 16 * a:j + 16 * a + 16], x[j + 16 * a:j + 16 * a + 16][None], acc[a])
-        s = _red16((acc[0] + acc[2]) + (acc[1] + acc[3]))
-        for j in range(np_, k):
-            s = fma32(w[:, j], np.full(rows, x[j], f32), s)
-        out[c] = s
-    return out
+    """llama.cpp's F32 products in this host's build (`llama_build.WIDE`): tinyBLAS<16> or <8> (one FMA
+    chain per lane, then the reduce tree) or ggml_vec_dot_f32 (4 accumulators x 16 or 8 lanes, (0+2)+(1+3),
+    the build's reduction, leftovers in f32 FMAs)."""
+    if tiny:
+        return tinyblas_float(w, X, WIDE)
+    return np.stack([vec_dot_float(w, x, WIDE, f16=False) for x in X])
 
 
 @pytest.mark.parametrize("k,rows,n", [(256, 8, 1), (256, 8, 2), (256, 8, 13), (320, 12, 5), (272, 8, 1),
                                       (272, 8, 3), (256, 6, 4)])
 def test_f32_follows_llama_cpp(path, k, rows, n):
     """F32 weights (a mixture of experts' router): one column ggml_vec_dot_f32, more llamafile's
-    tinyBLAS<16> when k % 16 == 0 and rows % 4 == 0, else vec_dot per column (AVX-512 orders)."""
+    tinyBLAS<16> (AVX2 build: <8>) when k % 16 (8) == 0 and rows % 4 == 0, else vec_dot per column."""
     rng = np.random.default_rng(k + rows + n)
     w = rng.standard_normal((rows, k)).astype(f32)
     X = rng.standard_normal((n, k)).astype(f32)
@@ -525,7 +504,7 @@ def test_f32_follows_llama_cpp(path, k, rows, n):
     out = np.full((n, rows), np.nan, f32)
     K.matmat(int(T.F32), wb, K.prepare(int(T.F32), X), out, 0, 3)
     K.matmat(int(T.F32), wb, K.prepare(int(T.F32), X), out, 3, rows)
-    np.testing.assert_array_equal(out, _emulate_f32(w, X, k % 16 == 0 and rows % 4 == 0))
+    np.testing.assert_array_equal(out, _emulate_f32(w, X, k % (16 if WIDE else 8) == 0 and rows % 4 == 0))
 
 
 @pytest.mark.parametrize("rows", [16, 13])

@@ -13,7 +13,8 @@ from gguf import GGMLQuantizationType as T
 
 from workbench.engine import kernels as K
 
-from kernel_emulation import SIMD_PATHS, activations, emulate, weights  # noqa: F401
+from kernel_emulation import SIMD_PATHS, activations, emulate, tinyblas_float, weights  # noqa: F401
+from workbench.engine.kernels.llama_build import WIDE
 
 pytestmark = pytest.mark.skipif(not SIMD_PATHS, reason="no SIMD kernel path on this CPU")
 
@@ -38,17 +39,6 @@ def test_quant_matmat_tiles(path, t, n):
     np.testing.assert_array_equal(_matmat_split(t, w, xp, n, SPLITS[1:]), ref)
 
 
-def _f16_tinyblas(w16, x):
-    """llamafile tinyBLAS<16> order: lane j % 16 accumulates in order, then _mm512_reduce_add_ps."""
-    wf = w16.astype(np.float32)
-    acc = np.zeros((x.shape[0], wf.shape[0], 16), np.float32)
-    for j in range(0, wf.shape[1], 16):
-        acc = acc + x[:, None, j:j + 16] * wf[None, :, j:j + 16]  # f16 x f16 products are exact in f32
-    v = acc[..., :8] + acc[..., 8:]
-    s4 = v[..., 4:] + v[..., :4]
-    return (s4[..., 0] + s4[..., 2]) + (s4[..., 1] + s4[..., 3])
-
-
 @pytest.mark.parametrize("n", [1, 3, 4, 5, 8, 11])
 @pytest.mark.parametrize("k", [64, 256])
 def test_f16_matmat_tiles(path, n, k):
@@ -56,7 +46,7 @@ def test_f16_matmat_tiles(path, n, k):
     w16 = rng.standard_normal((ROWS, k)).astype(np.float16)
     x = rng.standard_normal((n, k)).astype(np.float32)
     xp = K.prepare(int(T.F16), x)
-    ref = _f16_tinyblas(w16, xp[0])
+    ref = tinyblas_float(w16.astype(np.float32), xp[0], WIDE)  # this host's llama.cpp build
     w = w16.view(np.uint8).reshape(ROWS, -1)
     np.testing.assert_array_equal(_matmat_split(T.F16, w, xp, n, SPLITS[:1]), ref)
     np.testing.assert_array_equal(_matmat_split(T.F16, w, xp, n, SPLITS[1:]), ref)

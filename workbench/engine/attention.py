@@ -27,7 +27,8 @@ from .crew import (C_HI, C_OWNER, C_SPAN, C_TASK, NO_LIMIT, T_HI, T_OUT, T_OUTRO
                    T_XROW, TASK_FIELDS, CrewError, Job, Table)
 # the cache owns its slot layout; slot_position and store_f16 are used by the compiled kernels here
 from .kv_cache import KVCache, filled_slots, owner_slots, slot_position, store_f16  # noqa: F401
-from .ops import ggml_expf, tree16
+from .ops import ggml_expf, softmax_group_sum
+from .kernels.llama_build import SOFTMAX_LANES
 
 F16 = 1
 
@@ -44,8 +45,9 @@ def softmax_stats(scores: np.ndarray, w: int, n_workers: int, n_slots: int, pos0
     """
     n_kv, rows, _ = scores.shape
     sc = np.float32(scale)
-    n16 = -(-n_slots // 16) * 16
-    ex = np.zeros(n16, dtype=np.float32)  # exps of one row, zero-padded to whole groups of 16
+    lanes = SOFTMAX_LANES
+    n16 = -(-n_slots // lanes) * lanes
+    ex = np.zeros(n16, dtype=np.float32)  # exps of one row, zero-padded to whole groups of lanes
     row = np.empty(n_slots, dtype=np.float32)  # one row, contiguous (scores may be a strided view)
     for h in range(n_kv):
         for r in range(rows):
@@ -60,14 +62,14 @@ def softmax_stats(scores: np.ndarray, w: int, n_workers: int, n_slots: int, pos0
                         m = v
                 scores[h, r, j] = v
                 row[j] = v
-            # as ggml_vec_soft_max_f32 on AVX-512: exps (ggml_v_expf) of 16 positions at a time
-            # (a block of slots holds whole aligned groups of 16 positions) summed in float32
-            # by the _mm512_reduce_add_ps tree, each group sum added in float64
+            # as ggml_vec_soft_max_f32: exps (ggml_v_expf) of 16 (AVX2 build: 8) positions at a
+            # time (a block of slots holds whole aligned groups of them) summed in float32 by the
+            # build's tree (_mm512_reduce_add_ps or the 256-bit one), each group sum added in float64
             s = 0.0
             if m > -np.inf:
                 _exps(row, n_slots, m, ex)
-                for j0 in range(0, n16, 16):
-                    s += np.float64(tree16(ex, j0))
+                for j0 in range(0, n16, lanes):
+                    s += np.float64(softmax_group_sum(ex, j0))
             mx[h, r] = m
             sm[h, r] = s
 

@@ -18,15 +18,17 @@ import numba as nb
 import numpy as np
 
 from .kernels.jitcache import JIT as _JIT
-from .ops import ggml_expf, tree16
+from .ops import ggml_expf, softmax_group_sum
+from .kernels.llama_build import SOFTMAX_LANES
 
 SOFTMAX, SIGMOID = 1, 2  # llama.cpp's expert_gating_func values
 
 
 @nb.njit(**_JIT)
 def softmax_rows(x: np.ndarray) -> np.ndarray:
-    """ggml_soft_max of each row of float32 x (AVX-512 order: blocks of 16 exps reduced as
-    _mm512_reduce_add_ps and summed in double; leftovers with expf; one f32 scale by 1/sum)."""
+    """ggml_soft_max of each row of float32 x (blocks of 16 exps reduced as _mm512_reduce_add_ps, on
+    the AVX2 build of 8 by its 256-bit tree, summed in double; leftovers with expf; one f32 scale by
+    1/sum)."""
     n, m = x.shape
     out = np.empty((n, m), dtype=np.float32)
     for r in range(n):
@@ -36,11 +38,11 @@ def softmax_rows(x: np.ndarray) -> np.ndarray:
                 mx = x[r, j]
         s = 0.0
         j = 0
-        while j + 15 < m:
-            for i in range(16):
+        while j + SOFTMAX_LANES - 1 < m:
+            for i in range(SOFTMAX_LANES):
                 out[r, j + i] = ggml_expf(x[r, j + i] - mx)
-            s += np.float64(tree16(out[r], j))
-            j += 16
+            s += np.float64(softmax_group_sum(out[r], j))
+            j += SOFTMAX_LANES
         while j < m:
             v = np.float32(math.exp(np.float32(x[r, j] - mx)))
             out[r, j] = v

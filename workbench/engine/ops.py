@@ -2,10 +2,12 @@
 
 Matrix products live in `kernels/` (grouped by tensor type); these are the
 remaining operations of a transformer layer (attention is in ``attention.py``).
-They are bit-exact with ggml's x86 CPU build (GCC, AVX-512), checked tensor by
+They are bit-exact with ggml's x86 CPU build (GCC), checked tensor by
 tensor with scripts/compare_llama_tensors.py: float32 squares summed in float64
 (RMS norm), the FMAs GCC contracts (RoPE rotation, GELU), libm cosf/sinf/tanhf,
-GELU through f16 like ggml's table, and ggml_v_expf for the softmax.
+GELU through f16 like ggml's table, and ggml_v_expf for the softmax -- in the form
+of the build llama.cpp makes on this host (`kernels.llama_build.WIDE`: AVX-512's
+or AVX2's, which round the last bit differently).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .kernels.intrinsics import round_f16
+from .kernels.llama_build import SOFTMAX_LANES, WIDE
 
 from .kernels.jitcache import JIT as _JIT
 
@@ -65,7 +68,9 @@ def pow2_f64(typingctx, n):
 
 @nb.njit(**_JIT, inline="always")
 def ggml_expf(x):
-    """exp(x) in float32 exactly as ggml_v_expf (ggml-cpu/vec.h, the SIMD exp of the softmax).
+    """exp(x) in float32 exactly as ggml_v_expf (ggml-cpu/vec.h, the SIMD exp of the softmax and
+    SiLU) of this host's llama.cpp build: the __m512 form (j = P u + (1 + c1 b), then scalef) or
+    the __m256 one (j = P u + c1 b, then fma(j, 2^n, 2^n), with its own scaling where |n| > 126).
 
     Branch-free (selects, no libm call) so that loops over it vectorize.
     """
@@ -74,13 +79,44 @@ def ggml_expf(x):
     n = z - _EXP_R
     b = fma32(-n, _EXP_LN2_LO, fma32(-n, _EXP_LN2_HI, x))
     u = b * b
-    j = fma32(fma32(fma32(_EXP_C5, b, _EXP_C4), u, fma32(_EXP_C3, b, _EXP_C2)), u,
-              fma32(_EXP_C1, b, np.float32(1.0)))
+    p = fma32(fma32(_EXP_C5, b, _EXP_C4), u, fma32(_EXP_C3, b, _EXP_C2))
     nc = n if n > np.float32(-193.0) else np.float32(-193.0)
     nc = nc if nc < np.float32(193.0) else np.float32(193.0)
-    r = np.float32(np.float64(j) * pow2_f64(nc))  # _mm512_scalef_ps: j * 2^n, one rounding
     out = np.float32(0.0) if n <= np.float32(0.0) else np.float32(np.inf)
-    return out if abs(n) > np.float32(192.0) else r
+    if WIDE:
+        j = fma32(p, u, fma32(_EXP_C1, b, np.float32(1.0)))
+        r = np.float32(np.float64(j) * pow2_f64(nc))  # _mm512_scalef_ps: j * 2^n, one rounding
+        return out if abs(n) > np.float32(192.0) else r
+    j = fma32(p, u, _EXP_C1 * b)
+    kn = nc if nc > np.float32(-126.0) else np.float32(-126.0)
+    kn = kn if kn < np.float32(126.0) else np.float32(126.0)
+    k = np.float32(pow2_f64(kn))  # 2^n from the bits of z, exact where it is used (|n| <= 126)
+    near = fma32(j, k, k)
+    pos = n > np.float32(0.0)
+    # 126 < |n| <= 192: 2^n (1 + j) as 2^(n -+ ...) (1 + j) times 2^127 or 2^-125 (two roundings)
+    s2 = np.float32(pow2_f64(nc - np.float32(127.0) if pos else nc + np.float32(125.0)))
+    s1 = _EXP_S1_POS if pos else _EXP_S1_NEG
+    far = fma32(j, s2, s2) * s1
+    an = abs(n)
+    return out if an > np.float32(192.0) else (far if an > np.float32(126.0) else near)
+
+
+_EXP_S1_POS = np.float32(2.0 ** 127)
+_EXP_S1_NEG = np.float32(2.0 ** -125)
+
+
+@nb.njit(**_JIT, inline="always")
+def tree8(v, o):
+    """v[o] + ... + v[o+7] as ggml_vec_soft_max_f32 adds 8 exps on AVX2: ((0+4)+(2+6))+((1+5)+(3+7))."""
+    return ((v[o] + v[o + 4]) + (v[o + 2] + v[o + 6])) + ((v[o + 1] + v[o + 5]) + (v[o + 3] + v[o + 7]))
+
+
+@nb.njit(**_JIT, inline="always")
+def softmax_group_sum(v, o):
+    """The sum of the SOFTMAX_LANES exps v[o:] as this host's llama.cpp build adds them."""
+    if WIDE:
+        return tree16(v, o)
+    return tree8(v, o)
 
 
 @nb.njit(**_JIT, inline="always")
@@ -321,21 +357,42 @@ def swiglu16(typingctx, g, u, out, j):
         nn = builder.fneg(n)
         b = builder.call(fma, [nn, splat(_EXP_LN2_LO), builder.call(fma, [nn, splat(_EXP_LN2_HI), neg])])
         uu = builder.fmul(b, b)
-        jj = builder.call(fma, [builder.call(fma, [builder.call(fma, [splat(_EXP_C5), b, splat(_EXP_C4)]), uu,
-                                                   builder.call(fma, [splat(_EXP_C3), b, splat(_EXP_C2)])]),
-                                uu, builder.call(fma, [splat(_EXP_C1), b, splat(1.0)])])
+        poly = builder.call(fma, [builder.call(fma, [splat(_EXP_C5), b, splat(_EXP_C4)]), uu,
+                                  builder.call(fma, [splat(_EXP_C3), b, splat(_EXP_C2)])])
         lo, hi = splat(-193.0), splat(193.0)
         nc = builder.select(builder.fcmp_ordered(">", n, lo), n, lo)
         nc = builder.select(builder.fcmp_ordered("<", nc, hi), nc, hi)
         # to int32 first (nc is clamped to +-193): AVX2 and AVX-512F convert f32 lanes to int32 in one
         # instruction, to int64 only with AVX512DQ (else LLVM converts the 16 lanes one by one)
         vi32 = ir.VectorType(ir.IntType(32), 16)
-        e = builder.add(builder.sext(builder.fptosi(nc, vi32), vi), ir.Constant(vi, [ir.Constant(i64, 1023)] * 16))
-        p2 = builder.bitcast(builder.shl(e, ir.Constant(vi, [ir.Constant(i64, 52)] * 16)), vd)
-        res = builder.fptrunc(builder.fmul(builder.fpext(jj, vd), p2), vf)
         alt = builder.select(builder.fcmp_ordered("<=", n, splat(0.0)), splat(0.0), splat(math.inf))
         fabs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf]), "llvm.fabs.v16f32")
-        ex = builder.select(builder.fcmp_ordered(">", builder.call(fabs, [n]), splat(192.0)), alt, res)
+        an = builder.call(fabs, [n])
+        if WIDE:  # ggml_v_expf's __m512 form: scalef(P u + (1 + c1 b), n)
+            jj = builder.call(fma, [poly, uu, builder.call(fma, [splat(_EXP_C1), b, splat(1.0)])])
+            e = builder.add(builder.sext(builder.fptosi(nc, vi32), vi), ir.Constant(vi, [ir.Constant(i64, 1023)] * 16))
+            p2 = builder.bitcast(builder.shl(e, ir.Constant(vi, [ir.Constant(i64, 52)] * 16)), vd)
+            res = builder.fptrunc(builder.fmul(builder.fpext(jj, vd), p2), vf)
+        else:  # the __m256 form: fma(j, 2^n, 2^n), j = P u + c1 b; 126 < |n| <= 192 scaled in two steps
+            jj = builder.call(fma, [poly, uu, builder.fmul(splat(_EXP_C1), b)])
+
+            def i32s(c):
+                return ir.Constant(vi32, [ir.Constant(ir.IntType(32), c)] * 16)
+
+            def pow2(ei):  # 2^ei as float32 lanes (ei in the normal range)
+                return builder.bitcast(builder.shl(builder.add(ei, i32s(127)), i32s(23)), vf)
+
+            kn = builder.select(builder.fcmp_ordered(">", nc, splat(-126.0)), nc, splat(-126.0))
+            kn = builder.select(builder.fcmp_ordered("<", kn, splat(126.0)), kn, splat(126.0))
+            k = pow2(builder.fptosi(kn, vi32))
+            near = builder.call(fma, [jj, k, k])
+            pos = builder.fcmp_ordered(">", n, splat(0.0))
+            ni = builder.fptosi(nc, vi32)
+            s2 = pow2(builder.select(pos, builder.sub(ni, i32s(127)), builder.add(ni, i32s(125))))
+            s1 = builder.select(pos, splat(_EXP_S1_POS), splat(_EXP_S1_NEG))
+            far = builder.fmul(builder.call(fma, [jj, s2, s2]), s1)
+            res = builder.select(builder.fcmp_ordered(">", an, splat(126.0)), far, near)
+        ex = builder.select(builder.fcmp_ordered(">", an, splat(192.0)), alt, res)
         y = builder.fmul(builder.fdiv(x, builder.fadd(splat(1.0), ex)), builder.load(ptr(1), align=4))
         builder.store(y, ptr(2), align=4)
         return context.get_dummy_value()
@@ -345,23 +402,27 @@ def swiglu16(typingctx, g, u, out, j):
 
 @nb.njit(**_JIT)
 def silu_mul(g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
-    """out = silu(g) * u (SwiGLU) as ggml_vec_swiglu_f32 on AVX-512: ggml_v_silu, x / (1 +
-    ggml_v_expf(-x)), on blocks of 16 (`swiglu16` where a row's values are adjacent), expf on a
-    row's last d % 16 values (rows passed whole, or from a multiple of 16: the blocks are counted
+    """out = silu(g) * u (SwiGLU) as ggml_vec_swiglu_f32: ggml_v_silu, x / (1 + ggml_v_expf(-x)), on
+    the build's blocks of 16 or 8 (`swiglu16` where a row's values are adjacent), expf on a row's
+    last d % 16 (AVX2 build: d % 8) values (rows passed whole, or from a multiple of 16: the blocks are counted
     from the start of what is passed)."""
     n, d = g.shape
     d16 = d - d % 16
+    dv = d - d % SOFTMAX_LANES  # the build's vector blocks (16 or 8 lanes); its tail takes expf
     vec = g.strides[1] == 4 and u.strides[1] == 4 and out.strides[1] == 4
     for i in range(n):
         if vec:
             gi, ui, oi = g[i], u[i], out[i]
             for j in range(0, d16, 16):
                 swiglu16(gi, ui, oi, j)
-        else:
-            for j in range(d16):
+            for j in range(d16, dv):
                 x = g[i, j]
                 out[i, j] = (x / (np.float32(1.0) + ggml_expf(-x))) * u[i, j]
-        for j in range(d16, d):
+        else:
+            for j in range(dv):
+                x = g[i, j]
+                out[i, j] = (x / (np.float32(1.0) + ggml_expf(-x))) * u[i, j]
+        for j in range(dv, d):
             x = g[i, j]
             out[i, j] = (x / (np.float32(1.0) + np.float32(math.exp(-x)))) * u[i, j]
 

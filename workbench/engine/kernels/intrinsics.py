@@ -429,6 +429,23 @@ def hsum_f(typingctx, v):
 
 
 @intrinsic
+def hsum_hadd_f(typingctx, v):
+    """v's 8 lanes summed as ggml's GGML_F32x8_REDUCE ends: t_i = v_i + v_(i+4), then two
+    _mm_hadd_ps, i.e. (t0 + t1) + (t2 + t3) (hsum_f pairs (t0 + t2) + (t1 + t3))."""
+    sig = types.float32(v)
+
+    def cg(context, builder, sig, args):
+        x = args[0]
+        lo = builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(_i32, 4), [0, 1, 2, 3]))
+        hi = builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(_i32, 4), [4, 5, 6, 7]))
+        t = builder.fadd(lo, hi)
+        e = [builder.extract_element(t, ir.Constant(_i32, i)) for i in range(4)]
+        return builder.fadd(builder.fadd(e[0], e[1]), builder.fadd(e[2], e[3]))
+
+    return sig, cg
+
+
+@intrinsic
 def f_add(typingctx, a, b):
     sig = v8f(a, b)
     return sig, lambda context, builder, sig, args: builder.fadd(args[0], args[1])

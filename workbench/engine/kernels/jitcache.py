@@ -44,6 +44,8 @@ from numba.core.bytecode import FunctionIdentity
 from numba.core.dispatcher import Dispatcher
 from numba.core.extending import _Intrinsic
 
+from . import llama_build  # its WIDE is a compile-time constant of the float orders: part of the key
+
 #: The options of every compiled function of the engine. ``error_model="numpy"``: float division
 #: by zero gives inf or nan as in C (ggml's semantics) instead of raising, so loops with a division
 #: (SiLU's x / (1 + e^-x), the quantizers' scales) have no exit branch and vectorize: SwiGLU of 8 x
@@ -162,7 +164,7 @@ def _index_key(self, sig, codegen):
     func = self._py_func
     return (sig, codegen.magic_tuple(),
             (hashlib.sha256(func.__code__.co_code).hexdigest(), describe(func), dependency_digest(func)),
-            _FORMAT)
+            _FORMAT, ("llama-simd", 512 if llama_build.WIDE else 256))
 
 
 # Numba numbers a function's data files 1, 2, ... in the order specialisations are added, reading

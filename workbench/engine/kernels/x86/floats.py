@@ -1,13 +1,16 @@
 """Float weights (F32, F16, BF16) as explicit SIMD (ggml-cpu vec.cpp / llamafile sgemm orders).
 
-F16 and F32 follow ggml's AVX-512 orders exactly; BF16 uses 4 accumulators of 8 lanes.
+F16 and F32 follow the orders of the llama.cpp build of this host exactly (`llama_build.WIDE`: the
+AVX-512 build's 16 lanes, else the AVX2 build's 8); BF16 uses 4 accumulators of 8 lanes.
 """
 from __future__ import annotations
 
 import numba
 import numpy as np
 
-from ..intrinsics import (bf16_to_f32, f16_to_f32, f_zero, f_add, fma_f, fma_s, hsum_f, load_bf16x8, load_f16x8, load_f32x8)
+from ..intrinsics import (bf16_to_f32, f16_to_f32, f_zero, f_add, fma_f, fma_s, hsum_f, hsum_hadd_f, load_bf16x8,
+                          load_f16x8, load_f32x8)
+from ..llama_build import WIDE
 
 from ..jitcache import JIT as _NB
 f32 = np.float32
@@ -164,33 +167,8 @@ def kernels(mode: int) -> dict:
         out[c, i] = red16(p0l, p0h); out[c + 1, i] = red16(p1l, p1h)
         out[c + 2, i] = red16(p2l, p2h); out[c + 3, i] = red16(p3l, p3h)
 
-    @numba.njit(**_NB)
-    def f16_matmat(w, xp, out, r0, r1):
-        x = xp[0]
-        n, k = x.shape
-        xf = x.reshape(-1)
-        rb = w.shape[1]
-        if k % 16:
-            for i in range(r0, r1):
-                for c in range(n):
-                    out[c, i] = dot16_vec(w, i * rb, xf, c * k, k)
-            return
-        c = 0
-        while c + 4 <= n:
-            i = r0
-            while i + 3 <= r1:
-                f16_tile(w, i * rb, rb, xf, c * k, k, out, c, i)
-                i += 3
-            while i < r1:
-                f16_row4(w, i * rb, xf, c * k, k, out, c, i)
-                i += 1
-            c += 4
-        while c < n:
-            for i in range(r0, r1):
-                out[c, i] = dot16_tiny(w, i * rb, xf, c * k, k)
-            c += 1
-
-    f16_matvec = rowwise(dot16_vec, dot16_tiny)[0]
+    f16_matmat = _f16_matmat(16, dot16_vec, f16_tile, f16_row4, dot16_tiny)
+    f16_matvec = _f16_matvec(dot16_vec)
 
     # F32 in ggml's AVX-512 orders (the structure of F16's, products rounded by the FMAs): one column
     # = ggml_vec_dot_f32 (4 accumulators x 16 lanes over steps of 64, (0+2)+(1+3), GCC's
@@ -230,30 +208,109 @@ def kernels(mode: int) -> dict:
             j += 16
         return red16(lo, hi)
 
-    @numba.njit(**_NB)
-    def f32_matvec(w, xp, out, r0, r1):
-        x = xp[0]
-        k = x.shape[0]
-        rb = w.shape[1]
-        for i in range(r0, r1):
-            out[i] = dot32_vec(w, i * rb, x, 0, k)
+    f32_matvec, f32_matmat = _f32_products(16, dot32_vec, dot32_tiny)
 
-    @numba.njit(**_NB)
-    def f32_matmat(w, xp, out, r0, r1):
-        x = xp[0]
-        n, k = x.shape
-        xf = x.reshape(-1)
-        rb = w.shape[1]
-        tiny = n >= 2 and k % 16 == 0 and w.shape[0] % 4 == 0
-        for i in range(r0, r1):
-            for c in range(n):
-                if tiny:
-                    out[c, i] = dot32_tiny(w, i * rb, xf, c * k, k)
-                else:
-                    out[c, i] = dot32_vec(w, i * rb, xf, c * k, k)
-
+    if not WIDE:  # llama.cpp's AVX2 build
+        f16_matvec, f16_matmat, f32_matvec, f32_matmat = _orders256()
     return dict(F32=(f32_matvec, f32_matmat), F16=(f16_matvec, f16_matmat),
                 BF16=build(load_bf16x8, 2, _bf16_at))
+
+
+def _orders256():
+    """F16 and F32 (matvec, matmat) in the orders of llama.cpp's AVX2 build (8-lane vectors):
+    one column = ggml_vec_dot_f16 / _f32 with 4 accumulators x 8 lanes over steps of 32, reduced
+    by GGML_F32x8_REDUCE ((0+2)+(1+3), then the halves added and two hadds: `hsum_hadd_f`),
+    leftovers (k % 32) added in float64 (F16) or by FMA in float32 (F32); >= 2 columns =
+    tinyBLAS<8> (one 8-lane accumulator per output in order, then its hsum: `hsum_f`) when
+    k % 8 == 0 (F32: and the weight's rows % 4 == 0), else the one-column order."""
+    @numba.njit(inline="always")
+    def dot_vec(w, o, x, xo, k, es):
+        a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
+        j = 0
+        while j + 32 <= k:
+            if es == 2:
+                a0 = fma_f(a0, load_f16x8(w, o + j * 2), load_f32x8(x, xo + j))
+                a1 = fma_f(a1, load_f16x8(w, o + (j + 8) * 2), load_f32x8(x, xo + j + 8))
+                a2 = fma_f(a2, load_f16x8(w, o + (j + 16) * 2), load_f32x8(x, xo + j + 16))
+                a3 = fma_f(a3, load_f16x8(w, o + (j + 24) * 2), load_f32x8(x, xo + j + 24))
+            else:
+                a0 = fma_f(a0, load_f32x8(w, o + j * 4), load_f32x8(x, xo + j))
+                a1 = fma_f(a1, load_f32x8(w, o + (j + 8) * 4), load_f32x8(x, xo + j + 8))
+                a2 = fma_f(a2, load_f32x8(w, o + (j + 16) * 4), load_f32x8(x, xo + j + 16))
+                a3 = fma_f(a3, load_f32x8(w, o + (j + 24) * 4), load_f32x8(x, xo + j + 24))
+            j += 32
+        return hsum_hadd_f(f_add(f_add(a0, a2), f_add(a1, a3))), j
+
+    @numba.njit(inline="always")
+    def dot16_vec(w, o, x, xo, k):
+        r, j = dot_vec(w, o, x, xo, k, 2)
+        s = np.float64(r)
+        while j < k:
+            s += np.float64(f16_to_f32(w, o + j * 2) * x[xo + j])
+            j += 1
+        return f32(s)
+
+    @numba.njit(inline="always")
+    def dot32_vec(w, o, x, xo, k):
+        s, j = dot_vec(w, o, x, xo, k, 4)
+        while j < k:
+            s = fma_s(_f32_at(w, o + j * 4), x[xo + j], s)
+            j += 1
+        return s
+
+    @numba.njit(inline="always")
+    def dot_tiny(w, o, x, xo, k, es):
+        a = f_zero()
+        j = 0
+        while j < k:
+            if es == 2:
+                a = fma_f(a, load_f16x8(w, o + j * 2), load_f32x8(x, xo + j))
+            else:
+                a = fma_f(a, load_f32x8(w, o + j * 4), load_f32x8(x, xo + j))
+            j += 8
+        return hsum_f(a)
+
+    # F16 matmat in register tiles of 3 rows x 4 columns (attention in prefill), as the 16-lane
+    # tiles above: per output the lanes, their order and the final tree are dot_tiny's
+    @numba.njit(inline="always")
+    def f16_tile(w, o, rb, x, xo, k, out, c, i):
+        p0 = f_zero(); p1 = f_zero(); p2 = f_zero(); p3 = f_zero()
+        q0 = f_zero(); q1 = f_zero(); q2 = f_zero(); q3 = f_zero()
+        s0 = f_zero(); s1 = f_zero(); s2 = f_zero(); s3 = f_zero()
+        j = 0
+        while j < k:
+            wp = o + j * 2
+            a = load_f16x8(w, wp); b = load_f16x8(w, wp + rb); d = load_f16x8(w, wp + 2 * rb)
+            x0 = load_f32x8(x, xo + j); x1 = load_f32x8(x, xo + j + k)
+            x2 = load_f32x8(x, xo + j + 2 * k); x3 = load_f32x8(x, xo + j + 3 * k)
+            p0 = fma_f(p0, a, x0); q0 = fma_f(q0, b, x0); s0 = fma_f(s0, d, x0)
+            p1 = fma_f(p1, a, x1); q1 = fma_f(q1, b, x1); s1 = fma_f(s1, d, x1)
+            p2 = fma_f(p2, a, x2); q2 = fma_f(q2, b, x2); s2 = fma_f(s2, d, x2)
+            p3 = fma_f(p3, a, x3); q3 = fma_f(q3, b, x3); s3 = fma_f(s3, d, x3)
+            j += 8
+        out[c, i] = hsum_f(p0); out[c + 1, i] = hsum_f(p1); out[c + 2, i] = hsum_f(p2); out[c + 3, i] = hsum_f(p3)
+        out[c, i + 1] = hsum_f(q0); out[c + 1, i + 1] = hsum_f(q1)
+        out[c + 2, i + 1] = hsum_f(q2); out[c + 3, i + 1] = hsum_f(q3)
+        out[c, i + 2] = hsum_f(s0); out[c + 1, i + 2] = hsum_f(s1)
+        out[c + 2, i + 2] = hsum_f(s2); out[c + 3, i + 2] = hsum_f(s3)
+
+    @numba.njit(inline="always")
+    def f16_row4(w, o, x, xo, k, out, c, i):
+        for cc in range(c, c + 4):
+            out[cc, i] = dot_tiny(w, o, x, xo + (cc - c) * k, k, 2)
+
+    @numba.njit(inline="always")
+    def dot16_tiny(w, o, x, xo, k):
+        return dot_tiny(w, o, x, xo, k, 2)
+
+    @numba.njit(inline="always")
+    def dot32_tiny(w, o, x, xo, k):
+        return dot_tiny(w, o, x, xo, k, 4)
+
+    f16_matvec = _f16_matvec(dot16_vec)
+    f16_matmat = _f16_matmat(8, dot16_vec, f16_tile, f16_row4, dot16_tiny)
+    f32_matvec, f32_matmat = _f32_products(8, dot32_vec, dot32_tiny)
+    return f16_matvec, f16_matmat, f32_matvec, f32_matmat
 
 
 @numba.njit(inline="always")
@@ -264,3 +321,75 @@ def _f32_at(w, off):
 @numba.njit(inline="always")
 def _bf16_at(w, off):
     return bf16_to_f32(w, off)
+
+
+def _f16_matvec(dot_vec):
+    @numba.njit(**_NB)
+    def f16_matvec(w, xp, out, r0, r1):
+        x = xp[0]
+        k = x.shape[0]
+        rb = w.shape[1]
+        for i in range(r0, r1):
+            out[i] = dot_vec(w, i * rb, x, 0, k)
+
+    return f16_matvec
+
+
+def _f16_matmat(lanes: int, dot_vec, tile, row4, tiny):
+    """F16 matmat in register tiles of 3 rows x 4 columns when k % lanes == 0 (tinyBLAS<lanes>), one
+    row against 4 columns for the rows left, `tiny` for the columns left; else `dot_vec` per output."""
+    @numba.njit(**_NB)
+    def f16_matmat(w, xp, out, r0, r1):
+        x = xp[0]
+        n, k = x.shape
+        xf = x.reshape(-1)
+        rb = w.shape[1]
+        if k % lanes:
+            for i in range(r0, r1):
+                for c in range(n):
+                    out[c, i] = dot_vec(w, i * rb, xf, c * k, k)
+            return
+        c = 0
+        while c + 4 <= n:
+            i = r0
+            while i + 3 <= r1:
+                tile(w, i * rb, rb, xf, c * k, k, out, c, i)
+                i += 3
+            while i < r1:
+                row4(w, i * rb, xf, c * k, k, out, c, i)
+                i += 1
+            c += 4
+        while c < n:
+            for i in range(r0, r1):
+                out[c, i] = tiny(w, i * rb, xf, c * k, k)
+            c += 1
+
+    return f16_matmat
+
+
+def _f32_products(lanes: int, dot_vec, tiny):
+    """F32 matvec (ggml_vec_dot_f32) and matmat: tinyBLAS<lanes> when there are >= 2 columns, k % lanes
+    == 0 and the weight's rows % 4 == 0, else vec_dot per column."""
+    @numba.njit(**_NB)
+    def f32_matvec(w, xp, out, r0, r1):
+        x = xp[0]
+        k = x.shape[0]
+        rb = w.shape[1]
+        for i in range(r0, r1):
+            out[i] = dot_vec(w, i * rb, x, 0, k)
+
+    @numba.njit(**_NB)
+    def f32_matmat(w, xp, out, r0, r1):
+        x = xp[0]
+        n, k = x.shape
+        xf = x.reshape(-1)
+        rb = w.shape[1]
+        use_tiny = n >= 2 and k % lanes == 0 and w.shape[0] % 4 == 0
+        for i in range(r0, r1):
+            for c in range(n):
+                if use_tiny:
+                    out[c, i] = tiny(w, i * rb, xf, c * k, k)
+                else:
+                    out[c, i] = dot_vec(w, i * rb, xf, c * k, k)
+
+    return f32_matvec, f32_matmat
