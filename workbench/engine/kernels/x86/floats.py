@@ -38,30 +38,15 @@ def kernels(mode: int) -> dict:
                 j += 1
             return s
 
-        return rowwise(dot, dot)
+        return _rowwise(dot, dot)
 
-    def rowwise(dot_vec, dot_mat):
-        """matvec / matmat of float weights: one dot per output (dot_vec for one column)."""
-        @numba.njit(**_NB)
-        def matvec(w, xp, out, r0, r1):
-            x = xp[0]
-            k = x.shape[0]
-            rb = w.shape[1]
-            for i in range(r0, r1):
-                out[i] = dot_vec(w, i * rb, x, 0, k)
+    f16_matvec, f16_matmat, f32_matvec, f32_matmat = _orders512() if WIDE else _orders256()
+    return dict(F32=(f32_matvec, f32_matmat), F16=(f16_matvec, f16_matmat),
+                BF16=build(load_bf16x8, 2, _bf16_at))
 
-        @numba.njit(**_NB)
-        def matmat(w, xp, out, r0, r1):
-            x = xp[0]
-            k = x.shape[1]
-            xf = x.reshape(-1)
-            rb = w.shape[1]
-            for i in range(r0, r1):
-                for c in range(x.shape[0]):
-                    out[c, i] = dot_mat(w, i * rb, xf, c * k, k)
 
-        return matvec, matmat
-
+def _orders512():
+    """F16 and F32 (matvec, matmat) in the orders of llama.cpp's AVX-512 build (16-lane vectors)."""
     # F16 follows ggml's AVX-512 orders exactly (f16*f16 products are exact in f32, so only the
     # order of the additions matters): matmat = llamafile tinyBLAS<16> (used by ggml for >= 2
     # columns): lane j % 16 accumulates in order, then GCC's _mm512_reduce_add_ps tree;
@@ -168,7 +153,7 @@ def kernels(mode: int) -> dict:
         out[c + 2, i] = red16(p2l, p2h); out[c + 3, i] = red16(p3l, p3h)
 
     f16_matmat = _f16_matmat(16, dot16_vec, f16_tile, f16_row4, dot16_tiny)
-    f16_matvec = _f16_matvec(dot16_vec)
+    f16_matvec = _rowwise(dot16_vec, dot16_tiny)[0]
 
     # F32 in ggml's AVX-512 orders (the structure of F16's, products rounded by the FMAs): one column
     # = ggml_vec_dot_f32 (4 accumulators x 16 lanes over steps of 64, (0+2)+(1+3), GCC's
@@ -209,11 +194,30 @@ def kernels(mode: int) -> dict:
         return red16(lo, hi)
 
     f32_matvec, f32_matmat = _f32_products(16, dot32_vec, dot32_tiny)
+    return f16_matvec, f16_matmat, f32_matvec, f32_matmat
 
-    if not WIDE:  # llama.cpp's AVX2 build
-        f16_matvec, f16_matmat, f32_matvec, f32_matmat = _orders256()
-    return dict(F32=(f32_matvec, f32_matmat), F16=(f16_matvec, f16_matmat),
-                BF16=build(load_bf16x8, 2, _bf16_at))
+
+def _rowwise(dot_vec, dot_mat):
+    """matvec / matmat of float weights: one dot per output (dot_vec for one column)."""
+    @numba.njit(**_NB)
+    def matvec(w, xp, out, r0, r1):
+        x = xp[0]
+        k = x.shape[0]
+        rb = w.shape[1]
+        for i in range(r0, r1):
+            out[i] = dot_vec(w, i * rb, x, 0, k)
+
+    @numba.njit(**_NB)
+    def matmat(w, xp, out, r0, r1):
+        x = xp[0]
+        k = x.shape[1]
+        xf = x.reshape(-1)
+        rb = w.shape[1]
+        for i in range(r0, r1):
+            for c in range(x.shape[0]):
+                out[c, i] = dot_mat(w, i * rb, xf, c * k, k)
+
+    return matvec, matmat
 
 
 def _orders256():
@@ -307,7 +311,7 @@ def _orders256():
     def dot32_tiny(w, o, x, xo, k):
         return dot_tiny(w, o, x, xo, k, 4)
 
-    f16_matvec = _f16_matvec(dot16_vec)
+    f16_matvec = _rowwise(dot16_vec, dot16_tiny)[0]
     f16_matmat = _f16_matmat(8, dot16_vec, f16_tile, f16_row4, dot16_tiny)
     f32_matvec, f32_matmat = _f32_products(8, dot32_vec, dot32_tiny)
     return f16_matvec, f16_matmat, f32_matvec, f32_matmat
@@ -321,18 +325,6 @@ def _f32_at(w, off):
 @numba.njit(inline="always")
 def _bf16_at(w, off):
     return bf16_to_f32(w, off)
-
-
-def _f16_matvec(dot_vec):
-    @numba.njit(**_NB)
-    def f16_matvec(w, xp, out, r0, r1):
-        x = xp[0]
-        k = x.shape[0]
-        rb = w.shape[1]
-        for i in range(r0, r1):
-            out[i] = dot_vec(w, i * rb, x, 0, k)
-
-    return f16_matvec
 
 
 def _f16_matmat(lanes: int, dot_vec, tile, row4, tiny):
@@ -370,13 +362,7 @@ def _f16_matmat(lanes: int, dot_vec, tile, row4, tiny):
 def _f32_products(lanes: int, dot_vec, tiny):
     """F32 matvec (ggml_vec_dot_f32) and matmat: tinyBLAS<lanes> when there are >= 2 columns, k % lanes
     == 0 and the weight's rows % 4 == 0, else vec_dot per column."""
-    @numba.njit(**_NB)
-    def f32_matvec(w, xp, out, r0, r1):
-        x = xp[0]
-        k = x.shape[0]
-        rb = w.shape[1]
-        for i in range(r0, r1):
-            out[i] = dot_vec(w, i * rb, x, 0, k)
+    f32_matvec = _rowwise(dot_vec, tiny)[0]
 
     @numba.njit(**_NB)
     def f32_matmat(w, xp, out, r0, r1):
