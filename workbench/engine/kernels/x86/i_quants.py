@@ -35,7 +35,7 @@ def kernels(mode: int) -> dict:
     """(matvec, matmat) of IQ4_NL and IQ4_XS for one instruction-set mode."""
     @numba.njit(inline="always")
     def u_iq4_nl(w, o):
-        return lut_iq4nl(load_nib(w, o + 2))
+        return lut_iq4nl(load_nib(mode, w, o + 2))
 
     @numba.njit(inline="always")
     def block(w, o, xq, xo):
@@ -101,7 +101,7 @@ def kernels(mode: int) -> dict:
         """Integer lanes of one IQ4_XS super-block at byte o against activation quants at xq[xo:]."""
         acc = i_zero()
         for j in range(8):
-            d = dot_ss(mode, i_zero(), lut_iq4nl(load_nib(w, o + 8 + 16 * j)), load_b32(xq, xo + 32 * j))
+            d = dot_ss(mode, i_zero(), lut_iq4nl(load_nib(mode, w, o + 8 + 16 * j)), load_b32(xq, xo + 32 * j))
             acc = i_add(acc, i_muls(d, iq4_xs_scale(w, o, j)))
         return acc
 

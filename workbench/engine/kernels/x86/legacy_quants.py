@@ -12,8 +12,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..intrinsics import (b_add, b_or, dot_ss, dot_us, f16_to_f32, f_zero, fmadd_i, hsum_f, i_zero, load_b32, load_bits16,
-                          load_i8, load_nib)
+from ..intrinsics import (PREFETCH_BYTES, PREFETCH_MAX_K, b_add, b_or, dot_ss, dot_us, f16_lead, f16_to_f32, f_zero,
+                          fmadd_i, hsum_f, i_zero, load_b32, load_bits16, load_i8, load_nib, prefetch)
 
 from . import repack
 
@@ -30,23 +30,23 @@ def kernels(mode: int) -> dict:
 
     @numba.njit(inline="always")
     def q4_1_lanes(w, o, xq, xo):
-        return dot_us(mode, i_zero(), load_nib(w, o + 4), load_b32(xq, xo))
+        return dot_us(mode, i_zero(), load_nib(mode, w, o + 4), load_b32(xq, xo))
 
     @numba.njit(inline="always")
     def q5_1_lanes(w, o, xq, xo):
-        q = b_or(load_nib(w, o + 8), load_bits16(w, o + 4))
+        q = b_or(load_nib(mode, w, o + 8), load_bits16(w, o + 4))
         return dot_us(mode, i_zero(), q, load_b32(xq, xo))
 
     # ---- matvec: per-block (lanes, scale, extra) functions and one 4-accumulator driver
     @numba.njit(inline="always")
     def q4_1_blk(w, base, b, xq, xd, xa):
         o = base + b * 20
-        return q4_1_lanes(w, o, xq, b * 32), f16_to_f32(w, o) * xd[b], f16_to_f32(w, o + 2) * xa[b]
+        return q4_1_lanes(w, o, xq, b * 32), f16_lead(w, o) * xd[b], f16_lead(w, o + 2) * xa[b]
 
     @numba.njit(inline="always")
     def q5_1_blk(w, base, b, xq, xd, xa):
         o = base + b * 24
-        return q5_1_lanes(w, o, xq, b * 32), f16_to_f32(w, o) * xd[b], f16_to_f32(w, o + 2) * xa[b]
+        return q5_1_lanes(w, o, xq, b * 32), f16_lead(w, o) * xd[b], f16_lead(w, o + 2) * xa[b]
 
     def make_matvec(blk):
         # one f32x8 accumulator in block order, then hsum (+ the min terms summed in block order):
@@ -82,24 +82,27 @@ def kernels(mode: int) -> dict:
             nb = xd.shape[0]
             rb = w.shape[1]
             ns = (n4 << shift).astype(np.int32)
+            pf = nb * 32 <= PREFETCH_MAX_K
             for i in range(r0, r1):
                 a0 = f_zero()
                 base = i * rb
                 for b in range(nb):
                     o0 = base + b * bsz
+                    if pf and b % 2 == 0:
+                        prefetch(w, o0 + PREFETCH_BYTES)
                     a0 = fmadd_i(a0, dot_us(mode, load_i8(ns, b * 8), unpack(w, o0), load_b32(xq, b * 32)),
-                                 f16_to_f32(w, o0) * xd[b])
+                                 f16_lead(w, o0) * xd[b])
                 out[i] = hsum_f(a0)
         return matvec
 
     @numba.njit(inline="always")
     def u_q4_0(w, o):
-        return load_nib(w, o + 2)
+        return load_nib(mode, w, o + 2)
 
     @numba.njit(inline="always")
     def u_q5_0(w, o):
         # nibble + 16 where the 5th bit is set (= nibble | 16): one masked vpaddb on AVX-512
-        return b_add(load_nib(w, o + 6), load_bits16(w, o + 2))
+        return b_add(load_nib(mode, w, o + 6), load_bits16(w, o + 2))
 
 
     @numba.njit(**_NB)
@@ -164,12 +167,15 @@ def kernels(mode: int) -> dict:
         xq, xd, _ = xp
         nb = xd.shape[0]
         rb = w.shape[1]
+        pf = nb * 32 <= PREFETCH_MAX_K   # short rows: software prefetch (see intrinsics.PREFETCH_BYTES)
         for i in range(r0, r1):
             acc = f_zero()
             base = i * rb
             for b in range(nb):
                 o = base + b * 34
-                acc = fmadd_i(acc, q8_0_lanes(w, o, xq, b * 32), f16_to_f32(w, o) * xd[b])
+                if pf and b % 2 == 0:
+                    prefetch(w, o + PREFETCH_BYTES)
+                acc = fmadd_i(acc, q8_0_lanes(w, o, xq, b * 32), f16_lead(w, o) * xd[b])
             out[i] = hsum_f(acc)
 
     def make_min_matmat(lanes, bsz):

@@ -396,7 +396,7 @@ def kernels(mode: int, per_row: dict) -> dict:
                 base = (i + r) * rb
                 for b in range(nb):
                     store_i32x8(sc, (b * 4 + r) * 8,
-                                dot_us(mode, load_i8(ns, b * 8), load_nib(wf, base + b * 18 + 2), load_b32(xq, b * 32)))
+                                dot_us(mode, load_i8(ns, b * 8), load_nib(mode, wf, base + b * 18 + 2), load_b32(xq, b * 32)))
             a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
             for b in range(nb):
                 o = i * rb + b * 18
@@ -545,7 +545,7 @@ def kernels(mode: int, per_row: dict) -> dict:
     # ------------------------------------------------------------------ IQ4_XS (always the vec_dot order)
     @numba.njit(inline="always")
     def xs_sub(acc, wf, o, xq, xo, sv, j):
-        return madd_svs(mode, acc, lut_iq4nl(load_nib(wf, o + 8 + 16 * j)), load_b32(xq, xo + 32 * j), sv, j, j)
+        return madd_svs(mode, acc, lut_iq4nl(load_nib(mode, wf, o + 8 + 16 * j)), load_b32(xq, xo + 32 * j), sv, j, j)
 
     @numba.njit(inline="always")
     def xs_lanes(wf, o, xq, xo):
