@@ -13,6 +13,10 @@ AMD EPYC VM, 2 threads, the synthetic qwen3moe (`make_moe_model.py`), 2026-12-02
 88-100 s before that call's compile was cut down (commit 57c832a), 71-74 s after. In one process
 (`Engine.load`, a prompt, a token), before: load 46.6 s, prompt 8.3 s, first decoded token 73.2 s;
 after: 34.1 / 1.7 / 33.5 s.
+
+AVX2-only AMD EPYC VM, 2 threads, the default model, 2026-12-03: ``-n 1`` 53.1 s and ``-n 2`` 80.7 s
+before the job loop called the kernels through an address and the duplicate and shape-message
+compiles went; 39.7 s and 71.4 s after (second start 3.3-3.5 s).
 """
 from __future__ import annotations
 

@@ -238,11 +238,12 @@ def test_lead_calls_the_job_loop_through_its_address_not_its_code():
     """`lead` (which every one-token runner calls) reaches lead_core through the address the crew
     keeps in its control block: its machine code holds no copy of lead_core, the job loop or the
     kernels (numba would optimize those again inside every runner: most of a first decoded
-    token's compile time); a control block no crew made posts nothing."""
+    token's compile time); the job loop in turn reaches the kernels through run_chunk's address,
+    so lead_core holds no kernel either; a control block no crew made posts nothing."""
     import numba
     from numba import types
     from workbench.engine import crew as C
-    _serve, lead, core = C._compiled()
+    _serve, lead, core, chunk = C._compiled()
     v1 = types.Array(types.float32, 1, "C")
     one = types.UniTuple(v1, 1)
     sig = (C._VEC, types.int64, C._TAB, C._TAB, types.int64, one, one, one, types.int64, types.int64, types.int64)
@@ -251,7 +252,11 @@ def test_lead_calls_the_job_loop_through_its_address_not_its_code():
     fresh_core.compile(C.CORE_ARGS)
     asm, core_asm = fresh.inspect_asm(sig), fresh_core.inspect_asm(C.CORE_ARGS)
     assert "lead_core" not in asm and "run_chunk" not in asm
-    assert len(asm) * 5 < len(core_asm)
+    fresh_chunk = numba.njit(chunk.py_func)
+    fresh_chunk.compile(C.CHUNK_ARGS)
+    chunk_asm = fresh_chunk.inspect_asm(C.CHUNK_ARGS)
+    assert "matvec" in chunk_asm                       # run_chunk links the kernels ...
+    assert "run_chunk" not in core_asm and "matvec" not in core_asm   # ... the job loop does not
     x, out = np.zeros(4, np.float32), np.zeros(4, np.float32)
     job = Job([(K.F32, np.zeros((4, 16), np.uint8), 0, 0, 0)], [], [(0, 0, 4)])
     ctl = np.zeros(C.ACK + 16, dtype=np.int64)  # no LEAD_FN

@@ -218,7 +218,7 @@ K.COMPILED_SECONDS = 0.0  # the first step counts as a compile however fast this
 started = []
 from workbench.engine.kernels import compile_helper
 real = compile_helper.start
-compile_helper.start = lambda path, steps: started.append(steps) or real(path, steps)
+compile_helper.start = lambda path, steps, warm='': started.append(steps) or real(path, steps, warm)
 K.precompile([K.Q8_0])
 mm = K._MATMAT[K.Q8_0]
 print(json.dumps({"given": started, "hits": sum(mm.stats.cache_hits.values()),
@@ -368,3 +368,16 @@ def test_closures_compiled_by_two_processes_keep_their_own_code(tmp_path):
     assert both[1]["value"] == one[1]["value"]
     assert both[2]["value"] == two[2]["value"]
     assert not set(both[1]["symbols"]) & set(both[2]["symbols"])
+
+
+def test_the_compile_helper_warms_only_what_the_models_first_prompt_calls():
+    """`warm_ops.signatures(uses)`: a GELU model's helper does not compile SiLU or the router (the
+    engine's first prompt reached those before the helper did and compiled them twice); with no
+    hint every helper is warmed."""
+    from workbench.engine import gating, ops, warm_ops
+    fns = lambda uses: {fn for fn, _sig in warm_ops.signatures(uses)}  # noqa: E731
+    gelu, silu_moe, every = fns("gelu"), fns("silu,experts"), fns("")
+    assert ops.gelu_mul in gelu and ops.silu_mul not in gelu and gating.gate not in gelu
+    assert ops.silu_mul in silu_moe and gating.gate in silu_moe and ops.gelu_mul not in silu_moe
+    assert every == gelu | silu_moe
+    assert warm_ops.signatures("gelu")[0][0] is ops.rms_norm  # the first call of a prompt first

@@ -118,7 +118,8 @@ def probabilities(scores: np.ndarray, n_slots: int, width: int, big_m: np.ndarra
             m = big_m[h, r]
             il = inv_l[h, r]
             o = out[h, r]
-            row[:] = scores[h, r, :n_slots]
+            for j in range(n_slots):  # (a slice copy would compile a shape check's message: 3.6 s)
+                row[j] = scores[h, r, j]
             _probs(row, n_slots, m, il, o)
     return out
 

@@ -51,6 +51,7 @@ C_TASK, C_LO, C_HI, C_OWNER, C_SPAN = range(5)  # tasks C_TASK.. C_TASK + C_SPAN
 CHUNK_FIELDS = 5
 # ---- control block (int64, one cache line per field that changes) ------------------------
 SEQ = 0          # job number (negative: leave the loop)
+CHUNK_FN = 1     # address of the compiled `run_chunk` (the job loop calls the kernels through it)
 NEXT = 8         # next shared chunk to take (atomic counter)
 TASKS = 16       # address of the job's task table
 CHUNKS = 17      # address of its chunk table
@@ -178,6 +179,40 @@ _VEC, _TAB = types.Array(_I64, 1, "C"), types.Array(_I64, 2, "C")
 CORE_ARGS = (_VEC, _I64, _TAB, _TAB, _I64, _TAB, _TAB, _TAB, _I64, _I64, _I64)
 
 
+def compiled_address(dispatcher, argtypes: tuple) -> int:
+    """The address of `dispatcher` compiled for `argtypes` (compiled or loaded from the cache now)."""
+    dispatcher.compile(argtypes)
+    cres = dispatcher.overloads[argtypes]
+    return int(cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name))
+
+
+# run_chunk's one signature: tasks, t, lo, hi
+CHUNK_ARGS = (_TAB, _I64, _I64, _I64)
+
+
+def _call_by_address(context, builder, restype, argtypes, addr, args):
+    """Call the function compiled for `argtypes` at address `addr` (numba's calling convention)."""
+    cc = context.call_conv
+    fn = builder.inttoptr(addr, cc.get_function_type(restype, argtypes).as_pointer())
+    status, res = cc.call_function(builder, fn, restype, argtypes, args)
+    with cgutils.if_unlikely(builder, status.is_error):
+        cc.return_status_propagate(builder, status)
+    return res
+
+
+@intrinsic
+def _call_chunk(typingctx, addr, tasks, t, lo, hi):
+    """run_chunk(tasks, t, lo, hi) called through its address (ctl[CHUNK_FN]), like `_call_core`."""
+    if tasks != _TAB:
+        raise numba.core.errors.TypingError(f"run_chunk takes {_TAB}, got {tasks}")
+    sig = types.none(_I64, *CHUNK_ARGS)
+
+    def codegen(context, builder, sig, args):
+        _call_by_address(context, builder, types.none, CHUNK_ARGS, args[0], args[1:])
+        return context.get_dummy_value()
+    return sig, codegen
+
+
 @intrinsic
 def _call_core(typingctx, addr, ctl, n_workers, tasks, chunks, n_owned, xa, xb, outs, row_lo, row_hi, w_shift):
     """lead_core(ctl, ...) called through its address `addr` (numba's calling convention) instead of
@@ -192,21 +227,13 @@ def _call_core(typingctx, addr, ctl, n_workers, tasks, chunks, n_owned, xa, xb, 
     sig = types.boolean(_I64, *CORE_ARGS)
 
     def codegen(context, builder, sig, args):
-        cc = context.call_conv
-        fnty = cc.get_function_type(types.boolean, CORE_ARGS)
-        fn = builder.inttoptr(args[0], fnty.as_pointer())
-        status, res = cc.call_function(builder, fn, types.boolean, CORE_ARGS, args[1:])
-        with cgutils.if_unlikely(builder, status.is_error):
-            cc.return_status_propagate(builder, status)
-        return res
+        return _call_by_address(context, builder, types.boolean, CORE_ARGS, args[0], args[1:])
     return sig, codegen
 
 
 def core_address(lead_core) -> int:
     """The address of lead_core compiled for `CORE_ARGS` (compiled or loaded from the cache now)."""
-    lead_core.compile(CORE_ARGS)
-    cres = lead_core.overloads[CORE_ARGS]
-    return int(cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name))
+    return compiled_address(lead_core, CORE_ARGS)
 
 
 @numba.njit(inline="always")
@@ -338,15 +365,19 @@ def _build(mv: dict):
             elif typ == Q2_K:
                 mv_q2_K(w, xp, out, lo, hi)
 
+    # The job loop below calls run_chunk -- and so the kernels -- through its address (ctl[CHUNK_FN]):
+    # numba re-optimizes and re-emits a callee's code in every caller, so calling it by name
+    # emitted every active kernel again in run_pinned, steal_pinned, work, serve and lead_core
+    # (9.3 s of a first start's crew compile on the AVX2 EPYC host)
     @numba.njit(**_NB)
-    def run_pinned(tasks, chunks, c, last):
+    def run_pinned(fn, tasks, chunks, c, last):
         """The rows of chunks c..last (one run of pieces of the same tasks; last == c: one chunk),
         one kernel call per task; a chunk's tasks share the first one's row limits."""
         t0 = chunks[c, C_TASK]
         lo, hi = tasks[t0, T_LO] + chunks[c, C_LO], min(tasks[t0, T_LO] + chunks[last, C_HI], tasks[t0, T_HI])
         if lo < hi:
             for t in range(t0, t0 + chunks[c, C_SPAN]):
-                run_chunk(tasks, t, lo, hi)
+                _call_chunk(fn, tasks, t, lo, hi)
 
     @numba.njit(**_NB)
     def steal_pinned(ctl, me, tasks, chunks, n_owned):
@@ -382,7 +413,7 @@ def _build(mv: dict):
                 prev = nxt
                 nxt += 1
             if compare_swap(ctl, at, cur, cur + (n << 32)):
-                run_pinned(tasks, chunks, pos, prev)  # prev: the run's last piece
+                run_pinned(ctl[CHUNK_FN], tasks, chunks, pos, prev)  # prev: the run's last piece
                 pos = prev + 1
         group = ctl[at + 1]
         for d in range(1, n_workers):
@@ -408,7 +439,7 @@ def _build(mv: dict):
                                 break
                             k -= 1
                         c -= 1
-                    run_pinned(tasks, chunks, c, c)
+                    run_pinned(ctl[CHUNK_FN], tasks, chunks, c, c)
 
     @numba.njit(**_NB)
     def work(ctl, me):
@@ -424,7 +455,7 @@ def _build(mv: dict):
         else:
             for c in range(n_owned):
                 if solo or chunks[c, C_OWNER] == me:
-                    run_pinned(tasks, chunks, c, c)
+                    run_pinned(ctl[CHUNK_FN], tasks, chunks, c, c)
         while True:
             c = n_owned + fetch_add(ctl, NEXT, 1)
             if c >= n_chunks:
@@ -435,7 +466,7 @@ def _build(mv: dict):
                 break
             if lo < hi:
                 for t in range(t0, t0 + chunks[c, C_SPAN]):
-                    run_chunk(tasks, t, lo, hi)
+                    _call_chunk(ctl[CHUNK_FN], tasks, t, lo, hi)
 
     @numba.njit(**_NB)
     def serve(ctl, me, seen):
@@ -512,9 +543,11 @@ def _build(mv: dict):
         ctl[N_CHUNKS] = chunks.shape[0]
         ctl[N_OWNED] = n_owned
         atomic_store(ctl, NEXT, 0)
+        # worker 0 is np.int64(0), not 0: a literal argument would make Numba compile `work` and what
+        # it calls a second time, specialised for the constant (4 s on a first start)
         if ctl[SOLO] != 0:  # nobody else is listening: every chunk here, no acknowledgements
             tp = now_ns()
-            work(ctl, 0)
+            work(ctl, np.int64(0))
             if ctl[TRACE_LEAD] != 0:
                 t1 = now_ns()
                 _trace(ctl, TRACE_LEAD, tp, t1, t1, tasks.shape[0])
@@ -522,7 +555,7 @@ def _build(mv: dict):
         seq = ctl[SEQ] + 1
         tp = now_ns()
         atomic_store(ctl, SEQ, seq)
-        work(ctl, 0)
+        work(ctl, np.int64(0))
         t0 = now_ns()
         ok = wait_acks(ctl, n_workers, seq)
         t1 = now_ns()
@@ -548,7 +581,7 @@ def _build(mv: dict):
         return _call_core(ctl[LEAD_FN], ctl, i64(n_workers), tasks, chunks, i64(n_owned), input_table(xa),
                           input_table(xb), output_table(outs), i64(row_lo), i64(row_hi), i64(w_shift))
 
-    return serve, lead, lead_core
+    return serve, lead, lead_core, run_chunk
 
 
 _BUILT: dict[tuple, tuple] = {}
@@ -567,7 +600,8 @@ def warm() -> None:
     """Compile (or load from the disk cache) the crew's loop for the active kernels now: on a
     first start the engine calls this in the background while the weights load, after
     `kernels.precompile`, so the first decoded token does not wait for it."""
-    serve, _lead, lead_core = _compiled()
+    serve, _lead, lead_core, run_chunk = _compiled()
+    run_chunk.compile(CHUNK_ARGS)
     serve.compile((_VEC, _I64, _I64))
     lead_core.compile(CORE_ARGS)
 
@@ -661,13 +695,16 @@ class Crew:
         self.solo = False
         self._trace: CrewTrace | None = None
         # `lead` is public for compiled callers that post jobs themselves (attention, runners)
-        self._serve, self.lead, core = _compiled()
+        self._serve, self.lead, core, chunk = _compiled()
         self._core = core_address(core)
+        self._chunk = compiled_address(chunk, CHUNK_ARGS)
         self._init_ctl()
 
     def _init_ctl(self) -> None:
-        """The fields no job changes: lead_core's address, the cursors' place and steal groups."""
+        """The fields no job changes: lead_core's and run_chunk's addresses, the cursors' place and
+        steal groups."""
         self.ctl[LEAD_FN] = self._core
+        self.ctl[CHUNK_FN] = self._chunk
         self.ctl[CURSORS] = self._cursors
         for w, g in enumerate(self._groups):
             self.ctl[self._cursors + 8 * w + 1] = g

@@ -193,7 +193,13 @@ def precompile_kernels(g: GGUFFile, progress: ProgressFn | None = None) -> None:
     if progress:
         def report(done: int, total: int, name: str) -> None:
             progress(ProgressEvent("kernels", done=done, total=total, message=f"kernels: {name}"))
-    kernels.precompile(sorted(mats), report, dequantize=sorted(deq), experts=experts)
+    try:  # what the first prompt calls besides the kernels (the compile helper warms those too)
+        uses = model_class(str(g.metadata.get("general.architecture", "")), g.tensors).activation
+    except Exception:  # noqa: BLE001 - only a hint: every helper is warmed then
+        uses = ""
+    if uses and experts:
+        uses += ",experts"
+    kernels.precompile(sorted(mats), report, dequantize=sorted(deq), experts=experts, warm=uses)
     crew.warm()
     warm_expert_loops(experts)
 

@@ -181,7 +181,12 @@ def token_runner(attn: Callable, ffn: Callable, layers_type: types.Type, out: Ca
             pos = np.full(1, pos0, dtype=np.int64)
             ropes = np.empty((bases.shape[0], 1, n_rot // 2, 2), dtype=np.float32)
             for b in range(bases.shape[0]):
-                ropes[b] = ops.rope_cache(pos, n_rot, bases[b], freq_scale, freq_factors, ext, attn_f, c0, c1)
+                r = ops.rope_cache(pos, n_rot, bases[b], freq_scale, freq_factors, ext, attn_f, c0, c1)
+                # element by element: `ropes[b] = r` compiles numba's shape-mismatch message (its
+                # string formatting: 5.3 s of this call's first compile)
+                for i in range(n_rot // 2):
+                    ropes[b, 0, i, 0] = r[0, i, 0]
+                    ropes[b, 0, i, 1] = r[0, i, 1]
             ok, h_last = layers_(ctl, n_workers, x, h, layers, ropes, pos0, skip_slid, journal, written)
             return ok and output(ctl, n_workers, out_job, h_last, logits)
     elif out is None:

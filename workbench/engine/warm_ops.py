@@ -14,34 +14,41 @@ def _c(dtype, ndim: int) -> types.Array:
     return types.Array(dtype, ndim, "C")
 
 
-def signatures() -> list:
-    """(dispatcher, argument types) pairs."""
+def signatures(uses: str = "") -> list:
+    """(dispatcher, argument types) pairs, in the order a first prompt calls them (the engine may
+    reach one before the helper does: then both compile it). `uses` ("gelu" or "silu", plus
+    ",experts"; empty: every one) leaves out the other activation and a dense model's router."""
     from . import attention, gating, kv_cache, ops
     f32, f64, i64, b = types.float32, types.float64, types.int64, types.boolean
     v, m, t = _c(f32, 1), _c(f32, 2), _c(f32, 3)
     a2 = types.Array(f32, 2, "A")
-    return [
+    want = set(uses.split(",")) if uses else {"gelu", "silu", "experts"}
+    sigs = [
         (ops.rms_norm, (m, v, f64, m)),
-        (ops.add_rms_norm, (m, m, v, b, v, f64, m)),
-        (ops.rms_norm_heads, (t, v, f64)),
         (ops.rope_cache, (_c(i64, 1), i64, f64, f64, v, f64, f64, f64, f64)),
+        (ops.rms_norm_heads, (t, v, f64)),
         (ops.apply_rope, (t, t, b)),
-        (ops.gelu_mul, (m, m, m, v)),
-        (ops.gelu_mul, (a2, a2, a2, v)),  # column ranges of the gated product (worker shares)
-        (ops.silu_mul, (m, m, m)),
-        (ops.silu_mul, (a2, a2, a2)),
         (kv_cache.store_f16, (_c(types.uint16, 3), _c(types.uint16, 3), t, t, i64)),
         (attention.softmax_stats, (t, i64, i64, i64, i64, i64, i64, f64, m, _c(f64, 2), i64)),
         (attention.merge_stats, (t, _c(f64, 3), m, m)),
         (attention.probabilities, (t, i64, i64, m, m)),
         (attention.probabilities, (types.Array(f32, 3, "A"), i64, i64, m, m)),
-        (gating.gate, (m, i64)),  # a mixture of experts' router, prompt path
+        (ops.add_rms_norm, (m, m, v, b, v, f64, m)),
     ]
+    if "gelu" in want:
+        sigs += [(ops.gelu_mul, (m, m, m, v)),
+                 (ops.gelu_mul, (a2, a2, a2, v))]  # column ranges of the gated product (worker shares)
+    if "silu" in want:
+        sigs += [(ops.silu_mul, (m, m, m)),
+                 (ops.silu_mul, (a2, a2, a2))]
+    if "experts" in want:
+        sigs.append((gating.gate, (m, i64)))  # a mixture of experts' router, prompt path
+    return sigs
 
 
-def warm() -> None:
-    """Compile (or load) every signature; one that fails is left to the first call."""
-    for fn, sig in signatures():
+def warm(uses: str = "") -> None:
+    """Compile (or load) every signature `uses` asks for; one that fails is left to the first call."""
+    for fn, sig in signatures(uses):
         try:
             fn.compile(sig)
         except Exception:  # noqa: BLE001 - a warm-up: the real call compiles what this could not

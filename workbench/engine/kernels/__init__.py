@@ -274,7 +274,7 @@ def _precompile_step(t: int, step: str) -> None:
 
 def precompile(types: Iterable[int], progress: Callable[[int, int, str], None] | None = None,
                dequantize: Iterable[int] | None = None, parallel: bool = True,
-               experts: Iterable[int] = ()) -> float:
+               experts: Iterable[int] = (), warm: str = "") -> float:
     """Compile the active path's kernels for these ggml types before first use; returns the seconds taken.
 
     For each type: the activation preparation, the one-token product (matvec) and the prompt product
@@ -286,7 +286,8 @@ def precompile(types: Iterable[int], progress: Callable[[int, int, str], None] |
     kernels (first start)".  With a warm disk cache every step is a cache load (milliseconds).
     On a first start (a step that took more than COMPILED_SECONDS) every other remaining step is
     compiled by a helper process into the disk cache at the same time (``compile_helper``;
-    ``parallel=False`` or NUMAWB_PARALLEL_COMPILE=0: all here).
+    ``parallel=False`` or NUMAWB_PARALLEL_COMPILE=0: all here); ``warm`` tells it which of the
+    engine's own helpers the model's first prompt uses (see `compile_helper`).
     The types are added to ``active_types()``: compiled callers built afterwards (the crew) link only
     their kernels.  Raises ValueError for a type this module does not support.
     """
@@ -314,7 +315,7 @@ def precompile(types: Iterable[int], progress: Callable[[int, int, str], None] |
             tried = True
             give = list(range(i + 1, len(steps)))[1::2]
             if give and _helper.usable(_MATVEC[t]):
-                helper = _helper.start(kernel_path(), [steps[j] for j in give])
+                helper = _helper.start(kernel_path(), [steps[j] for j in give], warm)
                 if helper is not None:
                     given = set(give)
     if helper is not None:

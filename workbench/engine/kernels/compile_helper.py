@@ -8,7 +8,10 @@ milliseconds; then it compiles the engine's own helpers a first prompt needs (`w
 still in the background. Without a disk cache, on one core, or with NUMAWB_PARALLEL_COMPILE=0 nothing is
 started and the engine compiles everything itself, as before.
 
-    python -m workbench.engine.kernels.compile_helper PATH TYPE:STEP[,TYPE:STEP...]
+    python -m workbench.engine.kernels.compile_helper PATH TYPE:STEP[,TYPE:STEP...] [WARM]
+
+WARM: what the model's first prompt uses, for `warm_ops.signatures` ("gelu" or "silu", plus
+",experts" for a mixture of experts; empty: everything).
 """
 from __future__ import annotations
 
@@ -29,13 +32,14 @@ def usable(probe) -> bool:
     return not isinstance(getattr(probe, "_cache", None), caching.NullCache)
 
 
-def start(path: str, steps: list[tuple[int, str]]) -> subprocess.Popen | None:
-    """Start compiling `steps` ((ggml type, step name)) of kernel path `path` in a helper process."""
+def start(path: str, steps: list[tuple[int, str]], warm: str = "") -> subprocess.Popen | None:
+    """Start compiling `steps` ((ggml type, step name)) of kernel path `path` in a helper process,
+    then the engine helpers `warm` names (see the module's docstring)."""
     env = dict(os.environ, NUMAWB_KERNEL_PATH=path, NUMAWB_PARALLEL_COMPILE="0",
                PYTHONPATH=os.pathsep.join(p for p in (PACKAGE_PARENT, os.environ.get("PYTHONPATH", "")) if p))
     spec = ",".join(f"{t}:{s}" for t, s in steps)
     try:
-        return subprocess.Popen([sys.executable, "-m", "workbench.engine.kernels.compile_helper", path, spec],
+        return subprocess.Popen([sys.executable, "-m", "workbench.engine.kernels.compile_helper", path, spec, warm],
                                 env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
                                 stderr=subprocess.DEVNULL, start_new_session=True)
     except OSError:
@@ -44,7 +48,7 @@ def start(path: str, steps: list[tuple[int, str]]) -> subprocess.Popen | None:
 
 def main(argv: list[str]) -> int:
     from workbench.engine import kernels
-    path, spec = argv
+    path, spec, warm = (argv + [""])[:3]
     kernels.set_kernel_path(path)
     for item in spec.split(","):
         t, step = item.split(":")
@@ -53,7 +57,7 @@ def main(argv: list[str]) -> int:
     # goes on with the engine's own helpers that a first prompt compiles
     print("kernels done", flush=True)
     from workbench.engine import warm_ops
-    warm_ops.warm()
+    warm_ops.warm(warm)
     return 0
 
 

@@ -97,7 +97,8 @@ def _permute(w: np.ndarray, r0: int, r1: int, order: np.ndarray, to_x8: bool) ->
     tmp = np.empty(n, np.uint32)
     for g in range(r0 // 8, r1 // 8):
         at = g * n
-        tmp[:] = wf[at:at + n]
+        for i in range(n):  # (not tmp[:] = ...: a slice copy compiles a shape check's message, seconds)
+            tmp[i] = wf[at + i]
         if to_x8:
             for i in range(n):
                 wf[at + i] = tmp[order[i]]
