@@ -143,6 +143,19 @@ def test_a_loaded_model_keeps_working_after_a_failed_load(tmp_path, tiny):
     np.testing.assert_array_equal(before, after)
 
 
+def test_a_key_name_with_a_newline_still_gives_a_one_line_error(tmp_path, tiny):
+    """Found by the fuzz test below: a byte edit turned a key's first letter into a newline and the
+    string after it into an absurd length; the message quoted the key as it was."""
+    key = b"tokenizer.ggml.tokens"
+    at = tiny.index(key)
+    blob = tiny[:at] + b"\n" + tiny[at + 1:]
+    n_at = at + len(key) + 4 + 4 + 8  # the key, its value type, the array's item type and count
+    blob = blob[:n_at] + struct.pack("<Q", 1 << 50) + blob[n_at + 8:]  # the first string's length
+    with pytest.raises(ModelLoadError) as e:
+        read_gguf(_write(tmp_path, blob, "newline-key.gguf"))
+    assert "\n" not in str(e.value) and "\\nokenizer.ggml.tokens" in str(e.value)
+
+
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.data())
 def test_fuzzed_headers_fail_cleanly(tmp_path, tiny, data):

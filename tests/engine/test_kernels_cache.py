@@ -168,13 +168,17 @@ def _keep_active_types():
 
 def test_precompile_reports_progress_and_compiles_what_calls_use():
     """precompile compiles exactly the specialisations the engine's calls use: a real call afterwards
-    adds no new signature.  Progress goes 0..total with one named step per kernel."""
+    adds no new signature.  Progress counts finished tasks from 0 up to the total, one named
+    task at a time, then "done"."""
     events = []
     types = [K.Q8_0, K.Q4_K, K.F16]
     K.precompile(types, lambda d, n, name: events.append((d, n, name)), dequantize=[K.Q8_0])
-    total = 3 * len(types) + 1
-    assert [e[0] for e in events] == list(range(total + 1)) and {e[1] for e in events} == {total}
-    assert events[0][2] == "Q8_0 prepare" and events[-2][2] == "Q8_0 dequantize" and events[-1][2] == "done"
+    total = len(K.plan(types, [K.Q8_0], []))
+    done = [e[0] for e in events]
+    assert done[0] == 0 and done == sorted(done) and done[-1] == total and max(done[:-1]) < total
+    assert {e[1] for e in events} == {total}
+    assert events[0][2] == "Q8_0 prepare" and events[-1][2] == "done"
+    assert {"Q8_0 dequantize", "Q4_K matmat"} <= {e[2] for e in events} | set(map(K._task_label, K.last_split["helper"]))
     assert set(types) <= K.active_types()
     rng = np.random.default_rng(0)
     for t in types:
@@ -211,24 +215,44 @@ def test_precompile_refuses_an_unknown_type():
 
 
 HELPER_PROBE = r"""
-import json, sys
+import glob, json, os, sys, time
 from workbench.engine import kernels as K
-K.set_kernel_path(sys.argv[1])
-K.COMPILED_SECONDS = 0.0  # the first step counts as a compile however fast this machine is
-started = []
 from workbench.engine.kernels import compile_helper
-real = compile_helper.start
-compile_helper.start = lambda path, steps, warm='': started.append(steps) or real(path, steps, warm)
-K.precompile([K.Q8_0])
-mm = K._MATMAT[K.Q8_0]
-print(json.dumps({"given": started, "hits": sum(mm.stats.cache_hits.values()),
-                  "misses": sum(mm.stats.cache_misses.values())}))
+K.set_kernel_path(sys.argv[1])
+K.COMPILED_SECONDS = 0.0  # the first task counts as a compile however fast this machine is
+boards = []
+real_create = compile_helper.Board.create
+compile_helper.Board.create = lambda tasks: boards.append(real_create(tasks)) or boards[-1]
+real_run, runs = K.run_task, []
+
+def run_task(name):
+    # once the helper is started, the engine takes its next task only after the helper has
+    # taken one (however slow the helper's start): both processes then have work to show
+    runs.append(name)
+    t0 = time.time()
+    while boards and len(runs) > 1 and time.time() - t0 < 300 \
+            and len(glob.glob(os.path.join(boards[0].folder, "claim-*"))) <= len(runs):
+        time.sleep(0.01)
+    real_run(name)
+
+K.run_task = run_task
+K.precompile([K.Q8_0, K.F16], dequantize=[K.Q8_0])
+stats = {}
+for name in K.last_split["helper"]:
+    step, _, t = name.partition(":")
+    table = {"matvec": K._MATVEC, "matmat": K._MATMAT}.get(step)
+    if table is not None:
+        fn = table[int(t)]
+        stats[name] = [sum(fn.stats.cache_hits.values()), sum(fn.stats.cache_misses.values())]
+print(json.dumps({"split": K.last_split, "tasks": [t.name for t in K.plan([K.Q8_0, K.F16], [K.Q8_0], [])],
+                  "stats": stats, "board_left": bool(boards) and os.path.exists(boards[0].folder)}))
 """
 
 
-def test_first_start_compiles_every_other_step_in_a_helper_process(tmp_path):
-    """A first start (empty cache) hands every other remaining step to a helper process: the
-    engine then loads that step's kernel from the disk cache instead of compiling it."""
+def test_first_start_shares_one_task_list_with_a_helper_process(tmp_path):
+    """A first start (empty cache) writes its task list to a board that a helper process takes
+    tasks from too: every task runs in exactly one of the two processes, and a kernel the helper
+    compiled is a disk-cache load in the engine, not a second compile."""
     cwd = _copy_package(tmp_path)
     e = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "xdg"))
     e.pop("NUMBA_CACHE_DIR", None)
@@ -237,12 +261,63 @@ def test_first_start_compiles_every_other_step_in_a_helper_process(tmp_path):
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
+    here, helper = got["split"]["here"], got["split"]["helper"]
     if (os.cpu_count() or 1) < 2:
-        assert got["given"] == []
+        assert helper == []
         return
-    # steps: prepare (compiled here), matvec, matmat, dequantize -> the helper gets matmat
-    assert got["given"] == [[[K.Q8_0, "matmat"]]]
-    assert got["hits"] >= 1 and got["misses"] == 0
+    assert helper and here
+    assert sorted(here + helper) == sorted(got["tasks"])  # each task once
+    for name, (hits, misses) in got["stats"].items():
+        assert hits >= 1 and misses == 0, name
+
+
+def test_the_plan_orders_every_task_after_what_it_links():
+    """Each step waits for its type's preparation and its parts, the crew's run_chunk for every
+    one-token kernel; types that share a preparation (Q4_K, Q6_K: quantize_q8_K) share its task."""
+    from workbench.engine import crew
+    tasks = K.plan([K.F16, K.Q4_K, K.Q6_K], [K.F32], [], crew.compile_tasks())
+    names = [t.name for t in tasks]
+    assert all(d < i for i, t in enumerate(tasks) for d in t.deps)
+    assert [n for n in names if n.startswith("prepare:")] == [f"prepare:{K.F16}", f"prepare:{K.Q4_K}"]
+    mm = names.index(f"matmat:{K.Q4_K}")
+    parts = [i for i, n in enumerate(names) if n.startswith(f"part:matmat:{K.Q4_K}:")]
+    assert set(parts) <= set(tasks[mm].deps)
+    if K.kernel_path() != "portable":
+        assert parts  # the repacked and the per-row prompt products are compiled on their own
+    chunk = tasks[names.index("call:workbench.engine.crew:warm_one:run_chunk")]
+    assert {names.index(f"matvec:{t}") for t in (K.F16, K.Q4_K, K.Q6_K)} <= set(chunk.deps)
+    assert tasks[names.index("call:workbench.engine.crew:warm_one:serve")].deps == ()
+
+
+@pytest.mark.parametrize("t", [K.Q4_K, K.Q6_K])
+def test_a_kernels_parts_compile_with_the_signature_its_own_call_uses(t):
+    """A part compiled on its own (by either process) is the specialisation the kernel then links:
+    after the kernel's own call, each part still has exactly the one signature."""
+    for step in ("matvec", "matmat"):
+        fn = {"matvec": K._MATVEC, "matmat": K._MATMAT}[step][t]
+        cells = dict(zip(fn.py_func.__code__.co_freevars, fn.py_func.__closure__ or ()))
+        for name in K._parts(t, step):
+            K._compile_part(t, step, name)
+        K._precompile_step(t, step)
+        for name in K._parts(t, step):
+            assert len(cells[name].cell_contents.signatures) == 1, (step, name)
+
+
+def test_the_board_gives_each_task_to_one_process(tmp_path):
+    from workbench.engine.kernels.compile_helper import Board, Task
+    tasks = [Task("prepare:8"), Task("matvec:8", (0,)), Task("call:m:f:x", (), False)]
+    a = Board.create(tasks)
+    try:
+        b = Board(a.folder)  # the helper's view of the same folder
+        assert b.tasks() == tasks
+        assert a.claim(1) and not b.claim(1) and b.claim(0)
+        assert not a.is_done(0)
+        b.finish(0)
+        assert a.is_done(0) and a.wait(0, lambda: True)
+        assert a.wait(2, lambda: False) is False  # whoever took it is gone: stop waiting
+    finally:
+        a.remove()
+    assert not os.path.exists(a.folder) and not a.claim(2)
 
 
 WARM_PROBE = r"""
@@ -381,3 +456,19 @@ def test_the_compile_helper_warms_only_what_the_models_first_prompt_calls():
     assert ops.silu_mul in silu_moe and gating.gate in silu_moe and ops.gelu_mul not in silu_moe
     assert every == gelu | silu_moe
     assert warm_ops.signatures("gelu")[0][0] is ops.rms_norm  # the first call of a prompt first
+
+
+@pytest.mark.parametrize("user", [None, "3"])
+def test_the_engine_compiles_at_llvm_o2_unless_the_user_chose_a_level(user):
+    """jitcache sets NUMBA_OPT=2 (a quarter less compile time, the same kernel speed) unless the
+    environment already names a level, which is kept."""
+    e = dict(os.environ)
+    e.pop("NUMBA_OPT", None)
+    if user:
+        e["NUMBA_OPT"] = user
+    code = ("import numba, os\nfrom workbench.engine import kernels\nnumba.njit(lambda x: x + 1)(1)\n"
+            "print(int(numba.config.OPT), os.environ['NUMBA_OPT'])")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=e, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    want = user or jitcache.DEFAULT_OPT
+    assert r.stdout.split() == [want, want]

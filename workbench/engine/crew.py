@@ -596,14 +596,29 @@ def _compiled() -> tuple:
     return fns
 
 
+#: the crew's compiled functions and their one signature each
+_WARM = {"run_chunk": (3, CHUNK_ARGS), "serve": (0, (_VEC, _I64, _I64)), "lead_core": (2, CORE_ARGS)}
+
+
+def warm_one(name: str) -> None:
+    """Compile (or load from the disk cache) one of the crew's functions for the active kernels."""
+    index, sig = _WARM[name]
+    _compiled()[index].compile(sig)
+
+
+def compile_tasks() -> list[tuple[str, bool, bool]]:
+    """`kernels.precompile`'s `after` tasks for the crew: (name, the engine waits for it, it links
+    the one-token kernels) -- only run_chunk calls kernels; serve and lead_core call it by address."""
+    return [(f"call:{__name__}:warm_one:{name}", True, name == "run_chunk") for name in _WARM]
+
+
 def warm() -> None:
     """Compile (or load from the disk cache) the crew's loop for the active kernels now: on a
     first start the engine calls this in the background while the weights load, after
-    `kernels.precompile`, so the first decoded token does not wait for it."""
-    serve, _lead, lead_core, run_chunk = _compiled()
-    run_chunk.compile(CHUNK_ARGS)
-    serve.compile((_VEC, _I64, _I64))
-    lead_core.compile(CORE_ARGS)
+    `kernels.precompile` (which may have had its helper process compile them: then these are
+    cache loads), so the first decoded token does not wait for it."""
+    for name in _WARM:
+        warm_one(name)
 
 
 _RUNNERS: dict = {}

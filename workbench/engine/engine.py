@@ -10,7 +10,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from . import crew, kernels, packing
+from . import crew, kernels, packing, warm_ops
 from .chat import ChatFormatter, Message
 from .config import ModelConfig, config_from_metadata
 from .gguf_file import GGUFFile, ModelLoadError, read_gguf
@@ -199,7 +199,8 @@ def precompile_kernels(g: GGUFFile, progress: ProgressFn | None = None) -> None:
         uses = ""
     if uses and experts:
         uses += ",experts"
-    kernels.precompile(sorted(mats), report, dequantize=sorted(deq), experts=experts, warm=uses)
+    kernels.precompile(sorted(mats), report, dequantize=sorted(deq), experts=experts,
+                       after=crew.compile_tasks() + warm_ops.compile_tasks(uses))
     crew.warm()
     warm_expert_loops(experts)
 

@@ -39,7 +39,13 @@ _STRING, _ARRAY = 8, 9
 
 
 class ModelLoadError(ValueError):
-    """A model file that cannot be used; the message is one line naming the problem."""
+    """A model file that cannot be used; the message is one line naming the problem.
+
+    Messages quote names read from the file (keys, tensor names), which may hold any character:
+    control characters such as a newline are shown escaped, so the message stays one line."""
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__("".join(c if c.isprintable() else repr(c)[1:-1] for c in str(message)))
 
 
 @dataclass(frozen=True)

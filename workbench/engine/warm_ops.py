@@ -1,8 +1,8 @@
 """The engine's own compiled helpers with the signatures a model's first prompt calls them with.
 
-`kernels.compile_helper` compiles these into the disk cache after its share of the kernels, in
-its own process, while the engine is still loading: the first prompt then loads them in
-milliseconds instead of compiling them (seconds on a first start). A signature that no longer
+On a first start these are the last tasks of `kernels.precompile`'s list, which the engine and its
+compile helper share (`kernels.compile_helper`) while the engine is still loading: the first
+prompt then loads them in milliseconds instead of compiling them (seconds each). A signature that no longer
 matches the engine's calls only costs the helper's time: the call compiles as before.
 """
 from __future__ import annotations
@@ -46,10 +46,15 @@ def signatures(uses: str = "") -> list:
     return sigs
 
 
-def warm(uses: str = "") -> None:
-    """Compile (or load) every signature `uses` asks for; one that fails is left to the first call."""
-    for fn, sig in signatures(uses):
-        try:
-            fn.compile(sig)
-        except Exception:  # noqa: BLE001 - a warm-up: the real call compiles what this could not
-            pass
+def warm_one(arg: str) -> None:
+    """Compile (or load) signature I of `signatures(USES)`, given as "I@USES" (a compile task)."""
+    i, _, uses = arg.partition("@")
+    fn, sig = signatures(uses)[int(i)]
+    fn.compile(sig)
+
+
+def compile_tasks(uses: str = "") -> list[tuple[str, bool, bool]]:
+    """`kernels.precompile`'s `after` tasks for these helpers: the engine does not wait for them
+    (its first prompt compiles one the helper has not reached)."""
+    return [(f"call:{__name__}:warm_one:{i}@{uses}", False, False) for i in range(len(signatures(uses)))]
+

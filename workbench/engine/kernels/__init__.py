@@ -252,82 +252,214 @@ _PRECOMPILE_K = 256        # a row length every block size divides
 _PRECOMPILE_ROWS = 8
 
 
-def _precompile_step(t: int, step: str) -> None:
-    """Call one kernel on tiny zero inputs of exactly the argument types the engine passes (C-contiguous
-    uint8 [rows, row_bytes] weights, the prepared tuple, float32 output, int64 row limits), so Numba
-    compiles -- or loads from its disk cache -- the very specialisation later calls use."""
+def _step_call(t: int, step: str) -> tuple[Callable, tuple] | None:
+    """The kernel a step compiles and tiny zero inputs of exactly the argument types the engine
+    passes (C-contiguous uint8 [rows, row_bytes] weights, the prepared tuple, float32 output, int64
+    row limits), so Numba compiles -- or loads from its disk cache -- the very specialisation later
+    calls use; None for a step the type does not have."""
     k, rows = _PRECOMPILE_K, _PRECOMPILE_ROWS
     w = np.zeros((rows, row_bytes(t, k)), np.uint8)
     if step == "prepare":
-        prepare(t, np.zeros((2, k), np.float32))
-    elif step == "matvec":
-        matvec(t, w, prepare(t, np.zeros(k, np.float32)), np.zeros(rows, np.float32), 0, rows)
-    elif step == "matmat":
-        matmat(t, w, prepare(t, np.zeros((2, k), np.float32)), np.zeros((2, rows), np.float32), 0, rows)
-    elif step == "mul_mat_id":
+        return _PREPARE[t], (np.zeros((2, k), np.float32),)
+    if step == "matvec":
+        return _MATVEC[t], (w, prepare(t, np.zeros(k, np.float32)), np.zeros(rows, np.float32), 0, rows)
+    if step == "matmat":
+        return _MATMAT[t], (w, prepare(t, np.zeros((2, k), np.float32)), np.zeros((2, rows), np.float32), 0, rows)
+    if step == "mul_mat_id":
         fn = mul_mat_id_kernel(t)
-        if fn is not None:
-            fn(w, prepare(t, np.zeros((2, k), np.float32)), np.zeros((2, rows), np.float32), 0, rows, rows)
+        if fn is None:
+            return None
+        return fn, (w, prepare(t, np.zeros((2, k), np.float32)), np.zeros((2, rows), np.float32), 0, rows, rows)
+    return _DEQUANT[t], (w, 0, 1)
+
+
+def _precompile_step(t: int, step: str) -> None:
+    call = _step_call(t, step)
+    if call is not None:
+        fn, args = call
+        fn(*args)
+
+
+def _parts(t: int, step: str) -> list[str]:
+    """The compiled functions a step's kernel calls with its own arguments (the closure's dispatchers
+    taking as many arguments, not inlined): compiled on their own first, by either process, the
+    kernel's own compile then only links them. Q4_K's prompt product is four such functions
+    (14.6 s in one piece on the AVX2 EPYC)."""
+    fn = {"matvec": _MATVEC.get(t), "matmat": _MATMAT.get(t)}.get(step) if step != "mul_mat_id" \
+        else mul_mat_id_kernel(t)
+    if not isinstance(fn, numba.core.registry.CPUDispatcher):
+        return []
+    n_args = 6 if step == "mul_mat_id" else 5  # (preparing real arguments would compile `prepare` here)
+    out = []
+    for name, cell in zip(fn.py_func.__code__.co_freevars, fn.py_func.__closure__ or ()):
+        try:
+            part = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if (isinstance(part, numba.core.registry.CPUDispatcher) and part.targetoptions.get("inline") != "always"
+                and part.py_func.__code__.co_argcount == n_args):
+            out.append(name)
+    return out
+
+
+def _compile_part(t: int, step: str, name: str) -> None:
+    fn, args = _step_call(t, step)
+    cells = dict(zip(fn.py_func.__code__.co_freevars, fn.py_func.__closure__))
+    cells[name].cell_contents.compile(tuple(numba.typeof(a) for a in args))
+
+
+def run_task(name: str) -> None:
+    """Run one first-start compile task by name (`compile_helper.Task`): "STEP:TYPE" a kernel step,
+    "part:STEP:TYPE:NAME" one of its parts, "call:MODULE:FUNCTION:ARG" an engine helper's warm-up."""
+    kind, _, rest = name.partition(":")
+    if kind == "part":
+        step, t, part = rest.split(":")
+        _compile_part(int(t), step, part)
+    elif kind == "call":
+        import importlib
+        module, fn, arg = rest.split(":", 2)
+        getattr(importlib.import_module(module), fn)(arg)
     else:
-        dequantize_rows(t, w, 0, 1)
+        _precompile_step(int(rest), kind)
+
+
+def activate(types: Iterable[int]) -> None:
+    """Add types to ``active_types()`` (what compiled callers link)."""
+    global _active
+    _active = frozenset(int(t) for t in types) | (_active or frozenset())
+
+
+def plan(types: list[int], dequantize: list[int], experts: list[int],
+         after: Iterable[tuple[str, bool, bool]] = ()) -> list[_helper.Task]:
+    """A first start's compile tasks in order: each type's preparation, then every step's parts
+    (the longest compiles, so both processes start on them), the steps, then `after` -- (name,
+    wait, needs the one-token kernels) of the engine's own helpers (`run_task`'s "call:" names)."""
+    steps = [(t, s) for t in types for s in PRECOMPILE_STEPS[1:3]] + [(t, PRECOMPILE_STEPS[3]) for t in dequantize] \
+        + [(t, PRECOMPILE_STEPS[4]) for t in experts if mul_mat_id_kernel(t) is not None]
+    tasks, prep, by_fn = [], {}, {}
+    for t in types:  # one task per preparation function (Q4_K and Q6_K share quantize_q8_K)
+        if _PREPARE[t] not in by_fn:
+            by_fn[_PREPARE[t]] = len(tasks)
+            tasks.append(_helper.Task(f"prepare:{t}"))
+        prep[t] = by_fn[_PREPARE[t]]
+    parts: dict[tuple[int, str], list[int]] = {}
+    for t, s in steps:
+        for name in _parts(t, s):
+            parts.setdefault((t, s), []).append(len(tasks))
+            tasks.append(_helper.Task(f"part:{s}:{t}:{name}", (prep[t],) if t in prep else ()))
+    matvecs = []
+    for t, s in steps:
+        if s == "matvec":
+            matvecs.append(len(tasks))
+        deps = ((prep[t],) if t in prep and s != "dequantize" else ()) + tuple(parts.get((t, s), ()))
+        tasks.append(_helper.Task(f"{s}:{t}", deps))
+    for name, wait, needs_kernels in after:
+        deps = tuple(sorted(set(prep.values()))) + tuple(matvecs) if needs_kernels else ()
+        tasks.append(_helper.Task(name, deps, wait))
+    return tasks
+
+
+#: what the last `precompile` of this process ran itself and what its helper ran (task names)
+last_split: dict[str, list[str]] = {"here": [], "helper": []}
 
 
 def precompile(types: Iterable[int], progress: Callable[[int, int, str], None] | None = None,
                dequantize: Iterable[int] | None = None, parallel: bool = True,
-               experts: Iterable[int] = (), warm: str = "") -> float:
+               experts: Iterable[int] = (), after: Iterable[tuple[str, bool, bool]] = ()) -> float:
     """Compile the active path's kernels for these ggml types before first use; returns the seconds taken.
 
     For each type: the activation preparation, the one-token product (matvec) and the prompt product
     (matmat); the dequantization for the types in ``dequantize`` (default: ``types``; a model needs it
     only for its embedding and small float tensors); the product of an expert's tokens
     (``mul_mat_id_kernel``) for the types in ``experts`` (a mixture-of-experts model's expert
-    tensors).  ``progress(done, total, name)`` is called before each step (name
-    like "Q4_K matmat") and once at the end with done == total, so a caller can show "compiling
-    kernels (first start)".  With a warm disk cache every step is a cache load (milliseconds).
-    On a first start (a step that took more than COMPILED_SECONDS) every other remaining step is
-    compiled by a helper process into the disk cache at the same time (``compile_helper``;
-    ``parallel=False`` or NUMAWB_PARALLEL_COMPILE=0: all here); ``warm`` tells it which of the
-    engine's own helpers the model's first prompt uses (see `compile_helper`).
-    The types are added to ``active_types()``: compiled callers built afterwards (the crew) link only
-    their kernels.  Raises ValueError for a type this module does not support.
+    tensors); then ``after``, the engine's own warm-ups (see `plan`).  ``progress(done, total, name)``
+    is called before each task (name like "Q4_K matmat") and once at the end with done == total,
+    so a caller can show "compiling kernels (first start)".  With a warm disk cache every step is a
+    cache load (milliseconds).  On a first start (a first task that took more than COMPILED_SECONDS)
+    a helper process takes tasks from the same list into the disk cache meanwhile
+    (``compile_helper``; ``parallel=False`` or NUMAWB_PARALLEL_COMPILE=0: all here).
+    The types are added to ``active_types()`` first: compiled callers built afterwards (the crew)
+    link only their kernels.  Raises ValueError for a type this module does not support.
     """
-    global _active
     types = list(dict.fromkeys(int(t) for t in types))
     deq = types if dequantize is None else list(dict.fromkeys(int(t) for t in dequantize))
     experts = list(dict.fromkeys(int(t) for t in experts))
     bad = [t for t in types + deq + experts if t not in TYPE_NAMES]
     if bad:
         raise ValueError(f"unsupported ggml type id(s) {bad}; supported: {sorted(TYPE_NAMES.values())}")
-    steps = [(t, s) for t in types for s in PRECOMPILE_STEPS[:3]] + [(t, PRECOMPILE_STEPS[3]) for t in deq] \
-        + [(t, PRECOMPILE_STEPS[4]) for t in experts if mul_mat_id_kernel(t) is not None]
+    activate(types)
     t0 = time.perf_counter()
-    helper, given, tried = None, set(), not parallel
-    for i, (t, s) in enumerate(steps):
-        if i in given:
-            continue
+    tasks = plan(types, deq, experts, after)
+    names = [_task_label(task.name) for task in tasks]
+    helper = board = None
+    here: list[int] = []
+
+    passed = 0  # parts passed over while no helper runs (the steps compile them)
+
+    def run(i: int) -> None:
         if progress is not None:
-            progress(i, len(steps), f"{TYPE_NAMES[t]} {s}")
-        t1 = time.perf_counter()
-        _precompile_step(t, s)
-        if not tried and time.perf_counter() - t1 > COMPILED_SECONDS:
-            # that was a compile, not a cache load: a first start. Every other remaining step goes
-            # to a helper process that compiles it into the disk cache on another core meanwhile
-            tried = True
-            give = list(range(i + 1, len(steps)))[1::2]
-            if give and _helper.usable(_MATVEC[t]):
-                helper = _helper.start(kernel_path(), [steps[j] for j in give], warm)
-                if helper is not None:
-                    given = set(give)
-    if helper is not None:
-        if progress is not None:
-            progress(len(steps) - 1, len(steps), "waiting for the helper process")
-        _helper.wait(helper)
-        for j in sorted(given):  # cache loads now (compiled here if the helper failed)
-            _precompile_step(*steps[j])
-    _active = frozenset(types) | (_active or frozenset())
+            done = board.count_done() if board is not None else len(here) + passed
+            progress(min(done, len(tasks) - 1), len(tasks), names[i])
+        here.append(i)
+        run_task(tasks[i].name)
+
+    i = 0
+    while i < len(tasks) and board is None:
+        if tasks[i].name.startswith("part:"):  # alone, a step compiles its parts itself
+            passed += 1
+        else:
+            t1 = time.perf_counter()
+            run(i)
+            if parallel and helper is None and time.perf_counter() - t1 > COMPILED_SECONDS \
+                    and _helper.usable(_MATVEC[F16]):
+                # that was a compile, not a cache load: a first start. A helper process takes tasks
+                # from the same list, so both cores compile until it is empty
+                board = _helper.Board.create(tasks)
+                for j in here:  # (the parts passed over so far are left for either process)
+                    board.claim(j)
+                    board.finish(j)
+                helper = _helper.start(kernel_path(), board, sorted(_active or ()))
+                if helper is None:
+                    board.remove()
+                    board = None
+                    helper = False  # (tried)
+        i += 1
+    if board is not None:
+        alive = lambda: helper.poll() is None  # noqa: E731
+        try:
+            _helper.work(board, tasks, run, alive, first=0, swallow=False)
+            if progress is not None:
+                progress(min(board.count_done(), len(tasks) - 1), len(tasks), "waiting for the helper process")
+            for j, task in enumerate(tasks):
+                if j in here or not task.wait:
+                    continue
+                board.wait(j, alive)
+                if task.name.split(":", 1)[0] in PRECOMPILE_STEPS:
+                    _precompile_step(*_step_of(task.name))  # a cache load now (compiled here if the helper failed)
+        finally:
+            _helper.release(helper, board)
+    last_split["here"] = [tasks[i].name for i in here]
+    last_split["helper"] = [t.name for i, t in enumerate(tasks) if i not in here]
     if progress is not None:
-        progress(len(steps), len(steps), "done")
+        progress(len(tasks), len(tasks), "done")
     return time.perf_counter() - t0
+
+
+def _step_of(name: str) -> tuple[int, str]:
+    step, t = name.split(":")
+    return int(t), step
+
+
+def _task_label(name: str) -> str:
+    """'Q4_K matmat', 'Q4_K matmat (q4_K_gemm_rows8)', 'crew run_chunk' for progress lines."""
+    kind, _, rest = name.partition(":")
+    if kind == "part":
+        step, t, part = rest.split(":")
+        return f"{TYPE_NAMES[int(t)]} {step} ({part})"
+    if kind == "call":
+        module, fn, arg = rest.split(":", 2)
+        return f"{module.rsplit('.', 1)[-1]} {arg}"
+    return f"{TYPE_NAMES[int(rest)]} {kind}"
 
 
 def dequantizer(ggml_type: int):

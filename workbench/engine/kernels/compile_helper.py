@@ -1,27 +1,106 @@
-"""A second process that compiles part of a first start's kernels into the disk cache.
+"""A second process that shares a first start's compile work with the engine, through one task list.
 
-Numba compiles on one core and holds the GIL while it does, so a first start's tens of seconds
-of kernel compilation leave every other core idle. When `precompile` finds that a step really
-compiled (not a cache load), it hands every other remaining step to this helper process, which
-compiles them into the same disk cache meanwhile; the engine then loads them from there in
-milliseconds; then it compiles the engine's own helpers a first prompt needs (`warm_ops`),
-still in the background. Without a disk cache, on one core, or with NUMAWB_PARALLEL_COMPILE=0 nothing is
-started and the engine compiles everything itself, as before.
+Numba compiles on one core and holds the GIL while it does, so a first start's tens of seconds of
+compilation leave every other core idle. When `kernels.precompile` finds that its first task really
+compiled (not a cache load), it writes its whole task list -- the kernels' callees, the kernel
+steps, then the engine's own compiled helpers that a first token needs (the crew's loop, the
+prompt's ops) -- to a `Board` folder and starts this helper on it. Both processes then walk the
+same list and take the next task nobody has claimed (a file created with O_EXCL: exactly one
+process wins), so the two cores stay busy until the list is empty, whatever each task costs; a
+task whose inputs the other process is still compiling waits for that task's "done" file. What
+one process compiled, the other loads from the shared disk cache in milliseconds. Without a disk
+cache, on one core, or with NUMAWB_PARALLEL_COMPILE=0 nothing is started and the engine runs
+every task itself.
 
-    python -m workbench.engine.kernels.compile_helper PATH TYPE:STEP[,TYPE:STEP...] [WARM]
-
-WARM: what the model's first prompt uses, for `warm_ops.signatures` ("gelu" or "silu", plus
-",experts" for a mixture of experts; empty: everything).
+    python -m workbench.engine.kernels.compile_helper PATH BOARD TYPES
 """
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from numba.core import caching
 
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+POLL_SECONDS = 0.005
+
+
+@dataclass(frozen=True)
+class Task:
+    """One unit of first-start compile work. `name` says what to run (`kernels.run_task`); `deps`
+    are indices of earlier tasks that must be done first (their code is linked into this one's);
+    `wait`: the engine needs it before the first token, so it waits for it if the helper took it."""
+    name: str
+    deps: tuple[int, ...] = ()
+    wait: bool = True
+
+    def line(self) -> str:
+        return f"{self.name}\t{','.join(map(str, self.deps))}\t{int(self.wait)}"
+
+    @classmethod
+    def parse(cls, line: str) -> "Task":
+        name, deps, wait = line.rstrip("\n").split("\t")
+        return cls(name, tuple(int(d) for d in deps.split(",") if d), wait == "1")
+
+
+class Board:
+    """The task list and who took what, as files in one folder both processes see."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    @classmethod
+    def create(cls, tasks: list[Task]) -> "Board":
+        board = cls(tempfile.mkdtemp(prefix="numawb-compile-"))
+        with open(os.path.join(board.folder, "tasks"), "w") as f:
+            f.writelines(t.line() + "\n" for t in tasks)
+        return board
+
+    def tasks(self) -> list[Task]:
+        with open(os.path.join(self.folder, "tasks")) as f:
+            return [Task.parse(line) for line in f if line.strip()]
+
+    def claim(self, i: int) -> bool:
+        """True for the one process that claims task i first (False for the other, or once the
+        board is gone)."""
+        try:
+            os.close(os.open(os.path.join(self.folder, f"claim-{i}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            return True
+        except OSError:
+            return False
+
+    def finish(self, i: int) -> None:
+        try:
+            os.close(os.open(os.path.join(self.folder, f"done-{i}"), os.O_CREAT | os.O_WRONLY))
+        except OSError:
+            pass
+
+    def is_done(self, i: int) -> bool:
+        return os.path.exists(os.path.join(self.folder, f"done-{i}"))
+
+    def count_done(self) -> int:
+        try:
+            return sum(1 for f in os.listdir(self.folder) if f.startswith("done-"))
+        except OSError:
+            return 0
+
+    def wait(self, i: int, other_alive: Callable[[], bool]) -> bool:
+        """Until task i is done (True) or the process that took it is gone (False)."""
+        while not self.is_done(i):
+            if not other_alive():
+                return self.is_done(i)
+            time.sleep(POLL_SECONDS)
+        return True
+
+    def remove(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def usable(probe) -> bool:
@@ -32,47 +111,75 @@ def usable(probe) -> bool:
     return not isinstance(getattr(probe, "_cache", None), caching.NullCache)
 
 
-def start(path: str, steps: list[tuple[int, str]], warm: str = "") -> subprocess.Popen | None:
-    """Start compiling `steps` ((ggml type, step name)) of kernel path `path` in a helper process,
-    then the engine helpers `warm` names (see the module's docstring)."""
+def start(path: str, board: Board, types: list[int]) -> subprocess.Popen | None:
+    """Start a helper on `board` for kernel path `path`; `types` are the engine's active types (the
+    crew's compiled loop is keyed by them, so the helper builds the same one)."""
     env = dict(os.environ, NUMAWB_KERNEL_PATH=path, NUMAWB_PARALLEL_COMPILE="0",
                PYTHONPATH=os.pathsep.join(p for p in (PACKAGE_PARENT, os.environ.get("PYTHONPATH", "")) if p))
-    spec = ",".join(f"{t}:{s}" for t, s in steps)
     try:
-        return subprocess.Popen([sys.executable, "-m", "workbench.engine.kernels.compile_helper", path, spec, warm],
-                                env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
+        return subprocess.Popen([sys.executable, "-m", "workbench.engine.kernels.compile_helper", path, board.folder,
+                                 ",".join(map(str, types))],
+                                env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, start_new_session=True)
     except OSError:
         return None
 
 
+def work(board: Board, tasks: list[Task], run: Callable[[int], None], other_alive: Callable[[], bool],
+         first: int = 0, swallow: bool = True) -> list[int]:
+    """Walk `tasks` from `first`: claim, wait for the deps the other process took, run, mark done.
+    Returns the indices this process ran. With `swallow` (the helper) a task that raises is marked
+    done all the same: the engine's own call compiles whatever it could not, and reports it."""
+    mine = []
+    for i in range(first, len(tasks)):
+        if not board.claim(i):
+            continue
+        mine.append(i)
+        for d in tasks[i].deps:
+            if d not in mine:
+                board.wait(d, other_alive)
+        try:
+            run(i)
+        except Exception:  # noqa: BLE001 - the helper's is a warm-up; the real call reports real errors
+            if not swallow:
+                raise
+        finally:
+            board.finish(i)
+    return mine
+
+
 def main(argv: list[str]) -> int:
     from workbench.engine import kernels
-    path, spec, warm = (argv + [""])[:3]
+    path, folder, types = argv[:3]
     kernels.set_kernel_path(path)
-    for item in spec.split(","):
-        t, step = item.split(":")
-        kernels._precompile_step(int(t), step)
-    # the kernels are in the cache: the engine stops waiting here (`wait`), while this process
-    # goes on with the engine's own helpers that a first prompt compiles
-    print("kernels done", flush=True)
-    from workbench.engine import warm_ops
-    warm_ops.warm(warm)
+    kernels.activate(int(t) for t in types.split(",") if t)
+    board = Board(folder)
+    parent = os.getppid()
+    try:
+        tasks = board.tasks()
+        work(board, tasks, lambda i: kernels.run_task(tasks[i].name), lambda: os.getppid() == parent)
+    except OSError:  # the board went away: the engine is done with it
+        pass
     return 0
 
 
-def wait(helper: subprocess.Popen) -> None:
-    """Until the helper has compiled its kernels (or ended); it may go on warming the engine's
-    helpers in the background (`_running` keeps it referenced until it ends)."""
-    if helper.stdout is not None:
-        helper.stdout.readline()
-        helper.stdout.close()
-    if helper.poll() is None:
-        _running.append(helper)
-    _running[:] = [p for p in _running if p.poll() is None]
+def release(helper: subprocess.Popen, board: Board) -> None:
+    """The engine has what it waits for: the helper may still be compiling tasks the engine does
+    not wait for (`_running` keeps it referenced until it ends; the last one out removes the board)."""
+    _running.append((helper, board))
+    for p, b in list(_running):
+        if p.poll() is not None:
+            b.remove()
+            _running.remove((p, b))
 
 
-_running: list[subprocess.Popen] = []
+_running: list[tuple[subprocess.Popen, Board]] = []
+
+
+@atexit.register
+def _remove_boards() -> None:
+    for _p, b in _running:
+        b.remove()  # a helper still at work finds no more tasks to claim and ends
 
 
 if __name__ == "__main__":

@@ -52,6 +52,16 @@ from . import llama_build  # its WIDE is a compile-time constant of the float or
 #: 768 went from 21.7 to 4.3 us, bit-identical.
 JIT = dict(nogil=True, cache=True, error_model="numpy")
 
+#: LLVM's optimization level for the process's compiles (Numba's NUMBA_OPT, default 3) unless the
+#: user set one. The kernels spell out their vector instructions, so -O3's extra passes bought
+#: nothing measurable, and cost a quarter of the compile time of the biggest kernels (Q4_K's prompt
+#: product 13.0 -> 9.2 s) and ~4 s of a fresh install's first start (32-33.5 -> 27.6-29.0 s,
+#: `benchmarks/first_start.py`), AVX2 EPYC, 2026-12-03; pp512 and tg128 the same or faster
+#: (`numawb bench`, two alternating runs). Numba re-reads NUMBA_* variables before each compile,
+#: and the compile helper inherits the environment.
+DEFAULT_OPT = "2"
+os.environ.setdefault("NUMBA_OPT", DEFAULT_OPT)
+
 #: only the project's own modules are followed and hashed (NumPy or Numba change with their version,
 #: which Numba's magic tuple and the index's version stamp already cover)
 _PROJECT = "workbench"
