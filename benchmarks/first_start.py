@@ -17,6 +17,11 @@ after: 34.1 / 1.7 / 33.5 s.
 AVX2-only AMD EPYC VM, 2 threads, the default model, 2026-12-03: ``-n 1`` 53.1 s and ``-n 2`` 80.7 s
 before the job loop called the kernels through an address and the duplicate and shape-message
 compiles went; 39.7 s and 71.4 s after (second start 3.3-3.5 s).
+
+AVX2-only AMD EPYC VM of another generation (cpuinfo family 25), 2 threads, the default model,
+2026-12-03, alternating runs of the commit before (fa2a3d3) and after one shared compile task list
+with LLVM -O2: ``-n 1`` 30.9 / 32.2 / 35.0 s before, 27.8 / 29.0 / 30.5 s after (an earlier
+alternation: 33.1 / 37.8 / 34.2 against 31.7 / 28.9 / 28.6 s); ``-n 2`` 62.8 -> 57.7 s.
 """
 from __future__ import annotations
 

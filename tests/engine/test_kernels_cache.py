@@ -472,3 +472,41 @@ def test_the_engine_compiles_at_llvm_o2_unless_the_user_chose_a_level(user):
     assert r.returncode == 0, r.stderr[-2000:]
     want = user or jitcache.DEFAULT_OPT
     assert r.stdout.split() == [want, want]
+
+
+def test_a_process_takes_a_ready_task_while_another_waits_for_its_inputs(tmp_path):
+    """While the other process compiles task 0, the task that links it (1) waits and this one
+    takes task 2 first; 1 runs once 0 is done."""
+    import threading
+    import time
+    from workbench.engine.kernels.compile_helper import Board, Task, work
+    tasks = [Task("prepare:12"), Task("matvec:12", (0,)), Task("dequantize:8")]
+    mine = Board.create(tasks)
+    try:
+        other = Board(mine.folder)
+        assert other.claim(0)
+        order: list[int] = []
+        t = threading.Thread(target=lambda: order.extend(work(mine, tasks, lambda i: None, lambda: True)))
+        t.start()
+        deadline = time.time() + 30
+        while not mine.is_done(2) and time.time() < deadline:
+            time.sleep(0.01)
+        assert mine.is_done(2) and not mine.is_claimed(1)  # 2 ran; 1 still waits for 0
+        other.finish(0)
+        t.join(30)
+        assert order == [2, 1]
+    finally:
+        mine.remove()
+
+
+def test_an_empty_disk_cache_is_a_first_start_before_anything_compiles(tmp_path):
+    """never_compiled reads the probe kernel's cache index: missing -> start the helper at once."""
+    from types import SimpleNamespace
+    from workbench.engine.kernels.compile_helper import never_compiled
+    index = tmp_path / "kernel.nbi"
+    probe = SimpleNamespace(_cache=SimpleNamespace(_cache_file=SimpleNamespace(_index_path=str(index))))
+    assert never_compiled(probe)
+    index.write_bytes(b"")
+    assert not never_compiled(probe)
+    assert not never_compiled(object())  # no disk cache to read: decided by timing the first task
+    assert not never_compiled(K._MATVEC[K.F16]) or not os.path.exists(K._MATVEC[K.F16]._cache._cache_file._index_path)

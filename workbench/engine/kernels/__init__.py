@@ -403,6 +403,21 @@ def precompile(types: Iterable[int], progress: Callable[[int, int, str], None] |
         here.append(i)
         run_task(tasks[i].name)
 
+    def start_helper() -> None:
+        nonlocal board, helper
+        board = _helper.Board.create(tasks)
+        for j in here:  # (the parts passed over so far are left for either process)
+            board.claim(j)
+            board.finish(j)
+        helper = _helper.start(kernel_path(), board, sorted(_active or ()))
+        if helper is None:
+            board.remove()
+            board = None
+            helper = False  # (tried)
+
+    probe = _MATVEC[F16]
+    if parallel and _helper.usable(probe) and _helper.never_compiled(probe):
+        start_helper()  # an empty disk cache: a first start for sure, the helper starts at once
     i = 0
     while i < len(tasks) and board is None:
         if tasks[i].name.startswith("part:"):  # alone, a step compiles its parts itself
@@ -410,19 +425,10 @@ def precompile(types: Iterable[int], progress: Callable[[int, int, str], None] |
         else:
             t1 = time.perf_counter()
             run(i)
-            if parallel and helper is None and time.perf_counter() - t1 > COMPILED_SECONDS \
-                    and _helper.usable(_MATVEC[F16]):
+            if parallel and helper is None and time.perf_counter() - t1 > COMPILED_SECONDS and _helper.usable(probe):
                 # that was a compile, not a cache load: a first start. A helper process takes tasks
                 # from the same list, so both cores compile until it is empty
-                board = _helper.Board.create(tasks)
-                for j in here:  # (the parts passed over so far are left for either process)
-                    board.claim(j)
-                    board.finish(j)
-                helper = _helper.start(kernel_path(), board, sorted(_active or ()))
-                if helper is None:
-                    board.remove()
-                    board = None
-                    helper = False  # (tried)
+                start_helper()
         i += 1
     if board is not None:
         alive = lambda: helper.poll() is None  # noqa: E731

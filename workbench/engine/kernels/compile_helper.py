@@ -1,16 +1,15 @@
 """A second process that shares a first start's compile work with the engine, through one task list.
 
 Numba compiles on one core and holds the GIL while it does, so a first start's tens of seconds of
-compilation leave every other core idle. When `kernels.precompile` finds that its first task really
-compiled (not a cache load), it writes its whole task list -- the kernels' callees, the kernel
-steps, then the engine's own compiled helpers that a first token needs (the crew's loop, the
-prompt's ops) -- to a `Board` folder and starts this helper on it. Both processes then walk the
-same list and take the next task nobody has claimed (a file created with O_EXCL: exactly one
-process wins), so the two cores stay busy until the list is empty, whatever each task costs; a
-task whose inputs the other process is still compiling waits for that task's "done" file. What
-one process compiled, the other loads from the shared disk cache in milliseconds. Without a disk
-cache, on one core, or with NUMAWB_PARALLEL_COMPILE=0 nothing is started and the engine runs
-every task itself.
+compilation leave every other core idle. When `kernels.precompile` finds the disk cache empty, or
+its first task really compiled (not a cache load), it writes its whole task list -- the kernels'
+separately compiled parts, the kernels, then the engine's own compiled helpers that a first token
+needs (the crew's loop, the prompt's ops) -- to a `Board` folder and starts this helper on it.
+Both processes then take, each time, the first task nobody has claimed (a file created with
+O_EXCL: exactly one process wins) among those whose inputs are compiled ("done" files), so both
+cores stay busy until the list is empty, whatever each task costs. What one process compiled,
+the other loads from the shared disk cache in milliseconds. Without a disk cache, on one core, or
+with NUMAWB_PARALLEL_COMPILE=0 nothing is started and the engine runs every task itself.
 
     python -m workbench.engine.kernels.compile_helper PATH BOARD TYPES
 """
@@ -76,6 +75,9 @@ class Board:
         except OSError:
             return False
 
+    def is_claimed(self, i: int) -> bool:
+        return os.path.exists(os.path.join(self.folder, f"claim-{i}"))
+
     def finish(self, i: int) -> None:
         try:
             os.close(os.open(os.path.join(self.folder, f"done-{i}"), os.O_CREAT | os.O_WRONLY))
@@ -111,6 +113,15 @@ def usable(probe) -> bool:
     return not isinstance(getattr(probe, "_cache", None), caching.NullCache)
 
 
+def never_compiled(probe) -> bool:
+    """Whether `probe`'s disk cache has no index yet (a fresh install: no need to time a first
+    compile to know it is a first start)."""
+    try:
+        return not os.path.exists(probe._cache._cache_file._index_path)
+    except AttributeError:
+        return False
+
+
 def start(path: str, board: Board, types: list[int]) -> subprocess.Popen | None:
     """Start a helper on `board` for kernel path `path`; `types` are the engine's active types (the
     crew's compiled loop is keyed by them, so the helper builds the same one)."""
@@ -127,24 +138,34 @@ def start(path: str, board: Board, types: list[int]) -> subprocess.Popen | None:
 
 def work(board: Board, tasks: list[Task], run: Callable[[int], None], other_alive: Callable[[], bool],
          first: int = 0, swallow: bool = True) -> list[int]:
-    """Walk `tasks` from `first`: claim, wait for the deps the other process took, run, mark done.
-    Returns the indices this process ran. With `swallow` (the helper) a task that raises is marked
-    done all the same: the engine's own call compiles whatever it could not, and reports it."""
-    mine = []
-    for i in range(first, len(tasks)):
-        if not board.claim(i):
+    """Take tasks from `first` on until none is left: each time the first one nobody has claimed
+    whose deps are done (a task whose inputs the other process is still compiling waits, and this
+    process takes a later one meanwhile), claim it, run it, mark it done. Returns the indices this
+    process ran. With `swallow` (the helper) a task that raises is marked done all the same: the
+    engine's own call compiles whatever it could not, and reports it."""
+    mine: list[int] = []
+    pending = list(range(first, len(tasks)))
+    while pending:
+        pending = [i for i in pending if not board.is_claimed(i)]
+        ready = next((i for i in pending if all(d in mine or board.is_done(d) for d in tasks[i].deps)), None)
+        if ready is None:
+            if not pending:
+                break
+            if other_alive():
+                time.sleep(POLL_SECONDS)
+                continue
+            ready = pending[0]  # the other process is gone: its deps are compiled here as callees
+        pending.remove(ready)
+        if not board.claim(ready):
             continue
-        mine.append(i)
-        for d in tasks[i].deps:
-            if d not in mine:
-                board.wait(d, other_alive)
+        mine.append(ready)
         try:
-            run(i)
+            run(ready)
         except Exception:  # noqa: BLE001 - the helper's is a warm-up; the real call reports real errors
             if not swallow:
                 raise
         finally:
-            board.finish(i)
+            board.finish(ready)
     return mine
 
 
