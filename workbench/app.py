@@ -14,6 +14,8 @@ predict placements with ``workbench.advisor`` in a worker (F9; F10: another file
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import os
 import threading
 import time
@@ -22,7 +24,8 @@ from typing import Any, Callable, Iterable
 
 from rich.text import Text
 from textual import on, work
-from textual.app import App, SystemCommand
+from textual.app import App, ScreenStackError, SystemCommand
+from textual.css.query import NoMatches
 from textual.binding import Binding
 from textual.message import Message
 from textual.reactive import reactive
@@ -50,19 +53,49 @@ STREAM_HZ = 25  # UI updates per second while a reply streams
 
 # ---- messages from worker threads -----------------------------------------
 
-class LoadProgress(Message):
+class WorkerMessage(Message):
+    """A message a worker thread (load, switch, sampler, replay, reply, advice) posts to the app.
+
+    One can be posted just before the app exits and be dispatched while Textual takes the screens
+    down, when the widgets its handler updates are gone: every handler is wrapped by
+    `from_worker` (a test checks each subclass's handler is)."""
+
+
+_UI_GONE = (NoMatches, ScreenStackError, IndexError)
+
+
+def from_worker(handler: Callable) -> Callable:
+    """Wrap the app's handler of a `WorkerMessage`: the handler runs in full (a finished reply is
+    still saved to the history), but a widget it updates that is already gone because the app is
+    exiting ends it quietly. While the app runs, the same error is a bug and raises."""
+
+    @functools.wraps(handler)
+    async def run(self: App, msg: Message) -> None:
+        try:
+            result = handler(self, msg)
+            if inspect.isawaitable(result):
+                await result
+        except _UI_GONE:
+            if self.is_running:
+                raise
+
+    run.from_worker = True  # type: ignore[attr-defined]
+    return run
+
+
+class LoadProgress(WorkerMessage):
     def __init__(self, event: ProgressEvent, what: str) -> None:
         super().__init__()
         self.event, self.what = event, what
 
 
-class Loaded(Message):
+class Loaded(WorkerMessage):
     def __init__(self, engine: Any, chat: Chat, seconds: float) -> None:
         super().__init__()
         self.engine, self.chat, self.seconds = engine, chat, seconds
 
 
-class PreparingDecode(Message):
+class PreparingDecode(WorkerMessage):
     """The decoded tokens' call is compiling (on) or done (off): a first start."""
 
     def __init__(self, on: bool) -> None:
@@ -70,31 +103,31 @@ class PreparingDecode(Message):
         self.on = on
 
 
-class LoadFailed(Message):
+class LoadFailed(WorkerMessage):
     def __init__(self, path: str, error: str) -> None:
         super().__init__()
         self.path, self.error = path, error
 
 
-class Switched(Message):
+class Switched(WorkerMessage):
     def __init__(self, reports: list[SwitchReport], seconds: float) -> None:
         super().__init__()
         self.reports, self.seconds = reports, seconds
 
 
-class SwitchRefused(Message):
+class SwitchRefused(WorkerMessage):
     def __init__(self, error: str) -> None:
         super().__init__()
         self.error = error
 
 
-class SnapshotReady(Message):
+class SnapshotReady(WorkerMessage):
     def __init__(self, snapshot: Snapshot) -> None:
         super().__init__()
         self.snapshot = snapshot
 
 
-class ReplayEvent(Message):
+class ReplayEvent(WorkerMessage):
     """A recorded chat turn, switch or load, played back (see ``workbench.replay``)."""
 
     def __init__(self, kind: str, data: dict) -> None:
@@ -102,13 +135,13 @@ class ReplayEvent(Message):
         self.kind, self.data = kind, data
 
 
-class AdviceProgress(Message):
+class AdviceProgress(WorkerMessage):
     def __init__(self, text: str) -> None:
         super().__init__()
         self.text = text
 
 
-class AdviceReady(Message):
+class AdviceReady(WorkerMessage):
     """Advice for the loaded model (``what_if``: for another file's header, shown beside it)."""
 
     def __init__(self, view: AdviceView | None, what_if: str = "", error: str = "") -> None:
@@ -116,13 +149,13 @@ class AdviceReady(Message):
         self.view, self.what_if, self.error = view, what_if, error
 
 
-class ReplyDone(Message):
+class ReplyDone(WorkerMessage):
     def __init__(self, stats: Any, placement: str) -> None:
         super().__init__()
         self.stats, self.placement = stats, placement
 
 
-class ReplyFailed(Message):
+class ReplyFailed(WorkerMessage):
     def __init__(self, error: str) -> None:
         super().__init__()
         self.error = error
@@ -381,9 +414,9 @@ class WorkbenchApp(App[int]):
         self.record("snapshot", **snap.to_json())
         self.post_message(SnapshotReady(snap))
 
+    @from_worker
     def on_snapshot_ready(self, msg: SnapshotReady) -> None:
-        if self.screen_stack:  # a late sample can arrive while the app exits
-            self.dashboard.snapshot = msg.snapshot
+        self.dashboard.snapshot = msg.snapshot
 
     def sample_now(self) -> None:
         """Take a telemetry sample at once (after a load or a switch)."""
@@ -466,6 +499,7 @@ class WorkbenchApp(App[int]):
         pipe.load()
         return pipe
 
+    @from_worker
     def on_load_progress(self, msg: LoadProgress) -> None:
         ev = msg.event
         if msg.what == "load":
@@ -474,6 +508,7 @@ class WorkbenchApp(App[int]):
             self.controls.set_status(f"{ev.stage}: {fmt_bytes(ev.done)} / {fmt_bytes(ev.total)}"
                                      + (f" · {fmt_bytes(ev.bytes_per_s)}/s" if ev.bytes_per_s else ""))
 
+    @from_worker
     async def on_loaded(self, msg: Loaded) -> None:
         old = self.engine
         self._cancel.set()
@@ -550,6 +585,7 @@ class WorkbenchApp(App[int]):
                 if state["shown"]:
                     show(False)
 
+    @from_worker
     def on_preparing_decode(self, msg: PreparingDecode) -> None:
         self.preparing = msg.on
         self._update_subtitle()
@@ -559,6 +595,7 @@ class WorkbenchApp(App[int]):
         with eng.lock:  # waits for a reply on the old model to stop
             eng.close()
 
+    @from_worker
     def on_load_failed(self, msg: LoadFailed) -> None:
         self.loading = False
         self.query_one(LoadPanel).display = False
@@ -618,6 +655,7 @@ class WorkbenchApp(App[int]):
                     reports=[dataclasses.asdict(r) for r in reports], placement=dataclasses.asdict(eng.placement))
         self.post_message(Switched(reports, seconds))
 
+    @from_worker
     def on_switched(self, msg: Switched) -> None:
         self.switching = False
         self.last_switch = msg.reports
@@ -633,6 +671,7 @@ class WorkbenchApp(App[int]):
         self._advice_follows_placement()
         self.sample_now()
 
+    @from_worker
     def on_switch_refused(self, msg: SwitchRefused) -> None:
         self.switching = False
         self.last_error = msg.error
@@ -708,6 +747,7 @@ class WorkbenchApp(App[int]):
         if self.history is not None and self.chat is not None and len(self.chat.messages) >= 2:
             self.history.append(*self.chat.messages[-2:])
 
+    @from_worker
     async def on_reply_done(self, msg: ReplyDone) -> None:
         self._save_turn()
         await self._flush_stream()
@@ -716,6 +756,7 @@ class WorkbenchApp(App[int]):
         self.generating = False
         self.chat_pane.set_status("stopped; partial reply kept" if msg.stats.stop_reason == "cancelled" else "")
 
+    @from_worker
     async def on_reply_failed(self, msg: ReplyFailed) -> None:
         self._save_turn()
         await self._flush_stream()
@@ -879,10 +920,9 @@ class WorkbenchApp(App[int]):
     def _replayed_event(self, kind: str, data: dict) -> None:  # replay thread
         self.post_message(ReplayEvent(kind, data))
 
+    @from_worker
     async def on_replay_event(self, msg: ReplayEvent) -> None:
         kind, data = msg.kind, msg.data
-        if not self.screen_stack:
-            return
         if kind == "chat.user":
             await self.chat_pane.add_user(data.get("text", ""))
         elif kind == "reply.done":
@@ -994,9 +1034,11 @@ class WorkbenchApp(App[int]):
         self._show_advice(dataclasses.replace(self.advice_view, current=mode_label(*current),
                                               current_tps=cur.predicted_decode_tps, current_fits=cur.fits))
 
+    @from_worker
     def on_advice_progress(self, msg: AdviceProgress) -> None:
         self._show_advice(dataclasses.replace(self.advice_view, status=msg.text))
 
+    @from_worker
     def on_advice_ready(self, msg: AdviceReady) -> None:
         self.advising = False
         if msg.error:

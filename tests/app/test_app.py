@@ -904,3 +904,75 @@ def test_routing_heat_map_bins_many_layers_and_experts_into_the_width():
     assert all(len(c) == 64 for c in cells)  # 256 experts, 4 per column
     assert all(set(c) <= set(SHADES) for c in cells) and all(c.strip() for c in cells)
     assert "(4 per column)" in text and "imbalance 1.50×" in text and " 75.0%" in text
+
+
+def test_every_worker_message_has_a_handler_that_outlives_the_widgets():
+    """A worker thread's message can be dispatched while the app exits: each has a wrapped handler."""
+    from workbench import app as app_mod
+    kinds = app_mod.WorkerMessage.__subclasses__()
+    assert len(kinds) >= 12
+    for kind in kinds:
+        handler = getattr(WorkbenchApp, kind.handler_name, None)
+        assert handler is not None and getattr(handler, "from_worker", False), kind.__name__
+
+
+@aio
+async def test_worker_messages_dispatched_while_the_app_exits_end_quietly_and_keep_the_turn(tmp_path):
+    """CI saw 'replay finished' reach the chat pane after its status line was gone: the app had
+    begun to exit (not running, main screen still on the stack, its widgets pruned). Every
+    worker message handled in that state ends quietly, and a finished reply is still saved."""
+    from types import SimpleNamespace
+    from workbench import app as app_mod
+    from workbench.engine.chat import Message as Turn
+    from workbench.engine.engine import Stats
+    from workbench.history import ChatHistory
+    from workbench.numa.layout import ProgressEvent
+    from workbench.replay import FINISHED
+    from workbench.screens.chat import ChatPane
+    from workbench.telemetry import Snapshot
+
+    made = {
+        app_mod.LoadProgress: lambda: app_mod.LoadProgress(ProgressEvent("load", 1, 2), "load"),
+        app_mod.PreparingDecode: lambda: app_mod.PreparingDecode(True),
+        app_mod.Switched: lambda: app_mod.Switched([], 0.01),
+        app_mod.SwitchRefused: lambda: app_mod.SwitchRefused("refused"),
+        app_mod.SnapshotReady: lambda: app_mod.SnapshotReady(Snapshot(seq=1, t=0.0, source="live", simulated=False)),
+        app_mod.AdviceProgress: lambda: app_mod.AdviceProgress("probing"),
+        app_mod.AdviceReady: lambda: app_mod.AdviceReady(None, "", "failed"),
+        app_mod.ReplyFailed: lambda: app_mod.ReplyFailed("boom"),
+        app_mod.ReplyDone: lambda: app_mod.ReplyDone(Stats(decode_tokens=2, decode_seconds=0.1, stop_reason="length"), "p"),
+    }
+    replayed = [("chat.user", {"text": "hi"}), ("reply.done", {"text": "hello"}), (FINISHED, {"path": "x"}),
+                ("switch.done", {"reports": []})]
+    # a load's messages need a real engine (Loaded) or open a dialog (LoadFailed): the other test covers their wrapper
+    assert set(made) | {app_mod.Loaded, app_mod.LoadFailed, app_mod.ReplayEvent} == set(app_mod.WorkerMessage.__subclasses__())
+    history = ChatHistory(tmp_path / "chat.jsonl")
+    app = make_app(None, autoload=False, history=history)
+    seen: dict[str, object] = {}
+
+    async def during_exit(pane: ChatPane) -> None:  # the state CI hit: pruned widgets, stack not yet cleared
+        seen["state"] = (app.is_running, len(app.screen_stack), len(pane.query("#chat-status")))
+        errors = []
+        messages = [make() for make in made.values()] + [app_mod.ReplayEvent(k, d) for k, d in replayed]
+        for msg in messages:
+            turn = [Turn("user", "hi"), Turn("assistant", "hello")]
+            app.chat = SimpleNamespace(messages=turn) if isinstance(msg, app_mod.ReplyDone) else None
+            try:
+                await getattr(app, msg.handler_name)(msg)
+            except Exception as e:  # noqa: BLE001 - collected to name every failing handler
+                errors.append(f"{type(msg).__name__}: {e!r}")
+        seen["errors"] = errors
+
+    original = ChatPane.on_unmount if hasattr(ChatPane, "on_unmount") else None
+    ChatPane.on_unmount = during_exit
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+    finally:
+        if original is None:
+            del ChatPane.on_unmount
+        else:
+            ChatPane.on_unmount = original
+    assert seen["state"] == (False, 1, 0)
+    assert seen["errors"] == []
+    assert [(m.role, m.content) for m in history.load()] == [("user", "hi"), ("assistant", "hello")]
