@@ -54,6 +54,19 @@ def test_matvec_bit_exact(path, t):
     np.testing.assert_array_equal(out2, out)
 
 
+@pytest.mark.parametrize("t", [T.Q8_0, T.Q5_0])
+@pytest.mark.parametrize("k", [32, 96, 160, 2080, 2112])
+def test_legacy_matvec_bit_exact_for_any_block_count(path, t, k):
+    """The one-token Q8_0 / Q5_0 products step two blocks at a time: an odd block count ends on one
+    block of its own, and rows longer than 2048 weights prefetch nothing ahead; both stay exact."""
+    w = weights(t, k=k)
+    x = np.random.default_rng(k).standard_normal((1, k)).astype(f32)
+    xp = K.prepare(int(t), x)
+    out = np.full(ROWS, np.nan, f32)
+    K.matvec(int(t), w, K.prepare(int(t), x[0]), out, 0, ROWS)
+    np.testing.assert_array_equal(out, emulate(t, w, xp, 1)[0])
+
+
 @pytest.mark.parametrize("t", [T.Q8_0, T.Q5_0, T.Q4_K, T.Q6_K])
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7, 8, 9, 13])
 def test_matmat_bit_exact(path, t, n):

@@ -10,6 +10,7 @@ branches away, so a kernel compiled for one mode never contains the others' opco
 from __future__ import annotations
 
 from llvmlite import ir
+import numba
 from numba import types
 from numba.core.errors import TypingError
 from numba.extending import intrinsic, models, register_model
@@ -176,6 +177,16 @@ def _arr_load(context, builder, sig, llargs, idx, vty):
 # Expert matrices (K = 768..2048) and small models' rows are in the first group.
 PREFETCH_BYTES = 4096
 PREFETCH_MAX_K = 2048
+
+
+@numba.njit(inline="always")
+def prefetch_distance(k: int) -> int:
+    """How far ahead a matvec over rows of ``k`` weights prefetches: PREFETCH_BYTES for short rows,
+    0 for long ones (a hint for the line about to be read: the hardware prefetcher's stream alone).
+    The kernels then prefetch unconditionally, once per step of their unrolled block loop: a test per
+    32-weight block cost 7 of a Q5_0 block's 26 instructions (Intel Xeon host, 1 core from memory:
+    Q5_0 12.7 GB/s before)."""
+    return PREFETCH_BYTES if k <= PREFETCH_MAX_K else 0
 
 
 @intrinsic

@@ -12,8 +12,9 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..intrinsics import (PREFETCH_BYTES, PREFETCH_MAX_K, b_add, b_or, dot_ss, dot_us, f16_lead, f16_to_f32, f_zero,
-                          fmadd_i, hsum_f, i_zero, load_b32, load_bits16, load_i8, load_nib, prefetch)
+from ..intrinsics import (b_add, b_or, dot_ss, dot_us, f16_lead, f16_to_f32, f_zero,
+                          fmadd_i, hsum_f, i_zero, load_b32, load_bits16, load_i8, load_nib, prefetch,
+                          prefetch_distance)
 
 from . import repack
 
@@ -76,22 +77,28 @@ def kernels(mode: int) -> dict:
     # bit-identical to it; offsets pre-shifted once per call (see make_matmat).  (Interleaving 2 or 4
     # rows to break the FMA chain measured slower here: the single sequential stream wins.)
     def make_offset_matvec(unpack, bsz, shift):
+        @numba.njit(inline="always")
+        def step(acc, w, o, ns, xq, xd, b):
+            return fmadd_i(acc, dot_us(mode, load_i8(ns, b * 8), unpack(w, o), load_b32(xq, b * 32)),
+                           f16_lead(w, o) * xd[b])
+
         @numba.njit(**_NB)
         def matvec(w, xp, out, r0, r1):
             xq, xd, n4 = xp
             nb = xd.shape[0]
             rb = w.shape[1]
             ns = (n4 << shift).astype(np.int32)
-            pf = nb * 32 <= PREFETCH_MAX_K
+            pfd = prefetch_distance(nb * 32)
             for i in range(r0, r1):
                 a0 = f_zero()
                 base = i * rb
-                for b in range(nb):
+                for b in range(0, nb - 1, 2):   # two blocks a step: one prefetch, no test per block
                     o0 = base + b * bsz
-                    if pf and b % 2 == 0:
-                        prefetch(w, o0 + PREFETCH_BYTES)
-                    a0 = fmadd_i(a0, dot_us(mode, load_i8(ns, b * 8), unpack(w, o0), load_b32(xq, b * 32)),
-                                 f16_lead(w, o0) * xd[b])
+                    prefetch(w, o0 + pfd)
+                    a0 = step(a0, w, o0, ns, xq, xd, b)
+                    a0 = step(a0, w, o0 + bsz, ns, xq, xd, b + 1)
+                if nb % 2:
+                    a0 = step(a0, w, base + (nb - 1) * bsz, ns, xq, xd, nb - 1)
                 out[i] = hsum_f(a0)
         return matvec
 
@@ -162,20 +169,27 @@ def kernels(mode: int) -> dict:
 
     # Q8_0 matvec: one f32 chain per row in block order, written out (llama.cpp's ggml_vec_dot_q8_0_q8_0
     # order; make_matvec's four accumulators happened to compile to one chain, which is not a guarantee)
+    @numba.njit(inline="always")
+    def q8_0_step(acc, w, o, xq, xd, b):
+        return fmadd_i(acc, q8_0_lanes(w, o, xq, b * 32), f16_lead(w, o) * xd[b])
+
     @numba.njit(**_NB)
     def q8_0_matvec(w, xp, out, r0, r1):
         xq, xd, _ = xp
         nb = xd.shape[0]
         rb = w.shape[1]
-        pf = nb * 32 <= PREFETCH_MAX_K   # short rows: software prefetch (see intrinsics.PREFETCH_BYTES)
+        pfd = prefetch_distance(nb * 32)
         for i in range(r0, r1):
             acc = f_zero()
             base = i * rb
-            for b in range(nb):
+            for j in range(nb >> 1):
+                b = 2 * j
                 o = base + b * 34
-                if pf and b % 2 == 0:
-                    prefetch(w, o + PREFETCH_BYTES)
-                acc = fmadd_i(acc, q8_0_lanes(w, o, xq, b * 32), f16_lead(w, o) * xd[b])
+                prefetch(w, o + pfd)
+                acc = q8_0_step(acc, w, o, xq, xd, b)
+                acc = q8_0_step(acc, w, o + 34, xq, xd, b + 1)
+            if nb % 2:
+                acc = q8_0_step(acc, w, base + (nb - 1) * 34, xq, xd, nb - 1)
             out[i] = hsum_f(acc)
 
     def make_min_matmat(lanes, bsz):
