@@ -8,7 +8,9 @@ Runs, interleaved per thread count so that drift from a shared machine hits both
   2. llama.cpp's ``llama-bench`` (pp512, tg128, and tg128 at depth ``-d 4096`` when the build knows
      ``-d``), built by ``benchmarks/llamacpp_build.sh`` unless ``--llama-bench`` is given;
   3. ``numawb bench`` with the same settings, in a fresh process.
-Prints a markdown table with the ratios numawb/llama.cpp, the issue's targets, and the share of the
+Prints a markdown table with the ratios numawb/llama.cpp, issue 15's targets (pp512 and decode at depth
+>= 1.0x; tg128 >= 1.0x, or 1.2x where llama.cpp streams under 75 % of the probe; tg128 streaming >= 90 %
+of the probe at 1 thread, >= 85 % at 2), and the share of the
 bandwidth limit reached in decode (weight bytes streamed per token x tokens/s / probe GB/s), numawb's
 start-up times and peak memory (target: within 1.2 x the file size plus the KV cache), with the
 machine and date, and writes it to ``--out``.
@@ -28,8 +30,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
-TARGETS = {"pp512": 0.8, "tg128": 1.2, "tg128 @ d4096": 1.0}
-BW_TARGET = 0.60  # decode at the highest thread count: share of the bandwidth limit
+# issue 15's targets: numawb / llama.cpp per test; tg128 needs COMPUTE_BOUND_TARGET where llama.cpp is
+# compute-bound (it streams less than BOUND_SHARE of the probed bandwidth), 1.0x where memory limits both
+TARGETS = {"pp512": 1.0, "tg128": 1.0, "tg128 @ d4096": 1.0}
+COMPUTE_BOUND_TARGET = 1.2
+BOUND_SHARE = 0.75
+# tg128: share of the bandwidth probed around numawb's runs it streams, by thread count (more: the last)
+BW_TARGETS = {1: 0.90, 2: 0.85}
+
+
+def bw_target(threads: int) -> float:
+    return BW_TARGETS.get(threads, BW_TARGETS[max(BW_TARGETS)])
 
 
 def log(msg: str) -> None:
@@ -219,7 +230,6 @@ def build_report(args, facts, bw, lcpp, numa, notes, version, local: dict | None
 
     from workbench.bench import format_memory
     bpt = facts["bytes_per_token"]
-    tmax = max(args.threads)
     lines = [f"# numawb vs llama.cpp ({time.strftime('%Y-%m-%d %H:%M %Z')})", "",
              f"- machine: {machine_line()}",
              f"- model: `{os.path.basename(facts['path'])}` ({facts['file_bytes'] / 1e6:.0f} MB file, "
@@ -246,8 +256,10 @@ def build_report(args, facts, bw, lcpp, numa, notes, version, local: dict | None
             ns = f"{nb['avg_ts']:.2f} ± {nb['stdev_ts']:.2f}" if nb else "n/a"
             ratio = nb["avg_ts"] / l["avg_ts"] if (l and nb and l["avg_ts"] > 0) else None
             tgt = TARGETS.get(test)
-            met = "" if ratio is None or tgt is None else ("yes" if ratio >= tgt else "no")
             is_tg = test.startswith("tg")
+            if test == "tg128" and l and limit(l, t) and bpt * l["avg_ts"] / (limit(l, t) * 1e9) < BOUND_SHARE:
+                tgt = COMPUTE_BOUND_TARGET   # llama.cpp leaves the memory idle: numawb must beat it by more
+            met = "" if ratio is None or tgt is None else ("yes" if ratio >= tgt else "no")
             bwp = lambda r: (f"{100 * bpt * r['avg_ts'] / (limit(r, t) * 1e9):.0f} %"
                              if (r and is_tg and limit(r, t)) else "")
             lines.append(f"| {test} | {t} | {ls} | {ns} | {f'{ratio:.2f}x' if ratio else 'n/a'} | "
@@ -261,16 +273,18 @@ def build_report(args, facts, bw, lcpp, numa, notes, version, local: dict | None
                      "llama.cpp's measured rate (both engines read the same weights: a ratio target above "
                      "this needs a faster memory, not a faster engine): "
                      + ", ".join(f"{test} {t}t {c:.2f}x" for test, t, c in ceilings) + ".")
-    nb = numa.get(("tg128", tmax))
-    if nb and limit(nb, tmax):
-        lim = limit(nb, tmax)
+    for t in args.threads:
+        nb = numa.get(("tg128", t))
+        if not (nb and limit(nb, t)):
+            continue
+        lim = limit(nb, t)
         share = bpt * nb["avg_ts"] / (lim * 1e9)
-        ok = share >= BW_TARGET
+        ok = share >= bw_target(t)
         summary.append(ok)
-        lines.append(f"Decode at {tmax} threads: {share:.0%} of the bandwidth limit "
+        lines.append(f"Decode (tg128) at {t} thread{'s' if t > 1 else ''}: {share:.0%} of the bandwidth limit "
                      f"({bpt / 1e6:.0f} MB/token x {nb['avg_ts']:.1f} t/s / {lim:.1f} GB/s probed around "
-                     f"those runs; {100 * bpt * nb['avg_ts'] / (bw[tmax] * 1e9):.0f} % of the best probe "
-                     f"of the run, {bw[tmax]:.1f} GB/s); target >= {BW_TARGET:.0%}: {'met' if ok else 'not met'}.")
+                     f"those runs; {100 * bpt * nb['avg_ts'] / (bw[t] * 1e9):.0f} % of the best probe "
+                     f"of the run, {bw[t]:.1f} GB/s); target >= {bw_target(t):.0%}: {'met' if ok else 'not met'}.")
     st = numa.get("_startup")
     if st:
         ld, tt = st["load"], st["ttft"]

@@ -108,3 +108,36 @@ def test_compare_reports_the_decode_ratio_a_full_probe_would_give():
     got = cmp.decode_ceilings(Args, lcpp, numa, 100e6, lambda rec, t: probes.get((rec.get("_pass", 0), t)))
     assert [(test, t) for test, t, _ in got] == [("tg128", 1), ("tg128", 2)]
     assert got[0][2] == pytest.approx(1.25) and got[1][2] == pytest.approx(1.25)
+
+
+def test_compare_judges_decode_by_the_issue_targets():
+    """tg128 must beat llama.cpp by 1.2x where llama.cpp leaves the memory idle (it streams under 75 %
+    of the probe) and match it where memory bounds both; each thread count's decode is judged by the
+    share of the bandwidth it streams (90 % at 1 thread, 85 % at 2)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import compare_llamacpp as cmp
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+    class Args:
+        threads = [1, 2]
+        tests = ["pp512", "tg128"]
+        reps = 3
+
+    facts = {"path": "m.gguf", "file_bytes": 110e6, "bytes_per_token": 100e6}
+    # 1 thread: llama.cpp 100 t/s x 100 MB = 10 of 25 GB/s (40 %: compute-bound), numawb 1.1x at 92 %
+    # 2 threads: llama.cpp 320 of 400 t/s possible (80 %: memory-bound), numawb 1.05x at 84 %
+    lcpp = {("tg128", 1): {"avg_ts": 100.0, "stdev_ts": 0.0}, ("tg128", 2): {"avg_ts": 320.0, "stdev_ts": 0.0},
+            ("pp512", 1): {"avg_ts": 500.0, "stdev_ts": 0.0}, ("pp512", 2): {"avg_ts": 900.0, "stdev_ts": 0.0}}
+    numa = {("tg128", 1): {"avg_ts": 230.0, "stdev_ts": 0.0}, ("tg128", 2): {"avg_ts": 336.0, "stdev_ts": 0.0},
+            ("pp512", 1): {"avg_ts": 510.0, "stdev_ts": 0.0}, ("pp512", 2): {"avg_ts": 880.0, "stdev_ts": 0.0}}
+    report = cmp.build_report(Args, facts, {1: 25.0, 2: 40.0}, lcpp, numa, [], "test build")
+    rows = {tuple(c.strip() for c in line.split("|")[1:3]): [c.strip() for c in line.split("|")[1:-1]]
+            for line in report.splitlines() if line.startswith("| pp512") or line.startswith("| tg128")}
+    assert rows[("tg128", "1")][5:7] == [">= 1.2x", "yes"]       # 2.30x, llama.cpp at 40 % of the probe
+    assert rows[("tg128", "2")][5:7] == [">= 1.0x", "yes"]       # 1.05x, llama.cpp at 80 %
+    assert rows[("pp512", "1")][5:7] == [">= 1.0x", "yes"] and rows[("pp512", "2")][5:7] == [">= 1.0x", "no"]
+    assert "at 1 thread: 92% of the bandwidth limit" in report and "target >= 90%: met" in report
+    assert "at 2 threads: 84% of the bandwidth limit" in report and "target >= 85%: not met" in report
+    assert "Targets met: 4 of 6." in report
