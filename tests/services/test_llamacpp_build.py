@@ -72,12 +72,18 @@ def test_no_amx_flags_beat_march_in_either_order(order):
     assert "__AVX512F__" in off.stdout  # the rest of -march stays
 
 
-def test_compare_records_cpu_and_amx_decision(tmp_path):
+def compare_module():
+    """benchmarks/compare_llamacpp.py as a module (it is a script, not part of the package)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
-        import compare_llamacpp as cmp
+        import compare_llamacpp
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
+    return compare_llamacpp
+
+
+def test_compare_records_cpu_and_amx_decision(tmp_path):
+    cmp = compare_module()
     assert cmp.cpu_model(str(fake_cpuinfo(tmp_path, ""))) == XEON
     build = tmp_path / "build"
     (build / "bin").mkdir(parents=True)
@@ -91,11 +97,7 @@ def test_compare_records_cpu_and_amx_decision(tmp_path):
 def test_compare_reports_the_decode_ratio_a_full_probe_would_give():
     """The decode ceiling: numawb streaming every byte at its pass's probed bandwidth, over llama.cpp's
     measured rate (100 MB a token at 40 GB/s is 400 t/s; against 320 t/s that is 1.25x)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import compare_llamacpp as cmp
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    cmp = compare_module()
 
     class Args:
         threads = [1, 2]
@@ -114,11 +116,7 @@ def test_compare_judges_decode_by_the_issue_targets():
     """tg128 must beat llama.cpp by 1.2x where llama.cpp leaves the memory idle (it streams under 75 %
     of the probe) and match it where memory bounds both; each thread count's decode is judged by the
     share of the bandwidth it streams (90 % at 1 thread, 85 % at 2)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import compare_llamacpp as cmp
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    cmp = compare_module()
 
     class Args:
         threads = [1, 2]
