@@ -261,3 +261,44 @@ def test_lead_calls_the_job_loop_through_its_address_not_its_code():
     job = Job([(K.F32, np.zeros((4, 16), np.uint8), 0, 0, 0)], [], [(0, 0, 4)])
     ctl = np.zeros(C.ACK + 16, dtype=np.int64)  # no LEAD_FN
     assert not lead(ctl, 1, job.tasks, job.chunks, job.n_owned, (x,), (x,), (out,), 0, C.NO_LIMIT, 0)
+
+
+def _hinted_rows(crew, job, me):
+    """The byte range worker `me` reads ahead after the caller's `ahead(ctl, job)` (crew.ahead and
+    the range function the workers' wait loop calls, compiled as they are)."""
+    import numba
+
+    from workbench.engine.crew import _ahead_rows, ahead
+
+    @numba.njit
+    def hint(ctl, job, me):
+        ahead(ctl, job)
+        return _ahead_rows(ctl, me)
+
+    return hint(crew.ctl, (job.tasks, job.chunks, job.n_owned), me)
+
+
+def test_a_waiting_worker_is_told_the_rows_it_will_take_next(pool):
+    """`crew.ahead`: while the caller runs the serial steps before a job, a waiting worker reads
+    the weight rows it will likely take: its own first pinned chunk, else shared chunk number `me`
+    (the caller takes the first shared one as it posts); rows from the task's T_LO, cut at T_HI;
+    nothing on several nodes (a worker would pull another node's weights across)."""
+    from workbench.engine.crew import T_HI, T_LO
+
+    rng = np.random.default_rng(7)
+    w = _matrix(K.Q8_0, 64, 256, rng)
+    w2 = _matrix(K.Q8_0, 64, 256, rng)
+    crew = Crew(pool, pool.n_threads)
+    rb, a, a2 = w.shape[1], w.ctypes.data, w2.ctypes.data
+    shared = Job([(K.Q8_0, w, 0, 0, 0), (K.Q8_0, w2, 0, 1, 0)], [], [(0, 0, 16), (1, 16, 40), (0, 40, 64)])
+    assert _hinted_rows(crew, shared, 1) == (a2 + 16 * rb, a2 + 40 * rb)   # shared chunk 1: w2's rows 16..40
+    assert _hinted_rows(crew, shared, 2) == (a + 40 * rb, a + 64 * rb)
+    assert _hinted_rows(crew, shared, 3) == (0, 0)                       # fewer shared chunks than workers
+    pinned = Job([(K.Q8_0, w, 0, 0, 0)], [(0, 0, 32, 0), (0, 32, 48, 1), (0, 48, 64, 1)], [])
+    assert _hinted_rows(crew, pinned, 1) == (a + 32 * rb, a + 48 * rb)   # its own first piece
+    pinned.tasks[0, T_LO], pinned.tasks[0, T_HI] = 8, 50                 # an attention window: rows 8..50
+    assert _hinted_rows(crew, pinned, 1) == (a + 40 * rb, a + 50 * rb)
+    two_nodes = Crew(pool, pool.n_threads)
+    two_nodes._groups = [0, 1]
+    two_nodes._init_ctl()
+    assert _hinted_rows(two_nodes, shared, 1) == (0, 0)

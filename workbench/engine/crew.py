@@ -52,6 +52,10 @@ CHUNK_FIELDS = 5
 # ---- control block (int64, one cache line per field that changes) ------------------------
 SEQ = 0          # job number (negative: leave the loop)
 CHUNK_FN = 1     # address of the compiled `run_chunk` (the job loop calls the kernels through it)
+# the job that comes next (`ahead`): its task and chunk tables, chunk counts, and a count bumped at
+# each hint; workers waiting for that job read the rows they will likely take into their caches
+# meanwhile. AHEAD_ON: the workers share one node
+AHEAD_TASKS, AHEAD_CHUNKS, AHEAD_GEN, AHEAD_ON, AHEAD_N_CHUNKS, AHEAD_N_OWNED = 2, 3, 4, 5, 6, 7
 NEXT = 8         # next shared chunk to take (atomic counter)
 TASKS = 16       # address of the job's task table
 CHUNKS = 17      # address of its chunk table
@@ -121,6 +125,59 @@ def compare_swap(typingctx, arr, idx, old, new):
                               "seq_cst", "seq_cst")
         return builder.extract_value(res, 1)
     return types.boolean(arr, idx, types.int64, types.int64), codegen
+
+
+@intrinsic
+def prefetch_at(typingctx, addr):
+    """Hint: bring the cache line at byte address `addr` into the caches (prefetcht0); never
+    faults, even where nothing is mapped."""
+    def codegen(context, builder, sig, args):
+        p = builder.inttoptr(args[0], ir.IntType(8).as_pointer())
+        fn = _fn(builder, "llvm.prefetch.p0i8", ir.VoidType(), [ir.IntType(8).as_pointer()] + [ir.IntType(32)] * 3)
+        builder.call(fn, [p, ir.Constant(ir.IntType(32), 0), ir.Constant(ir.IntType(32), 3),
+                          ir.Constant(ir.IntType(32), 1)])
+        return context.get_dummy_value()
+    return types.void(addr), codegen
+
+
+@numba.njit(inline="always")
+def ahead(ctl, job) -> None:
+    """Tell the waiting workers which job comes next (`job`: its (tasks, chunks, n_owned)): while
+    the caller runs the serial steps between two jobs (norms, activation, input quantization),
+    each reads the weight rows it will likely take (`_ahead_rows`) into its caches instead of
+    spinning."""
+    if ctl[AHEAD_ON] != 0:
+        tasks, chunks, n_owned = job
+        ctl[AHEAD_TASKS] = address(tasks)
+        ctl[AHEAD_CHUNKS] = address(chunks)
+        ctl[AHEAD_N_CHUNKS] = chunks.shape[0]
+        ctl[AHEAD_N_OWNED] = n_owned & (STEALABLE - 1)
+        atomic_store(ctl, AHEAD_GEN, ctl[AHEAD_GEN] + 1)
+
+
+@numba.njit(inline="always")
+def _ahead_rows(ctl, me):
+    """Byte range [lo, hi) of the hinted job's weights worker `me` will likely read first: its
+    first pinned chunk, or shared chunk number `me` (the caller, worker 0, posts and takes the
+    first one at once)."""
+    n_chunks, n_owned = ctl[AHEAD_N_CHUNKS], ctl[AHEAD_N_OWNED]
+    chunks = _view(ctl[AHEAD_CHUNKS], n_chunks * CHUNK_FIELDS, np.int64)
+    c = -1
+    for i in range(n_owned):
+        if chunks[i * CHUNK_FIELDS + C_OWNER] == me:
+            c = i
+            break
+    if c < 0 and n_owned + me < n_chunks:
+        c = n_owned + me
+    if c < 0:
+        return 0, 0
+    t = chunks[c * CHUNK_FIELDS + C_TASK]
+    task = _view(ctl[AHEAD_TASKS] + 8 * TASK_FIELDS * t, TASK_FIELDS, np.int64)
+    w = task[T_W] + task[T_WSHIFT]
+    # rows count from T_LO and stop at T_HI (attention: the previous call's window, one row off)
+    lo = task[T_LO] + chunks[c * CHUNK_FIELDS + C_LO]
+    hi = min(task[T_LO] + chunks[c * CHUNK_FIELDS + C_HI], task[T_HI], task[T_ROWS])
+    return w + lo * task[T_ROWLEN], w + max(hi, lo) * task[T_ROWLEN]
 
 
 @intrinsic
@@ -473,15 +530,27 @@ def _build(mv: dict):
         """Worker `me` (>= 1): do every job posted after job `seen` until SEQ turns negative;
         returns the nanoseconds spent working (the rest was waiting)."""
         busy = 0
+        gen = atomic_load(ctl, AHEAD_GEN)
+        pa = pend = 0
         while True:
             spins = 0
             seq = atomic_load(ctl, SEQ)
             while seq == seen:
-                cpu_relax()
-                spins += 1
-                if spins > SPINS_BEFORE_YIELD:
-                    yield_cpu()
+                g = atomic_load(ctl, AHEAD_GEN)
+                if g != gen:   # a new hint: the job the caller prepares now
+                    gen = g
+                    pa, pend = _ahead_rows(ctl, me)
+                if pa < pend:  # read ahead 512 bytes at a time, looking for the job in between
+                    for i in range(8):
+                        prefetch_at(pa + 64 * i)
+                    pa += 512
+                else:
+                    cpu_relax()
+                    spins += 1
+                    if spins > SPINS_BEFORE_YIELD:
+                        yield_cpu()
                 seq = atomic_load(ctl, SEQ)
+            pa = pend   # the job is here: a hint is for the wait before it
             if seq < 0:
                 return busy
             seen = seq
@@ -721,6 +790,9 @@ class Crew:
         self.ctl[LEAD_FN] = self._core
         self.ctl[CHUNK_FN] = self._chunk
         self.ctl[CURSORS] = self._cursors
+        # read-ahead hints only where every worker reads its node's memory (on several nodes a
+        # worker would pull another node's weights across the interconnect for nothing)
+        self.ctl[AHEAD_ON] = int(len(set(self._groups)) == 1)
         for w, g in enumerate(self._groups):
             self.ctl[self._cursors + 8 * w + 1] = g
 

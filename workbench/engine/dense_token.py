@@ -15,6 +15,7 @@ from typing import Callable
 import numba
 
 from . import ops
+from .crew import ahead
 from .expert_token import GELU
 from .kernels.jitcache import JIT as _NB
 
@@ -36,6 +37,7 @@ def dense_runner(gate_up: Callable, down: Callable) -> Callable:
         t, c, n = gu_job
         if not gate_up(ctl, n_workers, t, c, n, h[0], (g[0], u[0])):
             return False
+        ahead(ctl, d_job)
         if kind == GELU:
             ops.gelu_mul(g, u, act, gelu_table)
         else:

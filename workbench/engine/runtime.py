@@ -50,6 +50,7 @@ SPLIT_BYTES = 8 << 20
 _EMPTY = np.zeros(0, dtype=np.float32)
 _NO_TASKS = np.zeros((0, TASK_FIELDS), dtype=np.int64)
 _NO_CHUNKS = np.zeros((0, CHUNK_FIELDS), dtype=np.int64)
+_NO_JOB = (_NO_TASKS, _NO_CHUNKS, 0)
 _NO_IDS = np.zeros(0, dtype=np.int64)
 CHUNK_BYTES = 1 << 20  # smallest chunk of rows dealt to the workers, in weight bytes
 CHUNK_ALIGN = 64  # rows
@@ -272,6 +273,11 @@ class _TokenParts:
     tail: tuple
     o: np.ndarray
     routing: tuple = ()
+
+    @property
+    def first(self) -> tuple:
+        """The (tasks, chunks, n_owned) of the first crew job the call posts (`crew.ahead`)."""
+        return self.head[0] if isinstance(self.head[0], tuple) else self.head[:3]
 
 
 @dataclass
@@ -1075,7 +1081,8 @@ class Runtime(AttentionPaths):
         start, base = token_window(pos0, attention.window)
         hn = np.empty_like(x)
         if not fn(crew.ctl, crew.n_workers, x, np.ascontiguousarray(h, dtype=np.float32), a.head, rope, a.mid, pos0,
-                  a.win, start, base, a.tail, a.o, ffn_norm, f.head, f.o, next_norm, eps, hn, post_attn, post_ffn):
+                  a.win, start, base, a.tail, a.o, ffn_norm, f.head, f.o, next_norm, eps, hn, post_attn, post_ffn,
+                  f.first, _NO_JOB):
             crew.stop()
             raise CrewError("a worker failed during a layer")
         self._record_routing(f)
@@ -1202,7 +1209,7 @@ class Runtime(AttentionPaths):
                 k = ids.shape[0]
             layers.append((a.head, a.mid, int(attention.window), float(attention.scale), a.tail, a.o, ffn_norm,
                            f.head, f.o, next_norm, float(eps), np.empty_like(f.o), ids, post_attn, post_ffn,
-                           int(rope_i)))
+                           int(rope_i), a.first, f.first))
         if len(fns) != 1:
             return None
         try:

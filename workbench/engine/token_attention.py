@@ -16,6 +16,7 @@ import numba
 import numpy as np
 
 from . import ops
+from .crew import ahead
 from .kernels.jitcache import JIT as _NB
 
 _BLOCKS: dict = {}
@@ -38,6 +39,7 @@ def block_runner(qkv: Callable, attend: Callable, out: Callable) -> Callable:
         t, c, n = qkv_job
         if not qkv(ctl, n_workers, t, c, n, h, (q.reshape(-1), k.reshape(-1), v.reshape(-1))):
             return False
+        ahead(ctl, keys_job)   # the workers read their keys while the norms and RoPE run here
         if bq.size:
             q += bq.reshape(q.shape)
         if bk.size:
@@ -62,6 +64,7 @@ def block_runner(qkv: Callable, attend: Callable, out: Callable) -> Callable:
                          cap)
         if not ok:
             return False
+        ahead(ctl, out_job)
         t, c, n = out_job
         if not out(ctl, n_workers, t, c, n, att.reshape(-1), (o,)):
             return False

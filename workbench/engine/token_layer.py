@@ -20,6 +20,7 @@ from numba.extending import intrinsic
 from numba.typed import listobject
 
 from . import ops
+from .crew import ahead
 from .kernels.jitcache import JIT as _NB
 
 _LAYERS: dict = {}
@@ -39,15 +40,19 @@ def layer_runner(attn: Callable, ffn: Callable, inline: bool = False) -> Callabl
 
     @numba.njit(**_NB, inline="always" if inline else "never")
     def fn(ctl, n_workers, x, h, a_head, rope, a_mid, pos0, a_win, start, base, a_tail, o, ffn_norm, f_args,
-           f_out, next_norm, eps, h_next, a_post, f_post):
+           f_out, next_norm, eps, h_next, a_post, f_post, f_first, next_first):
         """x [1, n_embd] (the residual, updated in place), h its normed value -> h_next, x normed
-        by `next_norm`; o, f_out: the sub-layers' outputs [1, n_embd]. False if a worker failed."""
+        by `next_norm`; o, f_out: the sub-layers' outputs [1, n_embd]; f_first, next_first: the
+        first crew jobs of the FFN and of what follows the layer (`crew.ahead`: the workers read
+        their weights while the norms between run here). False if a worker failed."""
         if not attn(ctl, n_workers, h[0], *a_head, rope, *a_mid, pos0, *a_win, start, base, *a_tail):
             return False
+        ahead(ctl, f_first)
         h2 = np.empty_like(x)
         ops.add_rms_norm(x, o, a_post, a_post.shape[0] != 0, ffn_norm, eps, h2)
         if not ffn(ctl, n_workers, h2, *f_args):
             return False
+        ahead(ctl, next_first)
         ops.add_rms_norm(x, f_out, f_post, f_post.shape[0] != 0, next_norm, eps, h_next)
         return True
 
@@ -141,16 +146,20 @@ def token_runner(attn: Callable, ffn: Callable, layers_type: types.Type, out: Ca
     layer = layer_runner(attn, ffn, inline=True)
 
     @numba.njit(**_NB, inline="always")
-    def layers_(ctl, n_workers, x, h, layers_at, ropes, pos0, skip_slid, journal, written):
+    def layers_(ctl, n_workers, x, h, layers_at, ropes, pos0, skip_slid, journal, written, last_first):
+        """... last_first: the crew job after the last layer (the output product's, or none)."""
         layers = _borrowed(layers_at, layers_type)
         row = written[0] % journal.shape[0]
-        for i in range(len(layers)):
+        n = len(layers)
+        for i in range(n):
             (a_head, a_mid, window, scale, a_tail, o, ffn_norm, f_args, f_out, next_norm, eps, h_next,
-             ids, a_post, f_post, rope_i) = layers[i]
+             ids, a_post, f_post, rope_i, _a_first, f_first) = layers[i]
             start = max(pos0 - window + 1, 0) if window else 0
             base = start // 64 * 64 if skip_slid else 0
+            next_first = layers[i + 1][16] if i + 1 < n else last_first
             if not layer(ctl, n_workers, x, h, a_head, ropes[rope_i], a_mid, pos0, (window, scale), start, base,
-                         a_tail, o, ffn_norm, f_args, f_out, next_norm, eps, h_next, a_post, f_post):
+                         a_tail, o, ffn_norm, f_args, f_out, next_norm, eps, h_next, a_post, f_post, f_first,
+                         next_first):
                 return False, h
             for j in range(ids.shape[0]):
                 journal[row, i, j] = ids[j]
@@ -187,7 +196,8 @@ def token_runner(attn: Callable, ffn: Callable, layers_type: types.Type, out: Ca
                 for i in range(n_rot // 2):
                     ropes[b, 0, i, 0] = r[0, i, 0]
                     ropes[b, 0, i, 1] = r[0, i, 1]
-            ok, h_last = layers_(ctl, n_workers, x, h, layers, ropes, pos0, skip_slid, journal, written)
+            ok, h_last = layers_(ctl, n_workers, x, h, layers, ropes, pos0, skip_slid, journal, written,
+                                 (out_job[0], out_job[1], out_job[2]))
             return ok and output(ctl, n_workers, out_job, h_last, logits)
     elif out is None:
         @numba.njit(**_NB)
@@ -197,13 +207,15 @@ def token_runner(attn: Callable, ffn: Callable, layers_type: types.Type, out: Ca
             rope dims / 2, 2]: the position's RoPE table per base (each layer names its own). False
             if a worker failed. Returns a bool only, and takes the logits' buffer: boxing an array
             runs numba's unpickler (Python) on the way out."""
-            ok, _h = layers_(ctl, n_workers, x, h, layers, ropes, pos0, skip_slid, journal, written)
+            ok, _h = layers_(ctl, n_workers, x, h, layers, ropes, pos0, skip_slid, journal, written,
+                             (out_job[0], out_job[1], out_job[2]))
             return ok
     else:
         @numba.njit(**_NB)
         def fn(ctl, n_workers, x, h, layers, ropes, pos0, skip_slid, journal, written, out_job, logits):
             """As above, then the output product of the last layer's normed output into `logits`."""
-            ok, h_last = layers_(ctl, n_workers, x, h, layers, ropes, pos0, skip_slid, journal, written)
+            ok, h_last = layers_(ctl, n_workers, x, h, layers, ropes, pos0, skip_slid, journal, written,
+                                 (out_job[0], out_job[1], out_job[2]))
             return ok and output(ctl, n_workers, out_job, h_last, logits)
 
     _TOKENS[key] = fn
