@@ -177,11 +177,12 @@ def _arr_load(context, builder, sig, llargs, idx, vty):
 # Expert matrices (K = 768..2048) and small models' rows are in the first group.
 PREFETCH_BYTES = 4096
 PREFETCH_MAX_K = 2048
-# Q6_K's one-token product prefetches nearer: on the Intel Xeon host (1 core, 1 GB from memory,
-# K = 2048, 2 MB pages) 4096 bytes ahead ran at 10.5 GB/s, 1024-1792 at 14.7-15.5 (1536: 15.2-15.5),
-# 8192 at 9.9; the other kernels moved little or lost with a shorter distance there
-# (Q4_K x8 11.0-13.4 over 512-4096, Q5_0 13.1 at 1024 against 14.2 at 4096).
-PREFETCH_Q6_K = 1536
+# The K-quant one-token products that read a super-block record at a time (Q6_K rows, Q4_K's 8-row
+# x8 groups) prefetch nearer, every line of the record. Intel Xeon host, 1 core, 1 GB from memory,
+# 2 MB pages: Q6_K (K = 2048) 10.5 GB/s at 4096 bytes ahead, 14.7-15.5 at 1024-1792, 9.9 at 8192;
+# Q4_K x8 (one prefetch per 1152-byte group before) 12.5-13.4 -> 15.1-16.0 with every line 1024-1536
+# ahead, 9.4-11.5 at 2304-4096; in the caches 23 and 39 GB/s. Q5_0 / Q8_0 (K = 640) did best at 4096.
+PREFETCH_NEAR = 1536
 
 
 @numba.njit(inline="always")

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..intrinsics import (b_and, b_or, b_shl, b_shr, f16_to_f32, f_zero, fmadd_i, hsum_f, i_zero, load_b32, madd_sv,
                           mins_dot, scales_i8, scales_k4, fma_s, hsum_i, i_sub, q6_offset, reduce4, load_i32x4, load_f32x4,
-                          f4_zero, i4_mul_add, f4_scale, fma4_i, f4_sub, f4_lane, prefetch, PREFETCH_Q6_K,
+                          f4_zero, i4_mul_add, f4_scale, fma4_i, f4_sub, f4_lane, prefetch, PREFETCH_NEAR,
                           PREFETCH_MAX_K)
 
 from . import k4_rows, repack
@@ -224,10 +224,10 @@ def kernels(mode: int) -> dict:
             for b in range(nb):
                 o = i * rb + b * 210
                 if pf:
-                    prefetch(wf, o + PREFETCH_Q6_K)
-                    prefetch(wf, o + PREFETCH_Q6_K + 64)
-                    prefetch(wf, o + PREFETCH_Q6_K + 128)
-                    prefetch(wf, o + PREFETCH_Q6_K + 192)
+                    prefetch(wf, o + PREFETCH_NEAR)
+                    prefetch(wf, o + PREFETCH_NEAR + 64)
+                    prefetch(wf, o + PREFETCH_NEAR + 128)
+                    prefetch(wf, o + PREFETCH_NEAR + 192)
                 acc = fmadd_i(acc, q6_K_dot(wf, ws, o, xq, b * 256, xb, b * 16), f16_to_f32(w, o + 208) * xd[b])
             out[i] = hsum_f(acc)
 
