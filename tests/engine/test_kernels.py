@@ -307,3 +307,13 @@ def test_large_values_no_overflow(path):
         out = np.empty(3, np.float32)
         K.matvec(int(t), w, K.prepare(int(t), x[0]), out, 0, 3)
         _check(out[None], ref, tol, t.name)
+
+
+def test_cpu_vendor_reads_vendor_id(tmp_path):
+    """The prefetch distances tuned per vendor read the first processor's vendor_id."""
+    from workbench.engine.kernels.cpu import cpu_vendor
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\n\nprocessor\t: 1\n"
+                    "vendor_id\t: AuthenticAMD\n")
+    assert cpu_vendor(str(info)) == "GenuineIntel"
+    assert cpu_vendor(str(tmp_path / "missing")) == ""

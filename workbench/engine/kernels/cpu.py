@@ -24,6 +24,20 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+@functools.lru_cache(maxsize=4)
+def cpu_vendor(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The first processor's vendor_id ("GenuineIntel", "AuthenticAMD"; "" if unreadable): some
+    tuning constants (software prefetch distances) were measured per vendor."""
+    try:
+        with open(cpuinfo, encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
 def supported_paths(flags: frozenset[str] | None = None) -> list[str]:
     """Kernel paths this CPU can run, best first."""
     flags = cpu_flags() if flags is None else flags

@@ -15,6 +15,8 @@ from numba import types
 from numba.core.errors import TypingError
 from numba.extending import intrinsic, models, register_model
 
+from .cpu import cpu_vendor
+
 PORTABLE = 0
 AVX2 = 1
 VNNI = 2
@@ -178,11 +180,12 @@ def _arr_load(context, builder, sig, llargs, idx, vty):
 PREFETCH_BYTES = 4096
 PREFETCH_MAX_K = 2048
 # The K-quant one-token products that read a super-block record at a time (Q6_K rows, Q4_K's 8-row
-# x8 groups) prefetch nearer, every line of the record. Intel Xeon host, 1 core, 1 GB from memory,
-# 2 MB pages: Q6_K (K = 2048) 10.5 GB/s at 4096 bytes ahead, 14.7-15.5 at 1024-1792, 9.9 at 8192;
-# Q4_K x8 (one prefetch per 1152-byte group before) 12.5-13.4 -> 15.1-16.0 with every line 1024-1536
-# ahead, 9.4-11.5 at 2304-4096; in the caches 23 and 39 GB/s. Q5_0 / Q8_0 (K = 640) did best at 4096.
-PREFETCH_NEAR = 1536
+# x8 groups) prefetch every line of the record, nearer on Intel. Intel Xeon host, 1 core, 1 GB from
+# memory, 2 MB pages: Q6_K (K = 2048) 10.5 GB/s at 4096 bytes ahead, 14.7-15.5 at 1024-1792, 9.9
+# at 8192; Q4_K x8 (one prefetch per 1152-byte group before) 12.9 -> 15.1 with every line 1536
+# ahead, 9.4 at 4096 (side by side in one process); in the caches 23 and 39 GB/s. Q5_0 / Q8_0
+# (K = 640) did best at 4096 there too. The AMD EPYC hosts measured 4096 for Q4_K and Q6_K (above).
+PREFETCH_NEAR = 1536 if cpu_vendor() == "GenuineIntel" else PREFETCH_BYTES
 
 
 @numba.njit(inline="always")

@@ -26,11 +26,14 @@ from llvmlite import ir
 from numba.extending import intrinsic
 
 from ..intrinsics import (_BYTES, _V8I, _arr_load, _check_array, _splat, _to_i32, b_and, b_shr, bcast_b4, bcast_i32, dot_us, f_lane, f_scale,
-                          f_sub, f_zero, fmadd_v, i_add, i_mul, i_zero, load_b32, prefetch, PREFETCH_NEAR, v8i)
+                          f_sub, f_zero, fmadd_v, i_add, i_mul, i_zero, load_b32, prefetch, PREFETCH_BYTES, PREFETCH_NEAR, v8i)
 from ..jitcache import JIT as _NB
 from .k4_rows import f16x8_pairs
 
 GROUP = 8 * 144  # one 8-row group's super-block record
+# bytes of each record the one-token product prefetches: all of it where measured faster (Intel),
+# else its first line, as measured on the AMD EPYC hosts
+PREFETCH_SPAN = GROUP if PREFETCH_NEAR != PREFETCH_BYTES else 64
 
 
 @intrinsic
@@ -180,7 +183,7 @@ def gemv_x8(mode: int):
             base = 8 * g * rb
             for b in range(nb):
                 o = base + b * GROUP
-                for j in range(0, GROUP, 64):   # every line of the group record (intrinsics.PREFETCH_NEAR)
+                for j in range(0, PREFETCH_SPAN, 64):   # (see intrinsics.PREFETCH_NEAR)
                     prefetch(wf, o + PREFETCH_NEAR + j)
                 u0, u1, u2 = load_u32x8(wf, o + 32), load_u32x8(wf, o + 64), load_u32x8(wf, o + 96)
                 s = i_zero()
