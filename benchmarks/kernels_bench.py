@@ -1,10 +1,13 @@
 """Single-thread throughput of workbench.engine.kernels per GGUF type (a script, not a test).
 
-matvec: GB/s of weight bytes streamed (matrix larger than the caches), compared with ~30 GB/s
-one-core memory bandwidth.  matmat: GFLOP/s (2*rows*k*n) on an L2-sized matrix.
+matvec: GB/s of weight bytes streamed (by default a matrix of twice the last-level cache, at least
+64 MB: the Intel Xeon host reports 480 MiB of L3, where 64 MB ran from the cache), on 2 MB pages
+like the engine's weights, compared with ~30 GB/s one-core memory bandwidth.  matmat: GFLOP/s
+(2*rows*k*n) on an L2-sized matrix.  ``Q4_K_x8``: Q4_K in the 8-row layout the engine keeps on the
+SIMD paths (its one-token product is another kernel than plain Q4_K's).
 Also the Python wrapper overhead of one matvec call on a tiny matrix.
 
-    python3 benchmarks/kernels_bench.py [--mb 64] [--paths avx512-vnni,avx2] [--types Q8_0,Q4_K]
+    python3 benchmarks/kernels_bench.py [--mb MB] [--paths avx512-vnni,avx2] [--types Q8_0,Q4_K,Q4_K_x8]
 """
 from __future__ import annotations
 
@@ -42,6 +45,38 @@ def make_matrix(t: int, rows: int, k: int, rng) -> np.ndarray:
     return w.reshape(rows, -1)
 
 
+def llc_mb() -> float:
+    """Size of the last-level cache in MB (0 when unknown), from sysfs."""
+    best = 0.0
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for d in os.listdir(base):
+            try:
+                with open(os.path.join(base, d, "size")) as f:
+                    v = f.read().strip()
+            except OSError:
+                continue
+            mult = {"K": 1e-3 * 1.024, "M": 1.048576, "G": 1073.741824}.get(v[-1:], 1e-6)
+            best = max(best, float(v.rstrip("KMG")) * mult)
+    except (OSError, ValueError):
+        pass
+    return best
+
+
+def weights(t: int, rows: int, k: int, rng) -> np.ndarray:
+    """A random matrix of type t on 2 MB pages (as the engine's weights); Q4_K_X8: Q4_K repacked."""
+    from workbench.numa.memory import alloc
+    base = K.Q4_K if t == K.Q4_K_X8 else t
+    w0 = make_matrix(base, rows, k, rng)
+    buf = alloc(w0.nbytes, thp=True)
+    w = buf.array[:w0.nbytes].reshape(w0.shape)
+    w[:] = w0
+    if t == K.Q4_K_X8:
+        from workbench.engine.kernels.x86.k4_x8 import repack_rows
+        repack_rows(w, 0, rows)
+    return w
+
+
 def bench(fn, min_time=0.3, min_reps=3) -> float:
     fn()  # warm up (JIT)
     best = float("inf")
@@ -57,7 +92,8 @@ def bench(fn, min_time=0.3, min_reps=3) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mb", type=float, default=64.0, help="matvec matrix size in MB")
+    ap.add_argument("--mb", type=float, help="matvec matrix size in MB (default: 2 x the last-level cache, "
+                    "at least 64)")
     ap.add_argument("--k", type=int, default=2048)
     ap.add_argument("--n", type=int, default=64, help="matmat batch columns")
     ap.add_argument("--paths", default=",".join(K.available_paths()))
@@ -68,36 +104,43 @@ def main() -> None:
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     names = {v: k for k, v in K.SUPPORTED_TYPES.items()}
+    names["Q4_K_x8"] = K.Q4_K_X8
     types = [names[s] for s in args.types.split(",")]
+    mb = args.mb if args.mb else max(64.0, 2 * llc_mb())
     paths = args.paths.split(",")
     k = args.k
     x = rng.standard_normal(k, dtype=np.float32)
     X = rng.standard_normal((args.n, k), dtype=np.float32)
-    print(f"kernel paths: {paths}   (available: {K.available_paths()}), k={k}, matvec ~{args.mb:.0f} MB, "
+    print(f"kernel paths: {paths}   (available: {K.available_paths()}), k={k}, matvec ~{mb:.0f} MB, "
           f"matmat n={args.n}")
-    hdr = f"{'type':6} {'path':12} {'matvec GB/s':>12} {'% of 30GB/s':>11} {'prepare us':>10} {'matmat GFLOP/s':>15}"
+    hdr = f"{'type':7} {'path':12} {'matvec GB/s':>12} {'% of 30GB/s':>11} {'prepare us':>10} {'matmat GFLOP/s':>15}"
     print(hdr)
     print("-" * len(hdr))
     for t in types:
-        rb = K.row_bytes(t, k)
-        rows = max(64, int(args.mb * 1e6 / rb)) // args.rows_multiple * args.rows_multiple
-        w = make_matrix(t, rows, k, rng)
+        x8 = t == K.Q4_K_X8
+        base = K.Q4_K if x8 else t
+        rb = K.row_bytes(base, k)
+        step = 8 if x8 else args.rows_multiple
+        rows = max(64, int(mb * 1e6 / rb)) // step * step
+        w = weights(t, rows, k, rng)
         out = np.empty(rows, np.float32)
         mrows = max(16, int(0.5e6 / rb))  # ~0.5 MB: stays in L2 across batch columns
         wm = w[:mrows]
         outm = np.empty((args.n, mrows), np.float32)
         for p in paths:
+            if x8 and p == "portable":  # no packed layout there: the engine keeps the file's
+                continue
             K.set_kernel_path(p)
-            xp = K.prepare(t, x)
+            xp = K.prepare(base, x)
             sec = bench(lambda: K.matvec(t, w, xp, out, 0, rows), 1.0)
             gbs = w.nbytes / sec / 1e9
-            tp = bench(lambda: K.prepare(t, x), 0.05)
+            tp = bench(lambda: K.prepare(base, x), 0.05)
             gf = float("nan")
-            if not args.no_matmat:
+            if not args.no_matmat and not x8:
                 Xp = K.prepare(t, X)
                 sm = bench(lambda: K.matmat(t, wm, Xp, outm, 0, mrows), 0.2, 2)
                 gf = 2.0 * mrows * k * args.n / sm / 1e9
-            print(f"{K.SUPPORTED_TYPES[t]:6} {p:12} {gbs:12.1f} {100 * gbs / ONE_CORE_GBS:10.0f}% "
+            print(f"{K.TYPE_NAMES[t]:7} {p:12} {gbs:12.1f} {100 * gbs / ONE_CORE_GBS:10.0f}% "
                   f"{tp * 1e6:10.1f} {gf:15.1f}", flush=True)
     # wrapper overhead on a tiny product
     K.set_kernel_path(paths[0])
