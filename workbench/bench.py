@@ -135,16 +135,9 @@ def test_name(n_prompt: int, n_gen: int, depth: int) -> str:
 
 
 def machine_info() -> dict:
-    cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
     from .engine.kernels import kernel_path
+    from .engine.kernels.cpu import cpuinfo_field
+    cpu = cpuinfo_field("model name") or platform.processor() or ""
     return {"cpu": cpu, "cores": len(os.sched_getaffinity(0)), "python": platform.python_version(),
             "kernel_path": kernel_path(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
             "host": platform.node()}

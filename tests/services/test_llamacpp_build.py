@@ -124,7 +124,7 @@ def test_compare_judges_decode_by_the_issue_targets():
         reps = 3
 
     facts = {"path": "m.gguf", "file_bytes": 110e6, "bytes_per_token": 100e6}
-    # 1 thread: llama.cpp 100 t/s x 100 MB = 10 of 25 GB/s (40 %: compute-bound), numawb 1.1x at 92 %
+    # 1 thread: llama.cpp 100 t/s x 100 MB = 10 of 25 GB/s (40 %: compute-bound), numawb 2.3x at 92 %
     # 2 threads: llama.cpp 320 of 400 t/s possible (80 %: memory-bound), numawb 1.05x at 84 %
     lcpp = {("tg128", 1): {"avg_ts": 100.0, "stdev_ts": 0.0}, ("tg128", 2): {"avg_ts": 320.0, "stdev_ts": 0.0},
             ("pp512", 1): {"avg_ts": 500.0, "stdev_ts": 0.0}, ("pp512", 2): {"avg_ts": 900.0, "stdev_ts": 0.0}}

@@ -31,7 +31,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from . import kernels
-from .kernels.intrinsics import _fn
+from .kernels.intrinsics import _fn, prefetch_at
 
 from .kernels.jitcache import JIT as _NB
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
@@ -125,19 +125,6 @@ def compare_swap(typingctx, arr, idx, old, new):
                               "seq_cst", "seq_cst")
         return builder.extract_value(res, 1)
     return types.boolean(arr, idx, types.int64, types.int64), codegen
-
-
-@intrinsic
-def prefetch_at(typingctx, addr):
-    """Hint: bring the cache line at byte address `addr` into the caches (prefetcht0); never
-    faults, even where nothing is mapped."""
-    def codegen(context, builder, sig, args):
-        p = builder.inttoptr(args[0], ir.IntType(8).as_pointer())
-        fn = _fn(builder, "llvm.prefetch.p0i8", ir.VoidType(), [ir.IntType(8).as_pointer()] + [ir.IntType(32)] * 3)
-        builder.call(fn, [p, ir.Constant(ir.IntType(32), 0), ir.Constant(ir.IntType(32), 3),
-                          ir.Constant(ir.IntType(32), 1)])
-        return context.get_dummy_value()
-    return types.void(addr), codegen
 
 
 @numba.njit(inline="always")

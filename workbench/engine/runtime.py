@@ -264,7 +264,8 @@ class DenseSpec:
 class _TokenParts:
     """A compiled one-token sub-layer and its arguments that stay from token to token: `head` (and
     for attention `mid`, `win`, `tail`) around the per-token ones; `o` its output; a routed FFN's
-    `routing`: (its ids output, the expert tensors) for `RoutingStats.record`."""
+    `routing`: (its ids output, the expert tensors) for `RoutingStats.record`; `first`: the job it
+    starts with, which the layer before names to the waiting workers."""
     fn: Callable
     n_in: int
     head: tuple
@@ -273,11 +274,7 @@ class _TokenParts:
     tail: tuple
     o: np.ndarray
     routing: tuple = ()
-
-    @property
-    def first(self) -> tuple:
-        """The (tasks, chunks, n_owned) of the first crew job the call posts (`crew.ahead`)."""
-        return self.head[0] if isinstance(self.head[0], tuple) else self.head[:3]
+    first: tuple = _NO_JOB   # (tasks, chunks, n_owned) of the first crew job it posts (`crew.ahead`)
 
 
 @dataclass
@@ -761,7 +758,8 @@ class Runtime(AttentionPaths):
                 block_runner(run_qkv, one_token_attention(crew.lead), run_out), g_qkv.ne0,
                 ((jq.tasks, jq.chunks, jq.n_owned), q, k, v, b[0], b[1], b[2], spec.q_norm, spec.k_norm, spec.eps),
                 (spec.neox, spec.prescale, keys, values, kv.k[il][0], kv.v[il][0]),
-                (spec.window, spec.scale), (kv.cap, (jo.tasks, jo.chunks, jo.n_owned), o[0], b[3]), o)
+                (spec.window, spec.scale), (kv.cap, (jo.tasks, jo.chunks, jo.n_owned), o[0], b[3]), o,
+                first=(jq.tasks, jq.chunks, jq.n_owned))
         per_kv[key] = _Cached(crew.lead, ready)
         return ready
 
@@ -1029,7 +1027,7 @@ class Runtime(AttentionPaths):
                 (job.tasks, job.chunks, job.n_owned, logits, g_.kind, k, g_.bias, g_.n_groups, g_.n_group_used,
                  g_.norm, g_.scale, ids, wts, gu_t3, gu_c3, gu_w, d_t3, d_c3, d_w, g, u, act, d, out[0], n_ff,
                  GELU if spec.activation == "gelu" else SILU, ops.GELU_F16),
-                (), (), (), out, (ids, names))
+                (), (), (), out, (ids, names), first=(job.tasks, job.chunks, job.n_owned))
         self._rparts[key] = _Cached(crew.lead, ready)
         return ready
 
@@ -1053,7 +1051,7 @@ class Runtime(AttentionPaths):
                 dense_runner(run_gu, run_d), g_gu.ne0,
                 ((jg.tasks, jg.chunks, jg.n_owned), g, u, act, (jd.tasks, jd.chunks, jd.n_owned), out[0],
                  GELU if spec.activation == "gelu" else SILU, ops.GELU_F16),
-                (), (), (), out)
+                (), (), (), out, first=(jg.tasks, jg.chunks, jg.n_owned))
         self._rparts[key] = _Cached(crew.lead, ready)
         return ready
 

@@ -61,6 +61,7 @@ def layer_runner(attn: Callable, ffn: Callable, inline: bool = False) -> Callabl
 
 
 _TOKENS: dict = {}
+A_FIRST = 16   # where a layer's argument tuple (`Runtime._token_layers`) holds its attention's first job
 
 
 @numba.njit(**_NB)
@@ -156,7 +157,7 @@ def token_runner(attn: Callable, ffn: Callable, layers_type: types.Type, out: Ca
              ids, a_post, f_post, rope_i, _a_first, f_first) = layers[i]
             start = max(pos0 - window + 1, 0) if window else 0
             base = start // 64 * 64 if skip_slid else 0
-            next_first = layers[i + 1][16] if i + 1 < n else last_first
+            next_first = layers[i + 1][A_FIRST] if i + 1 < n else last_first
             if not layer(ctl, n_workers, x, h, a_head, ropes[rope_i], a_mid, pos0, (window, scale), start, base,
                          a_tail, o, ffn_norm, f_args, f_out, next_norm, eps, h_next, a_post, f_post, f_first,
                          next_first):

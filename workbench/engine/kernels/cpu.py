@@ -11,31 +11,30 @@ PATH_REQUIREMENTS: dict[str, frozenset[str]] = {
 }
 
 
+def cpuinfo_field(key: str, cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The first processor's `key` field in /proc/cpuinfo ("" when absent or unreadable)."""
+    try:
+        with open(cpuinfo, encoding="ascii", errors="replace") as f:
+            for line in f:
+                name, sep, value = line.partition(":")
+                if sep and name.strip() == key:
+                    return value.strip()
+    except OSError:
+        pass
+    return ""
+
+
 @functools.lru_cache(maxsize=1)
 def cpu_flags() -> frozenset[str]:
     """Flags of the first processor listed in /proc/cpuinfo (empty set if unreadable)."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
+    return frozenset(cpuinfo_field("flags").split())
 
 
 @functools.lru_cache(maxsize=4)
 def cpu_vendor(cpuinfo: str = "/proc/cpuinfo") -> str:
     """The first processor's vendor_id ("GenuineIntel", "AuthenticAMD"; "" if unreadable): some
     tuning constants (software prefetch distances) were measured per vendor."""
-    try:
-        with open(cpuinfo, encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
+    return cpuinfo_field("vendor_id", cpuinfo)
 
 
 def supported_paths(flags: frozenset[str] | None = None) -> list[str]:

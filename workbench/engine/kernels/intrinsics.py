@@ -198,6 +198,12 @@ def prefetch_distance(k: int) -> int:
     return PREFETCH_BYTES if k <= PREFETCH_MAX_K else 0
 
 
+def _prefetch_t0(builder, p) -> None:
+    """prefetcht0 of the line holding i8* p (llvm.prefetch: read, keep in all levels, data)."""
+    fn = _fn(builder, "llvm.prefetch.p0i8", ir.VoidType(), [ir.IntType(8).as_pointer(), _i32, _i32, _i32])
+    builder.call(fn, [p, ir.Constant(_i32, 0), ir.Constant(_i32, 3), ir.Constant(_i32, 1)])
+
+
 @intrinsic
 def prefetch(typingctx, a, off):
     """Hint: bring the cache line at byte ``off`` of a uint8 array into the caches (prefetcht0).
@@ -207,12 +213,21 @@ def prefetch(typingctx, a, off):
 
     def cg(context, builder, sig, args):
         ary = context.make_array(sig.args[0])(context, builder, args[0])
-        p = builder.bitcast(builder.gep(ary.data, [args[1]]), ir.IntType(8).as_pointer())
-        fn = _fn(builder, "llvm.prefetch.p0i8", ir.VoidType(), [ir.IntType(8).as_pointer(), _i32, _i32, _i32])
-        builder.call(fn, [p, ir.Constant(_i32, 0), ir.Constant(_i32, 3), ir.Constant(_i32, 1)])
+        _prefetch_t0(builder, builder.bitcast(builder.gep(ary.data, [args[1]]), ir.IntType(8).as_pointer()))
         return context.get_dummy_value()
 
     return sig, cg
+
+
+@intrinsic
+def prefetch_at(typingctx, addr):
+    """`prefetch` at a raw byte address (the crew's job tables hold addresses, not arrays); never
+    faults, even where nothing is mapped."""
+    def cg(context, builder, sig, args):
+        _prefetch_t0(builder, builder.inttoptr(args[0], ir.IntType(8).as_pointer()))
+        return context.get_dummy_value()
+
+    return types.void(addr), cg
 
 
 @intrinsic
