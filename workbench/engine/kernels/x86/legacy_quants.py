@@ -72,10 +72,15 @@ def kernels(mode: int) -> dict:
     q4_1_matvec = make_matvec(q4_1_blk)
     q5_1_matvec = make_matvec(q5_1_blk)
 
-    # Q4_0/Q5_0 matvec: one row at a time, ONE f32 chain per row in block order -- llama.cpp's order
+    # Q4_0/Q5_0 matvec: ONE f32 chain per row in block order -- llama.cpp's order
     # (ggml_vec_dot_q5_0_q8_0: acc = fma(f32(lanes), d_w * d_x, acc), hsum_float_8), so results are
-    # bit-identical to it; offsets pre-shifted once per call (see make_matmat).  (Interleaving 2 or 4
-    # rows to break the FMA chain measured slower here: the single sequential stream wins.)
+    # bit-identical to it; offsets pre-shifted once per call (see make_matmat).  Two rows a step, each
+    # with its own chain: one row's chain waited on the FMA latency (~4 cycles a block: Q5_0 ran 17.6
+    # GB/s in the caches where Q8_0 ran 30).  The pair's prefetch walks both rows' bytes (2 * bsz a
+    # step): prefetching the first row's stream only left every second row unprefetched.  Intel Xeon
+    # host, K = 640, 1 GB from memory, 2 MB pages, side by side: 1 core 13.3 -> 15.2 GB/s, 2 cores
+    # 26.2 -> 30.2 (probe ~17.5 / 33.5); in the caches 17.6 -> 21.8.  (One zmm register holding both
+    # rows' lanes ran the same from memory; four rows ran 15.0 / 30.0.)
     def make_offset_matvec(unpack, bsz, shift):
         @numba.njit(inline="always")
         def step(acc, w, o, ns, xq, xd, b):
@@ -89,19 +94,24 @@ def kernels(mode: int) -> dict:
             rb = w.shape[1]
             ns = (n4 << shift).astype(np.int32)
             pfd = prefetch_distance(nb * 32)
-            for i in range(r0, r1):
+            i = r0
+            while i + 2 <= r1:
+                a0 = f_zero()
+                a1 = f_zero()
+                base = i * rb
+                for b in range(nb):
+                    o0 = base + b * bsz
+                    prefetch(w, base + b * (2 * bsz) + pfd)
+                    a0 = step(a0, w, o0, ns, xq, xd, b)
+                    a1 = step(a1, w, o0 + rb, ns, xq, xd, b)
+                out[i] = hsum_f(a0)
+                out[i + 1] = hsum_f(a1)
+                i += 2
+            if i < r1:
                 a0 = f_zero()
                 base = i * rb
-                # two blocks a step: one prefetch, no test per block. This loop form, not j in
-                # range(nb // 2) with b = 2 * j: that one ran Q5_0 at 10 GB/s from memory against 14
-                # on the Intel Xeon host (faster in the caches); Q8_0 ran both at 16.6-17.0
-                for b in range(0, nb - 1, 2):
-                    o0 = base + b * bsz
-                    prefetch(w, o0 + pfd)
-                    a0 = step(a0, w, o0, ns, xq, xd, b)
-                    a0 = step(a0, w, o0 + bsz, ns, xq, xd, b + 1)
-                if nb % 2:
-                    a0 = step(a0, w, base + (nb - 1) * bsz, ns, xq, xd, nb - 1)
+                for b in range(nb):
+                    a0 = step(a0, w, base + b * bsz, ns, xq, xd, b)
                 out[i] = hsum_f(a0)
         return matvec
 
