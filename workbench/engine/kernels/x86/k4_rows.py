@@ -32,8 +32,8 @@ from numba.extending import intrinsic
 
 from ..intrinsics import (_V8F, _V8I, _V16B, _V16S, _V32B, _arr_load, _check_array, _fn, _i32, _mode, _BYTES, VNNI,
                           b_and, b_shr, f_lane, f_scale, f_sub, f_zero, fmadd_v, i_zero, load_b32, load_i8, madd16,
-                          v8f, v8i, v16s, v32b, _V8H, _V8S, store_i32x8, i_add, prefetch, PREFETCH_BYTES,
-                          PREFETCH_MAX_K)
+                          v8f, v8i, v16s, v32b, _V8H, _V8S, store_i32x8, i_add, prefetch,
+                          PREFETCH_MAX_K, PREFETCH_NEAR)
 
 from ..jitcache import JIT as _NB
 _V4I = ir.VectorType(_i32, 4)
@@ -227,9 +227,10 @@ def q4_K_gemv_rows8(mode: int):
             for r in range(8):
                 o = (i + r) * rb
                 for b in range(nb):
-                    if pf:
-                        prefetch(wf, o + b * 144 + PREFETCH_BYTES)
-                        prefetch(wf, o + b * 144 + PREFETCH_BYTES + 64)
+                    if pf:   # every line of the block, as the Q6_K rows (see intrinsics.PREFETCH_NEAR)
+                        prefetch(wf, o + b * 144 + PREFETCH_NEAR)
+                        prefetch(wf, o + b * 144 + PREFETCH_NEAR + 64)
+                        prefetch(wf, o + b * 144 + PREFETCH_NEAR + 128)
                     store_i32x8(lanes, (b * 8 + r) * 8, row(wf, o + b * 144, xq, b * 256, load_i16x16(bt, nb * 128 + b * 16)))
             acc = f_zero()
             accm = f_zero()
