@@ -187,7 +187,8 @@ PREFETCH_MAX_K = 2048
 # (K = 640) did best at 4096 there too. The AMD EPYC hosts measured 4096 for Q4_K and Q6_K (above).
 # Plain Q4_K rows (k4_rows, the dense Q4_K weights), every line of a block at this distance
 # instead of two lines of its 144 bytes 4096 ahead: 640 x 1024 / 640 x 2048 matrices read cold, one
-# after another, 11.9 -> 14.2 / 12.1 -> 15.1 GB/s on the Intel Xeon host (unmeasured on AMD).
+# after another (`kernels_bench.py --cold-rows 640`), 13.3 -> 14.8 / 13.0 -> 15.8 GB/s on the Intel
+# Xeon host (unmeasured on AMD).
 PREFETCH_NEAR = 1536 if cpu_vendor() == "GenuineIntel" else PREFETCH_BYTES
 
 

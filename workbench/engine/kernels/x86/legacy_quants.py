@@ -75,8 +75,8 @@ def kernels(mode: int) -> dict:
     # Q4_0/Q5_0 matvec: ONE f32 chain per row in block order -- llama.cpp's order
     # (ggml_vec_dot_q5_0_q8_0: acc = fma(f32(lanes), d_w * d_x, acc), hsum_float_8), so results are
     # bit-identical to it; offsets pre-shifted once per call (see make_matmat).  Two rows a step, each
-    # with its own chain: one row's chain waited on the FMA latency (~4 cycles a block: Q5_0 ran 17.6
-    # GB/s in the caches where Q8_0 ran 30).  The pair's prefetch walks both rows' bytes (2 * bsz a
+    # with its own chain: one row's single chain held it back (Q5_0 ran 17.6 GB/s in the caches
+    # where Q8_0 ran 30).  The pair's prefetch walks both rows' bytes (2 * bsz a
     # step): prefetching the first row's stream only left every second row unprefetched.  Intel Xeon
     # host, K = 640, 1 GB from memory, 2 MB pages, side by side: 1 core 13.3 -> 15.2 GB/s, 2 cores
     # 26.2 -> 30.2 (probe ~17.5 / 33.5); in the caches 17.6 -> 21.8.  (One zmm register holding both
@@ -195,7 +195,11 @@ def kernels(mode: int) -> dict:
         for i in range(r0, r1):
             acc = f_zero()
             base = i * rb
-            for b in range(0, nb - 1, 2):   # as the Q5_0 matvec (see make_offset_matvec)
+            # two blocks a step, one unconditional prefetch (a test per block was 7 of a Q5_0 block's 26
+            # instructions); this range form, not j in range(nb // 2) with b = 2 * j: the j-loop ran
+            # Q5_0 at 10 GB/s from memory against 14 on the Intel Xeon host, Q8_0 16.6-17.0 either way.
+            # One row at a time: two rows in step ran 16.0 against 16.9 GB/s (1 core, K = 640)
+            for b in range(0, nb - 1, 2):
                 o = base + b * 34
                 prefetch(w, o + pfd)
                 acc = q8_0_step(acc, w, o, xq, xd, b)
