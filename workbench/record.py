@@ -171,12 +171,12 @@ class Recorder:
             self._f.close()
 
 
-async def _wait(pilot: Any, busy: Any, timeout: float) -> bool:
+async def _wait(pilot: Any, busy: Any, timeout: float, poll: float = 0.1) -> bool:
     end = time.monotonic() + timeout
     while busy():
         if time.monotonic() > end:
             return False
-        await pilot.pause(0.1)
+        await pilot.pause(poll)
     return True
 
 
@@ -250,10 +250,19 @@ async def run_step(app: Any, pilot: Any, step: Step, model: str | None, timeout:
         sched = app.server.scheduler
         clients.send(app.server.url, n, prompt or "Once upon a time", body)
 
-        def waiting() -> bool:  # until every new request decodes (or has already ended)
+        want = min(n, sched.n_parallel)
+
+        def waiting() -> bool:
+            """Until every new request decodes (or has already ended). Once the scheduler shows a
+            request decoding, a telemetry sample is taken at once, and the wait ends on what that
+            recorded sample shows: the step's snapshot holds the requests in flight, however
+            soon they finish (a short reply on a tiny model can end between two timed samples)."""
             decoding = sum(1 for a in sched.active() if a.state == "decode" and a.tokens > 0)
-            return decoding + clients.finished - before < min(n, sched.n_parallel)
-        if not await _wait(pilot, waiting, timeout):
+            if decoding and app.live:
+                snap = app.source.sample_now()
+                decoding = sum(1 for r in snap.requests if r.state == "decode" and r.tokens > 0)
+            return decoding + clients.finished - before < want
+        if not await _wait(pilot, waiting, timeout, poll=0.02):
             return "requests timed out"
         return None
     return f"unknown step {step.op}"

@@ -860,7 +860,7 @@ async def test_serve_on_a_port_in_use_is_one_line(tiny):
 def test_record_script_requests_shows_a_serving_dashboard(tmp_path, tiny):
     from workbench.record import run_record
     script = tmp_path / "s.txt"
-    script.write_text("set n_predict=64 seed=1\nview dashboard\nload\nrequests 2 the cat sat\nwait 0.5\n")
+    script.write_text("set n_predict=256 seed=1\nview dashboard\nload\nrequests 2 the cat sat\nwait 0.5\n")
     out = tmp_path / "rec"
     assert run_record(str(out), script=str(script), model=tiny, size=(120, 60)) == 0
     events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
