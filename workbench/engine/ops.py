@@ -278,7 +278,20 @@ _GELU_A = np.float32(0.044715)
 _LOG2E = 1.4426950408889634
 _LN2_HI = 6.93147180369123816490e-01  # ln 2 in two parts: k * _LN2_HI is exact for |k| < 2^20
 _LN2_LO = 1.90821492927058770002e-10
-_POW2 = np.array([2.0 ** k for k in range(-32, 33)])  # 2^k for the |2z| <= 20 the clamp leaves
+
+
+@intrinsic
+def pow2_f64(typingctx, k):
+    """2.0 ** k for an int64 k in the normal range (|k| < 1023), built from its exponent bits: an
+    exact power of two. (A 65-entry table read per lane kept LLVM from a plain vector loop: the
+    computed GELU of 2048 values took 6.3 us on the Intel Xeon host, 4.1 us with this.)"""
+    def cg(context, builder, sig, args):
+        i64 = ir.IntType(64)
+        bits = builder.shl(builder.add(args[0], ir.Constant(i64, 1023)), ir.Constant(i64, 52))
+        return builder.bitcast(bits, ir.DoubleType())
+    return types.float64(types.int64), cg
+
+
 _I3, _I4, _I5, _I6, _I7, _I8, _I9 = (1.0 / math.factorial(n) for n in range(3, 10))
 #: up to this many rows, `gelu_mul` computes (a decoded token: the table's lookups miss the caches
 #: after the weights streamed, 12-19 us for 2048 values against 4-8 computed); more rows (a prompt)
@@ -298,7 +311,7 @@ def _gelu_mul_row(g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
         k = np.rint(t2 * _LOG2E)
         r = (t2 - k * _LN2_HI) - k * _LN2_LO
         p = r * (1.0 + r * (0.5 + r * (_I3 + r * (_I4 + r * (_I5 + r * (_I6 + r * (_I7 + r * (_I8 + r * _I9))))))))
-        s = _POW2[np.int64(k) + 32]
+        s = pow2_f64(np.int64(k))  # |k| <= 29: |2z| <= 20 after the clamp
         em1 = s * p + (s - 1.0)
         t = np.float32(em1 / (em1 + 2.0))
         y = round_f16(np.float32(0.5) * xh * (np.float32(1.0) + t))

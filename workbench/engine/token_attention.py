@@ -17,6 +17,7 @@ import numpy as np
 
 from . import ops
 from .crew import ahead
+from .kv_cache import prefetch_values_slot
 from .kernels.jitcache import JIT as _NB
 
 _BLOCKS: dict = {}
@@ -40,6 +41,7 @@ def block_runner(qkv: Callable, attend: Callable, out: Callable) -> Callable:
         if not qkv(ctl, n_workers, t, c, n, h, (q.reshape(-1), k.reshape(-1), v.reshape(-1))):
             return False
         ahead(ctl, keys_job)   # the workers read their keys while the norms and RoPE run here
+        prefetch_values_slot(vc, pos0)   # the values' store below writes these lines
         if bq.size:
             q += bq.reshape(q.shape)
         if bk.size:

@@ -235,6 +235,19 @@ def prefetch_at(typingctx, addr):
 
 
 @intrinsic
+def prefetch_write_at(typingctx, addr):
+    """Hint: bring the line at a raw byte address into the caches for writing (prefetchw: it
+    arrives owned, so a store there does not wait for it); never faults."""
+    def cg(context, builder, sig, args):
+        fn = _fn(builder, "llvm.prefetch.p0i8", ir.VoidType(), [ir.IntType(8).as_pointer(), _i32, _i32, _i32])
+        builder.call(fn, [builder.inttoptr(args[0], ir.IntType(8).as_pointer()), ir.Constant(_i32, 1),
+                          ir.Constant(_i32, 3), ir.Constant(_i32, 1)])
+        return context.get_dummy_value()
+
+    return types.void(addr), cg
+
+
+@intrinsic
 def load_b32(typingctx, a, off):
     """32 bytes at element offset ``off`` of a uint8/int8 array (unaligned)."""
     _check_array(a, _BYTES)
