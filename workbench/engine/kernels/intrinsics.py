@@ -1048,6 +1048,14 @@ def hmax_i(typingctx, v):
 
 
 @intrinsic
+def f32_of_bits(typingctx, b):
+    """The float32 whose bits are the int32 b (as hmax_i of abs_bits returns a magnitude)."""
+    def cg(context, builder, sig, args):
+        return builder.bitcast(args[0], _f32)
+    return types.float32(types.int32), cg
+
+
+@intrinsic
 def q8_lanes(typingctx, v, s):
     """min(127, round_half_even(v * s)) per lane (f32x8, float32 s -> i32x8): ggml's
     ``MIN(127, nearest_int(iscale * x))`` of quantize_row_q8_K, the product rounded once."""
