@@ -230,3 +230,40 @@ def test_the_token_program_compiles_its_layers_into_itself(tmp_path):
         assert inlined and all(not fn.signatures for fn in inlined)
     finally:
         eng.close()
+
+
+def test_a_token_links_its_jobs_in_the_order_it_posts_them(tmp_path):
+    """Each crew job of a decoded token names the next one (`crew.link`), so whoever runs out of
+    a job's chunks first reads its rows of the next: q/k/v -> keys -> values -> attention output
+    -> gate/up -> down -> the next layer's q/k/v, the last layer's down -> the output product."""
+    import ctypes
+
+    from workbench.engine.crew import T_NEXT_C, T_NEXT_NC, T_NEXT_T
+    path = tmp_path / "llama.gguf"
+    write_tiny_model(path, TinySpec(arch="llama", n_layer=2))
+    eng = Engine.load(str(path), placement=Placement(threads=2))
+    try:
+        s = eng.new_session(64)
+        s.eval(PROMPT)
+        s.eval([9])
+        jobs = {names: g.job for names, g in eng.rt._groups.items() if g.job is not None}
+
+        def job(suffix: str) -> np.ndarray:
+            return next(j.tasks for names, j in jobs.items() if names[0].endswith(suffix))
+
+        def after(tasks: np.ndarray, hops: int = 1) -> int:
+            addr = tasks.ctypes.data
+            for _ in range(hops):
+                row = np.ctypeslib.as_array((ctypes.c_int64 * tasks.shape[1]).from_address(addr))
+                assert row[T_NEXT_T] != 0 and row[T_NEXT_C] != 0 and row[T_NEXT_NC] > 0
+                addr = int(row[T_NEXT_T])
+            return addr
+
+        for il in range(2):
+            assert after(job(f"blk.{il}.attn_q.weight"), 3) == job(f"blk.{il}.attn_output.weight").ctypes.data
+            assert after(job(f"blk.{il}.attn_output.weight")) == job(f"blk.{il}.ffn_gate.weight").ctypes.data
+            assert after(job(f"blk.{il}.ffn_gate.weight")) == job(f"blk.{il}.ffn_down.weight").ctypes.data
+        assert after(job("blk.0.ffn_down.weight")) == job("blk.1.attn_q.weight").ctypes.data
+        assert after(job("blk.1.ffn_down.weight")) == job("token_embd.weight").ctypes.data
+    finally:
+        eng.close()

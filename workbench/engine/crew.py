@@ -15,7 +15,11 @@ pinned to or -1 for anyone). Every output row is one kernel call's dot product
 whoever computes it, so results are the same to the bit at any thread count.
 
 The waiting side spins with `pause`; after ~50 us without news it yields its CPU
-(sched_yield) between looks, so a worker never starves another process for long.
+(sched_yield) between looks, so a worker never starves another process for long. It does not
+only spin: a decoded token's jobs come in an order known in advance, so each job names the next
+(`link`), and whoever runs out of a job's chunks first, a worker waiting for the next job or the
+caller waiting for acknowledgements, reads its first rows of that next job into its caches
+(`_next_rows`); between two jobs the caller names the next one too (`ahead`).
 """
 from __future__ import annotations
 
@@ -39,12 +43,16 @@ _X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
 # ---- task table: one row per (product, array) -------------------------------------------
 (T_TYPE, T_W, T_ROWS, T_ROWLEN, T_PREP, T_OUT, T_OUTOFF, T_XROW, T_OUTROW,
  T_X0, T_N0, T_X1, T_N1, T_X2, T_N2, T_OUTADDR,
- T_LO, T_HI, T_WSHIFT, T_XOFF, T_XLEN) = range(21)
-TASK_FIELDS = 21
+ T_LO, T_HI, T_WSHIFT, T_XOFF, T_XLEN, T_NEXT_T, T_NEXT_C, T_NEXT_NC, T_NEXT_NO) = range(25)
+TASK_FIELDS = 25
 # T_LO, T_HI: a chunk's rows count from T_LO and stop at T_HI (attention: the filled, in-window
 # key positions; products: 0 and no limit); T_WSHIFT: bytes added to the weight address
 # (attention: values seen from a later slot); T_XOFF, T_XLEN: the input starts T_XOFF elements
 # into its row and is T_XLEN long (0: the whole row)
+# T_NEXT_T, T_NEXT_C, T_NEXT_NC, T_NEXT_NO (the first task's row only): the job a decoded token
+# posts after this one (its task and chunk tables' addresses, chunk and pinned-chunk counts; 0: not
+# known), set once by `link`: whoever of the caller and the workers runs out of this job's chunks
+# first reads its rows of that job into its caches while the other finishes (`_next_rows`)
 NO_LIMIT = 1 << 62
 # ---- chunk table: one row per piece of work ----------------------------------------------
 C_TASK, C_LO, C_HI, C_OWNER, C_SPAN = range(5)  # tasks C_TASK.. C_TASK + C_SPAN - 1
@@ -147,8 +155,22 @@ def _ahead_rows(ctl, me):
     """Byte range [lo, hi) of the hinted job's weights worker `me` will likely read first: its
     first pinned chunk, or shared chunk number `me` (the caller, worker 0, posts and takes the
     first one at once)."""
-    n_chunks, n_owned = ctl[AHEAD_N_CHUNKS], ctl[AHEAD_N_OWNED]
-    chunks = _view(ctl[AHEAD_CHUNKS], n_chunks * CHUNK_FIELDS, np.int64)
+    return _rows_of(ctl[AHEAD_TASKS], ctl[AHEAD_CHUNKS], ctl[AHEAD_N_CHUNKS], ctl[AHEAD_N_OWNED], me)
+
+
+@numba.njit(inline="always")
+def _next_rows(tasks_at, me):
+    """`_ahead_rows` of the job linked after the one whose task table is at `tasks_at` (`link`);
+    (0, 0) when none is."""
+    task = _view(tasks_at, TASK_FIELDS, np.int64)
+    if task[T_NEXT_T] == 0:
+        return 0, 0
+    return _rows_of(task[T_NEXT_T], task[T_NEXT_C], task[T_NEXT_NC], task[T_NEXT_NO], me)
+
+
+@numba.njit(inline="always")
+def _rows_of(tasks_at, chunks_at, n_chunks, n_owned, me):
+    chunks = _view(chunks_at, n_chunks * CHUNK_FIELDS, np.int64)
     c = -1
     for i in range(n_owned):
         if chunks[i * CHUNK_FIELDS + C_OWNER] == me:
@@ -159,7 +181,7 @@ def _ahead_rows(ctl, me):
     if c < 0:
         return 0, 0
     t = chunks[c * CHUNK_FIELDS + C_TASK]
-    task = _view(ctl[AHEAD_TASKS] + 8 * TASK_FIELDS * t, TASK_FIELDS, np.int64)
+    task = _view(tasks_at + 8 * TASK_FIELDS * t, TASK_FIELDS, np.int64)
     w = task[T_W] + task[T_WSHIFT]
     # rows count from T_LO and stop at T_HI (attention: the previous call's window, one row off)
     lo = task[T_LO] + chunks[c * CHUNK_FIELDS + C_LO]
@@ -519,6 +541,7 @@ def _build(mv: dict):
         busy = 0
         gen = atomic_load(ctl, AHEAD_GEN)
         pa = pend = 0
+        pstart = 0
         while True:
             spins = 0
             seq = atomic_load(ctl, SEQ)
@@ -526,7 +549,9 @@ def _build(mv: dict):
                 g = atomic_load(ctl, AHEAD_GEN)
                 if g != gen:   # a new hint: the job the caller prepares now
                     gen = g
-                    pa, pend = _ahead_rows(ctl, me)
+                    a, b = _ahead_rows(ctl, me)
+                    if a != pstart or b != pend:   # (the linked job's rows: already on their way)
+                        pstart, pa, pend = a, a, b
                 if pa < pend:  # read ahead 512 bytes at a time, looking for the job in between
                     for i in range(8):
                         prefetch_at(pa + 64 * i)
@@ -547,15 +572,25 @@ def _build(mv: dict):
             busy += t1 - t0
             if ctl[TRACE_WORK] != 0:
                 _trace(ctl, TRACE_WORK, me, seq, t0, t1)
+            if ctl[AHEAD_ON] != 0:   # read ahead the linked job's rows while the caller finishes
+                pa, pend = _next_rows(ctl[TASKS], me)
+                pstart = pa
             atomic_store(ctl, ACK + 8 * me, seq)
 
     @numba.njit(**_NB)
-    def wait_acks(ctl, n_workers, seq):
+    def wait_acks(ctl, n_workers, seq, pa, pend):
+        """Until every worker acknowledged job seq (False if one failed); meanwhile the caller reads
+        [pa, pend) into its caches (its first rows of the linked next job), 512 bytes a look."""
         for w in range(1, n_workers):
             spins = 0
             while atomic_load(ctl, FAILED) != 0 or atomic_load(ctl, ACK + 8 * w) != seq:
                 if atomic_load(ctl, FAILED) != 0:
                     return False
+                if pa < pend:
+                    for i in range(8):
+                        prefetch_at(pa + 64 * i)
+                    pa += 512
+                    continue
                 cpu_relax()
                 spins += 1
                 if spins > SPINS_BEFORE_YIELD:
@@ -613,7 +648,8 @@ def _build(mv: dict):
         atomic_store(ctl, SEQ, seq)
         work(ctl, np.int64(0))
         t0 = now_ns()
-        ok = wait_acks(ctl, n_workers, seq)
+        pa, pend = _next_rows(address(tasks), 0) if ctl[AHEAD_ON] != 0 else (0, 0)
+        ok = wait_acks(ctl, n_workers, seq, pa, pend)
         t1 = now_ns()
         ctl[WAITED] += t1 - t0
         if ctl[TRACE_LEAD] != 0:
@@ -714,6 +750,27 @@ class Table:
 
     def __init__(self, tasks: np.ndarray, chunks: np.ndarray):
         self.tasks, self.chunks, self.n_owned = tasks, chunks, len(chunks)
+
+
+_LINKED: dict[int, tuple] = {}  # a linked job's task table address -> the tables its link reads
+
+
+def link(job: tuple, after: tuple) -> None:
+    """Name `after` (tasks, chunks, n_owned) as the job a decoded token posts after `job` (its
+    first task's T_NEXT_* fields): a hint for reading ahead (`_next_rows`), wrong at worst (a
+    prefetch never faults). The tables the link reads are kept alive until `job` is linked again
+    (a new session's attention jobs replace the last one's)."""
+    tasks = job[0]
+    if tasks.shape[0] == 0:
+        return
+    nt, nc, no = after[:3]
+    fields = [T_NEXT_T, T_NEXT_C, T_NEXT_NC, T_NEXT_NO]
+    if nt.shape[0] == 0 or nc.shape[0] == 0:
+        tasks[0, fields] = 0
+        _LINKED.pop(tasks.ctypes.data, None)
+        return
+    _LINKED[tasks.ctypes.data] = (nt, nc)
+    tasks[0, fields] = (nt.ctypes.data, nc.ctypes.data, nc.shape[0], int(no) & (STEALABLE - 1))
 
 
 class Job:

@@ -32,7 +32,7 @@ from . import kernels
 from . import ops
 from .attention import AttentionPaths
 from .crew import (C_OWNER, C_SPAN, C_TASK, CHUNK_FIELDS, STEALABLE, T_OUT, T_OUTOFF, T_XROW, TASK_FIELDS, Crew,
-                   CrewError, Job, Table, product_runner)
+                   CrewError, Job, Table, link, product_runner)
 from .attention import SKIP_SLID_VALUES, one_token_attention, token_window
 from .dense_token import dense_runner
 from .expert_token import GELU, SILU, expert_runner, routed_runner
@@ -275,6 +275,7 @@ class _TokenParts:
     o: np.ndarray
     routing: tuple = ()
     first: tuple = _NO_JOB   # (tasks, chunks, n_owned) of the first crew job it posts (`crew.ahead`)
+    last: tuple = _NO_JOB    # and of the last (`crew.link`: none for routed experts, chosen per token)
 
 
 @dataclass
@@ -754,12 +755,15 @@ class Runtime(AttentionPaths):
             o = np.empty((1, g_out.rows[0]), dtype=np.float32)
             b = spec.biases
             jq, jo = g_qkv.job, g_out.job
+            chain = [(jq.tasks, jq.chunks, jq.n_owned), keys, values, (jo.tasks, jo.chunks, jo.n_owned)]
+            for before, after in zip(chain, chain[1:]):
+                link(before, after)
             ready = _TokenParts(
                 block_runner(run_qkv, one_token_attention(crew.lead), run_out), g_qkv.ne0,
                 ((jq.tasks, jq.chunks, jq.n_owned), q, k, v, b[0], b[1], b[2], spec.q_norm, spec.k_norm, spec.eps),
                 (spec.neox, spec.prescale, keys, values, kv.k[il][0], kv.v[il][0]),
                 (spec.window, spec.scale), (kv.cap, (jo.tasks, jo.chunks, jo.n_owned), o[0], b[3]), o,
-                first=(jq.tasks, jq.chunks, jq.n_owned))
+                first=chain[0], last=chain[-1])
         per_kv[key] = _Cached(crew.lead, ready)
         return ready
 
@@ -1047,11 +1051,12 @@ class Runtime(AttentionPaths):
             u, act = np.empty_like(g), np.empty_like(g)
             out = np.empty((1, g_d.rows[0]), dtype=np.float32)
             jg, jd = g_gu.job, g_d.job
+            link((jg.tasks, jg.chunks, jg.n_owned), (jd.tasks, jd.chunks, jd.n_owned))
             ready = _TokenParts(
                 dense_runner(run_gu, run_d), g_gu.ne0,
                 ((jg.tasks, jg.chunks, jg.n_owned), g, u, act, (jd.tasks, jd.chunks, jd.n_owned), out[0],
                  GELU if spec.activation == "gelu" else SILU, ops.GELU_F16),
-                (), (), (), out, first=(jg.tasks, jg.chunks, jg.n_owned))
+                (), (), (), out, first=(jg.tasks, jg.chunks, jg.n_owned), last=(jd.tasks, jd.chunks, jd.n_owned))
         self._rparts[key] = _Cached(crew.lead, ready)
         return ready
 
@@ -1194,11 +1199,15 @@ class Runtime(AttentionPaths):
         the token id, and its arguments are (the prologue's typed list, the layers')."""
         fns, layers, keys = set(), [], []
         k = 0
+        last = _NO_JOB
         for attention, il, ffn_norm, ffn, next_norm, eps, post_attn, post_ffn, rope_i in steps:
             a = self._attention_parts(attention, kv, il)
             f = self._ffn_parts(ffn) if a is not None else None
             if f is None:
                 return None
+            link(last, a.first)   # the token's jobs in the order it posts them
+            link(a.last, f.first)
+            last = f.last
             fns.add((a.fn, f.fn))
             ids = _NO_IDS
             if f.routing:  # routed experts: the journal's row for this layer
@@ -1222,6 +1231,7 @@ class Runtime(AttentionPaths):
             run_out = self._token_runner(g) if len(g.rows) == 1 else None
             if run_out is not None:
                 out_job = (g.job.tasks, g.job.chunks, g.job.n_owned, g.rows[0])
+                link(last, out_job)
         jkey = (tuple(keys), k)
         journal = self._journals.get(jkey)
         if journal is None:  # one per set of layers, kept for the runtime's life
