@@ -1,7 +1,7 @@
 """Decode speed and where a decoded token's time goes (a benchmark, not a test).
 
     PYTHONPATH=. python3 benchmarks/decode_profile.py [-t 1,2] [-n 32] [-r 5] [--profile]
-    python3 benchmarks/decode_profile.py --ab /path/to/tree_a,/path/to/tree_b [-t 1,2] [-r 15]
+    python3 benchmarks/decode_profile.py --ab /path/to/tree_a,/path/to/tree_b [-t 1,2] [-r 16] [--procs 4]
 
 Prints decode tokens/s (median of ``-r`` runs of ``-n`` tokens, after a short prompt) per thread
 count, with the load average: the machine is shared, so compare runs made side by side.
@@ -10,7 +10,9 @@ and every kernel call (exclusive wall-clock time on the calling thread; kernels 
 threads are summed per worker), by wrapping those functions for a separate run.
 ``--ab`` compares source trees (e.g. a ``git archive`` of HEAD and the working tree): one
 process per tree and thread count, all loaded at once and taking turns run by run, so that
-every variant sees the same background load. ``NUMAWB_BENCH_RANDOM=1`` decodes random token ids
+every variant sees the same background load; ``--procs P`` does that in P rounds of fresh
+processes (one process's memory placement moved its decode 5-8 % on the Intel Xeon host: with
+one round, two copies of one tree differ as much as two trees). ``NUMAWB_BENCH_RANDOM=1`` decodes random token ids
 (as llama-bench does; see RANDOM below).
 """
 from __future__ import annotations

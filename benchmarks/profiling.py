@@ -108,30 +108,39 @@ def serve(engine, run: Callable[[], float]) -> None:
 
 
 def run_ab(script: str, trees: list[str], threads: list[int], child_args: list[str],
-           reps: int) -> dict[tuple[int, str], list[float]]:
+           reps: int, procs: int = 1) -> dict[tuple[int, str], list[float]]:
     """Start ``script --child <threads> *child_args`` once per thread count and tree (with that tree
     on PYTHONPATH and as the working directory), then ask each for one result per repetition, in
-    turn.  Prints the load average over the runs; returns the results per (threads, tree)."""
-    procs = {}
-    for nt in threads:
-        for tree in trees:
-            env = dict(os.environ, PYTHONPATH=tree)
-            p = subprocess.Popen([sys.executable, os.path.abspath(script), "--child", str(nt), *child_args],
-                                 cwd=tree, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-            procs[(nt, tree)] = p
-            if p.stdout.readline().strip() != "ready":
-                raise SystemExit(f"{tree}: child failed to start")
-    results: dict[tuple[int, str], list[float]] = {k: [] for k in procs}
+    turn.  With ``procs`` > 1 that happens in ``procs`` rounds, each with fresh processes taking
+    its share of the repetitions: a process keeps the memory it was given for its life, and on the
+    Intel Xeon host two processes of the same tree decoded 5-8 % apart for their whole run (one
+    round compares placements as much as code).  Prints the load average over the runs; returns
+    the results per (threads, tree)."""
+    results: dict[tuple[int, str], list[float]] = {(nt, tree): [] for nt in threads for tree in trees}
     loads = []
-    for _ in range(reps):
-        for key, p in procs.items():
-            p.stdin.write("go\n")
-            p.stdin.flush()
-            results[key].append(float(p.stdout.readline()))
-        loads.append(os.getloadavg()[0])
-    for p in procs.values():
-        p.stdin.close()
-        p.wait()
+    per_round = [reps // procs + (r < reps % procs) for r in range(procs)]
+    for r, n in enumerate(per_round):
+        if n == 0:
+            continue
+        order = trees if r % 2 == 0 else trees[::-1]   # which tree starts first alternates too
+        procs_now = {}
+        for nt in threads:
+            for tree in order:
+                env = dict(os.environ, PYTHONPATH=tree)
+                p = subprocess.Popen([sys.executable, os.path.abspath(script), "--child", str(nt), *child_args],
+                                     cwd=tree, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                procs_now[(nt, tree)] = p
+                if p.stdout.readline().strip() != "ready":
+                    raise SystemExit(f"{tree}: child failed to start")
+        for _ in range(n):
+            for key, p in procs_now.items():
+                p.stdin.write("go\n")
+                p.stdin.flush()
+                results[key].append(float(p.stdout.readline()))
+            loads.append(os.getloadavg()[0])
+        for p in procs_now.values():
+            p.stdin.close()
+            p.wait()
     print(f"load average during the runs: {min(loads):.2f}-{max(loads):.2f}")
     return results
 
@@ -161,6 +170,8 @@ def cli(doc: str, script: str, size_flags: tuple[str, str], default: int, what: 
     ap.add_argument("-r", "--reps", type=int, default=5)
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--ab", help="comma-separated source trees to compare side by side")
+    ap.add_argument("--procs", type=int, default=1,
+                    help="--ab: fresh processes per tree, in rounds sharing the repetitions (default 1)")
     ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     from workbench.engine import Engine, kernels
@@ -172,7 +183,8 @@ def cli(doc: str, script: str, size_flags: tuple[str, str], default: int, what: 
     threads = [int(t) for t in args.threads.split(",")]
     if args.ab:
         extra = ["-m", args.model] if args.model else []
-        results = run_ab(script, args.ab.split(","), threads, [size_flags[0], str(args.size), *extra], args.reps)
+        results = run_ab(script, args.ab.split(","), threads, [size_flags[0], str(args.size), *extra], args.reps,
+                         max(1, args.procs))
         print_ab(results, what(args.size), args.reps, ratio=ratio)
         return
     engine = Engine.load(args.model, placement=Placement(threads=threads[0]))
