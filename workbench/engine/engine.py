@@ -16,6 +16,7 @@ from .config import ModelConfig, config_from_metadata
 from .gguf_file import GGUFFile, ModelLoadError, read_gguf
 from ..numa.layout import KVLayout, ProgressEvent, execute_weights, switch_weights
 from ..numa.plan import KVRequest, PlacementPlan, TensorSpec, plan_for_pool, row_split
+from ..numa.syscalls import trim_heap
 from ..numa.workers import WorkerPool
 from .kv_cache import KVCache, kv_bytes_per_layer_per_worker, make_cache
 from .models import ARCHITECTURES, model_class
@@ -310,6 +311,7 @@ class Engine:
                                       bytes_by_node=lambda name, e: eng.plan.expert_read_bytes(name, e),
                                       nodes=lambda: eng.plan.nodes)
         eng.placement = placement
+        trim_heap()   # the load's freed transients out of the resident heap (before the KV cache)
         return eng
 
     @property
