@@ -225,5 +225,5 @@ def test_trim_heap_gives_freed_heap_pages_back():
     before = _rss_mib()
     assert sc.trim_heap() is True
     after = _rss_mib()
+    del kept   # (alive until here: the holes between them are what the trim gives back)
     assert before - after > 20, (before, after)
-    assert len(kept) == 750

@@ -189,6 +189,15 @@ def _rows_of(tasks_at, chunks_at, n_chunks, n_owned, me):
     return w + lo * task[T_ROWLEN], w + max(hi, lo) * task[T_ROWLEN]
 
 
+@numba.njit(inline="always")
+def _read_ahead(pa):
+    """Prefetch the 512 bytes at address pa (a waiting thread's step between two looks at the
+    job counter); returns where the next step starts."""
+    for i in range(8):
+        prefetch_at(pa + 64 * i)
+    return pa + 512
+
+
 @intrinsic
 def cpu_relax(typingctx):
     """The x86 `pause` hint inside a spin loop (nothing elsewhere)."""
@@ -553,9 +562,7 @@ def _build(mv: dict):
                     if a != pstart or b != pend:   # (the linked job's rows: already on their way)
                         pstart, pa, pend = a, a, b
                 if pa < pend:  # read ahead 512 bytes at a time, looking for the job in between
-                    for i in range(8):
-                        prefetch_at(pa + 64 * i)
-                    pa += 512
+                    pa = _read_ahead(pa)
                 else:
                     cpu_relax()
                     spins += 1
@@ -587,9 +594,7 @@ def _build(mv: dict):
                 if atomic_load(ctl, FAILED) != 0:
                     return False
                 if pa < pend:
-                    for i in range(8):
-                        prefetch_at(pa + 64 * i)
-                    pa += 512
+                    pa = _read_ahead(pa)
                     continue
                 cpu_relax()
                 spins += 1

@@ -202,10 +202,11 @@ def prefetch_distance(k: int) -> int:
     return PREFETCH_BYTES if k <= PREFETCH_MAX_K else 0
 
 
-def _prefetch_t0(builder, p) -> None:
-    """prefetcht0 of the line holding i8* p (llvm.prefetch: read, keep in all levels, data)."""
+def _prefetch_t0(builder, p, write: bool = False) -> None:
+    """prefetcht0 of the line holding i8* p (llvm.prefetch: read, keep in all levels, data);
+    write: prefetchw (the line arrives owned, ready for a store)."""
     fn = _fn(builder, "llvm.prefetch.p0i8", ir.VoidType(), [ir.IntType(8).as_pointer(), _i32, _i32, _i32])
-    builder.call(fn, [p, ir.Constant(_i32, 0), ir.Constant(_i32, 3), ir.Constant(_i32, 1)])
+    builder.call(fn, [p, ir.Constant(_i32, int(write)), ir.Constant(_i32, 3), ir.Constant(_i32, 1)])
 
 
 @intrinsic
@@ -239,9 +240,7 @@ def prefetch_write_at(typingctx, addr):
     """Hint: bring the line at a raw byte address into the caches for writing (prefetchw: it
     arrives owned, so a store there does not wait for it); never faults."""
     def cg(context, builder, sig, args):
-        fn = _fn(builder, "llvm.prefetch.p0i8", ir.VoidType(), [ir.IntType(8).as_pointer(), _i32, _i32, _i32])
-        builder.call(fn, [builder.inttoptr(args[0], ir.IntType(8).as_pointer()), ir.Constant(_i32, 1),
-                          ir.Constant(_i32, 3), ir.Constant(_i32, 1)])
+        _prefetch_t0(builder, builder.inttoptr(args[0], ir.IntType(8).as_pointer()), write=True)
         return context.get_dummy_value()
 
     return types.void(addr), cg
