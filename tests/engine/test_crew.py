@@ -280,7 +280,8 @@ def _hinted_rows(crew, job, me):
 
 def test_a_waiting_worker_is_told_the_rows_it_will_take_next(pool):
     """`crew.ahead`: while the caller runs the serial steps before a job, a waiting worker reads
-    the weight rows it will likely take: its own first pinned chunk, else shared chunk number `me`
+    the weight rows it will likely take: its own first pinned chunk and the pieces of the same rows'
+    run that follow it, else shared chunk number `me`
     (the caller takes the first shared one as it posts); rows from the task's T_LO, cut at T_HI;
     nothing on several nodes (a worker would pull another node's weights across)."""
     from workbench.engine.crew import T_HI, T_LO
@@ -295,10 +296,50 @@ def test_a_waiting_worker_is_told_the_rows_it_will_take_next(pool):
     assert _hinted_rows(crew, shared, 2) == (a + 40 * rb, a + 64 * rb)
     assert _hinted_rows(crew, shared, 3) == (0, 0)                       # fewer shared chunks than workers
     pinned = Job([(K.Q8_0, w, 0, 0, 0)], [(0, 0, 32, 0), (0, 32, 48, 1), (0, 48, 64, 1)], [])
-    assert _hinted_rows(crew, pinned, 1) == (a + 32 * rb, a + 48 * rb)   # its own first piece
+    assert _hinted_rows(crew, pinned, 1) == (a + 32 * rb, a + 64 * rb)   # its own first run of pieces
+    gap = Job([(K.Q8_0, w, 0, 0, 0)], [(0, 0, 32, 0), (0, 32, 40, 1), (0, 48, 64, 1)], [])
+    assert _hinted_rows(crew, gap, 1) == (a + 32 * rb, a + 40 * rb)      # ... up to a gap in the rows
     pinned.tasks[0, T_LO], pinned.tasks[0, T_HI] = 8, 50                 # an attention window: rows 8..50
     assert _hinted_rows(crew, pinned, 1) == (a + 40 * rb, a + 50 * rb)
     two_nodes = Crew(pool, pool.n_threads)
     two_nodes._groups = [0, 1]
     two_nodes._init_ctl()
     assert _hinted_rows(two_nodes, shared, 1) == (0, 0)
+
+
+@pytest.mark.parametrize("rows,row_bytes,n", [([1024, 256, 256], [440, 440, 680], 2), ([2048, 2048], [440, 440], 2),
+                                               ([640], [576], 2), ([262144], [680], 2), ([640], [576], 3),
+                                               ([24, 8], [34, 34], 4)])
+def test_pinned_shares_give_each_worker_one_stream_in_halving_pieces(rows, row_bytes, n):
+    """`runtime._pinned_shares` (a one-token product's pinned pieces on one node): every row of
+    every task exactly once; each worker's pieces follow one another in the rows, task after task
+    (one stream); the workers' shares are equal in bytes up to a piece; pieces end on 8-row
+    multiples (or a task's end) and shrink, so the owner claims them one by one and a faster worker
+    takes the smallest from the back."""
+    from workbench.engine.runtime import PIECE_BYTES, _pinned_shares
+
+    pieces = _pinned_shares(rows, row_bytes, n)
+    seen = [np.zeros(r, int) for r in rows]
+    for t, lo, hi, _w in pieces:
+        assert 0 <= lo < hi <= rows[t]
+        assert hi % 8 == 0 or hi == rows[t]
+        seen[t][lo:hi] += 1
+    assert all((s == 1).all() for s in seen)
+    flat = [(t, lo, hi) for t, lo, hi, _w in pieces]
+    assert flat == sorted(flat)                                    # in row order, worker after worker
+    owners = [w for *_, w in pieces]
+    assert owners == sorted(owners)
+    total = sum(r * b for r, b in zip(rows, row_bytes))
+    for w in set(owners):
+        mine = [(t, lo, hi) for t, lo, hi, o in pieces if o == w]
+        share = sum((hi - lo) * row_bytes[t] for t, lo, hi in mine)
+        biggest = max((hi - lo) * row_bytes[t] for t, lo, hi in mine)
+        assert abs(share - total / n) <= max(PIECE_BYTES, 8 * max(row_bytes)) + biggest * (w == n - 1)
+        left = share
+        for t, lo, hi in mine:   # half of what is left of the share (cut at its task's end), or the least
+            size = (hi - lo) * row_bytes[t]
+            assert size <= max(left // 2, PIECE_BYTES) + 8 * row_bytes[t] or w == n - 1 and hi == rows[t]
+            assert size >= min(left // 2, PIECE_BYTES) - 8 * row_bytes[t] or hi == rows[t]
+            left -= size
+    if rows == [262144]:
+        assert len(pieces) < 40                                    # a few kernel calls, not thousands

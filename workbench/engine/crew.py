@@ -181,11 +181,17 @@ def _rows_of(tasks_at, chunks_at, n_chunks, n_owned, me):
     if c < 0:
         return 0, 0
     t = chunks[c * CHUNK_FIELDS + C_TASK]
+    # a pinned chunk's run: the pieces of the same task that follow it (one stream)
+    last = c
+    while (c < n_owned and last + 1 < n_owned and chunks[(last + 1) * CHUNK_FIELDS + C_OWNER] == me
+           and chunks[(last + 1) * CHUNK_FIELDS + C_TASK] == t
+           and chunks[(last + 1) * CHUNK_FIELDS + C_LO] == chunks[last * CHUNK_FIELDS + C_HI]):
+        last += 1
     task = _view(tasks_at + 8 * TASK_FIELDS * t, TASK_FIELDS, np.int64)
     w = task[T_W] + task[T_WSHIFT]
     # rows count from T_LO and stop at T_HI (attention: the previous call's window, one row off)
     lo = task[T_LO] + chunks[c * CHUNK_FIELDS + C_LO]
-    hi = min(task[T_LO] + chunks[c * CHUNK_FIELDS + C_HI], task[T_HI], task[T_ROWS])
+    hi = min(task[T_LO] + chunks[last * CHUNK_FIELDS + C_HI], task[T_HI], task[T_ROWS])
     return w + lo * task[T_ROWLEN], w + max(hi, lo) * task[T_ROWLEN]
 
 
@@ -482,7 +488,8 @@ def _build(mv: dict):
                 while nxt < n_owned and chunks[nxt, C_OWNER] != me:
                     nxt += 1
                 if (nxt >= n_owned or chunks[nxt, C_TASK] != chunks[pos, C_TASK]
-                        or chunks[nxt, C_SPAN] != chunks[pos, C_SPAN] or chunks[nxt, C_LO] != chunks[prev, C_HI]):
+                        or chunks[nxt, C_SPAN] != chunks[pos, C_SPAN] or chunks[nxt, C_LO] != chunks[prev, C_HI]
+                        or chunks[nxt, C_HI] - chunks[nxt, C_LO] != chunks[pos, C_HI] - chunks[pos, C_LO]):
                     break
                 n += 1
                 prev = nxt
@@ -833,6 +840,11 @@ class Crew:
         self._chunk = compiled_address(chunk, CHUNK_ARGS)
         self._init_ctl()
 
+    @property
+    def one_group(self) -> bool:
+        """Every worker in one steal group (node): any may take over another's pinned pieces."""
+        return len(set(self._groups)) == 1
+
     def _init_ctl(self) -> None:
         """The fields no job changes: lead_core's and run_chunk's addresses, the cursors' place and
         steal groups."""
@@ -841,7 +853,7 @@ class Crew:
         self.ctl[CURSORS] = self._cursors
         # read-ahead hints only where every worker reads its node's memory (on several nodes a
         # worker would pull another node's weights across the interconnect for nothing)
-        self.ctl[AHEAD_ON] = int(len(set(self._groups)) == 1)
+        self.ctl[AHEAD_ON] = int(self.one_group)
         for w, g in enumerate(self._groups):
             self.ctl[self._cursors + 8 * w + 1] = g
 
