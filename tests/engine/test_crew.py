@@ -343,3 +343,37 @@ def test_pinned_shares_give_each_worker_one_stream_in_halving_pieces(rows, row_b
             left -= size
     if rows == [262144]:
         assert len(pieces) < 40                                    # a few kernel calls, not thousands
+
+
+@pytest.mark.parametrize("solo", [False, True], ids=["crew", "solo"])
+def test_write_ahead_lines_are_asked_once_and_change_nothing(pool, solo):
+    """`crew.write_ahead`: the next run of a job asks for lines the caller stores to afterwards
+    (prefetchw right after its post): the products' results and the lines' contents are unchanged,
+    and the request is for that run only (the count is cleared)."""
+    import numba
+
+    from workbench.engine.crew import T_WA_N, write_ahead
+
+    rng = np.random.default_rng(9)
+    rows, k = 256, 512
+    w = _matrix(K.Q8_0, rows, k, rng)
+    xp = K.prepare(K.Q8_0, rng.standard_normal(k).astype(np.float32))
+    ref = np.empty(rows, np.float32)
+    K.matvec(K.Q8_0, w, xp, ref, 0, rows)
+    target = rng.integers(0, 1 << 16, (64, 96), dtype=np.uint16)
+    before = target.copy()
+    job = Job([(K.Q8_0, w, 0, 0, 0)], [], [(0, lo, min(lo + 64, rows)) for lo in range(0, rows, 64)])
+    numba.njit(lambda t, a, n, s: write_ahead(t, a, n, s))(job.tasks, target.ctypes.data + 2 * 7, 64, 2 * 96)
+    assert job.tasks[0, T_WA_N] == 64
+    crew = Crew(pool, pool.n_threads)
+    with pool.lead():
+        crew.start(solo=solo)
+        try:
+            for _ in range(2):
+                out = np.full(rows, np.nan, np.float32)
+                crew.run(job, xp, xp, [out])
+                np.testing.assert_array_equal(out, ref)
+                assert job.tasks[0, T_WA_N] == 0
+        finally:
+            crew.stop()
+    assert np.array_equal(target, before)

@@ -1,23 +1,19 @@
-"""The KV cache's one-token store and the write prefetch that comes before it."""
+"""The KV cache's one-token store and the lines it writes (which the q/k/v job asks for ahead)."""
 from __future__ import annotations
 
 import numpy as np
 
-from workbench.engine.kv_cache import prefetch_values_slot, store_f16
+from workbench.engine.kv_cache import store_f16, values_slot_lines
 
 
-def test_values_prefetch_changes_nothing_and_the_store_fills_one_column() -> None:
+def test_values_slot_lines_are_the_lines_the_store_writes() -> None:
     rng = np.random.default_rng(5)
     n_kv, hd, cap = 2, 64, 96
     kc = rng.integers(0, 1 << 16, (n_kv, cap, hd), dtype=np.uint16)
     vc = rng.integers(0, 1 << 16, (n_kv, hd, cap), dtype=np.uint16)
     before_k, before_v = kc.copy(), vc.copy()
-    for slot in (0, 31, cap - 1, cap, cap + 1000):  # past the end: nothing asked for, no fault
-        prefetch_values_slot(vc, slot)
-    assert np.array_equal(vc, before_v) and np.array_equal(kc, before_k)
     k = rng.standard_normal((1, n_kv, hd)).astype(np.float32)
     v = rng.standard_normal((1, n_kv, hd)).astype(np.float32)
-    prefetch_values_slot(vc, 40)
     store_f16(kc, vc, k, v, 40)
     assert np.array_equal(vc[:, :, 40], v[0].astype(np.float16).view(np.uint16))
     assert np.array_equal(kc[:, 40], k[0].astype(np.float16).view(np.uint16))
@@ -25,3 +21,9 @@ def test_values_prefetch_changes_nothing_and_the_store_fills_one_column() -> Non
     others[40] = False
     assert np.array_equal(vc[:, :, others], before_v[:, :, others])
     assert np.array_equal(kc[:, others], before_k[:, others])
+    # every value the store wrote lies on one of the lines named, one line per value
+    at, n, stride = values_slot_lines(vc, 40)
+    written = {(vc.ctypes.data + (h * hd * cap + j * cap + 40) * 2) // 64 for h in range(n_kv) for j in range(hd)}
+    assert n == n_kv * hd and {(at + r * stride) // 64 for r in range(n)} == written
+    for slot in (cap, cap + 1000):  # past the end: nothing to ask for
+        assert values_slot_lines(vc, slot)[1] == 0

@@ -12,7 +12,6 @@ from typing import Callable
 import numba as nb
 import numpy as np
 
-from .kernels.intrinsics import prefetch_write_at
 from .kernels.jitcache import JIT
 from .config import ModelConfig
 from .ops import f16_bits
@@ -43,22 +42,15 @@ def store_f16(kc: np.ndarray, vc: np.ndarray, k: np.ndarray, v: np.ndarray, slot
                 vc[h, j, slot0 + t] = f16_bits(v[t, h, j])
 
 
-@nb.njit(**JIT)
-def prefetch_values_slot(vc: np.ndarray, slot: int) -> None:
-    """Ask for the lines that `store_f16` writes in the values vc [kv_head, dim, slot] at `slot`
-    (one line per row: the token's values go down a column), owned, before it writes them: with
-    the cache transposed each of a decoded token's values falls on its own line, cold after the
-    token's weights streamed through the caches: Gemma 3's 256 values, stored on the caller's
-    path before the keys job. `token_attention` asks right after the q/k/v product, so the lines
-    come in while the norms and RoPE run: the gap before the keys job 9.5 -> ~7 us (Intel Xeon
-    host, 2 threads, crew_timeline.py); asked before the q/k/v job was posted, the 256 requests
-    held that post back as long (one line fill buffer each) and gained nothing. Changes nothing
-    in the cache (a hint); past the cache's end (slot >= its size) it asks for nothing."""
-    if slot < vc.shape[2]:
-        base = vc.ctypes.data + 2 * slot
-        row = 2 * vc.shape[2]
-        for r in range(vc.shape[0] * vc.shape[1]):
-            prefetch_write_at(base + r * row)
+@nb.njit(**JIT, inline="always")
+def values_slot_lines(vc: np.ndarray, slot: int) -> tuple[int, int, int]:
+    """(address, count, stride) of the lines `store_f16` writes in the values vc [kv_head, dim,
+    slot] at `slot`: one line per row (the token's values go down a column of the transposed
+    cache, each cold after the token's weights streamed through the caches: Gemma 3's 256 values a
+    layer); count 0 past the cache's end. `crew.write_ahead` asks for them during the q/k/v job."""
+    if slot >= vc.shape[2]:
+        return vc.ctypes.data, 0, 0
+    return vc.ctypes.data + 2 * slot, vc.shape[0] * vc.shape[1], 2 * vc.shape[2]
 
 
 def slots_per_worker(n_ctx: int, n_workers: int) -> int:

@@ -16,8 +16,8 @@ import numba
 import numpy as np
 
 from . import ops
-from .crew import ahead
-from .kv_cache import prefetch_values_slot
+from .crew import ahead, write_ahead
+from .kv_cache import values_slot_lines
 from .kernels.jitcache import JIT as _NB
 
 _BLOCKS: dict = {}
@@ -38,10 +38,11 @@ def block_runner(qkv: Callable, attend: Callable, out: Callable) -> Callable:
         [n_kv, hd], [n_kv, hdv]; a bias, a norm weight or `cs` of size 0 is skipped. False when a
         worker failed."""
         t, c, n = qkv_job
+        at, lines, stride = values_slot_lines(vc, pos0)
+        write_ahead(t, at, lines, stride)   # the values' store below writes these lines
         if not qkv(ctl, n_workers, t, c, n, h, (q.reshape(-1), k.reshape(-1), v.reshape(-1))):
             return False
         ahead(ctl, keys_job)   # the workers read their keys while the norms and RoPE run here
-        prefetch_values_slot(vc, pos0)   # the values' store below writes these lines
         if bq.size:
             q += bq.reshape(q.shape)
         if bk.size:
