@@ -235,7 +235,9 @@ def test_the_token_program_compiles_its_layers_into_itself(tmp_path):
 def test_a_token_links_its_jobs_in_the_order_it_posts_them(tmp_path):
     """Each crew job of a decoded token names the next one (`crew.link`), so whoever runs out of
     a job's chunks first reads its rows of the next: q/k/v -> keys -> values -> attention output
-    -> gate/up -> down -> the next layer's q/k/v, the last layer's down -> the output product."""
+    -> gate/up -> down -> the next layer's q/k/v, the last layer's down -> the output product -> the
+    next token's first q/k/v (a worker waiting through the Python between two tokens reads ahead
+    along the links, `READ_AHEAD_BYTES` in all)."""
     import ctypes
 
     from workbench.engine.crew import T_NEXT_C, T_NEXT_NC, T_NEXT_T
@@ -265,5 +267,6 @@ def test_a_token_links_its_jobs_in_the_order_it_posts_them(tmp_path):
             assert after(job(f"blk.{il}.ffn_gate.weight")) == job(f"blk.{il}.ffn_down.weight").ctypes.data
         assert after(job("blk.0.ffn_down.weight")) == job("blk.1.attn_q.weight").ctypes.data
         assert after(job("blk.1.ffn_down.weight")) == job("token_embd.weight").ctypes.data
+        assert after(job("token_embd.weight")) == job("blk.0.attn_q.weight").ctypes.data   # the next token
     finally:
         eng.close()

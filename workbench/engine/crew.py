@@ -87,6 +87,10 @@ ACK = 32         # ACK + 8 * w: last job worker w finished
 # ... then per worker w, at ctl[CURSORS] + 8 * w: its pinned chunks taken from the front (high 32
 # bits: by w) and from the back (low 32 bits: by others), and at + 1 its steal group (its node)
 SPINS_BEFORE_YIELD = 2000
+# a worker waiting longer than its next job's rows take to read (the caller's Python between two
+# tokens, ~150 us) goes on along the links, job after job, reading its likely rows of each into
+# its caches, this many bytes in all (a part of a 2 MB L2)
+READ_AHEAD_BYTES = 1 << 20
 # added to a job's pinned-chunk count (`lead`'s n_owned): a worker done with its own pinned chunks
 # takes those of a worker of its group (node) that is behind, from the end of that worker's list.
 # Pinned halves keep each worker on long contiguous streams (finer shared chunks streamed 25-35 %
@@ -588,6 +592,8 @@ def _build(mv: dict):
         gen = atomic_load(ctl, AHEAD_GEN)
         pa = pend = 0
         pstart = 0
+        hop = 0      # the task table whose linked job's rows [pstart, pend) are
+        budget = 0   # bytes it may still read ahead along the links before the next job
         while True:
             spins = 0
             seq = atomic_load(ctl, SEQ)
@@ -598,8 +604,15 @@ def _build(mv: dict):
                     a, b = _ahead_rows(ctl, me)
                     if a != pstart or b != pend:   # (the linked job's rows: already on their way)
                         pstart, pa, pend = a, a, b
+                    hop = 0
                 if pa < pend:  # read ahead 512 bytes at a time, looking for the job in between
                     pa = _read_ahead(pa)
+                elif hop != 0 and budget > 0:  # a long wait (the caller's Python between tokens):
+                    hop = _view(hop, TASK_FIELDS, np.int64)[T_NEXT_T]   # the job after that one
+                    if hop != 0:
+                        pstart, pend = _next_rows(hop, me)
+                        pa = pstart
+                        budget -= max(pend - pstart, 512)   # (a cycle of links ends too)
                 else:
                     cpu_relax()
                     spins += 1
@@ -607,6 +620,7 @@ def _build(mv: dict):
                         yield_cpu()
                 seq = atomic_load(ctl, SEQ)
             pa = pend   # the job is here: a hint is for the wait before it
+            hop = 0
             if seq < 0:
                 return busy
             seen = seq
@@ -619,6 +633,7 @@ def _build(mv: dict):
             if ctl[AHEAD_ON] != 0:   # read ahead the linked job's rows while the caller finishes
                 pa, pend = _next_rows(ctl[TASKS], me)
                 pstart = pa
+                hop, budget = ctl[TASKS], READ_AHEAD_BYTES - (pend - pa)
             atomic_store(ctl, ACK + 8 * me, seq)
 
     @numba.njit(**_NB)

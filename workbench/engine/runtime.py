@@ -1239,13 +1239,15 @@ class Runtime(AttentionPaths):
         the token id, and its arguments are (the prologue's typed list, the layers')."""
         fns, layers, keys = set(), [], []
         k = 0
-        last = _NO_JOB
+        last = first = _NO_JOB
         for attention, il, ffn_norm, ffn, next_norm, eps, post_attn, post_ffn, rope_i in steps:
             a = self._attention_parts(attention, kv, il)
             f = self._ffn_parts(ffn) if a is not None else None
             if f is None:
                 return None
             link(last, a.first)   # the token's jobs in the order it posts them
+            if first is _NO_JOB:
+                first = a.first
             link(a.last, f.first)
             last = f.last
             fns.add((a.fn, f.fn))
@@ -1272,6 +1274,7 @@ class Runtime(AttentionPaths):
             if run_out is not None:
                 out_job = (g.job.tasks, g.job.chunks, g.job.n_owned, g.rows[0])
                 link(last, out_job)
+                link(out_job, first)   # and the next token's first job (while the Python between runs)
         jkey = (tuple(keys), k)
         journal = self._journals.get(jkey)
         if journal is None:  # one per set of layers, kept for the runtime's life
