@@ -363,7 +363,7 @@ def test_write_ahead_lines_are_asked_once_and_change_nothing(pool, solo):
     target = rng.integers(0, 1 << 16, (64, 96), dtype=np.uint16)
     before = target.copy()
     job = Job([(K.Q8_0, w, 0, 0, 0)], [], [(0, lo, min(lo + 64, rows)) for lo in range(0, rows, 64)])
-    numba.njit(lambda t, a, n, s: write_ahead(t, a, n, s))(job.tasks, target.ctypes.data + 2 * 7, 64, 2 * 96)
+    numba.njit(lambda t, a, n, s, p: write_ahead(t, a, n, s, p))(job.tasks, target.ctypes.data, 64, 2 * 96, 3)
     assert job.tasks[0, T_WA_N] == 64
     crew = Crew(pool, pool.n_threads)
     with pool.lead():

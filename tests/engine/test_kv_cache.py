@@ -8,7 +8,7 @@ from workbench.engine.kv_cache import store_f16, values_slot_lines
 
 def test_values_slot_lines_are_the_lines_the_store_writes() -> None:
     rng = np.random.default_rng(5)
-    n_kv, hd, cap = 2, 64, 96
+    n_kv, hd, cap = 2, 64, 320
     kc = rng.integers(0, 1 << 16, (n_kv, cap, hd), dtype=np.uint16)
     vc = rng.integers(0, 1 << 16, (n_kv, hd, cap), dtype=np.uint16)
     before_k, before_v = kc.copy(), vc.copy()
@@ -22,8 +22,21 @@ def test_values_slot_lines_are_the_lines_the_store_writes() -> None:
     assert np.array_equal(vc[:, :, others], before_v[:, :, others])
     assert np.array_equal(kc[:, others], before_k[:, others])
     # every value the store wrote lies on one of the lines named, one line per value
-    at, n, stride = values_slot_lines(vc, 40)
-    written = {(vc.ctypes.data + (h * hd * cap + j * cap + 40) * 2) // 64 for h in range(n_kv) for j in range(hd)}
-    assert n == n_kv * hd and {(at + r * stride) // 64 for r in range(n)} == written
+    def lines(at, n, stride, per):
+        return {(at + r * stride) // 64 + j for r in range(n) for j in range(per)}
+
+    def line_of(h, j, slot):
+        return (vc.ctypes.data + (h * hd * cap + j * cap + slot) * 2) // 64
+
+    written = {line_of(h, j, 40) for h in range(n_kv) for j in range(hd)}
+    assert written <= lines(*values_slot_lines(vc, 40, 0))
+    # a short row, from its 64-slot base to the values job's end (the slot's 64-slot boundary): all
+    # of its lines, the store's among them
+    span = {line_of(h, j, p) for h in range(n_kv) for j in range(hd) for p in range(64, 128)}
+    assert lines(*values_slot_lines(vc, 70, 64)) == span
+    assert lines(*values_slot_lines(vc, 40, 0)) == {line_of(h, j, p) for h in range(n_kv) for j in range(hd)
+                                                     for p in range(64)}
+    # a long one (more than VALUES_AHEAD_LINES lines from base): the store's lines alone
+    assert lines(*values_slot_lines(vc, 200, 0)) == {line_of(h, j, 200) for h in range(n_kv) for j in range(hd)}
     for slot in (cap, cap + 1000):  # past the end: nothing to ask for
-        assert values_slot_lines(vc, slot)[1] == 0
+        assert values_slot_lines(vc, slot, 0)[1] == 0

@@ -44,8 +44,8 @@ _X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
 (T_TYPE, T_W, T_ROWS, T_ROWLEN, T_PREP, T_OUT, T_OUTOFF, T_XROW, T_OUTROW,
  T_X0, T_N0, T_X1, T_N1, T_X2, T_N2, T_OUTADDR,
  T_LO, T_HI, T_WSHIFT, T_XOFF, T_XLEN, T_NEXT_T, T_NEXT_C, T_NEXT_NC, T_NEXT_NO,
- T_WA_AT, T_WA_N, T_WA_STRIDE) = range(28)
-TASK_FIELDS = 28
+ T_WA_AT, T_WA_N, T_WA_STRIDE, T_WA_PER) = range(29)
+TASK_FIELDS = 29
 # T_LO, T_HI: a chunk's rows count from T_LO and stop at T_HI (attention: the filled, in-window
 # key positions; products: 0 and no limit); T_WSHIFT: bytes added to the weight address
 # (attention: values seen from a later slot); T_XOFF, T_XLEN: the input starts T_XOFF elements
@@ -54,9 +54,9 @@ TASK_FIELDS = 28
 # posts after this one (its task and chunk tables' addresses, chunk and pinned-chunk counts; 0: not
 # known), set once by `link`: whoever of the caller and the workers runs out of this job's chunks
 # first reads its rows of that job into its caches while the other finishes (`_next_rows`)
-# T_WA_AT, T_WA_N, T_WA_STRIDE (the first task's row only, `write_ahead`): T_WA_N lines, T_WA_STRIDE
-# bytes apart from address T_WA_AT, that the caller will store to after the job: it asks for them,
-# owned, right after posting the job (once; the count is then cleared)
+# T_WA_AT, T_WA_N, T_WA_STRIDE, T_WA_PER (the first task's row only, `write_ahead`): T_WA_N runs of
+# T_WA_PER lines, T_WA_STRIDE bytes apart from address T_WA_AT, that the caller stores to (or reads)
+# after the job: it asks for them, owned, right after posting the job (once; the count is cleared)
 NO_LIMIT = 1 << 62
 # ---- chunk table: one row per piece of work ----------------------------------------------
 C_TASK, C_LO, C_HI, C_OWNER, C_SPAN = range(5)  # tasks C_TASK.. C_TASK + C_SPAN - 1
@@ -159,10 +159,11 @@ def ahead(ctl, job) -> None:
 
 
 @numba.njit(inline="always")
-def write_ahead(tasks, at, n, stride) -> None:
-    """Have the next run of the job whose task table is `tasks` ask, right after its post, for the
-    n lines at `at`, `at + stride`, ... owned (prefetchw): lines the caller stores to after the job,
-    each cold and on its own line (a decoded token's values down the transposed cache's column).
+def write_ahead(tasks, at, n, stride, per) -> None:
+    """Have the next run of the job whose task table is `tasks` ask, right after its post, for n
+    runs of `per` lines at `at`, `at + stride`, ... owned (prefetchw): lines the caller stores to
+    after the job, each cold and on its own line (a decoded token's values down the transposed
+    cache's column), and the lines around them the values job then reads.
     Asked for in a burst on the caller's serial path, 256 such lines held it 4.5-5.7 us (a line
     fill buffer each, Intel Xeon host); asked right after the post, while the workers stream the
     job's weights, they come in beside them and a worker takes over the caller's last pieces
@@ -171,6 +172,7 @@ def write_ahead(tasks, at, n, stride) -> None:
     if tasks.shape[0] > 0:
         tasks[0, T_WA_AT] = at
         tasks[0, T_WA_STRIDE] = stride
+        tasks[0, T_WA_PER] = per
         tasks[0, T_WA_N] = n
 
 
@@ -178,9 +180,10 @@ def write_ahead(tasks, at, n, stride) -> None:
 def _write_ahead_now(tasks) -> None:
     n = tasks[0, T_WA_N] if tasks.shape[0] > 0 else 0
     if n > 0:
-        at, stride = tasks[0, T_WA_AT], tasks[0, T_WA_STRIDE]
+        at, stride, per = tasks[0, T_WA_AT], tasks[0, T_WA_STRIDE], tasks[0, T_WA_PER]
         for r in range(n):
-            prefetch_write_at(at + r * stride)
+            for j in range(per):
+                prefetch_write_at(at + r * stride + 64 * j)
         tasks[0, T_WA_N] = 0
 
 

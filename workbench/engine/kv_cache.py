@@ -42,15 +42,31 @@ def store_f16(kc: np.ndarray, vc: np.ndarray, k: np.ndarray, v: np.ndarray, slot
                 vc[h, j, slot0 + t] = f16_bits(v[t, h, j])
 
 
+#: a decoded token's values job reads each value row's positions [base, kp) (`one_token_attention`):
+#: up to this many lines of each row are asked for with the store's line (short contexts, where the
+#: 256 rows' few lines each are scattered, cold misses); longer rows stream on their own
+VALUES_AHEAD_LINES = 4
+
+
 @nb.njit(**JIT, inline="always")
-def values_slot_lines(vc: np.ndarray, slot: int) -> tuple[int, int, int]:
-    """(address, count, stride) of the lines `store_f16` writes in the values vc [kv_head, dim,
-    slot] at `slot`: one line per row (the token's values go down a column of the transposed
-    cache, each cold after the token's weights streamed through the caches: Gemma 3's 256 values a
-    layer); count 0 past the cache's end. `crew.write_ahead` asks for them during the q/k/v job."""
-    if slot >= vc.shape[2]:
-        return vc.ctypes.data, 0, 0
-    return vc.ctypes.data + 2 * slot, vc.shape[0] * vc.shape[1], 2 * vc.shape[2]
+def values_slot_lines(vc: np.ndarray, slot: int, base: int) -> tuple[int, int, int, int]:
+    """(address, rows, stride, lines per row) of the lines `store_f16` writes in the values vc
+    [kv_head, dim, slot] at `slot` -- one line per row: the token's values go down a column of the
+    transposed cache, each cold after the token's weights streamed through the caches (Gemma 3's
+    256 values a layer) -- widened to each row's lines from position `base` to the values job's end
+    (the slot's 64-slot boundary) when those are at most VALUES_AHEAD_LINES; rows 0 past the cache's
+    end. `crew.write_ahead` asks for them during the q/k/v job."""
+    cap = vc.shape[2]
+    at = np.int64(vc.ctypes.data)
+    if slot >= cap:
+        return at, 0, 0, 0
+    rows, stride = vc.shape[0] * vc.shape[1], 2 * cap
+    kp = min(-(-(slot + 1) // 64) * 64, cap)
+    first = (at + 2 * base) // 64 * 64
+    per = (at + 2 * kp + 63) // 64 - first // 64
+    if 0 <= base <= slot and per <= VALUES_AHEAD_LINES:
+        return first, rows, stride, per
+    return at + 2 * slot, rows, stride, 1
 
 
 def slots_per_worker(n_ctx: int, n_workers: int) -> int:

@@ -38,8 +38,8 @@ def block_runner(qkv: Callable, attend: Callable, out: Callable) -> Callable:
         [n_kv, hd], [n_kv, hdv]; a bias, a norm weight or `cs` of size 0 is skipped. False when a
         worker failed."""
         t, c, n = qkv_job
-        at, lines, stride = values_slot_lines(vc, pos0)
-        write_ahead(t, at, lines, stride)   # the values' store below writes these lines
+        at, rows, stride, per = values_slot_lines(vc, pos0, base)
+        write_ahead(t, at, rows, stride, per)   # the values' store and job below touch these lines
         if not qkv(ctl, n_workers, t, c, n, h, (q.reshape(-1), k.reshape(-1), v.reshape(-1))):
             return False
         ahead(ctl, keys_job)   # the workers read their keys while the norms and RoPE run here
