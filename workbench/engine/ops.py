@@ -28,30 +28,21 @@ from .kernels.llama_build import SOFTMAX_LANES, WIDE
 from .kernels.jitcache import JIT as _JIT
 
 
-@intrinsic
-def fma32(typingctx, a, b, c):
-    """a * b + c in float32 with a single rounding (as the FMA instructions GCC contracts to)."""
-    sig = types.float32(types.float32, types.float32, types.float32)
-
-    def cg(context, builder, sig, args):
-        f32 = ir.FloatType()
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32, f32, f32]), "llvm.fma.f32")
-        return builder.call(fn, list(args))
-
-    return sig, cg
+def _fma(nbty, llty, name: str):
+    """An intrinsic a * b + c with a single rounding in one float type (llvm.fma)."""
+    def fma(typingctx, a, b, c):
+        def cg(context, builder, sig, args):
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(llty, [llty] * 3), f"llvm.fma.{name}")
+            return builder.call(fn, list(args))
+        return nbty(nbty, nbty, nbty), cg
+    fma.__name__ = fma.__qualname__ = f"fma_{name}"
+    return fma
 
 
-@intrinsic
-def fma64(typingctx, a, b, c):
-    """a * b + c in float64 with a single rounding."""
-    sig = types.float64(types.float64, types.float64, types.float64)
-
-    def cg(context, builder, sig, args):
-        f64 = ir.DoubleType()
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f64, [f64, f64, f64]), "llvm.fma.f64")
-        return builder.call(fn, list(args))
-
-    return sig, cg
+#: a * b + c in float32 with a single rounding (as the FMA instructions GCC contracts to)
+fma32 = intrinsic(_fma(types.float32, ir.FloatType(), "f32"))
+#: a * b + c in float64 with a single rounding
+fma64 = intrinsic(_fma(types.float64, ir.DoubleType(), "f64"))
 
 
 _EXP_R = np.float32(float.fromhex("0x1.8p23"))
