@@ -866,7 +866,7 @@ class Runtime(AttentionPaths):
         if group.chunks is not None and self.n_workers > 1 and crew is not None and crew.one_group:
             for j, (qtype, plan, p) in enumerate(group.jobs):
                 tasks.append((qtype, plan[0][0], p, j, 0))
-            row_bytes = [self.weights[name].info.nbytes // rows for name, rows in zip(group.names, group.rows)]
+            row_bytes = [self.weights[name].info.row_bytes for name in group.names]
             job = Job(tasks, _pinned_shares(group.rows, row_bytes, self.n_workers), [])
             job.n_owned |= STEALABLE
             return job
