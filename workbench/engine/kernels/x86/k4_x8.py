@@ -26,7 +26,8 @@ from llvmlite import ir
 from numba.extending import intrinsic
 
 from ..intrinsics import (_BYTES, _V8I, _arr_load, _check_array, _splat, _to_i32, b_and, b_shr, bcast_b4, bcast_i32, dot_us, f_lane, f_scale,
-                          f_sub, f_zero, fmadd_v, i_add, i_mul, i_zero, load_b32, prefetch, PREFETCH_BYTES, PREFETCH_NEAR, v8i)
+                          f_sub, f_zero, fmadd_v, i_add, i_mul, i_zero, load_b32, prefetch, PREFETCH_BYTES, PREFETCH_NEAR,
+                          stream_halves, v8i)
 from ..jitcache import JIT as _NB
 from .k4_rows import f16x8_pairs
 
@@ -169,6 +170,39 @@ def gemv_x8(mode: int):
     GGUF layout. A range that cuts a group computes the whole group and writes its own rows."""
     scale_min = _scale_min()
 
+    @numba.njit(inline="always")
+    def block(wf, o, xqu, xd, bs, b, acc, accm):
+        """Super-block b of one group at byte o: its sums added into acc (scales), accm (mins)."""
+        for j in range(0, PREFETCH_SPAN, 64):   # (see intrinsics.PREFETCH_NEAR)
+            prefetch(wf, o + PREFETCH_NEAR + j)
+        u0, u1, u2 = load_u32x8(wf, o + 32), load_u32x8(wf, o + 64), load_u32x8(wf, o + 96)
+        s = i_zero()
+        m = i_zero()
+        for p in range(4):
+            ae = i_zero()
+            ao = i_zero()
+            for c in range(8):
+                raw = load_b32(wf, o + 128 + p * 256 + c * 32)
+                ae = dot_us(mode, ae, b_and(raw, 15), bcast_b4(xqu, b * 256 + 64 * p + 4 * c))
+                ao = dot_us(mode, ao, b_shr(raw, 4), bcast_b4(xqu, b * 256 + 64 * p + 32 + 4 * c))
+            sce, mne = scale_min(u0, u1, u2, 2 * p)
+            sco, mno = scale_min(u0, u1, u2, 2 * p + 1)
+            s = i_add(s, i_add(i_mul(ae, sce), i_mul(ao, sco)))
+            m = i_add(m, i_add(i_mul(mne, bcast_i32(bs, b * 8 + 2 * p)),
+                               i_mul(mno, bcast_i32(bs, b * 8 + 2 * p + 1))))
+        d, dm = f16x8_pairs(wf, o, 4)
+        return fmadd_v(acc, s, f_scale(d, xd[b])), fmadd_v(accm, m, f_scale(dm, xd[b]))
+
+    @numba.njit(inline="always")
+    def put(out, g, r0, r1, r):
+        if 8 * g >= r0 and 8 * g + 8 <= r1:
+            for q in range(8):
+                out[8 * g + q] = f_lane(r, q)
+        else:
+            for q in range(8):
+                if r0 <= 8 * g + q < r1:
+                    out[8 * g + q] = f_lane(r, q)
+
     @numba.njit(**_NB)
     def fn(w, xp, out, r0, r1):
         xq, xd, xb = xp
@@ -177,40 +211,24 @@ def gemv_x8(mode: int):
         wf = w.reshape(-1)
         xqu = xq.view(np.uint8)
         bs = _pair_sums(xb.reshape(1, -1), nb).reshape(-1)
-        for g in range(r0 // 8, (r1 + 7) // 8):
+        g0, g1 = r0 // 8, (r1 + 7) // 8
+        # two streams (intrinsics.TWO_STREAMS_MIN): a group of each half, super-block by super-block
+        # (whole groups in turn, 4.6-9 KB apart in time, would leave one stream idle)
+        gm = stream_halves(g0, g1, 1, 8 * rb)
+        for g in range(g0, gm):
+            h = g + gm - g0
+            acc, accm, acc2, accm2 = f_zero(), f_zero(), f_zero(), f_zero()
+            for b in range(nb):
+                acc, accm = block(wf, 8 * g * rb + b * GROUP, xqu, xd, bs, b, acc, accm)
+                acc2, accm2 = block(wf, 8 * h * rb + b * GROUP, xqu, xd, bs, b, acc2, accm2)
+            put(out, g, r0, r1, f_sub(acc, accm))
+            put(out, h, r0, r1, f_sub(acc2, accm2))
+        for g in range(2 * gm - g0, g1):
             acc = f_zero()
             accm = f_zero()
-            base = 8 * g * rb
             for b in range(nb):
-                o = base + b * GROUP
-                for j in range(0, PREFETCH_SPAN, 64):   # (see intrinsics.PREFETCH_NEAR)
-                    prefetch(wf, o + PREFETCH_NEAR + j)
-                u0, u1, u2 = load_u32x8(wf, o + 32), load_u32x8(wf, o + 64), load_u32x8(wf, o + 96)
-                s = i_zero()
-                m = i_zero()
-                for p in range(4):
-                    ae = i_zero()
-                    ao = i_zero()
-                    for c in range(8):
-                        raw = load_b32(wf, o + 128 + p * 256 + c * 32)
-                        ae = dot_us(mode, ae, b_and(raw, 15), bcast_b4(xqu, b * 256 + 64 * p + 4 * c))
-                        ao = dot_us(mode, ao, b_shr(raw, 4), bcast_b4(xqu, b * 256 + 64 * p + 32 + 4 * c))
-                    sce, mne = scale_min(u0, u1, u2, 2 * p)
-                    sco, mno = scale_min(u0, u1, u2, 2 * p + 1)
-                    s = i_add(s, i_add(i_mul(ae, sce), i_mul(ao, sco)))
-                    m = i_add(m, i_add(i_mul(mne, bcast_i32(bs, b * 8 + 2 * p)),
-                                       i_mul(mno, bcast_i32(bs, b * 8 + 2 * p + 1))))
-                d, dm = f16x8_pairs(wf, o, 4)
-                acc = fmadd_v(acc, s, f_scale(d, xd[b]))
-                accm = fmadd_v(accm, m, f_scale(dm, xd[b]))
-            r = f_sub(acc, accm)
-            if 8 * g >= r0 and 8 * g + 8 <= r1:
-                for q in range(8):
-                    out[8 * g + q] = f_lane(r, q)
-            else:
-                for q in range(8):
-                    if r0 <= 8 * g + q < r1:
-                        out[8 * g + q] = f_lane(r, q)
+                acc, accm = block(wf, 8 * g * rb + b * GROUP, xqu, xd, bs, b, acc, accm)
+            put(out, g, r0, r1, f_sub(acc, accm))
 
     return fn
 

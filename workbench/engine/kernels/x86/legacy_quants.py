@@ -14,7 +14,7 @@ import numpy as np
 
 from ..intrinsics import (b_add, b_or, dot_ss, dot_us, f16_lead, f16_to_f32, f_zero,
                           fmadd_i, hsum_f, i_zero, load_b32, load_bits16, load_i8, load_nib, prefetch,
-                          prefetch_distance)
+                          prefetch_distance, stream_halves, stream_row)
 
 from . import repack
 
@@ -94,8 +94,9 @@ def kernels(mode: int) -> dict:
             rb = w.shape[1]
             ns = (n4 << shift).astype(np.int32)
             pfd = prefetch_distance(nb * 32)
-            i = r0
-            while i + 2 <= r1:
+            mid = stream_halves(r0, r1, 2, rb)   # two streams: a pair from each half in turn
+            for j in range((r1 - r0) // 2):
+                i = stream_row(j, r0, mid, 2)
                 a0 = f_zero()
                 a1 = f_zero()
                 base = i * rb
@@ -106,8 +107,8 @@ def kernels(mode: int) -> dict:
                     a1 = step(a1, w, o0 + rb, ns, xq, xd, b)
                 out[i] = hsum_f(a0)
                 out[i + 1] = hsum_f(a1)
-                i += 2
-            if i < r1:
+            if (r1 - r0) % 2:
+                i = r1 - 1
                 a0 = f_zero()
                 base = i * rb
                 for b in range(nb):
@@ -192,7 +193,9 @@ def kernels(mode: int) -> dict:
         nb = xd.shape[0]
         rb = w.shape[1]
         pfd = prefetch_distance(nb * 32)
-        for i in range(r0, r1):
+        mid = stream_halves(r0, r1, 1, rb)   # two streams: a row from each half in turn
+        for j in range(r1 - r0):
+            i = stream_row(j, r0, mid, 1)
             acc = f_zero()
             base = i * rb
             # two blocks a step, one unconditional prefetch (a test per block was 7 of a Q5_0 block's 26
