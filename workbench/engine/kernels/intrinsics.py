@@ -214,6 +214,25 @@ def stream_halves(r0: int, r1: int, unit: int, row_bytes: int) -> int:
 
 
 @numba.njit(inline="always")
+def group_steps(r0: int, r1: int, unit: int, row_bytes: int):
+    """For kernels reading groups of `unit` rows two at a time (a group of each half, row by row
+    in turn): (pairs, steps) over the whole groups of [r0, r1): the first `pairs` steps take groups
+    r0 + unit * s and mid + unit * s (mid = r0 + unit * pairs), the rest one group each
+    (`step_groups`)."""
+    n_groups = (r1 - r0) // unit
+    n_pairs = (stream_halves(r0, r0 + unit * n_groups, unit, row_bytes) - r0) // unit
+    return n_pairs, n_groups - n_pairs
+
+
+@numba.njit(inline="always")
+def step_groups(st: int, r0: int, mid: int, n_pairs: int, unit: int):
+    """Step st of `group_steps`: (first row of group a, of group b, how many groups: 2 or 1)."""
+    if st < n_pairs:
+        return r0 + unit * st, mid + unit * st, 2
+    return r0 + unit * (st + n_pairs), r0, 1
+
+
+@numba.njit(inline="always")
 def stream_row(j: int, r0: int, mid: int, unit: int) -> int:
     """The first row of the j-th step of `unit` rows a kernel reads of [r0, r1) split at mid
     (`stream_halves`): r0, mid, r0 + unit, mid + unit, ... while both halves last, then on in

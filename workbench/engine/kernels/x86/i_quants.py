@@ -24,7 +24,7 @@ import numpy as np
 
 from ..i_quants import iq4_xs_scale
 from ..intrinsics import dot_ss, f16_to_f32, f_add, f_zero, fma_s, fmadd_i, hsum_f, hsum_i, i_add, i_muls, i_zero, \
-    load_b32, load_nib, lut_iq4nl
+    load_b32, load_nib, lut_iq4nl, stream_halves, stream_row
 from . import repack
 
 from ..jitcache import JIT as _NB
@@ -46,7 +46,9 @@ def kernels(mode: int) -> dict:
         xq, xd, _ = xp
         nb = xd.shape[0]
         rb = w.shape[1]
-        for i in range(r0, r1):
+        mid = stream_halves(r0, r1, 1, rb)   # two streams: a row of each half in turn
+        for j in range(r1 - r0):
+            i = stream_row(j, r0, mid, 1)
             base = i * rb
             a1 = f_zero()
             a2 = f_zero()
@@ -119,7 +121,9 @@ def kernels(mode: int) -> dict:
         nb = xd.shape[0]
         rb = w.shape[1]
         wf = w.reshape(-1)
-        for i in range(r0, r1):
+        mid = stream_halves(r0, r1, 1, rb)   # two streams: a row of each half in turn
+        for j in range(r1 - r0):
+            i = stream_row(j, r0, mid, 1)
             out[i] = xs_dot(wf, i * rb, nb, xq, 0, xd)
 
     @numba.njit(inline="always")

@@ -33,7 +33,7 @@ from numba.extending import intrinsic
 from ..intrinsics import (_V8F, _V8I, _V16B, _V16S, _V32B, _arr_load, _check_array, _fn, _i32, _mode, _BYTES, VNNI,
                           b_and, b_shr, f_lane, f_scale, f_sub, f_zero, fmadd_v, i_zero, load_b32, load_i8, madd16,
                           v8f, v8i, v16s, v32b, _V8H, _V8S, store_i32x8, i_add, prefetch,
-                          PREFETCH_MAX_K, PREFETCH_NEAR)
+                          PREFETCH_MAX_K, PREFETCH_NEAR, group_steps, step_groups)
 
 from ..jitcache import JIT as _NB
 _V4I = ir.VectorType(_i32, 4)
@@ -220,31 +220,40 @@ def q4_K_gemv_rows8(mode: int):
         # one allocation per call (the runtime calls it on pieces of 32 rows): the scratch lanes,
         # then the bsum table
         pf = nb * 256 <= PREFETCH_MAX_K
-        lanes = np.empty(nb * 72, np.int32)
+        # two streams (intrinsics.TWO_STREAMS_MIN): a group of each half, row by row in turn; the
+        # lanes of the second group after the bsum table
+        lanes = np.empty(nb * 136, np.int32)
         bt = lanes.view(np.int16)
         bsum_table(xb, bt, nb * 128)
-        for i in range(r0, r1 - 7, 8):   # whole groups only (never past r1)
+        n_pairs, n_steps = group_steps(r0, r1, 8, rb)   # whole groups only (never past r1)
+        mid = r0 + 8 * n_pairs
+        for st in range(n_steps):
+            ga, gb, nh = step_groups(st, r0, mid, n_pairs, 8)
             for r in range(8):
-                o = (i + r) * rb
+                for h in range(nh):
+                    o = ((ga if h == 0 else gb) + r) * rb
+                    for b in range(nb):
+                        if pf:   # every line of the block, as the Q6_K rows (see intrinsics.PREFETCH_NEAR)
+                            prefetch(wf, o + b * 144 + PREFETCH_NEAR)
+                            prefetch(wf, o + b * 144 + PREFETCH_NEAR + 64)
+                            prefetch(wf, o + b * 144 + PREFETCH_NEAR + 128)
+                        store_i32x8(lanes, h * nb * 72 + (b * 8 + r) * 8,
+                                    row(wf, o + b * 144, xq, b * 256, load_i16x16(bt, nb * 128 + b * 16)))
+            for h in range(nh):
+                i = ga if h == 0 else gb
+                acc = f_zero()
+                accm = f_zero()
                 for b in range(nb):
-                    if pf:   # every line of the block, as the Q6_K rows (see intrinsics.PREFETCH_NEAR)
-                        prefetch(wf, o + b * 144 + PREFETCH_NEAR)
-                        prefetch(wf, o + b * 144 + PREFETCH_NEAR + 64)
-                        prefetch(wf, o + b * 144 + PREFETCH_NEAR + 128)
-                    store_i32x8(lanes, (b * 8 + r) * 8, row(wf, o + b * 144, xq, b * 256, load_i16x16(bt, nb * 128 + b * 16)))
-            acc = f_zero()
-            accm = f_zero()
-            for b in range(nb):
-                lo = b * 64
-                s, m = reduce8x2(load_i8(lanes, lo), load_i8(lanes, lo + 8), load_i8(lanes, lo + 16),
-                                 load_i8(lanes, lo + 24), load_i8(lanes, lo + 32), load_i8(lanes, lo + 40),
-                                 load_i8(lanes, lo + 48), load_i8(lanes, lo + 56))
-                d, dm = f16x8_pairs(wf, i * rb + b * 144, rb)
-                xdb = xd[b]
-                acc = fmadd_v(acc, s, f_scale(d, xdb))
-                accm = fmadd_v(accm, m, f_scale(dm, xdb))
-            r = f_sub(acc, accm)
-            for q in range(8):
-                out[i + q] = f_lane(r, q)
+                    lo = h * nb * 72 + b * 64
+                    s, m = reduce8x2(load_i8(lanes, lo), load_i8(lanes, lo + 8), load_i8(lanes, lo + 16),
+                                     load_i8(lanes, lo + 24), load_i8(lanes, lo + 32), load_i8(lanes, lo + 40),
+                                     load_i8(lanes, lo + 48), load_i8(lanes, lo + 56))
+                    d, dm = f16x8_pairs(wf, i * rb + b * 144, rb)
+                    xdb = xd[b]
+                    acc = fmadd_v(acc, s, f_scale(d, xdb))
+                    accm = fmadd_v(accm, m, f_scale(dm, xdb))
+                r = f_sub(acc, accm)
+                for q in range(8):
+                    out[i + q] = f_lane(r, q)
 
     return gemv_rows8

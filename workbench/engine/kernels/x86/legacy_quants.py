@@ -59,7 +59,9 @@ def kernels(mode: int) -> dict:
             xq, xd, xa = xp
             nb = xd.shape[0]
             rb = w.shape[1]
-            for i in range(r0, r1):
+            mid = stream_halves(r0, r1, 1, rb)   # two streams: a row of each half in turn
+            for j in range(r1 - r0):
+                i = stream_row(j, r0, mid, 1)
                 base = i * rb
                 a0 = f_zero()
                 e0 = f32(0.0)

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..intrinsics import (dot_ss, f4_make, reduce4, f4_zero, fma4_i, fma_s, hsum_i, f4_lane, dot_us, f16_to_f32, f_zero, fmadd_i, hsum_f, i_zero, load_b32, load_f32x8, load_i8,
                           ld_u32, i_sub, load_f32x4, f4_scale, i_shl, fmadd_im, store_f32x4, bcast_b4, bcast_i32, madd16,
-                          i_add, i_mul, fmadd_v, f_scale, f_sub, f_lane, fma_sv)
+                          i_add, i_mul, fmadd_v, f_scale, f_sub, f_lane, fma_sv, stream_halves, stream_row)
 
 from .blocks import _block_scales, _k4_scales
 
@@ -581,8 +581,9 @@ def q4_0_repacked(mode, unpack, bsz, shift, signed=False):
         nb = xd.shape[0]
         rb = w.shape[1]
         ns = (n4 << shift).astype(np.int32)
-        i = r0
-        while i + 4 <= r1:
+        mid = stream_halves(r0, r1, 4, rb)   # two streams: 4 rows of each half in turn
+        for j in range((r1 - r0) // 4):
+            i = stream_row(j, r0, mid, 4)
             acc = f4_zero()
             for b in range(nb):
                 o = i * rb + b * bsz
@@ -590,7 +591,7 @@ def q4_0_repacked(mode, unpack, bsz, shift, signed=False):
                 acc = fma4_i(acc, s, f4_scale(dw4(w, o, rb), xd[b]))
             out[i] = f4_lane(acc, 0); out[i + 1] = f4_lane(acc, 1)
             out[i + 2] = f4_lane(acc, 2); out[i + 3] = f4_lane(acc, 3)
-            i += 4
+        i = r0 + (r1 - r0) // 4 * 4
         while i < r1:
             out[i] = chain1(w, i, nb, ns, 0, xq, 0, xd)
             i += 1

@@ -37,7 +37,8 @@ from numba.extending import intrinsic
 from ..intrinsics import (VNNI, _V16B, _V16S, _V32B, _V8I, _check_array, _fn, _i16, _i32, _mode, _ptr, _BYTES,
                           b_and, b_or, b_shl, b_shr, dot_ss, dot_us, f16_to_f32, f_sub, f_scale, f_zero,
                           fmadd_i, fmadd_v, hsum_f, i_add, i_zero, load_b32, load_i8, load_nib,
-                          lut_iq4nl, madd_sv, KVALUES_IQ4NL, q2_mins_lanes, v16s, v32b, v8i)
+                          lut_iq4nl, madd_sv, KVALUES_IQ4NL, q2_mins_lanes, v16s, v32b, v8i, group_steps,
+                          step_groups, stream_halves, stream_row)
 from ..intrinsics import gather_f16x8, ld_u32, store_f32x8, store_i32x8
 
 from ..jitcache import JIT as _NB
@@ -349,29 +350,36 @@ def kernels(mode: int, per_row: dict) -> dict:
             wf = w.reshape(-1)
             npairs = (nb + 1) // 2
             xp2, mp = _pairs_prep(xq, n4, shift)
-            sc = np.empty(npairs * 64, np.int32)
-            i = r0
-            while i + 8 <= r1:
+            # two streams (intrinsics.TWO_STREAMS_MIN): a group of each half, row by row in turn
+            sc2 = np.empty(2 * npairs * 64, np.int32)
+            n_pairs, n_steps = group_steps(r0, r1, 8, rb)
+            mid = r0 + 8 * n_pairs
+            for st in range(n_steps):
+                ga, gb, nh = step_groups(st, r0, mid, n_pairs, 8)
                 for r in range(8):
-                    base = (i + r) * rb
+                    for h in range(nh):
+                        base = ((ga if h == 0 else gb) + r) * rb
+                        for p in range(npairs):
+                            o = base + p * 36
+                            o1 = o + 18 if 2 * p + 1 < nb else o
+                            store_i32x8(sc2, h * npairs * 64 + (p * 8 + r) * 8,
+                                        two_blocks(wf, o, o1, load_i8(mp, p * 8), load_b32(xp2, p * 64),
+                                                   load_b32(xp2, p * 64 + 32)))
+                for h in range(nh):
+                    i = ga if h == 0 else gb
+                    sc = sc2[h * npairs * 64:]
+                    acc = f_zero()
                     for p in range(npairs):
-                        o = base + p * 36
-                        o1 = o + 18 if 2 * p + 1 < nb else o
-                        store_i32x8(sc, (p * 8 + r) * 8, two_blocks(wf, o, o1, load_i8(mp, p * 8),
-                                                                    load_b32(xp2, p * 64), load_b32(xp2, p * 64 + 32)))
-                acc = f_zero()
-                for p in range(npairs):
-                    b = 2 * p
-                    o = i * rb + b * 18
-                    acc = fmadd_v(acc, reduce8_lo(ld(sc, p, 0), ld(sc, p, 1), ld(sc, p, 2), ld(sc, p, 3),
-                                                  ld(sc, p, 4), ld(sc, p, 5), ld(sc, p, 6), ld(sc, p, 7)),
-                                  f_scale(gather_f16x8(wf, o, rb), xd[b]))
-                    if b + 1 < nb:
-                        acc = fmadd_v(acc, reduce8_hi(ld(sc, p, 0), ld(sc, p, 1), ld(sc, p, 2), ld(sc, p, 3),
+                        b = 2 * p
+                        o = i * rb + b * 18
+                        acc = fmadd_v(acc, reduce8_lo(ld(sc, p, 0), ld(sc, p, 1), ld(sc, p, 2), ld(sc, p, 3),
                                                       ld(sc, p, 4), ld(sc, p, 5), ld(sc, p, 6), ld(sc, p, 7)),
-                                      f_scale(gather_f16x8(wf, o + 18, rb), xd[b + 1]))
-                store_f32x8(out, i, acc)
-                i += 8
+                                      f_scale(gather_f16x8(wf, o, rb), xd[b]))
+                        if b + 1 < nb:
+                            acc = fmadd_v(acc, reduce8_hi(ld(sc, p, 0), ld(sc, p, 1), ld(sc, p, 2), ld(sc, p, 3),
+                                                          ld(sc, p, 4), ld(sc, p, 5), ld(sc, p, 6), ld(sc, p, 7)),
+                                          f_scale(gather_f16x8(wf, o + 18, rb), xd[b + 1]))
+                    store_f32x8(out, i, acc)
         return rows8
 
     q4_0_rows8 = make_q0_rows8(False)
@@ -389,23 +397,29 @@ def kernels(mode: int, per_row: dict) -> dict:
         rb = w.shape[1]
         wf = w.reshape(-1)
         ns = (n4 << 3).astype(np.int32)
-        sc = np.empty(nb * 32, np.int32)
-        i = r0
-        while i + 4 <= r1:
+        sc2 = np.empty(2 * nb * 32, np.int32)   # two streams: 4 rows of each half, row by row in turn
+        n_pairs, n_steps = group_steps(r0, r1, 4, rb)
+        mid = r0 + 4 * n_pairs
+        for st in range(n_steps):
+            ga, gb, nh = step_groups(st, r0, mid, n_pairs, 4)
             for r in range(4):
-                base = (i + r) * rb
+                for h in range(nh):
+                    base = ((ga if h == 0 else gb) + r) * rb
+                    for b in range(nb):
+                        store_i32x8(sc2, h * nb * 32 + (b * 4 + r) * 8,
+                                    dot_us(mode, load_i8(ns, b * 8), load_nib(mode, wf, base + b * 18 + 2),
+                                           load_b32(xq, b * 32)))
+            for h in range(nh):
+                i = ga if h == 0 else gb
+                sc = sc2[h * nb * 32:]
+                a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
                 for b in range(nb):
-                    store_i32x8(sc, (b * 4 + r) * 8,
-                                dot_us(mode, load_i8(ns, b * 8), load_nib(mode, wf, base + b * 18 + 2), load_b32(xq, b * 32)))
-            a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
-            for b in range(nb):
-                o = i * rb + b * 18
-                a0 = fmadd_i(a0, load_i8(sc, b * 32), f16_to_f32(wf, o) * xd[b])
-                a1 = fmadd_i(a1, load_i8(sc, b * 32 + 8), f16_to_f32(wf, o + rb) * xd[b])
-                a2 = fmadd_i(a2, load_i8(sc, b * 32 + 16), f16_to_f32(wf, o + 2 * rb) * xd[b])
-                a3 = fmadd_i(a3, load_i8(sc, b * 32 + 24), f16_to_f32(wf, o + 3 * rb) * xd[b])
-            out[i] = hsum_f(a0); out[i + 1] = hsum_f(a1); out[i + 2] = hsum_f(a2); out[i + 3] = hsum_f(a3)
-            i += 4
+                    o = i * rb + b * 18
+                    a0 = fmadd_i(a0, load_i8(sc, b * 32), f16_to_f32(wf, o) * xd[b])
+                    a1 = fmadd_i(a1, load_i8(sc, b * 32 + 8), f16_to_f32(wf, o + rb) * xd[b])
+                    a2 = fmadd_i(a2, load_i8(sc, b * 32 + 16), f16_to_f32(wf, o + 2 * rb) * xd[b])
+                    a3 = fmadd_i(a3, load_i8(sc, b * 32 + 24), f16_to_f32(wf, o + 3 * rb) * xd[b])
+                out[i] = hsum_f(a0); out[i + 1] = hsum_f(a1); out[i + 2] = hsum_f(a2); out[i + 3] = hsum_f(a3)
 
     # ------------------------------------------------------------------ Q2_K
     @numba.njit(inline="always")
@@ -461,25 +475,30 @@ def kernels(mode: int, per_row: dict) -> dict:
         nb = xd.shape[0]
         rb = w.shape[1]
         wf = w.reshape(-1)
-        sc = np.empty(nb * 64, np.int32)
-        i = r0
-        while i + 8 <= r1:
+        sc2 = np.empty(2 * nb * 64, np.int32)   # two streams: a group of each half, row by row in turn
+        n_pairs, n_steps = group_steps(r0, r1, 8, rb)
+        mid = r0 + 8 * n_pairs
+        for st in range(n_steps):
+            ga, gb, nh = step_groups(st, r0, mid, n_pairs, 8)
             for r in range(8):
-                base = (i + r) * rb
+                for h in range(nh):
+                    base = ((ga if h == 0 else gb) + r) * rb
+                    for b in range(nb):
+                        o = base + b * 84
+                        store_i32x8(sc2, h * nb * 64 + (b * 8 + r) * 8,
+                                    fold_halves(q2_lanes(wf, o, xq, b * 256), q2_mins_lanes(wf, o, xb, b * 16)))
+            for h in range(nh):
+                i = ga if h == 0 else gb
+                sc = sc2[h * nb * 64:]
+                acc = f_zero()
+                accm = f_zero()
                 for b in range(nb):
-                    o = base + b * 84
-                    store_i32x8(sc, (b * 8 + r) * 8, fold_halves(q2_lanes(wf, o, xq, b * 256),
-                                                                 q2_mins_lanes(wf, o, xb, b * 16)))
-            acc = f_zero()
-            accm = f_zero()
-            for b in range(nb):
-                o = i * rb + b * 84
-                v0 = ldq(sc, b, 0); v1 = ldq(sc, b, 1); v2 = ldq(sc, b, 2); v3 = ldq(sc, b, 3)
-                v4 = ldq(sc, b, 4); v5 = ldq(sc, b, 5); v6 = ldq(sc, b, 6); v7 = ldq(sc, b, 7)
-                acc = fmadd_v(acc, reduce8_lo(v0, v1, v2, v3, v4, v5, v6, v7), f_scale(gather_f16x8(wf, o + 80, rb), xd[b]))
-                accm = fmadd_v(accm, reduce8_hi(v0, v1, v2, v3, v4, v5, v6, v7), f_scale(gather_f16x8(wf, o + 82, rb), xd[b]))
-            store_f32x8(out, i, f_sub(acc, accm))
-            i += 8
+                    o = i * rb + b * 84
+                    v0 = ldq(sc, b, 0); v1 = ldq(sc, b, 1); v2 = ldq(sc, b, 2); v3 = ldq(sc, b, 3)
+                    v4 = ldq(sc, b, 4); v5 = ldq(sc, b, 5); v6 = ldq(sc, b, 6); v7 = ldq(sc, b, 7)
+                    acc = fmadd_v(acc, reduce8_lo(v0, v1, v2, v3, v4, v5, v6, v7), f_scale(gather_f16x8(wf, o + 80, rb), xd[b]))
+                    accm = fmadd_v(accm, reduce8_hi(v0, v1, v2, v3, v4, v5, v6, v7), f_scale(gather_f16x8(wf, o + 82, rb), xd[b]))
+                store_f32x8(out, i, f_sub(acc, accm))
 
     @numba.njit(inline="always")
     def q2_vec_blk(acc, wf, o, xq, xo, xb, bo, dx):
@@ -495,7 +514,9 @@ def kernels(mode: int, per_row: dict) -> dict:
         nb = xd.shape[0]
         rb = w.shape[1]
         wf = w.reshape(-1)
-        for i in range(r0, r1):
+        mid = stream_halves(r0, r1, 1, rb)   # two streams: a row of each half in turn
+        for j in range(r1 - r0):
+            i = stream_row(j, r0, mid, 1)
             a0 = f_zero()
             for b in range(nb):
                 a0 = q2_vec_blk(a0, wf, i * rb + b * 84, xq, b * 256, xb, b * 16, xd[b])
@@ -535,7 +556,9 @@ def kernels(mode: int, per_row: dict) -> dict:
         rb = w.shape[1]
         wf = w.reshape(-1)
         x4 = _pair_offsets(xq, 4)
-        for i in range(r0, r1):
+        mid = stream_halves(r0, r1, 1, rb)   # two streams: a row of each half in turn
+        for j in range(r1 - r0):
+            i = stream_row(j, r0, mid, 1)
             a0 = f_zero()
             for b in range(nb):
                 o = i * rb + b * 110
@@ -568,7 +591,9 @@ def kernels(mode: int, per_row: dict) -> dict:
         nb = xd.shape[0]
         rb = w.shape[1]
         wf = w.reshape(-1)
-        for i in range(r0, r1):
+        mid = stream_halves(r0, r1, 1, rb)   # two streams: a row of each half in turn
+        for j in range(r1 - r0):
+            i = stream_row(j, r0, mid, 1)
             a0 = f_zero()
             for b in range(nb):
                 o = i * rb + b * 136
