@@ -297,6 +297,32 @@ def test_matmat(t, n, path):
         _check(out[j][None], o[None].astype(np.float64), tol[j][None], "matmat vs matvec")
 
 
+@pytest.mark.parametrize("r0,r1,unit,row_bytes", [(0, 100, 1, 10), (3, 104, 1, 10), (5, 6, 1, 1000),
+                                                  (0, 99, 2, 10), (8, 88, 8, 10), (0, 40, 8, 3), (7, 7, 1, 10)])
+def test_stream_order_reads_each_row_once_from_both_halves(r0, r1, unit, row_bytes):
+    """The two-stream order (intrinsics.stream_halves / stream_row, group_steps / step_groups): each
+    step of [r0, r1) exactly once, the halves in turn while both last, one stream when a half would
+    be under the minimum bytes."""
+    from workbench.engine.kernels.intrinsics import group_steps, step_groups, stream_halves, stream_row
+    min_bytes = 100
+    mid = stream_halves(r0, r1, unit, row_bytes, min_bytes)
+    half = (r1 - r0) // (2 * unit) * unit
+    assert mid == (r0 + half if half * row_bytes >= min_bytes else r0)
+    steps = [stream_row(j, r0, mid, unit) for j in range((r1 - r0) // unit)]
+    assert sorted(steps) == list(range(r0, r0 + (r1 - r0) // unit * unit, unit))
+    n = (mid - r0) // unit
+    assert steps[:2 * n:2] == list(range(r0, mid, unit)) and steps[1:2 * n:2] == list(range(mid, 2 * mid - r0, unit))
+    assert steps[2 * n:] == sorted(steps[2 * n:])
+    pairs, n_steps = group_steps(r0, r1, unit, row_bytes, min_bytes)
+    assert pairs == n
+    seen = []
+    for st in range(n_steps):
+        a, b, nh = step_groups(st, r0, mid, pairs, unit)
+        assert nh == (2 if st < pairs else 1)
+        seen += [a, b][:nh]
+    assert sorted(seen) == sorted(steps)
+
+
 @pytest.mark.parametrize("extra", [0, 4], ids=["rows%8=0", "rows%8=4"])
 @pytest.mark.parametrize("t", TYPES + ["Q4_K_x8"], ids=lambda t: getattr(t, "name", t))
 def test_matvec_over_two_streams_equals_short_ranges(t, extra, path):
@@ -304,13 +330,14 @@ def test_matvec_over_two_streams_equals_short_ranges(t, extra, path):
     halves in turn (intrinsics.stream_halves): every row of the range gets exactly the value the
     same kernel gives it over short ranges (one stream), nothing outside the range is written."""
     from workbench.engine.kernels.intrinsics import TWO_STREAMS_MIN
+    min_bytes = min(TWO_STREAMS_MIN, 64 << 10)   # (one stream where unmeasured: the same values)
     x8 = t == "Q4_K_x8"
     if x8 and (path == "portable" or extra):
         pytest.skip("the x8 layout exists on the SIMD paths only, for rows % 8 == 0")
     gt = T.Q4_K if x8 else t
     row_bytes = make_weights(gt, rows=1).shape[1]
     # halves over the minimum; rows % 8 == 0 takes the repacked orders (8-row groups), else vec_dot's
-    rows = (2 * TWO_STREAMS_MIN // row_bytes + 24) // 8 * 8 + 8 + extra
+    rows = (2 * min_bytes // row_bytes + 24) // 8 * 8 + 8 + extra
     w = make_weights(gt, rows=rows, seed=3)
     tid = int(gt)
     if x8:

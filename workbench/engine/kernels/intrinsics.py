@@ -190,6 +190,10 @@ PREFETCH_MAX_K = 2048
 # after another (`kernels_bench.py --cold-rows 640`), 13.3 -> 14.8 / 13.0 -> 15.8 GB/s on the Intel
 # Xeon host (unmeasured on AMD).
 PREFETCH_NEAR = 1536 if cpu_vendor() == "GenuineIntel" else PREFETCH_BYTES
+# The legacy one-token products (Q8_0, Q5_0, Q4_0 rows) with two streams per thread (below): 2048
+# bytes ahead on Intel, where one stream had done best at 4096. Intel Xeon host, K = 640, 384 MB from
+# memory, two alternating runs: Q8_0 17.75 -> 18.15 GB/s (2560: 17.8), Q5_0 15.25 -> 15.25.
+PREFETCH_LEGACY = 2048 if cpu_vendor() == "GenuineIntel" else PREFETCH_BYTES
 
 
 # Two streams per thread: a one-token product reads the rows of its range [r0, r1) from both halves
@@ -199,28 +203,30 @@ PREFETCH_NEAR = 1536 if cpu_vendor() == "GenuineIntel" else PREFETCH_BYTES
 # GB/s, 2 threads (a half each) 29.6 -> 32.9; alternating every row 18.0, every 8 rows (5.4 KB)
 # 16.1, every 64 (43 KB) 15.0 against 16.0 for one stream; halves 5 KB apart 13.0, 21 KB 15.1,
 # 85 KB and more 17.0-17.9 (four streams: 15.7). Below TWO_STREAMS_MIN bytes a half, one stream.
-TWO_STREAMS_MIN = 64 * 1024
+# Measured on Intel only: elsewhere (the AMD EPYC hosts' figures were one stream) one stream, as
+# before, until measured there.
+TWO_STREAMS_MIN = 64 * 1024 if cpu_vendor() == "GenuineIntel" else 1 << 62
 
 
 @numba.njit(inline="always")
-def stream_halves(r0: int, r1: int, unit: int, row_bytes: int) -> int:
+def stream_halves(r0: int, r1: int, unit: int, row_bytes: int, min_bytes: int = TWO_STREAMS_MIN) -> int:
     """Where the second stream of rows [r0, r1) starts: mid = r0 + a whole number of `unit`-row
     steps, at most half; a kernel reads rows mid - r0 steps long from r0 and mid in turn, then
-    [2 * mid - r0, r1) alone. r0 (no pairs) when a half would be under TWO_STREAMS_MIN bytes."""
+    [2 * mid - r0, r1) alone. r0 (no pairs) when a half would be under min_bytes."""
     half = (r1 - r0) // (2 * unit) * unit
-    if half * row_bytes < TWO_STREAMS_MIN:
+    if half * row_bytes < min_bytes:
         return r0
     return r0 + half
 
 
 @numba.njit(inline="always")
-def group_steps(r0: int, r1: int, unit: int, row_bytes: int):
+def group_steps(r0: int, r1: int, unit: int, row_bytes: int, min_bytes: int = TWO_STREAMS_MIN):
     """For kernels reading groups of `unit` rows two at a time (a group of each half, row by row
     in turn): (pairs, steps) over the whole groups of [r0, r1): the first `pairs` steps take groups
     r0 + unit * s and mid + unit * s (mid = r0 + unit * pairs), the rest one group each
     (`step_groups`)."""
     n_groups = (r1 - r0) // unit
-    n_pairs = (stream_halves(r0, r0 + unit * n_groups, unit, row_bytes) - r0) // unit
+    n_pairs = (stream_halves(r0, r0 + unit * n_groups, unit, row_bytes, min_bytes) - r0) // unit
     return n_pairs, n_groups - n_pairs
 
 
@@ -247,12 +253,12 @@ def stream_row(j: int, r0: int, mid: int, unit: int) -> int:
 
 @numba.njit(inline="always")
 def prefetch_distance(k: int) -> int:
-    """How far ahead a matvec over rows of ``k`` weights prefetches: PREFETCH_BYTES for short rows,
+    """How far ahead a matvec over rows of ``k`` weights prefetches: PREFETCH_LEGACY for short rows,
     0 for long ones (a hint for the line about to be read: the hardware prefetcher's stream alone).
     The kernels then prefetch unconditionally, once per step of their unrolled block loop: a test per
     32-weight block cost 7 of a Q5_0 block's 26 instructions (Intel Xeon host, 1 core from memory:
     Q5_0 12.7 GB/s before)."""
-    return PREFETCH_BYTES if k <= PREFETCH_MAX_K else 0
+    return PREFETCH_LEGACY if k <= PREFETCH_MAX_K else 0
 
 
 def _prefetch_t0(builder, p, write: bool = False) -> None:
