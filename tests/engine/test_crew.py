@@ -314,9 +314,9 @@ def test_pinned_shares_give_each_worker_one_stream_in_halving_pieces(rows, row_b
     """`runtime._pinned_shares` (a one-token product's pinned pieces on one node): every row of
     every task exactly once; each worker's pieces follow one another in the rows, task after task
     (one stream); the workers' shares are equal in bytes up to a piece; pieces end on 8-row
-    multiples (or a task's end) and shrink, so the owner claims them one by one and a faster worker
+    multiples (or a task's end), the first FIRST_PIECE of the share, and shrink, so the owner claims them one by one and a faster worker
     takes the smallest from the back."""
-    from workbench.engine.runtime import PIECE_BYTES, _pinned_shares
+    from workbench.engine.runtime import FIRST_PIECE, PIECE_BYTES, _pinned_shares
 
     pieces = _pinned_shares(rows, row_bytes, n)
     seen = [np.zeros(r, int) for r in rows]
@@ -335,11 +335,12 @@ def test_pinned_shares_give_each_worker_one_stream_in_halving_pieces(rows, row_b
         share = sum((hi - lo) * row_bytes[t] for t, lo, hi in mine)
         biggest = max((hi - lo) * row_bytes[t] for t, lo, hi in mine)
         assert abs(share - total / n) <= max(PIECE_BYTES, 8 * max(row_bytes)) + biggest * (w == n - 1)
-        left = share
-        for t, lo, hi in mine:   # half of what is left of the share (cut at its task's end), or the least
-            size = (hi - lo) * row_bytes[t]
-            assert size <= max(left // 2, PIECE_BYTES) + 8 * row_bytes[t] or w == n - 1 and hi == rows[t]
-            assert size >= min(left // 2, PIECE_BYTES) - 8 * row_bytes[t] or hi == rows[t]
+        left = total * (w + 1) // n - total * w // n   # the nominal share (pieces round up to 8 rows)
+        for k, (t, lo, hi) in enumerate(mine):   # FIRST_PIECE of the share, then half of what is left
+            size = (hi - lo) * row_bytes[t]       # (cut at its task's end), or the least
+            want = int(left * FIRST_PIECE) if k == 0 else left // 2
+            assert size <= max(want, PIECE_BYTES) + 8 * row_bytes[t] or w == n - 1 and hi == rows[t]
+            assert size >= min(want, PIECE_BYTES) - 8 * row_bytes[t] or hi == rows[t]
             left -= size
     if rows == [262144]:
         assert len(pieces) < 40                                    # a few kernel calls, not thousands

@@ -59,6 +59,10 @@ CHUNK_ALIGN = 64  # rows
 CREW_CHUNK_BYTES = 96 << 10
 # a one-token product's pinned share is cut in pieces of half what is left, down to this many bytes
 PIECE_BYTES = 24 << 10
+# A worker's first piece of its share: a kernel call reads its range as two streams when each half
+# is at least TWO_STREAMS_MIN bytes (kernels.intrinsics.stream_halves), so a bigger first piece
+# streams more of a layer's small products that way (the pieces after it halve what is left)
+FIRST_PIECE = 0.75
 EXPERT_ROWS = 32  # prompt: expert rows per piece, read once from memory for all of its tokens
 # one token: a worker's rows of an expert in pinned pieces of this many rows (a multiple of the
 # kernels' 8-row groups): the pieces a worker of the same node may take over at the end
@@ -221,15 +225,17 @@ def _chunks(rows: int, min_rows: int, n_workers: int) -> list[tuple[int, int]]:
 
 def _pinned_shares(rows: list[int], row_bytes: list[int], n_workers: int) -> list[tuple[int, int, int, int]]:
     """Pinned chunks (task, lo, hi, worker) of products whose rows are taken in order, task after
-    task: each worker one contiguous share of the bytes, cut in pieces of half what is left of
-    its share (at least PIECE_BYTES, 8-row multiples)."""
+    task: each worker one contiguous share of the bytes, cut in pieces of FIRST_PIECE of its share,
+    then half what is left (at least PIECE_BYTES, 8-row multiples)."""
     total = sum(r * b for r, b in zip(rows, row_bytes))
     out = []
     t, row = 0, 0
     for wk in range(n_workers):
         left = total * (wk + 1) // n_workers - total * wk // n_workers
+        first = True
         while left > 0 and t < len(rows):
-            size = max(PIECE_BYTES, left // 2) // row_bytes[t]
+            size = max(PIECE_BYTES, int(left * FIRST_PIECE) if first else left // 2) // row_bytes[t]
+            first = False
             hi = min(rows[t], -(-(row + max(size, 1)) // 8) * 8)
             if wk == n_workers - 1:
                 hi = rows[t] if rows[t] - hi < 8 else hi
