@@ -232,9 +232,10 @@ def ensure_engine(profile: MemoryProfile, types: dict[int, int], arch: str, thre
     and thread counts; returns True when something was added (the caller saves the profile)."""
     from ..engine import kernels as K
     eng = profile.engine
-    if eng.get("kernel_path") not in (None, K.kernel_path()):
-        eng.clear()  # another kernel path: the old constants do not apply
+    if eng.get("kernel_path") not in (None, K.kernel_path()) or eng.get("speed_revision", 1) != K.SPEED_REVISION:
+        eng.clear()  # another kernel path, or kernels since made faster: the old constants do not apply
     eng["kernel_path"] = K.kernel_path()
+    eng["speed_revision"] = K.SPEED_REVISION
     kern = eng.setdefault("kernels", {})
     over = eng.setdefault("overhead", {})
     changed = False

@@ -36,7 +36,7 @@ from . import compile_helper as _helper
 __all__ = [
     "SUPPORTED_TYPES", "is_supported", "prepare", "matvec", "matmat", "dequantize_rows",
     "row_bytes", "preparer", "matvec_kernels", "kernel_path", "set_kernel_path", "available_paths",
-    "precompile", "active_types", "mul_mat_id_kernel", "packed_type",
+    "precompile", "active_types", "mul_mat_id_kernel", "packed_type", "SPEED_REVISION",
 ]
 
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30
@@ -46,6 +46,9 @@ Q2_K, Q3_K, IQ4_NL, IQ4_XS = 10, 11, 20, 23
 Q4_K_X8 = 1012
 #: a file's type -> the layout the engine may keep it in on a SIMD path
 PACKED_LAYOUTS = {Q4_K: Q4_K_X8}
+#: bumped when the kernels' speed changes (2: one-token products read two streams per thread):
+#: what the advisor measured of them before (`advisor.engine_cal`, cached per machine) is measured again
+SPEED_REVISION = 2
 
 SUPPORTED_TYPES: dict[int, str] = {
     F32: "F32", F16: "F16", BF16: "BF16", Q8_0: "Q8_0", Q4_0: "Q4_0", Q4_1: "Q4_1",
