@@ -99,10 +99,11 @@ print(json.dumps(out))
 
 def bandwidth_probe(threads: list[int], gib: float = 1.0, reps: int = 7) -> dict[int, float]:
     """GB/s of a streaming read per thread count (best of ``reps``), in a fresh process: the better
-    of one stream per thread and two (each thread's half read from both ends' halves 512 bytes at a
-    time in turn). One core keeps more lines in flight along two streams (Intel Xeon host, 1 thread:
-    15.3 -> 18.7 GB/s), and numawb's one-token products read two (kernels.intrinsics.stream_halves):
-    judged against one stream alone, a decode could stream more than "100 %" of the limit."""
+    of one stream per thread and two (the two halves of each thread's chunk read 512 bytes at a time
+    in turn). One core keeps more lines in flight along two streams (this probe on the Intel Xeon
+    host: 1 thread 15.6-16.2 -> 22.5-22.6 GB/s, 2 threads 28.0-30.2 -> 37.5-38.0), and numawb's
+    one-token products read two (kernels.intrinsics.stream_halves): judged against one stream
+    alone, a decode could stream more than "100 %" of the limit."""
     env = dict(os.environ, NUMBA_NUM_THREADS=str(max(threads)))
     p = subprocess.run([sys.executable, "-c", _PROBE_SRC, str(gib), str(reps), ",".join(map(str, threads))],
                        capture_output=True, text=True, env=env, timeout=900)

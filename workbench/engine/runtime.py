@@ -57,7 +57,8 @@ CHUNK_ALIGN = 64  # rows
 # one-token products go through the crew (workers waiting in compiled code) in chunks of at
 # least this many weight bytes; NUMAWB_CREW=0 turns the crew off (Python hand-offs, as before)
 CREW_CHUNK_BYTES = 96 << 10
-# a one-token product's pinned share is cut in pieces of half what is left, down to this many bytes
+# a one-token product's pinned share is cut in pieces of half what is left (the first: FIRST_PIECE),
+# down to this many bytes
 PIECE_BYTES = 24 << 10
 # A worker's first piece of its share: a kernel call reads its range as two streams when each half
 # is at least TWO_STREAMS_MIN bytes (kernels.intrinsics.stream_halves), so a bigger first piece
@@ -232,10 +233,10 @@ def _pinned_shares(rows: list[int], row_bytes: list[int], n_workers: int) -> lis
     t, row = 0, 0
     for wk in range(n_workers):
         left = total * (wk + 1) // n_workers - total * wk // n_workers
-        first = True
+        part = FIRST_PIECE
         while left > 0 and t < len(rows):
-            size = max(PIECE_BYTES, int(left * FIRST_PIECE) if first else left // 2) // row_bytes[t]
-            first = False
+            size = max(PIECE_BYTES, int(left * part)) // row_bytes[t]
+            part = 0.5
             hi = min(rows[t], -(-(row + max(size, 1)) // 8) * 8)
             if wk == n_workers - 1:
                 hi = rows[t] if rows[t] - hi < 8 else hi
