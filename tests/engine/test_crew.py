@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from workbench.engine import kernels as K
-from workbench.engine.crew import CURSORS, STEALABLE, TRACE_LEAD, Crew, CrewError, Job
+from workbench.engine.crew import CURSORS, STEALABLE, TRACE_LEAD, Crew, CrewError, Job, same_matrix_heads
 from workbench.numa import WorkerPool
 
 TYPES = [K.F32, K.F16, K.BF16, K.Q8_0, K.Q4_0, K.Q5_0, K.Q4_1, K.Q5_1, K.Q4_K, K.Q5_K, K.Q6_K]
@@ -71,6 +71,48 @@ def test_shared_and_pinned_chunks_match_single_thread(pool, crew, t):
                 np.testing.assert_array_equal(out, ref)
         finally:
             crew.stop()
+
+
+@pytest.mark.parametrize("heads,k", [(4, 256), (6, 128), (2, 2048)])
+def test_query_heads_of_one_matrix_run_in_one_call_with_each_heads_bits(pool, crew, heads, k):
+    """A chunk's span of F16 tasks over one matrix, inputs and outputs equally spaced (the query
+    heads of a kv head over its keys): run by one kernels.f16_heads call (each row converted once
+    for the group), every output the task's own matvec to the bit; a span whose tasks read
+    different matrices, or whose inputs are not equally spaced, runs task by task, the same."""
+    rng = np.random.default_rng(heads)
+    rows = 200
+    w, other = _matrix(K.F16, rows, k, rng), _matrix(K.F16, rows, k, rng)
+    x = rng.standard_normal((heads + 1, k)).astype(np.float16).astype(np.float32)
+    xp = K.prepare(K.F16, x)
+    mats = [w] * heads
+    mats2 = [w] * (heads - 1) + [other]
+    refs = []
+    for m in (mats, mats2):
+        r = np.empty((heads, rows), np.float32)
+        for h in range(heads):
+            K.matvec(K.F16, m[h], (xp[0][h],), r[h], 0, rows)
+        refs.append(r)
+    jobs = [Job([(K.F16, m[h], 0, 0, 0, h, h) for h in range(heads)], [],
+                [(0, lo, min(lo + 64, rows), heads) for lo in range(0, rows, 64)]) for m in (mats, mats2)]
+    skip = Job([(K.F16, w, 0, 0, 0, [0, 1, 3, 4, 5, 6][h], h) for h in range(heads)], [],
+               [(0, lo, min(lo + 64, rows), heads) for lo in range(0, rows, 64)])
+    with pool.lead():
+        crew.start()
+        try:
+            for job, ref, rows_x in ((jobs[0], refs[0], range(heads)), (jobs[1], refs[1], range(heads)),
+                                     (skip, None, [0, 1, 3, 4, 5, 6][:heads])):
+                out = np.full((heads, rows), np.nan, np.float32)
+                crew.run(job, xp, xp, [out])
+                if ref is None:
+                    ref = np.empty((heads, rows), np.float32)
+                    for h, xr in enumerate(rows_x):
+                        K.matvec(K.F16, w, (xp[0][xr],), ref[h], 0, rows)
+                np.testing.assert_array_equal(out, ref)
+                assert (same_matrix_heads(job.tasks, 0, heads) >= (0, 0)) == (job is jobs[0] or heads == 2 and job is skip)
+        finally:
+            crew.stop()
+    assert same_matrix_heads(jobs[0].tasks, 0, heads) == (k, rows)
+    assert same_matrix_heads(jobs[0].tasks, 0, 1) == (-1, -1)
 
 
 def _thefts(crew: Crew, victim: int) -> int:

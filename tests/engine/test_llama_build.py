@@ -82,8 +82,28 @@ def check_float_products(wide: bool) -> None:
         assert np.array_equal(out3, vec_dot_float(w32, X[0], wide, f16=False)), k
 
 
+def check_f16_heads(wide: bool) -> None:
+    """One F16 matrix against several inputs (grouped-query attention's heads): each output is
+    ggml_vec_dot_f16 of that input, whether the row's vectors are shared by groups of 4 inputs
+    (k a multiple of the dot's step, up to HEADS_MAX_K) or the inputs run one at a time."""
+    from workbench.engine import kernels as K
+    rng = np.random.default_rng(11)
+    for rows, k, nh in ((40, 256, 4), (33, 1024, 8), (21, 128, 6), (17, 96, 4), (9, 40, 4), (12, 2048, 4),
+                        (10, 64, 1)):
+        w16 = rng.standard_normal((rows, k)).astype(np.float16)
+        xs, os_ = k + 24, rows + 3   # inputs and outputs apart by more than their length
+        x = rng.standard_normal(nh * xs).astype(np.float16).astype(np.float32)
+        out = np.full(nh * os_, np.nan, np.float32)
+        K.f16_heads(w16.view(np.uint8).reshape(rows, -1), x, xs, k, nh, out, os_, 2, rows - 1)
+        got = out.reshape(nh, os_)
+        for h in range(nh):
+            want = vec_dot_float(w16.astype(np.float32), x[h * xs:h * xs + k], wide, f16=True)
+            assert np.array_equal(got[h, 2:rows - 1], want[2:rows - 1]), (rows, k, nh, h)
+        assert np.isnan(got[:, :2]).all() and np.isnan(got[:, rows - 1:]).all(), (rows, k, nh)
+
+
 CHECKS = (check_expf, check_silu)
-SIMD_CHECKS = (check_float_products,)
+SIMD_CHECKS = (check_float_products, check_f16_heads)
 
 
 def _this_build() -> bool:

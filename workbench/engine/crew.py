@@ -304,8 +304,8 @@ def compiled_address(dispatcher, argtypes: tuple) -> int:
     return int(cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name))
 
 
-# run_chunk's one signature: tasks, t, lo, hi
-CHUNK_ARGS = (_TAB, _I64, _I64, _I64)
+# run_chunk's one signature: tasks, t, span, lo, hi
+CHUNK_ARGS = (_TAB, _I64, _I64, _I64, _I64)
 
 
 def _call_by_address(context, builder, restype, argtypes, addr, args):
@@ -319,8 +319,8 @@ def _call_by_address(context, builder, restype, argtypes, addr, args):
 
 
 @intrinsic
-def _call_chunk(typingctx, addr, tasks, t, lo, hi):
-    """run_chunk(tasks, t, lo, hi) called through its address (ctl[CHUNK_FN]), like `_call_core`."""
+def _call_chunk(typingctx, addr, tasks, t, span, lo, hi):
+    """run_chunk(tasks, t, span, lo, hi) called through its address (ctl[CHUNK_FN]), like `_call_core`."""
     if tasks != _TAB:
         raise numba.core.errors.TypingError(f"run_chunk takes {_TAB}, got {tasks}")
     sig = types.none(_I64, *CHUNK_ARGS)
@@ -424,6 +424,28 @@ def _trace(ctl, at, a, b, c, d):
         lg[i + 3] = d
 
 
+_F16 = kernels.F16
+
+
+@numba.njit(**_NB)
+def same_matrix_heads(tasks, t, span):
+    """(input stride, output stride) in floats when tasks t..t+span-1 are F16 products of one
+    matrix over inputs and outputs equally spaced (a kv head's query heads), else (-1, -1)."""
+    if span < 2 or tasks[t, T_TYPE] != _F16:
+        return -1, -1
+    dx = tasks[t + 1, T_X0] - tasks[t, T_X0]
+    do = tasks[t + 1, T_OUTADDR] - tasks[t, T_OUTADDR]
+    if dx < 0 or do < 0 or dx % 4 or do % 4:
+        return -1, -1
+    for u in range(t + 1, t + span):
+        if (tasks[u, T_TYPE] != _F16 or tasks[u, T_W] + tasks[u, T_WSHIFT] != tasks[t, T_W] + tasks[t, T_WSHIFT]
+                or tasks[u, T_ROWS] != tasks[t, T_ROWS] or tasks[u, T_ROWLEN] != tasks[t, T_ROWLEN]
+                or tasks[u, T_N0] != tasks[t, T_N0] or tasks[u, T_X0] - tasks[u - 1, T_X0] != dx
+                or tasks[u, T_OUTADDR] - tasks[u - 1, T_OUTADDR] != do):
+            return -1, -1
+    return dx // 4, do // 4
+
+
 # ----------------------------------------------------------------------------- the loop
 def _build(mv: dict):
     """serve / work / lead compiled over one kernel path's matvec functions."""
@@ -437,10 +459,11 @@ def _build(mv: dict):
     mv_iq4_nl, mv_iq4_xs, mv_q3_K, mv_q2_K = mv[IQ4_NL], mv[IQ4_XS], mv[Q3_K], mv[Q2_K]
     Q4_K_X8 = kernels.Q4_K_X8  # (the portable path has no packed layout: the engine never packs there)
     mv_q4_K_x8 = mv.get(Q4_K_X8, mv[Q4_K])
+    mv_f16_heads = kernels.heads_kernel()
     i8, i32, f32, u8 = np.int8, np.int32, np.float32, np.uint8
 
-    @numba.njit(**_NB)
-    def run_chunk(tasks, t, lo, hi):
+    @numba.njit(inline="always")
+    def run_task(tasks, t, lo, hi):
         typ = tasks[t, T_TYPE]
         w = numba.carray(_voidptr(tasks[t, T_W] + tasks[t, T_WSHIFT]), (tasks[t, T_ROWS], tasks[t, T_ROWLEN]), u8)
         out = _view(tasks[t, T_OUTADDR], tasks[t, T_ROWS], f32)
@@ -483,6 +506,22 @@ def _build(mv: dict):
             elif typ == Q2_K:
                 mv_q2_K(w, xp, out, lo, hi)
 
+    @numba.njit(**_NB)
+    def run_chunk(tasks, t, span, lo, hi):
+        """Rows lo..hi of tasks t..t+span-1: one F16 call for the query heads of a kv head (each
+        key or V^T row converted once for all of them: `kernels.f16_heads`), else one kernel call
+        per task."""
+        xs, os = same_matrix_heads(tasks, t, span)
+        if xs >= 0:
+            rows, n0 = tasks[t, T_ROWS], tasks[t, T_N0]
+            w = numba.carray(_voidptr(tasks[t, T_W] + tasks[t, T_WSHIFT]), (rows, tasks[t, T_ROWLEN]), u8)
+            x = _view(tasks[t, T_X0], (span - 1) * xs + n0, f32)
+            out = _view(tasks[t, T_OUTADDR], (span - 1) * os + rows, f32)
+            mv_f16_heads(w, x, xs, n0, span, out, os, lo, hi)
+            return
+        for u in range(t, t + span):
+            run_task(tasks, u, lo, hi)
+
     # The job loop below calls run_chunk -- and so the kernels -- through its address (ctl[CHUNK_FN]):
     # numba re-optimizes and re-emits a callee's code in every caller, so calling it by name
     # emitted every active kernel again in run_pinned, steal_pinned, work, serve and lead_core
@@ -490,12 +529,11 @@ def _build(mv: dict):
     @numba.njit(**_NB)
     def run_pinned(fn, tasks, chunks, c, last):
         """The rows of chunks c..last (one run of pieces of the same tasks; last == c: one chunk),
-        one kernel call per task; a chunk's tasks share the first one's row limits."""
+        in one run_chunk call; a chunk's tasks share the first one's row limits."""
         t0 = chunks[c, C_TASK]
         lo, hi = tasks[t0, T_LO] + chunks[c, C_LO], min(tasks[t0, T_LO] + chunks[last, C_HI], tasks[t0, T_HI])
         if lo < hi:
-            for t in range(t0, t0 + chunks[c, C_SPAN]):
-                _call_chunk(fn, tasks, t, lo, hi)
+            _call_chunk(fn, tasks, t0, chunks[c, C_SPAN], lo, hi)
 
     @numba.njit(**_NB)
     def steal_pinned(ctl, me, tasks, chunks, n_owned):
@@ -584,8 +622,7 @@ def _build(mv: dict):
             if lo >= tasks[t0, T_HI]:  # shared chunks past the limit come last (attention): none left
                 break
             if lo < hi:
-                for t in range(t0, t0 + chunks[c, C_SPAN]):
-                    _call_chunk(ctl[CHUNK_FN], tasks, t, lo, hi)
+                _call_chunk(ctl[CHUNK_FN], tasks, t0, chunks[c, C_SPAN], lo, hi)
 
     @numba.njit(**_NB)
     def serve(ctl, me, seen):

@@ -193,6 +193,40 @@ def matvec(ggml_type: int, w: np.ndarray, xp: tuple, out: np.ndarray, r0: int, r
     _MATVEC[ggml_type](w, xp, out, r0, r1)
 
 
+def f16_heads(w: np.ndarray, x: np.ndarray, xs: int, k: int, nh: int, out: np.ndarray, os: int, r0: int,
+              r1: int) -> None:
+    """One F16 matrix against `nh` inputs: out[h * os + i] = dot(row i of w, x[h * xs: h * xs + k])
+    for i in [r0, r1), each exactly the F16 `matvec` of that input (float32 x and out, flat). The
+    query heads that share a KV head read the same key rows and V^T rows: one call converts each
+    row once for several heads."""
+    heads_kernel()(w, x, xs, k, nh, out, os, r0, r1)
+
+
+def heads_kernel() -> Callable:
+    """The active path's compiled `f16_heads` (for compiled callers such as the crew)."""
+    fn = _HEADS.get(_path)
+    if fn is None:
+        if _path == "portable":
+            fn = _per_input(_PORTABLE_MATVEC[F16])
+        else:
+            from .x86.floats import heads_kernel as x86_heads
+            fn = x86_heads()
+        _HEADS[_path] = fn
+    return fn
+
+
+_HEADS: dict = {}
+
+
+def _per_input(mv: Callable) -> Callable:
+    """`f16_heads` as one matvec per input."""
+    @numba.njit(**jitcache.JIT)
+    def heads(w, x, xs, k, nh, out, os, r0, r1):
+        for h in range(nh):
+            mv(w, (x[h * xs:h * xs + k],), out[h * os:h * os + r1], r0, r1)
+    return heads
+
+
 def matmat(ggml_type: int, w: np.ndarray, xp: tuple, out: np.ndarray, r0: int, r1: int) -> None:
     """out[j, i] = dot(row i of w, X[j]) for all j and i in [r0, r1); xp from prepare() of a 2-D X."""
     _MATMAT[ggml_type](w, xp, out, r0, r1)

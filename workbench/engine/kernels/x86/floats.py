@@ -9,7 +9,7 @@ import numba
 import numpy as np
 
 from ..intrinsics import (bf16_to_f32, f16_to_f32, f_zero, f_add, fma_f, fma_s, hsum_f, hsum_hadd_f, load_bf16x8,
-                          load_f16x8, load_f32x8)
+                          load_f16x8, load_f32x8, prefetch)
 from ..llama_build import WIDE
 
 from ..jitcache import JIT as _NB
@@ -40,9 +40,83 @@ def kernels(mode: int) -> dict:
 
         return _rowwise(dot, dot)
 
-    f16_matvec, f16_matmat, f32_matvec, f32_matmat = _orders512() if WIDE else _orders256()
+    f16_matvec, f16_matmat, f32_matvec, f32_matmat, _ = _orders512() if WIDE else _orders256()
     return dict(F32=(f32_matvec, f32_matmat), F16=(f16_matvec, f16_matmat),
                 BF16=build(load_bf16x8, 2, _bf16_at))
+
+
+_HEADS: list = []
+
+
+def heads_kernel():
+    """The F16 product of one matrix with several inputs (`kernels.f16_heads`), in the order of
+    this host's llama.cpp build (mode-independent: float kernels use no integer dot products)."""
+    if not _HEADS:
+        _HEADS.append((_orders512() if WIDE else _orders256())[4])
+    return _HEADS[0]
+
+
+# ---- one F16 matrix against several inputs: the query heads that share a KV head (grouped-query
+# attention) read the same key rows, and their probabilities the same V^T rows. A row's F16 vectors
+# are converted once for a group of 4 inputs instead of once per input; per input the lanes, their
+# order and the reduction are the one-column dot's (ggml_vec_dot_f16), so each output is the
+# matvec's to the bit. The dot's accumulators are independent along the row, so a group runs them
+# two at a time (8 registers for 4 inputs) and combines them in the dot's order at the end.
+HEADS_AHEAD = 4      # rows ahead that a row's lines are prefetched
+HEADS_MAX_K = 1024   # longer rows: the 4 inputs (4 x 4 KB+) leave L1; one input at a time there
+
+
+@numba.njit(inline="always")
+def _pass4(w, o, x, xo, xs, n, oa, ob, step):
+    """Two accumulators of a one-column F16 dot (8 lanes at element offsets oa and ob of every
+    `step` elements of [0, n)) for the inputs at x[xo], x[xo + xs], x[xo + 2 xs], x[xo + 3 xs]."""
+    l0 = f_zero(); h0 = f_zero(); l1 = f_zero(); h1 = f_zero()
+    l2 = f_zero(); h2 = f_zero(); l3 = f_zero(); h3 = f_zero()
+    j = 0
+    while j < n:
+        wl = load_f16x8(w, o + (j + oa) * 2)
+        wh = load_f16x8(w, o + (j + ob) * 2)
+        xa = xo + j + oa
+        xb = xo + j + ob
+        l0 = fma_f(l0, wl, load_f32x8(x, xa)); h0 = fma_f(h0, wh, load_f32x8(x, xb))
+        l1 = fma_f(l1, wl, load_f32x8(x, xa + xs)); h1 = fma_f(h1, wh, load_f32x8(x, xb + xs))
+        l2 = fma_f(l2, wl, load_f32x8(x, xa + 2 * xs)); h2 = fma_f(h2, wh, load_f32x8(x, xb + 2 * xs))
+        l3 = fma_f(l3, wl, load_f32x8(x, xa + 3 * xs)); h3 = fma_f(h3, wh, load_f32x8(x, xb + 3 * xs))
+        j += step
+    return l0, h0, l1, h1, l2, h2, l3, h3
+
+
+@numba.njit(inline="always")
+def _tail16(w, o, x, xo, j, k, v):
+    """The F16 dot's leftovers (elements j..k-1) added to its vector part in float64, as ggml."""
+    s = np.float64(v)
+    while j < k:
+        s += np.float64(f16_to_f32(w, o + j * 2) * x[xo + j])
+        j += 1
+    return f32(s)
+
+
+def _heads(dot4, dot1, unit: int):
+    """`kernels.f16_heads` over `dot4` (one row against 4 inputs) and `dot1` (the matvec's dot)."""
+    @numba.njit(**_NB)
+    def heads(w, x, xs, k, nh, out, os, r0, r1):
+        rb = w.shape[1]
+        if k % unit or k > HEADS_MAX_K:
+            for h in range(nh):   # the matvec, input by input
+                for i in range(r0, r1):
+                    out[h * os + i] = dot1(w, i * rb, x, h * xs, k)
+            return
+        g = nh // 4 * 4
+        for i in range(r0, r1):
+            o = i * rb
+            p = o + HEADS_AHEAD * rb
+            for b in range(0, 2 * k, 64):
+                prefetch(w, p + b)
+            for h in range(0, g, 4):
+                dot4(w, o, x, h * xs, xs, k, out, h * os + i, os)
+            for h in range(g, nh):
+                out[h * os + i] = dot1(w, o, x, h * xs, k)
+    return heads
 
 
 def _orders512():
@@ -155,6 +229,26 @@ def _orders512():
     f16_matmat = _f16_matmat(16, dot16_vec, f16_tile, f16_row4, dot16_tiny)
     f16_matvec = _rowwise(dot16_vec, dot16_tiny)[0]
 
+    @numba.njit(inline="always")
+    def dot16_heads4(w, o, x, xo, xs, k, out, oo, os):
+        """dot16_vec of one row with 4 inputs: accumulators (a0, a1) + (a4, a5) and (a2, a3) +
+        (a6, a7) of each, then lo / hi as dot16_vec."""
+        n = k // 64 * 64
+        a0, b0, a1, b1, a2, b2, a3, b3 = _pass4(w, o, x, xo, xs, n, 0, 8, 64)
+        c0, d0, c1, d1, c2, d2, c3, d3 = _pass4(w, o, x, xo, xs, n, 32, 40, 64)
+        a0 = f_add(a0, c0); b0 = f_add(b0, d0); a1 = f_add(a1, c1); b1 = f_add(b1, d1)
+        a2 = f_add(a2, c2); b2 = f_add(b2, d2); a3 = f_add(a3, c3); b3 = f_add(b3, d3)
+        c0, d0, c1, d1, c2, d2, c3, d3 = _pass4(w, o, x, xo, xs, n, 16, 24, 64)
+        e0, g0, e1, g1, e2, g2, e3, g3 = _pass4(w, o, x, xo, xs, n, 48, 56, 64)
+        c0 = f_add(c0, e0); d0 = f_add(d0, g0); c1 = f_add(c1, e1); d1 = f_add(d1, g1)
+        c2 = f_add(c2, e2); d2 = f_add(d2, g2); c3 = f_add(c3, e3); d3 = f_add(d3, g3)
+        out[oo] = _tail16(w, o, x, xo, n, k, red16(f_add(a0, c0), f_add(b0, d0)))
+        out[oo + os] = _tail16(w, o, x, xo + xs, n, k, red16(f_add(a1, c1), f_add(b1, d1)))
+        out[oo + 2 * os] = _tail16(w, o, x, xo + 2 * xs, n, k, red16(f_add(a2, c2), f_add(b2, d2)))
+        out[oo + 3 * os] = _tail16(w, o, x, xo + 3 * xs, n, k, red16(f_add(a3, c3), f_add(b3, d3)))
+
+    f16_heads = _heads(dot16_heads4, dot16_vec, 64)
+
     # F32 in ggml's AVX-512 orders (the structure of F16's, products rounded by the FMAs): one column
     # = ggml_vec_dot_f32 (4 accumulators x 16 lanes over steps of 64, (0+2)+(1+3), GCC's
     # _mm512_reduce_add_ps tree, leftovers k % 64 accumulated in f32); >= 2 columns = llamafile's
@@ -194,7 +288,7 @@ def _orders512():
         return red16(lo, hi)
 
     f32_matvec, f32_matmat = _f32_products(16, dot32_vec, dot32_tiny)
-    return f16_matvec, f16_matmat, f32_matvec, f32_matmat
+    return f16_matvec, f16_matmat, f32_matvec, f32_matmat, f16_heads
 
 
 def _rowwise(dot_vec, dot_mat):
@@ -314,10 +408,21 @@ def _orders256():
     def dot32_tiny(w, o, x, xo, k):
         return dot_tiny(w, o, x, xo, k, 4)
 
+    @numba.njit(inline="always")
+    def dot16_heads4(w, o, x, xo, xs, k, out, oo, os):
+        """dot16_vec of one row with 4 inputs: accumulators a0 + a2, then a1 + a3 of each."""
+        n = k // 32 * 32
+        a0, b0, a1, b1, a2, b2, a3, b3 = _pass4(w, o, x, xo, xs, n, 0, 16, 32)
+        c0, d0, c1, d1, c2, d2, c3, d3 = _pass4(w, o, x, xo, xs, n, 8, 24, 32)
+        out[oo] = _tail16(w, o, x, xo, n, k, hsum_hadd_f(f_add(f_add(a0, b0), f_add(c0, d0))))
+        out[oo + os] = _tail16(w, o, x, xo + xs, n, k, hsum_hadd_f(f_add(f_add(a1, b1), f_add(c1, d1))))
+        out[oo + 2 * os] = _tail16(w, o, x, xo + 2 * xs, n, k, hsum_hadd_f(f_add(f_add(a2, b2), f_add(c2, d2))))
+        out[oo + 3 * os] = _tail16(w, o, x, xo + 3 * xs, n, k, hsum_hadd_f(f_add(f_add(a3, b3), f_add(c3, d3))))
+
     f16_matvec = _rowwise(dot16_vec, dot16_tiny)[0]
     f16_matmat = _f16_matmat(8, dot16_vec, f16_tile, f16_row4, dot16_tiny)
     f32_matvec, f32_matmat = _f32_products(8, dot32_vec, dot32_tiny)
-    return f16_matvec, f16_matmat, f32_matvec, f32_matmat
+    return f16_matvec, f16_matmat, f32_matvec, f32_matmat, _heads(dot16_heads4, dot16_vec, 32)
 
 
 @numba.njit(inline="always")
