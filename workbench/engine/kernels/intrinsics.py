@@ -220,6 +220,20 @@ def stream_halves(r0: int, r1: int, unit: int, row_bytes: int, min_bytes: int = 
 
 
 @numba.njit(inline="always")
+def prime_streams(w, r0: int, mid: int, row_bytes: int, ahead: int) -> None:
+    """Prefetch the first `ahead` bytes of the streams of rows [r0, ...) and [mid, ...) (mid == r0:
+    one stream): a kernel that prefetches `ahead` bytes past the row it reads otherwise waits on
+    every line of that first stretch, at each product's start."""
+    a = r0 * row_bytes
+    for off in range(a & ~63, a + ahead, 64):
+        prefetch(w, off)
+    if mid > r0:
+        b = mid * row_bytes
+        for off in range(b & ~63, b + ahead, 64):
+            prefetch(w, off)
+
+
+@numba.njit(inline="always")
 def group_steps(r0: int, r1: int, unit: int, row_bytes: int, min_bytes: int = TWO_STREAMS_MIN):
     """For kernels reading groups of `unit` rows two at a time (a group of each half, row by row
     in turn): (pairs, steps) over the whole groups of [r0, r1): the first `pairs` steps take groups

@@ -107,6 +107,9 @@ def _heads(dot4, dot1, unit: int):
                     out[h * os + i] = dot1(w, i * rb, x, h * xs, k)
             return
         g = nh // 4 * 4
+        for i in range(r0, min(r0 + HEADS_AHEAD, r1)):   # (intrinsics.prime_streams)
+            for b in range(0, 2 * k, 64):
+                prefetch(w, i * rb + b)
         for i in range(r0, r1):
             o = i * rb
             p = o + HEADS_AHEAD * rb

@@ -33,7 +33,7 @@ from numba.extending import intrinsic
 from ..intrinsics import (_V8F, _V8I, _V16B, _V16S, _V32B, _arr_load, _check_array, _fn, _i32, _mode, _BYTES, VNNI,
                           b_and, b_shr, f_lane, f_scale, f_sub, f_zero, fmadd_v, i_zero, load_b32, load_i8, madd16,
                           v8f, v8i, v16s, v32b, _V8H, _V8S, store_i32x8, i_add, prefetch,
-                          PREFETCH_MAX_K, PREFETCH_NEAR, group_steps, step_groups)
+                          PREFETCH_MAX_K, PREFETCH_NEAR, group_steps, prime_streams, step_groups)
 
 from ..jitcache import JIT as _NB
 _V4I = ir.VectorType(_i32, 4)
@@ -227,6 +227,8 @@ def q4_K_gemv_rows8(mode: int):
         bsum_table(xb, bt, nb * 128)
         n_pairs, n_steps = group_steps(r0, r1, 8, rb)   # whole groups only (never past r1)
         mid = r0 + 8 * n_pairs
+        if pf:
+            prime_streams(wf, r0, mid, rb, PREFETCH_NEAR)
         for st in range(n_steps):
             ga, gb, nh = step_groups(st, r0, mid, n_pairs, 8)
             for r in range(8):

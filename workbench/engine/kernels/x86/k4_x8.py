@@ -26,8 +26,8 @@ from llvmlite import ir
 from numba.extending import intrinsic
 
 from ..intrinsics import (_BYTES, _V8I, _arr_load, _check_array, _splat, _to_i32, b_and, b_shr, bcast_b4, bcast_i32, dot_us, f_lane, f_scale,
-                          f_sub, f_zero, fmadd_v, i_add, i_mul, i_zero, load_b32, prefetch, PREFETCH_BYTES, PREFETCH_NEAR,
-                          stream_halves, v8i)
+                          f_sub, f_zero, fmadd_v, i_add, i_mul, i_zero, load_b32, prefetch, prime_streams,
+                          PREFETCH_BYTES, PREFETCH_NEAR, stream_halves, v8i)
 from ..jitcache import JIT as _NB
 from .k4_rows import f16x8_pairs
 
@@ -215,6 +215,7 @@ def gemv_x8(mode: int):
         # two streams (intrinsics.TWO_STREAMS_MIN): a group of each half, super-block by super-block
         # (whole groups in turn, 4.6-9 KB apart in time, would leave one stream idle)
         gm = stream_halves(g0, g1, 1, 8 * rb)
+        prime_streams(wf, g0, gm, 8 * rb, PREFETCH_NEAR)
         for g in range(g0, gm):
             h = g + gm - g0
             acc, accm, acc2, accm2 = f_zero(), f_zero(), f_zero(), f_zero()

@@ -14,7 +14,7 @@ import numpy as np
 from ..intrinsics import (b_and, b_or, b_shl, b_shr, f16_to_f32, f_zero, fmadd_i, hsum_f, i_zero, load_b32, madd_sv,
                           mins_dot, scales_i8, scales_k4, fma_s, hsum_i, i_sub, q6_offset, reduce4, load_i32x4, load_f32x4,
                           f4_zero, i4_mul_add, f4_scale, fma4_i, f4_sub, f4_lane, prefetch, PREFETCH_NEAR,
-                          PREFETCH_MAX_K, stream_halves, stream_row)
+                          PREFETCH_MAX_K, prime_streams, stream_halves, stream_row)
 
 from . import k4_rows, repack
 from .blocks import _k4_scales
@@ -222,6 +222,8 @@ def kernels(mode: int) -> dict:
         ws = w.view(np.int8).reshape(-1)
         pf = nb * 256 <= PREFETCH_MAX_K
         mid = stream_halves(r0, r1, 1, rb)   # two streams: a row of each half in turn
+        if pf:
+            prime_streams(wf, r0, mid, rb, PREFETCH_NEAR)
         for j in range(r1 - r0):
             i = stream_row(j, r0, mid, 1)
             acc = f_zero()

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..intrinsics import (b_add, b_or, dot_ss, dot_us, f16_lead, f16_to_f32, f_zero,
                           fmadd_i, hsum_f, i_zero, load_b32, load_bits16, load_i8, load_nib, prefetch,
-                          prefetch_distance, stream_halves, stream_row)
+                          prefetch_distance, prime_streams, stream_halves, stream_row)
 
 from . import repack
 
@@ -97,6 +97,7 @@ def kernels(mode: int) -> dict:
             ns = (n4 << shift).astype(np.int32)
             pfd = prefetch_distance(nb * 32)
             mid = stream_halves(r0, r1, 2, rb)   # two streams: a pair from each half in turn
+            prime_streams(w, r0, mid, rb, pfd)
             for j in range((r1 - r0) // 2):
                 i = stream_row(j, r0, mid, 2)
                 a0 = f_zero()
@@ -196,6 +197,7 @@ def kernels(mode: int) -> dict:
         rb = w.shape[1]
         pfd = prefetch_distance(nb * 32)
         mid = stream_halves(r0, r1, 1, rb)   # two streams: a row from each half in turn
+        prime_streams(w, r0, mid, rb, pfd)
         for j in range(r1 - r0):
             i = stream_row(j, r0, mid, 1)
             acc = f_zero()
