@@ -5,7 +5,7 @@
 
 Runs, interleaved per thread count so that drift from a shared machine hits both engines alike:
   1. a memory-bandwidth probe (Numba streaming read of a 1 GiB buffer, 1 and 2 threads, best of N, the
-     better of one stream and two interleaved streams per thread);
+     best of one stream and two interleaved streams per thread, plain or prefetched);
   2. llama.cpp's ``llama-bench`` (pp512, tg128, and tg128 at depth ``-d 4096`` when the build knows
      ``-d``), built by ``benchmarks/llamacpp_build.sh`` unless ``--llama-bench`` is given;
   3. ``numawb bench`` with the same settings, in a fresh process.
@@ -52,13 +52,17 @@ def log(msg: str) -> None:
 _PROBE_SRC = r'''
 import sys, time, json
 import numpy as np, numba
+sys.path.insert(0, sys.argv[4])
+from workbench.engine.kernels.intrinsics import prefetch
 
 STEP = 64   # int64s (512 bytes) read from one stream before the other (two streams)
+AHEAD = 2048   # bytes prefetched ahead of each stream (streams == 3)
 
 @numba.njit(parallel=True, nogil=True, cache=False)
-def stream_sum(a, nchunks, streams):
-    """Sum of what each of nchunks threads reads of its chunk of a: in order (streams == 1), or
-    its two halves 512 bytes at a time in turn (2); returns (sum, elements read)."""
+def stream_sum(a, b, nchunks, streams):
+    """Sum of what each of nchunks threads reads of its chunk of a (b: its bytes): in order
+    (streams == 1), or its two halves 512 bytes at a time in turn (2; 3: with each line
+    prefetched AHEAD bytes before); returns (sum, elements read)."""
     n = a.shape[0]
     per = (n + nchunks - 1) // nchunks
     parts = np.zeros(nchunks, np.int64)
@@ -70,7 +74,7 @@ def stream_sum(a, nchunks, streams):
             for v in a[lo:hi]:
                 s0 += v
             counts[c] = hi - lo
-        else:
+        elif streams == 2:
             half = (hi - lo) // 2 // STEP * STEP
             for i in range(lo, lo + half, STEP):
                 for k in range(STEP):
@@ -78,19 +82,32 @@ def stream_sum(a, nchunks, streams):
                 for k in range(STEP):
                     s0 += a[i + half + k]
             counts[c] = 2 * half
+        else:   # two streams, each line prefetched AHEAD bytes before it is read
+            half = (hi - lo) // 2 // STEP * STEP
+            for i in range(lo, lo + half, STEP):
+                for l in range(0, STEP, 8):
+                    prefetch(b, (i + l) * 8 + AHEAD)
+                    for k in range(8):
+                        s0 += a[i + l + k]
+                for l in range(0, STEP, 8):
+                    prefetch(b, (i + half + l) * 8 + AHEAD)
+                    for k in range(8):
+                        s0 += a[i + half + l + k]
+            counts[c] = 2 * half
         parts[c] = s0
     return parts.sum(), counts.sum()
 
 gib = float(sys.argv[1]); reps = int(sys.argv[2]); threads = [int(t) for t in sys.argv[3].split(",")]
 a = np.ones(int(gib * 2**30) // 8, np.int64)   # touched: pages are resident before timing
 out = {}
+b = a.view(np.uint8)
 for t in threads:
     numba.set_num_threads(t)
-    for streams in (1, 2):
-        stream_sum(a, t, streams)
+    for streams in (1, 2, 3):
+        stream_sum(a, b, t, streams)
         best = 0.0
         for _ in range(reps):
-            t0 = time.perf_counter(); _, m = stream_sum(a, t, streams)
+            t0 = time.perf_counter(); _, m = stream_sum(a, b, t, streams)
             best = max(best, 8 * m / (time.perf_counter() - t0) / 1e9)
         out[f"{t}/{streams}"] = best
 print(json.dumps(out))
@@ -98,19 +115,24 @@ print(json.dumps(out))
 
 
 def bandwidth_probe(threads: list[int], gib: float = 1.0, reps: int = 7) -> dict[int, float]:
-    """GB/s of a streaming read per thread count (best of ``reps``), in a fresh process: the better
-    of one stream per thread and two (the two halves of each thread's chunk read 512 bytes at a time
-    in turn). One core keeps more lines in flight along two streams (this probe on the Intel Xeon
-    host: 1 thread 15.6-16.2 -> 22.5-22.6 GB/s, 2 threads 28.0-30.2 -> 37.5-38.0), and numawb's
-    one-token products read two (kernels.intrinsics.stream_halves): judged against one stream
-    alone, a decode could stream more than "100 %" of the limit."""
+    """GB/s of a streaming read per thread count (best of ``reps``), in a fresh process: the best
+    of one stream per thread, two (the two halves of each thread's chunk read 512 bytes at a time
+    in turn), and two with each line prefetched 2 KB ahead. One core keeps more lines in flight
+    along two streams (this probe on the Intel Xeon host: 1 thread 15.6-16.2 -> 22.5-22.6 GB/s, 2
+    threads 28.0-30.2 -> 37.5-38.0), and numawb's one-token products read two
+    (kernels.intrinsics.stream_halves): judged against one stream alone, a decode could stream
+    more than "100 %" of the limit. The plain two-stream read owes its speed to this array's start
+    16 bytes past a line (numpy's allocation): on a 64-byte aligned buffer it read 11.3-12.1 GB/s
+    against 18.0-18.2 sixteen bytes further on (one stream 12.4-13.6 either way, the same 384 MB, one
+    process); with a prefetch per line two streams read 20.5-21.4 aligned or not, so the third
+    form keeps the limit where it is whatever the allocator does (here 23.6 against 23.7 plain)."""
     env = dict(os.environ, NUMBA_NUM_THREADS=str(max(threads)))
-    p = subprocess.run([sys.executable, "-c", _PROBE_SRC, str(gib), str(reps), ",".join(map(str, threads))],
+    p = subprocess.run([sys.executable, "-c", _PROBE_SRC, str(gib), str(reps), ",".join(map(str, threads)), ROOT],
                        capture_output=True, text=True, env=env, timeout=900)
     if p.returncode != 0:
         raise RuntimeError(f"bandwidth probe failed: {p.stderr.strip()[-500:]}")
     got = json.loads(p.stdout.strip().splitlines()[-1])
-    return {t: max(got[f"{t}/1"], got[f"{t}/2"]) for t in threads}
+    return {t: max(got[f"{t}/{s}"] for s in (1, 2, 3)) for t in threads}
 
 
 # ----------------------------------------------------------------------------- model facts
@@ -262,8 +284,8 @@ def build_report(args, facts, bw, lcpp, numa, notes, version, local: dict | None
              f"- llama.cpp: {version}",
              f"- llama.cpp build: built on {build.get('cpu', 'unknown CPU')}; AMX {build.get('amx', 'unknown')}; "
              f"extra flags {build.get('extra flags', 'unknown')} ({build.get('origin', 'no build info')})",
-             "- bandwidth probe (Numba streaming read, 1 GiB, the better of one and two streams per "
-             "thread): best seen "
+             "- bandwidth probe (Numba streaming read, 1 GiB, the best of one and two streams per "
+             "thread, plain or prefetched): best seen "
              + ", ".join(f"{t} thread{'s' if t > 1 else ''} {bw[t]:.1f} GB/s" for t in sorted(bw))
              + ("; each decode's % of the limit uses the probes taken just before and after its own "
                 "runs (mean of " + ", ".join(f"{t}t pass {p + 1}: {v:.1f}" for (p, t), v in sorted(local.items()))

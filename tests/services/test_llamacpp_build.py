@@ -2,6 +2,7 @@
 the script's --amx-check runs its real probe against a fake /proc/cpuinfo."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -92,6 +93,18 @@ def test_compare_records_cpu_and_amx_decision(tmp_path):
     assert info["cpu"] == XEON and info["amx"].startswith("unusable") and info["extra flags"] == NO_AMX
     here = cmp.llama_build_info(str(tmp_path / "elsewhere" / "bin" / "llama-bench"))  # no build-info
     assert here["cpu"] == cmp.cpu_model() and here["amx"] and "amx-check" in here["origin"]
+
+
+def test_compare_bandwidth_probe_takes_the_best_of_its_three_reads():
+    """The probe's child process imports numawb's prefetch from the checkout it is given and reads
+    one stream, two, and two prefetched per thread; the limit is the best of the three."""
+    cmp = compare_module()
+    env = dict(os.environ, NUMBA_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, "-c", cmp._PROBE_SRC, "0.02", "1", "1", cmp.ROOT], capture_output=True,
+                       text=True, env=env, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert sorted(got) == ["1/1", "1/2", "1/3"] and min(got.values()) > 0
 
 
 def test_compare_reports_the_decode_ratio_a_full_probe_would_give():
