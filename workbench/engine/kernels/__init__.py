@@ -46,9 +46,10 @@ Q2_K, Q3_K, IQ4_NL, IQ4_XS = 10, 11, 20, 23
 Q4_K_X8 = 1012
 #: a file's type -> the layout the engine may keep it in on a SIMD path
 PACKED_LAYOUTS = {Q4_K: Q4_K_X8}
-#: bumped when the kernels' speed changes (2: one-token products read two streams per thread):
+#: bumped when the kernels' speed changes (2: one-token products read two streams per thread; 3: the
+#: streams' prefetch windows primed at a product's start, the F16 heads in one call):
 #: what the advisor measured of them before (`advisor.engine_cal`, cached per machine) is measured again
-SPEED_REVISION = 2
+SPEED_REVISION = 3
 
 SUPPORTED_TYPES: dict[int, str] = {
     F32: "F32", F16: "F16", BF16: "BF16", Q8_0: "Q8_0", Q4_0: "Q4_0", Q4_1: "Q4_1",
