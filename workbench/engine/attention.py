@@ -486,9 +486,10 @@ class AttentionPaths:
         """Crew jobs of a one-token attention over layer il: tasks per (owner, kv head, query
         row) for the scores (key positions) and the weighted values (V^T rows = value
         dimensions). A chunk is one piece of the keys or values for all query rows of a kv head,
-        run by one `kernels.f16_heads` call: each row read and converted once for the group. One owner: chunks are
-        shared, position-major so that the filled ones come first; several owners (nodes): an
-        owner's chunks are dealt in turn to that owner's workers, which read only its part."""
+        run by one `kernels.f16_heads` call: each row read and converted once for the group. One
+        owner: chunks are shared, position-major so that the filled ones come first; several owners
+        (nodes): an owner's chunks are dealt in turn to that owner's workers, which read only its
+        part."""
         n_kv, hdv = kv.cfg.n_head_kv, kv.cfg.head_dim_v
         per = n_kv * rows
         idx = [(o, h, r) for o in range(kv.n_workers) for h in range(n_kv) for r in range(rows)]
