@@ -1,7 +1,10 @@
 """Element-wise operations: the vector forms equal the scalar functions they replace, to the bit."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
+import pytest
 
 from workbench.engine import ops
 
@@ -79,3 +82,46 @@ def test_gelu_computed_for_a_few_rows_equals_the_table_for_every_half() -> None:
     for n, d in ((1, 2048), (4, 768), (2, 37)):
         computed, looked_up = _gelu_both_paths(*_inputs(n, d, n + d))
         np.testing.assert_array_equal(computed.view(np.uint32), looked_up.view(np.uint32))
+
+
+def _ggml_inv_rms(row: np.ndarray, eps: float) -> np.float32:
+    """ggml_compute_forward_rms_norm_f32's scale: float32 squares summed one by one in float64."""
+    s = 0.0
+    for v in row.astype(np.float32):
+        s += float(np.float32(v * v))
+    return np.float32(1.0) / np.float32(math.sqrt(np.float32(s / row.shape[0]) + np.float32(eps)))
+
+
+@pytest.mark.parametrize("n", [1, 3, 4, 7, 9])
+def test_rms_norms_follow_ggml_row_by_row(n):
+    """rms_norm, add_rms_norm and rms_norm_heads (which sum four rows side by side) give each row
+    ggml's float64 sum in its order: the same bits as a row-at-a-time reference, whatever the
+    number of rows."""
+    from workbench.engine import ops
+    rng = np.random.default_rng(n)
+    d, eps = 96, 1e-6
+    x = (rng.standard_normal((n, d)) * 3).astype(np.float32)
+    y = rng.standard_normal((n, d)).astype(np.float32)
+    w = rng.standard_normal(d).astype(np.float32)
+    yw = rng.standard_normal(d).astype(np.float32)
+
+    def norm(r, weight):
+        s = _ggml_inv_rms(r, eps)
+        return (r * s) * weight if weight.size else r * s
+
+    out = np.empty_like(x)
+    ops.rms_norm(x, w, eps, out)
+    assert np.array_equal(out, np.stack([norm(r, w) for r in x]))
+    ops.rms_norm(x, np.empty(0, np.float32), eps, out)
+    assert np.array_equal(out, np.stack([norm(r, np.empty(0, np.float32)) for r in x]))
+    for norm_y in (True, False):
+        xa = x.copy()
+        ops.add_rms_norm(xa, y, yw if norm_y else np.empty(0, np.float32), norm_y, w, eps, out)
+        want_x = np.stack([xr + (norm(yr, yw) if norm_y else yr) for xr, yr in zip(x, y)])
+        assert np.array_equal(xa, want_x), norm_y
+        assert np.array_equal(out, np.stack([norm(r, w) for r in want_x])), norm_y
+    q = (rng.standard_normal((n, 3, 32)) * 2).astype(np.float32)
+    qw = rng.standard_normal(32).astype(np.float32)
+    want_q = np.stack([[norm(h, qw) for h in t] for t in q])
+    ops.rms_norm_heads(q, qw, eps)
+    assert np.array_equal(q, want_q)

@@ -139,13 +139,36 @@ def _inv_rms(v: np.ndarray, eps: float) -> np.float32:
     s = 0.0
     for j in range(d):
         s += np.float64(v[j] * v[j])
+    return _rms_scale(s, d, eps)
+
+
+@nb.njit(inline="always")
+def _rms_scale(s: float, d: int, eps: float) -> np.float32:
+    """1 / sqrt(mean + eps) from the float64 sum of squares `s` of d values, as ggml."""
     return np.float32(1.0) / np.float32(math.sqrt(np.float32(s / d) + np.float32(eps)))
 
 
 @nb.njit(inline="always")
-def _norm_row(v: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:
-    """out = v / rms(v) * weight (weight may be empty: no scale)."""
-    scale = _inv_rms(v, eps)
+def _inv_rms4(a: np.ndarray, b: np.ndarray, c: np.ndarray, e: np.ndarray, eps: float):
+    """`_inv_rms` of four rows at once: each row's float64 sum is a chain of dependent adds in
+    ggml's order (one add's latency per element); four independent chains side by side keep the
+    adder busy, each sum unchanged (same bits)."""
+    d = a.shape[0]
+    sa = 0.0
+    sb = 0.0
+    sc = 0.0
+    se = 0.0
+    for j in range(d):
+        sa += np.float64(a[j] * a[j])
+        sb += np.float64(b[j] * b[j])
+        sc += np.float64(c[j] * c[j])
+        se += np.float64(e[j] * e[j])
+    return _rms_scale(sa, d, eps), _rms_scale(sb, d, eps), _rms_scale(sc, d, eps), _rms_scale(se, d, eps)
+
+
+@nb.njit(inline="always")
+def _scale_row(v: np.ndarray, scale: np.float32, weight: np.ndarray, out: np.ndarray) -> None:
+    """out = v * scale * weight (weight may be empty: no scale)."""
     if weight.shape[0] == v.shape[0]:
         for j in range(v.shape[0]):
             out[j] = (v[j] * scale) * weight[j]
@@ -154,11 +177,33 @@ def _norm_row(v: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) ->
             out[j] = v[j] * scale
 
 
+@nb.njit(inline="always")
+def _norm_rows(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:
+    """`_norm_row` of every row of x [n, d] into out, four rows' sums at a time."""
+    n = x.shape[0]
+    i = 0
+    while i + 4 <= n:
+        s0, s1, s2, s3 = _inv_rms4(x[i], x[i + 1], x[i + 2], x[i + 3], eps)
+        _scale_row(x[i], s0, weight, out[i])
+        _scale_row(x[i + 1], s1, weight, out[i + 1])
+        _scale_row(x[i + 2], s2, weight, out[i + 2])
+        _scale_row(x[i + 3], s3, weight, out[i + 3])
+        i += 4
+    while i < n:
+        _norm_row(x[i], weight, eps, out[i])
+        i += 1
+
+
+@nb.njit(inline="always")
+def _norm_row(v: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:
+    """out = v / rms(v) * weight (weight may be empty: no scale)."""
+    _scale_row(v, _inv_rms(v, eps), weight, out)
+
+
 @nb.njit(**_JIT)
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:
     """out[i] = x[i] / rms(x[i]) * weight for each row i (weight may be empty: no scale)."""
-    for i in range(x.shape[0]):
-        _norm_row(x[i], weight, eps, out[i])
+    _norm_rows(x, weight, eps, out)
 
 
 @nb.njit(**_JIT)
@@ -185,11 +230,8 @@ def add_rms_norm(x: np.ndarray, y: np.ndarray, y_weight: np.ndarray, norm_y: boo
 def rms_norm_heads(x: np.ndarray, weight: np.ndarray, eps: float) -> None:
     """In-place RMS norm over the last axis of [n, heads, head_dim] (QK-norm)."""
     n, h, d = x.shape
-    for i in range(n):
-        for k in range(h):
-            scale = _inv_rms(x[i, k], eps)
-            for j in range(d):
-                x[i, k, j] = (x[i, k, j] * scale) * weight[j]
+    rows = x.reshape(n * h, d)
+    _norm_rows(rows, weight, eps, rows)   # (each row read whole for its sum before it is written)
 
 
 @nb.njit(**_JIT)
