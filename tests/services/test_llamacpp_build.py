@@ -95,7 +95,7 @@ def test_compare_records_cpu_and_amx_decision(tmp_path):
     assert here["cpu"] == cmp.cpu_model() and here["amx"] and "amx-check" in here["origin"]
 
 
-def test_compare_bandwidth_probe_takes_the_best_of_its_three_reads():
+def test_compare_bandwidth_probe_takes_the_best_of_its_three_reads(monkeypatch):
     """The probe's child process imports numawb's prefetch from the checkout it is given and reads
     one stream, two, and two prefetched per thread; the limit is the best of the three."""
     cmp = compare_module()
@@ -105,6 +105,12 @@ def test_compare_bandwidth_probe_takes_the_best_of_its_three_reads():
     assert p.returncode == 0, p.stderr[-2000:]
     got = json.loads(p.stdout.strip().splitlines()[-1])
     assert sorted(got) == ["1/1", "1/2", "1/3"] and min(got.values()) > 0
+
+    class Done:   # the child's report, each form best once
+        returncode = 0
+        stdout = json.dumps({"1/1": 10.0, "1/2": 12.5, "1/3": 11.0, "2/1": 20.0, "2/2": 19.0, "2/3": 23.0})
+    monkeypatch.setattr(cmp.subprocess, "run", lambda *a, **k: Done)
+    assert cmp.bandwidth_probe([1, 2]) == {1: 12.5, 2: 23.0}
 
 
 def test_compare_reports_the_decode_ratio_a_full_probe_would_give():

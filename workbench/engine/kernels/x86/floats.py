@@ -96,6 +96,13 @@ def _tail16(w, o, x, xo, j, k, v):
     return f32(s)
 
 
+@numba.njit(inline="always")
+def _prefetch_row(w, o, k):
+    """Prefetch the k F16 values at byte o of w (the part of a key / V^T row a product reads)."""
+    for b in range(0, 2 * k, 64):
+        prefetch(w, o + b)
+
+
 def _heads(dot4, dot1, unit: int):
     """`kernels.f16_heads` over `dot4` (one row against 4 inputs) and `dot1` (the matvec's dot)."""
     @numba.njit(**_NB)
@@ -108,13 +115,10 @@ def _heads(dot4, dot1, unit: int):
             return
         g = nh // 4 * 4
         for i in range(r0, min(r0 + HEADS_AHEAD, r1)):   # (intrinsics.prime_streams)
-            for b in range(0, 2 * k, 64):
-                prefetch(w, i * rb + b)
+            _prefetch_row(w, i * rb, k)
         for i in range(r0, r1):
             o = i * rb
-            p = o + HEADS_AHEAD * rb
-            for b in range(0, 2 * k, 64):
-                prefetch(w, p + b)
+            _prefetch_row(w, o + HEADS_AHEAD * rb, k)
             for h in range(0, g, 4):
                 dot4(w, o, x, h * xs, xs, k, out, h * os + i, os)
             for h in range(g, nh):
