@@ -203,9 +203,12 @@ PREFETCH_LEGACY = 2048 if cpu_vendor() == "GenuineIntel" else PREFETCH_BYTES
 # GB/s, 2 threads (a half each) 29.6 -> 32.9; alternating every row 18.0, every 8 rows (5.4 KB)
 # 16.1, every 64 (43 KB) 15.0 against 16.0 for one stream; halves 5 KB apart 13.0, 21 KB 15.1,
 # 85 KB and more 17.0-17.9 (four streams: 15.7). Below TWO_STREAMS_MIN bytes a half, one stream.
-# Measured on Intel only: elsewhere (the AMD EPYC hosts' figures were one stream) one stream, as
-# before, until measured there.
-TWO_STREAMS_MIN = 64 * 1024 if cpu_vendor() == "GenuineIntel" else 1 << 62
+# AMD EPYC host (Zen 5, cpuinfo family 26), 2026-12-04, one stream -> two: Q8_0 K = 640 from memory
+# (384 MB, two alternating runs) 35.7 / 37.4 -> 41.9 / 40.9 GB/s, Q5_0 27.5 / 27.6 -> 27.9 / 28.8;
+# decode_profile --ab, three rounds: 1 thread 120.4 / 120.3 / 118.1 -> 124.3 / 122.8 / 122.7 t/s,
+# 2 threads 169.2 / 158.7 / 152.1 -> 164.0 / 158.6 / 156.8 (noise). On everywhere (the AVX2-only
+# EPYC kinds unmeasured).
+TWO_STREAMS_MIN = 64 * 1024
 
 
 @numba.njit(inline="always")
