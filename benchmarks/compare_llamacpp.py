@@ -4,8 +4,9 @@
                                            [--llama-bench PATH] [--out benchmarks/results.md]
 
 Runs, interleaved per thread count so that drift from a shared machine hits both engines alike:
-  1. a memory-bandwidth probe (Numba streaming read of a 1 GiB buffer, 1 and 2 threads, best of N, the
-     best of one stream and two interleaved streams per thread, plain or prefetched);
+  1. a memory-bandwidth probe (Numba streaming read of a 1 GiB buffer in 32-byte vector loads, 1 and 2
+     threads, best of N, the best of one stream and two interleaved streams per thread, plain or
+     prefetched; the same loop's speed from the caches shows it is not the limit);
   2. llama.cpp's ``llama-bench`` (pp512, tg128, and tg128 at depth ``-d 4096`` when the build knows
      ``-d``), built by ``benchmarks/llamacpp_build.sh`` unless ``--llama-bench`` is given;
   3. ``numawb bench`` with the same settings, in a fresh process.
@@ -53,86 +54,108 @@ _PROBE_SRC = r'''
 import sys, time, json
 import numpy as np, numba
 sys.path.insert(0, sys.argv[4])
-from workbench.engine.kernels.intrinsics import prefetch
+from workbench.engine.kernels.intrinsics import prefetch, load_b32, b_xor, i_zero, dot_us, hsum_i, AVX2
 
-STEP = 64   # int64s (512 bytes) read from one stream before the other (two streams)
+STEP = 512     # bytes read from one stream before the other (two streams)
 AHEAD = 2048   # bytes prefetched ahead of each stream (streams == 3)
+PIECE = 1024   # each thread's chunk is a multiple of this
+
+@numba.njit(nogil=True, inline="always")
+def _read(b, lo, hi, streams):
+    # b[lo:hi] in 32-byte vector loads, four independent XOR chains (the loop is far faster than
+    # memory: a scalar 8-byte sum was the limit on the AMD EPYC host, 29 against 40 GB/s): in
+    # order (streams == 1), or its two halves STEP bytes at a time in turn (2; 3: each line
+    # prefetched AHEAD bytes before it is read); returns (a byte of the fold, bytes read)
+    z = load_b32(b, lo)
+    a0 = b_xor(z, z); a1 = a0; a2 = a0; a3 = a0
+    if streams == 1:
+        for i in range(lo, hi, 128):
+            a0 = b_xor(a0, load_b32(b, i)); a1 = b_xor(a1, load_b32(b, i + 32))
+            a2 = b_xor(a2, load_b32(b, i + 64)); a3 = b_xor(a3, load_b32(b, i + 96))
+        m = hi - lo
+    else:
+        half = (hi - lo) // 2 // STEP * STEP
+        for i in range(lo, lo + half, STEP):
+            for l in range(0, STEP, 64):
+                if streams == 3:
+                    prefetch(b, i + l + AHEAD)
+                a0 = b_xor(a0, load_b32(b, i + l)); a1 = b_xor(a1, load_b32(b, i + l + 32))
+            for l in range(0, STEP, 64):
+                j = i + half + l
+                if streams == 3:
+                    prefetch(b, j + AHEAD)
+                a2 = b_xor(a2, load_b32(b, j)); a3 = b_xor(a3, load_b32(b, j + 32))
+        m = 2 * half
+    f = b_xor(b_xor(a0, a1), b_xor(a2, a3))
+    return hsum_i(dot_us(AVX2, i_zero(), f, z)), m   # (a product LLVM cannot fold away)
 
 @numba.njit(parallel=True, nogil=True, cache=False)
-def stream_sum(a, b, nchunks, streams):
-    """Sum of what each of nchunks threads reads of its chunk of a (b: its bytes): in order
-    (streams == 1), or its two halves 512 bytes at a time in turn (2; 3: with each line
-    prefetched AHEAD bytes before); returns (sum, elements read)."""
-    n = a.shape[0]
-    per = (n + nchunks - 1) // nchunks
+def stream_read(b, nbytes, nchunks, streams, repeat):
+    # what each of nchunks threads reads of its chunk of b[:nbytes], `repeat` times: (fold, bytes read)
+    per = nbytes // nchunks // PIECE * PIECE
     parts = np.zeros(nchunks, np.int64)
     counts = np.zeros(nchunks, np.int64)
     for c in numba.prange(nchunks):
-        lo = min(c * per, n); hi = min(lo + per, n)
-        s0 = np.int64(0)
-        if streams == 1:
-            for v in a[lo:hi]:
-                s0 += v
-            counts[c] = hi - lo
-        elif streams == 2:
-            half = (hi - lo) // 2 // STEP * STEP
-            for i in range(lo, lo + half, STEP):
-                for k in range(STEP):
-                    s0 += a[i + k]
-                for k in range(STEP):
-                    s0 += a[i + half + k]
-            counts[c] = 2 * half
-        else:   # two streams, each line prefetched AHEAD bytes before it is read
-            half = (hi - lo) // 2 // STEP * STEP
-            for i in range(lo, lo + half, STEP):
-                for l in range(0, STEP, 8):
-                    prefetch(b, (i + l) * 8 + AHEAD)
-                    for k in range(8):
-                        s0 += a[i + l + k]
-                for l in range(0, STEP, 8):
-                    prefetch(b, (i + half + l) * 8 + AHEAD)
-                    for k in range(8):
-                        s0 += a[i + half + l + k]
-            counts[c] = 2 * half
-        parts[c] = s0
+        for _ in range(repeat):
+            f, m = _read(b, c * per, c * per + per, streams)
+            parts[c] += f
+            counts[c] += m
     return parts.sum(), counts.sum()
 
+def best_rate(b, nbytes, t, streams, reps, repeat=1):
+    stream_read(b, nbytes, t, streams, repeat)
+    best = 0.0
+    for _ in range(reps):
+        t0 = time.perf_counter(); _, m = stream_read(b, nbytes, t, streams, repeat)
+        best = max(best, m / (time.perf_counter() - t0) / 1e9)
+    return best
+
 gib = float(sys.argv[1]); reps = int(sys.argv[2]); threads = [int(t) for t in sys.argv[3].split(",")]
-a = np.ones(int(gib * 2**30) // 8, np.int64)   # touched: pages are resident before timing
+b = np.ones(int(gib * 2**30), np.uint8)   # touched: pages are resident before timing
 out = {}
-b = a.view(np.uint8)
 for t in threads:
     numba.set_num_threads(t)
     for streams in (1, 2, 3):
-        stream_sum(a, b, t, streams)
-        best = 0.0
-        for _ in range(reps):
-            t0 = time.perf_counter(); _, m = stream_sum(a, b, t, streams)
-            best = max(best, 8 * m / (time.perf_counter() - t0) / 1e9)
-        out[f"{t}/{streams}"] = best
+        out[f"{t}/{streams}"] = best_rate(b, b.shape[0], t, streams, reps)
+    # the same loop on 256 KB a thread, 400 times over (in the caches): how fast the loop itself
+    # reads, to show memory, not the loop, limits the reads above
+    out[f"{t}/cache"] = best_rate(b, min(b.shape[0], t * 256 * 1024), t, 1, reps, 400)
 print(json.dumps(out))
 '''
 
 
-def bandwidth_probe(threads: list[int], gib: float = 1.0, reps: int = 7) -> dict[int, float]:
-    """GB/s of a streaming read per thread count (best of ``reps``), in a fresh process: the best
-    of one stream per thread, two (the two halves of each thread's chunk read 512 bytes at a time
-    in turn), and two with each line prefetched 2 KB ahead. One core keeps more lines in flight
-    along two streams (this probe on the Intel Xeon host: 1 thread 15.6-16.2 -> 22.5-22.6 GB/s, 2
-    threads 28.0-30.2 -> 37.5-38.0), and numawb's one-token products read two
-    (kernels.intrinsics.stream_halves): judged against one stream alone, a decode could stream
-    more than "100 %" of the limit. The plain two-stream read owes its speed to this array's start
-    16 bytes past a line (numpy's allocation): on a 64-byte aligned buffer it read 11.3-12.1 GB/s
-    against 18.0-18.2 sixteen bytes further on (one stream 12.4-13.6 either way, the same 384 MB, one
-    process); with a prefetch per line two streams read 20.5-21.4 aligned or not, so the third
-    form keeps the limit where it is whatever the allocator does (here 23.6 against 23.7 plain)."""
+def probe_reads(threads: list[int], gib: float = 1.0, reps: int = 7) -> dict[str, float]:
+    """The probe child's report: GB/s per "threads/form" (forms 1, 2, 3 as `bandwidth_probe`; "cache":
+    the same loop on 256 KB a thread, to show the loop is not what limits the reads)."""
     env = dict(os.environ, NUMBA_NUM_THREADS=str(max(threads)))
     p = subprocess.run([sys.executable, "-c", _PROBE_SRC, str(gib), str(reps), ",".join(map(str, threads)), ROOT],
                        capture_output=True, text=True, env=env, timeout=900)
     if p.returncode != 0:
         raise RuntimeError(f"bandwidth probe failed: {p.stderr.strip()[-500:]}")
-    got = json.loads(p.stdout.strip().splitlines()[-1])
-    return {t: max(got[f"{t}/{s}"] for s in (1, 2, 3)) for t in threads}
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def best_reads(report: dict[str, float], threads: list[int]) -> dict[int, float]:
+    """The limit per thread count: the best of the three forms of a `probe_reads` report."""
+    return {t: max(report[f"{t}/{s}"] for s in (1, 2, 3)) for t in threads}
+
+
+def bandwidth_probe(threads: list[int], gib: float = 1.0, reps: int = 7) -> dict[int, float]:
+    """GB/s of a streaming read per thread count (best of ``reps``), in a fresh process: the best
+    of one stream per thread, two (the two halves of each thread's chunk read 512 bytes at a time
+    in turn), and two with each line prefetched 2 KB ahead, all in 32-byte vector loads.
+
+    One core keeps more lines in flight along two streams (this probe on the Intel Xeon host: 1
+    thread 15.6-16.2 -> 22.5-22.6 GB/s, 2 threads 28.0-30.2 -> 37.5-38.0), and numawb's one-token
+    products read two (kernels.intrinsics.stream_halves): judged against one stream alone, a decode
+    could stream more than "100 %" of the limit. The plain two-stream read owes its speed on that
+    host to the array's start 16 bytes past a line (numpy's allocation): 64-byte aligned it read
+    11.3-12.1 GB/s against 18.0-18.2; prefetched, 20.5-21.4 aligned or not, so the third form keeps
+    the limit whatever the allocator does. Until 2026-12-04 22:20 UTC the reads summed 8-byte words
+    one at a time, and on the AMD EPYC host (Zen 5) that loop, not memory, was the limit: 29 GB/s
+    at 1 thread, 33 from the L3, where vector loads read 38-40 from memory (and the Q8_0 product
+    36-41): every share of the bandwidth measured there before was against too low a limit."""
+    return best_reads(probe_reads(threads, gib, reps), threads)
 
 
 # ----------------------------------------------------------------------------- model facts
@@ -284,8 +307,8 @@ def build_report(args, facts, bw, lcpp, numa, notes, version, local: dict | None
              f"- llama.cpp: {version}",
              f"- llama.cpp build: built on {build.get('cpu', 'unknown CPU')}; AMX {build.get('amx', 'unknown')}; "
              f"extra flags {build.get('extra flags', 'unknown')} ({build.get('origin', 'no build info')})",
-             "- bandwidth probe (Numba streaming read, 1 GiB, the best of one and two streams per "
-             "thread, plain or prefetched): best seen "
+             "- bandwidth probe (Numba streaming read in 32-byte vector loads, 1 GiB, the best of one and "
+             "two streams per thread, plain or prefetched): best seen "
              + ", ".join(f"{t} thread{'s' if t > 1 else ''} {bw[t]:.1f} GB/s" for t in sorted(bw))
              + ("; each decode's % of the limit uses the probes taken just before and after its own "
                 "runs (mean of " + ", ".join(f"{t}t pass {p + 1}: {v:.1f}" for (p, t), v in sorted(local.items()))
@@ -393,7 +416,13 @@ def main() -> int:
         notes.append("llama-bench could not be built: llama.cpp columns are empty.")
 
     log("bandwidth probe ...")
-    bw = bandwidth_probe(args.threads)
+    first = probe_reads(args.threads)
+    bw = best_reads(first, args.threads)
+    in_cache = {t: first[f"{t}/cache"] for t in args.threads}
+    notes.append("the probe's own loop, from the caches (256 KB a thread): " + ", ".join(
+        f"{t}t {in_cache[t]:.1f} GB/s ({in_cache[t] / bw[t]:.1f}x its read from memory)" for t in args.threads)
+        + ("; under 1.5x: the loop may be the limit, not memory (the shares of the bandwidth are then too high)"
+           if any(in_cache[t] < 1.5 * bw[t] for t in args.threads) else "; memory, not the loop, is the limit"))
     log("bandwidth: " + ", ".join(f"{t}t {v:.1f} GB/s" for t, v in bw.items()))
 
     lcpp: dict = {}
