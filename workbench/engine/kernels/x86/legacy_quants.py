@@ -12,15 +12,29 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..intrinsics import (b_add, b_or, dot_ss, dot_us, f16_lead, f16_to_f32, f_zero,
-                          fmadd_i, hsum_f, i_zero, load_b32, load_bits16, load_i8, load_nib, prefetch,
-                          prefetch_distance, prime_streams, stream_halves, stream_row)
+from ..intrinsics import (VNNI, b_add, b_or, dot_ss, dot_us, f16_lead, f16_to_f32, f16_zero, f_zero,
+                          fmadd_i, half_f, hsum_f, i_zero, load_b32, load_bits16, load_i8, load_nib,
+                          pair_q45, prefetch, prefetch_distance, prime_streams, stream_halves, stream_row)
 
 from . import repack
 
 
 from ..jitcache import JIT as _NB
 f32 = np.float32
+
+
+@numba.njit(inline="always")
+def offset_setup(w, xp, r0, r1, shift):
+    """A Q4_0 / Q5_0 one-token product's start: the activation's parts, the group-of-4 sums
+    pre-shifted (`ns`), blocks and bytes a row, the prefetch distance and the second stream's first
+    row (a pair of rows from each half in turn), each stream's first stretch prefetched."""
+    xq, xd, n4 = xp
+    nb = xd.shape[0]
+    rb = w.shape[1]
+    pfd = prefetch_distance(nb * 32)
+    mid = stream_halves(r0, r1, 2, rb)
+    prime_streams(w, r0, mid, rb, pfd)
+    return xq, xd, (n4 << shift).astype(np.int32), nb, rb, pfd, mid
 
 
 def kernels(mode: int) -> dict:
@@ -91,13 +105,7 @@ def kernels(mode: int) -> dict:
 
         @numba.njit(**_NB)
         def matvec(w, xp, out, r0, r1):
-            xq, xd, n4 = xp
-            nb = xd.shape[0]
-            rb = w.shape[1]
-            ns = (n4 << shift).astype(np.int32)
-            pfd = prefetch_distance(nb * 32)
-            mid = stream_halves(r0, r1, 2, rb)   # two streams: a pair from each half in turn
-            prime_streams(w, r0, mid, rb, pfd)
+            xq, xd, ns, nb, rb, pfd, mid = offset_setup(w, xp, r0, r1, shift)
             for j in range((r1 - r0) // 2):
                 i = stream_row(j, r0, mid, 2)
                 a0 = f_zero()
@@ -117,6 +125,29 @@ def kernels(mode: int) -> dict:
                 for b in range(nb):
                     a0 = step(a0, w, base + b * bsz, ns, xq, xd, b)
                 out[i] = hsum_f(a0)
+        return matvec
+
+    def make_pair_matvec(bits, bsz, shift):
+        """make_offset_matvec's products on AVX-512, the two rows of a step in one zmm register
+        (intrinsics.pair_q45): the same lanes, the same chains, the same bits, half the vector
+        instructions for the unpacking, the dot, the conversion and the multiply-add."""
+        @numba.njit(**_NB)
+        def matvec(w, xp, out, r0, r1):
+            xq, xd, ns, nb, rb, pfd, mid = offset_setup(w, xp, r0, r1, shift)
+            for j in range((r1 - r0 + 1) // 2):
+                i = stream_row(j, r0, mid, 2)
+                base = i * rb
+                i1 = min(i + 1, r1 - 1)   # an odd last row pairs with itself
+                base1 = i1 * rb
+                a = f16_zero()
+                for b in range(nb):
+                    o0 = base + b * bsz
+                    o1 = base1 + b * bsz
+                    prefetch(w, base + b * (2 * bsz) + pfd)
+                    xs = xd[b]
+                    a = pair_q45(bits, a, w, o0, o1, ns, b * 8, xq, b * 32, f16_lead(w, o0) * xs, f16_lead(w, o1) * xs)
+                out[i] = hsum_f(half_f(a, 0))
+                out[i1] = hsum_f(half_f(a, 1))
         return matvec
 
     @numba.njit(inline="always")
@@ -164,7 +195,8 @@ def kernels(mode: int) -> dict:
 
     q4_0_tiled_matmat = repack.q0_matmat(mode, u_q4_0, 18, 3)
     q5_0_matmat = repack.q0_matmat(mode, u_q5_0, 22, 4)
-    q4_0_vec_matvec = make_offset_matvec(u_q4_0, 18, 3)
+    pairs = mode == VNNI   # one zmm register for a pair of rows (AVX-512)
+    q4_0_vec_matvec = make_pair_matvec(4, 18, 3) if pairs else make_offset_matvec(u_q4_0, 18, 3)
     q4_0_rep_matvec, q4_0_rep_matmat = repack.q4_0_repacked(mode, u_q4_0, 18, 3)
 
     # Q4_0: llama.cpp repacks a weight whose row count is a multiple of 8 (q4_0_8x8, AVX2 / AVX-512) and
@@ -182,7 +214,7 @@ def kernels(mode: int) -> dict:
             q4_0_rep_matmat(w, xp, out, r0, r1)
         else:
             q4_0_tiled_matmat(w, xp, out, r0, r1)
-    q5_0_matvec = make_offset_matvec(u_q5_0, 22, 4)
+    q5_0_matvec = make_pair_matvec(5, 22, 4) if pairs else make_offset_matvec(u_q5_0, 22, 4)
 
     # Q8_0 matvec: one f32 chain per row in block order, written out (llama.cpp's ggml_vec_dot_q8_0_q8_0
     # order; make_matvec's four accumulators happened to compile to one chain, which is not a guarantee)
