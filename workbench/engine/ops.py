@@ -212,18 +212,37 @@ def add_rms_norm(x: np.ndarray, y: np.ndarray, y_weight: np.ndarray, norm_y: boo
     """x += rms_norm(y) * y_weight (x += y unless norm_y); out = rms_norm(x) * weight (may be empty).
 
     A residual add and the norms around it in one call, with the operations of
-    `rms_norm` and of a separate add in the same order (same bits).
+    `rms_norm` and of a separate add in the same order (same bits). Each row's sums of squares are
+    a chain of dependent float64 adds: four rows' chains side by side (512 x 640 on the AMD EPYC
+    host: 0.385 -> 0.200 ms a call, 36 calls a Gemma 3 270M prefill).
     """
     n, d = x.shape
-    for i in range(n):
+    i = 0
+    while i < n:   # four rows at a time: their sums' chains side by side (`_inv_rms4`)
+        m = min(4, n - i)
         if norm_y:
-            scale = _inv_rms(y[i], eps)
-            for j in range(d):
-                x[i, j] += (y[i, j] * scale) * y_weight[j]
+            if m == 4:
+                s0, s1, s2, s3 = _inv_rms4(y[i], y[i + 1], y[i + 2], y[i + 3], eps)
+                _add_scaled(x[i], y[i], s0, y_weight)
+                _add_scaled(x[i + 1], y[i + 1], s1, y_weight)
+                _add_scaled(x[i + 2], y[i + 2], s2, y_weight)
+                _add_scaled(x[i + 3], y[i + 3], s3, y_weight)
+            else:
+                for r in range(i, i + m):
+                    _add_scaled(x[r], y[r], _inv_rms(y[r], eps), y_weight)
         else:
-            for j in range(d):
-                x[i, j] += y[i, j]
-        _norm_row(x[i], weight, eps, out[i])
+            for r in range(i, i + m):
+                for j in range(d):
+                    x[r, j] += y[r, j]
+        _norm_rows(x[i:i + m], weight, eps, out[i:i + m])
+        i += m
+
+
+@nb.njit(inline="always")
+def _add_scaled(x: np.ndarray, y: np.ndarray, scale: np.float32, y_weight: np.ndarray) -> None:
+    """x += (y * scale) * y_weight, as a separate rms_norm and add would round it."""
+    for j in range(x.shape[0]):
+        x[j] += (y[j] * scale) * y_weight[j]
 
 
 @nb.njit(**_JIT)
