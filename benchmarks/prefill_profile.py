@@ -25,7 +25,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from profiling import Timers, cli, wrap_engine  # noqa: E402
 
 from workbench.engine import kernels  # noqa: E402
-from workbench.engine import runtime as _runtime  # noqa: E402
+from workbench.engine import attention as _attention  # noqa: E402
+from workbench.engine.kv_cache import KVCache  # noqa: E402
 
 TYPE_NAMES = dict(kernels.SUPPORTED_TYPES)
 
@@ -53,9 +54,11 @@ def _matmat_flops(t, w, xp, out, r0, r1) -> float:
 
 def profile(engine, session, ids: list[int]) -> None:
     timers = Timers()
-    for name in ("softmax_stats", "probabilities", "merge_stats"):
-        if hasattr(_runtime, name):
-            timers.wrap(_runtime, name, f"attention.{name}")
+    for name in ("softmax_stats", "probabilities", "merge_stats"):   # where the attention calls them
+        timers.wrap(_attention, name, f"attention.{name}")
+    for name in ("store", "store_rows"):
+        if hasattr(KVCache, name):
+            timers.wrap(KVCache, name, f"kv.{name}")
     for name in ("prepare", "matvec"):
         timers.wrap(kernels, name, _by_type(name))
     timers.wrap(kernels, "matmat", _by_type("matmat"), _matmat_flops)
