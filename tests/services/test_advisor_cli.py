@@ -118,3 +118,19 @@ def test_cache_key_depends_on_the_machine(tmp_path, monkeypatch):
     a = cache_path(load_topology(fixture_path("epyc-2socket")))
     b = cache_path(load_topology(fixture_path("epyc-9275f-2s")))
     assert a != b and a.parent == b.parent == tmp_path / "numawb"
+
+
+def test_probe_stream_read_reads_every_word():
+    """The probe's streaming read (32-byte vector loads, four XOR chains, the words past the last
+    whole 128 bytes one by one) folds every word of its input: its XOR equals numpy's, whatever the
+    length, so no load is left out (or optimised away)."""
+    import numpy as np
+    from workbench.advisor._kernels import stream_sum
+    rng = np.random.default_rng(3)
+    for n in (0, 1, 15, 16, 17, 1000, 4099):
+        a = rng.integers(0, 1 << 63, n, dtype=np.uint64)
+        assert stream_sum(a) == np.bitwise_xor.reduce(a, initial=np.uint64(0)), n
+        if n:
+            b = a.copy()
+            b[n // 2] ^= np.uint64(1 << 40)   # any one word changed changes the fold
+            assert stream_sum(b) != stream_sum(a), n
