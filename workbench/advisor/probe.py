@@ -29,7 +29,7 @@ from ..numa.topology import Topology, load_topology
 GB = 1e9
 #: progress(done, total, message)
 ProgressFn = Callable[[int, int, str], None]
-PROFILE_VERSION = 2  # 2: kernel rates per thread count
+PROFILE_VERSION = 3  # 2: kernel rates per thread count; 3: bandwidth read in vector loads (the old loop was the limit)
 
 
 @dataclass
