@@ -96,7 +96,10 @@ def kernels(mode: int) -> dict:
     # step): prefetching the first row's stream only left every second row unprefetched.  Intel Xeon
     # host, K = 640, 1 GB from memory, 2 MB pages, side by side: 1 core 13.3 -> 15.2 GB/s, 2 cores
     # 26.2 -> 30.2 (probe ~17.5 / 33.5); in the caches 17.6 -> 21.8.  (One zmm register holding both
-    # rows' lanes ran the same from memory; four rows ran 15.0 / 30.0.)
+    # rows' lanes ran the same from memory there; four rows ran 15.0 / 30.0.)  The AVX-512 path runs
+    # that one-zmm form (make_pair_matvec): on the AMD EPYC host (Zen 5) this kernel was bound by its
+    # vector instructions, 27.9 GB/s from the L2 and from memory alike, and the pair reads 30.4-31.8;
+    # four rows in two zmm registers read 33.7 there, decode unchanged (not kept).
     def make_offset_matvec(unpack, bsz, shift):
         @numba.njit(inline="always")
         def step(acc, w, o, ns, xq, xd, b):
