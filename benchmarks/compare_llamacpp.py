@@ -151,7 +151,7 @@ def bandwidth_probe(threads: list[int], gib: float = 1.0, reps: int = 7) -> dict
     could stream more than "100 %" of the limit. The plain two-stream read owes its speed on that
     host to the array's start 16 bytes past a line (numpy's allocation): 64-byte aligned it read
     11.3-12.1 GB/s against 18.0-18.2; prefetched, 20.5-21.4 aligned or not, so the third form keeps
-    the limit whatever the allocator does. Until 2026-12-04 22:20 UTC the reads summed 8-byte words
+    the limit whatever the allocator does. Until 2026-12-04 22:00 UTC the reads summed 8-byte words
     one at a time, and on the AMD EPYC host (Zen 5) that loop, not memory, was the limit: 29 GB/s
     at 1 thread, 33 from the L3, where vector loads read 38-40 from memory (and the Q8_0 product
     36-41): every share of the bandwidth measured there before was against too low a limit."""

@@ -56,9 +56,7 @@ def profile(engine, session, ids: list[int]) -> None:
     timers = Timers()
     for name in ("softmax_stats", "probabilities", "merge_stats"):   # where the attention calls them
         timers.wrap(_attention, name, f"attention.{name}")
-    for name in ("store", "store_rows"):
-        if hasattr(KVCache, name):
-            timers.wrap(KVCache, name, f"kv.{name}")
+    timers.wrap(KVCache, "store", "kv.store")
     for name in ("prepare", "matvec"):
         timers.wrap(kernels, name, _by_type(name))
     timers.wrap(kernels, "matmat", _by_type("matmat"), _matmat_flops)

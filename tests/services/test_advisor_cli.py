@@ -125,12 +125,12 @@ def test_probe_stream_read_reads_every_word():
     whole 128 bytes one by one) folds every word of its input: its XOR equals numpy's, whatever the
     length, so no load is left out (or optimised away)."""
     import numpy as np
-    from workbench.advisor._kernels import stream_sum
+    from workbench.advisor._kernels import stream_read
     rng = np.random.default_rng(3)
     for n in (0, 1, 15, 16, 17, 1000, 4099):
         a = rng.integers(0, 1 << 63, n, dtype=np.uint64)
-        assert stream_sum(a) == np.bitwise_xor.reduce(a, initial=np.uint64(0)), n
+        assert stream_read(a) == np.bitwise_xor.reduce(a, initial=np.uint64(0)), n
         if n:
             b = a.copy()
             b[n // 2] ^= np.uint64(1 << 40)   # any one word changed changes the fold
-            assert stream_sum(b) != stream_sum(a), n
+            assert stream_read(b) != stream_read(a), n

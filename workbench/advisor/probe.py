@@ -192,7 +192,7 @@ def probe(topology: Topology | None = None, *, size_mb: int = 256, reps: int = 5
     source node (raised to 4x the largest L3 so caches do not flatter the figures)."""
     from ..numa.memory import Policy, alloc
     from ..numa.workers import WorkerPool
-    from ._kernels import chase, stream_sum
+    from ._kernels import chase, stream_read
 
     topo = topology or load_topology()
     if topo.root != "/":
@@ -224,7 +224,7 @@ def probe(topology: Topology | None = None, *, size_mb: int = 256, reps: int = 5
 
         def fn(w: int) -> None:
             for _ in range(loops):
-                stream_sum(parts[w])
+                stream_read(parts[w])
         t0 = time.perf_counter()
         pool.run(fn)  # warm-up (and compile on a cold cache)
         first = time.perf_counter() - t0

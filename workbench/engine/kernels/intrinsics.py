@@ -112,7 +112,7 @@ _BYTES = (types.uint8, types.int8)
 # instruction for both rows instead of one each. The AMD EPYC host (Zen 5) ran these products
 # bound by their vector instructions (Q5_0 27.9 GB/s from the L2 and from memory alike).
 @intrinsic
-def f16_zero(typingctx):
+def pair_zero(typingctx):
     sig = v16f()
     return sig, lambda context, builder, sig, args: ir.Constant(_V16F, [0.0] * 16)
 

@@ -154,11 +154,7 @@ def _orders512():
             j += 64
         lo = f_add(f_add(a0, a4), f_add(a2, a6))
         hi = f_add(f_add(a1, a5), f_add(a3, a7))
-        s = np.float64(red16(lo, hi))
-        while j < k:
-            s += np.float64(f16_to_f32(w, o + j * 2) * x[xo + j])
-            j += 1
-        return f32(s)
+        return _tail16(w, o, x, xo, j, k, red16(lo, hi))
 
     @numba.njit(inline="always")
     def dot16_tiny(w, o, x, xo, k):
@@ -352,11 +348,7 @@ def _orders256():
     @numba.njit(inline="always")
     def dot16_vec(w, o, x, xo, k):
         r, j = dot_vec(w, o, x, xo, k, 2)
-        s = np.float64(r)
-        while j < k:
-            s += np.float64(f16_to_f32(w, o + j * 2) * x[xo + j])
-            j += 1
-        return f32(s)
+        return _tail16(w, o, x, xo, j, k, r)
 
     @numba.njit(inline="always")
     def dot32_vec(w, o, x, xo, k):

@@ -12,9 +12,9 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..intrinsics import (VNNI, b_add, b_or, dot_ss, dot_us, f16_lead, f16_to_f32, f16_zero, f_zero,
+from ..intrinsics import (VNNI, b_add, b_or, dot_ss, dot_us, f16_lead, f16_to_f32, f_zero,
                           fmadd_i, half_f, hsum_f, i_zero, load_b32, load_bits16, load_i8, load_nib,
-                          pair_q45, prefetch, prefetch_distance, prime_streams, stream_halves, stream_row)
+                          pair_q45, pair_zero, prefetch, prefetch_distance, prime_streams, stream_halves, stream_row)
 
 from . import repack
 
@@ -142,7 +142,7 @@ def kernels(mode: int) -> dict:
                 base = i * rb
                 i1 = min(i + 1, r1 - 1)   # an odd last row pairs with itself
                 base1 = i1 * rb
-                a = f16_zero()
+                a = pair_zero()
                 for b in range(nb):
                     o0 = base + b * bsz
                     o1 = base1 + b * bsz
