@@ -112,7 +112,7 @@ _BYTES = (types.uint8, types.int8)
 # instruction for both rows instead of one each. The AMD EPYC host (Zen 5) ran these products
 # bound by their vector instructions (Q5_0 27.9 GB/s from the L2 and from memory alike).
 @intrinsic
-def pair_zero(typingctx):
+def f_zero16(typingctx):
     sig = v16f()
     return sig, lambda context, builder, sig, args: ir.Constant(_V16F, [0.0] * 16)
 
@@ -129,6 +129,13 @@ def half_f(typingctx, v, h):
         return builder.shuffle_vector(args[0], args[0], ir.Constant(ir.VectorType(_i32, 8), list(range(8 * k, 8 * k + 8))))
 
     return sig, cg
+
+
+@numba.njit(inline="always")
+def hsum16(v):
+    """An f32x16's lanes summed as GCC's _mm512_reduce_add_ps: the high 8 lanes added to the low 8,
+    then hsum_f's tree (ggml's reduction of a 16-lane F16 / F32 dot on the AVX-512 build)."""
+    return hsum_f(f_add(half_f(v, 0), half_f(v, 1)))
 
 
 @intrinsic
@@ -606,13 +613,22 @@ def fmadd_i(typingctx, acc, v, s):
     return sig, cg
 
 
+def _f32_vec(*vs):
+    """The vector type of float arguments that must agree (f32x8 or f32x16)."""
+    if any(v != vs[0] for v in vs) or vs[0] not in (v8f, v16f):
+        raise TypingError(f"expected f32x8 or f32x16 operands of one width, got {vs}")
+    return vs[0]
+
+
 @intrinsic
 def fma_f(typingctx, acc, a, b):
-    """acc + a * b (f32x8, fused)."""
-    sig = v8f(acc, a, b)
+    """acc + a * b (f32x8 or f32x16, fused)."""
+    vt = _f32_vec(acc, a, b)
+    sig = vt(acc, a, b)
+    ll = _LL[vt.kind]
 
     def cg(context, builder, sig, args):
-        f = _fn(builder, "llvm.fma.v8f32", _V8F, [_V8F, _V8F, _V8F])
+        f = _fn(builder, f"llvm.fma.v{ll.count}f32", ll, [ll, ll, ll])
         return builder.call(f, [args[1], args[2], args[0]])
 
     return sig, cg
@@ -632,6 +648,23 @@ def load_f16x8(typingctx, a, off):
     _check_array(a, _BYTES)
     sig = v8f(a, off)
     return sig, lambda context, builder, sig, args: builder.fpext(_arr_load(context, builder, sig, args, 0, _V8H), _V8F)
+
+
+@intrinsic
+def load_f32x16(typingctx, a, off):
+    """16 float32 at element ``off`` of a float32 array (one zmm load on AVX-512)."""
+    _check_array(a, (types.float32,))
+    sig = v16f(a, off)
+    return sig, lambda context, builder, sig, args: _arr_load(context, builder, sig, args, 0, _V16F)
+
+
+@intrinsic
+def load_f16x16(typingctx, a, off):
+    """16 halves at byte ``off`` of a uint8 array -> f32x16 (one vcvtph2ps zmm on AVX-512)."""
+    _check_array(a, _BYTES)
+    sig = v16f(a, off)
+    return sig, lambda context, builder, sig, args: builder.fpext(
+        _arr_load(context, builder, sig, args, 0, ir.VectorType(_f16, 16)), _V16F)
 
 
 @intrinsic
@@ -685,7 +718,8 @@ def hsum_hadd_f(typingctx, v):
 
 @intrinsic
 def f_add(typingctx, a, b):
-    sig = v8f(a, b)
+    """a + b (f32x8 or f32x16)."""
+    sig = _f32_vec(a, b)(a, b)
     return sig, lambda context, builder, sig, args: builder.fadd(args[0], args[1])
 
 

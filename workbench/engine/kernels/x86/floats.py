@@ -8,8 +8,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..intrinsics import (bf16_to_f32, f16_to_f32, f_zero, f_add, fma_f, fma_s, hsum_f, hsum_hadd_f, load_bf16x8,
-                          load_f16x8, load_f32x8, prefetch)
+from ..intrinsics import (bf16_to_f32, f16_to_f32, f_zero, f_zero16, f_add, fma_f, fma_s, hsum16, hsum_f, hsum_hadd_f,
+                          load_bf16x8, load_f16x8, load_f16x16, load_f32x8, load_f32x16, prefetch)
 from ..llama_build import WIDE
 
 from ..jitcache import JIT as _NB
@@ -62,8 +62,8 @@ def heads_kernel():
 # order and the reduction are the one-column dot's (ggml_vec_dot_f16), so each output is the
 # matvec's to the bit. The dot's accumulators are independent along the row, so a group runs them
 # two at a time (8 registers for 4 inputs) and combines them in the dot's order at the end.
-HEADS_AHEAD = 4      # rows ahead that a row's lines are prefetched
-HEADS_MAX_K = 1024   # longer rows: the 4 inputs (4 x 4 KB+) leave L1; one input at a time there
+HEADS_PREFETCH = 2048  # bytes of rows ahead that a row's lines are prefetched (at least one row)
+HEADS_MAX_K = 1024  # longer rows: the 4 inputs (4 x 4 KB+) leave L1; one input at a time
 
 
 @numba.njit(inline="always")
@@ -103,26 +103,35 @@ def _prefetch_row(w, o, k):
         prefetch(w, o + b)
 
 
-def _heads(dot4, dot1, unit: int):
-    """`kernels.f16_heads` over `dot4` (one row against 4 inputs) and `dot1` (the matvec's dot)."""
+def _heads(dot4, dot1, unit: int, max_k: int):
+    """`kernels.f16_heads` over `dot4` (one row against 4 inputs) and `dot1` (the matvec's dot),
+    both prefetching the row at their argument `pf` (>= 0) as they go; groups of 4 inputs for rows
+    of at most `max_k` values. Rows read from memory (a global layer's keys at depth 4096, cold
+    after the token's weights went through the caches) are prefetched `HEADS_PREFETCH` bytes ahead
+    in step with the dot: all of a row's lines prefetched at once before it, most were dropped
+    (AMD EPYC host, Zen 5: the scores of 4096 keys 109-121 -> 75-80 us a global layer)."""
     @numba.njit(**_NB)
     def heads(w, x, xs, k, nh, out, os, r0, r1):
         rb = w.shape[1]
-        if k % unit or k > HEADS_MAX_K:
-            for h in range(nh):   # the matvec, input by input
+        ahead = max(1, HEADS_PREFETCH // (2 * k))
+        for i in range(r0, min(r0 + ahead, r1)):   # (intrinsics.prime_streams)
+            _prefetch_row(w, i * rb, k)
+        if k % unit or k > max_k:
+            for h in range(nh):   # the matvec, input by input (the first brings the rows in)
                 for i in range(r0, r1):
-                    out[h * os + i] = dot1(w, i * rb, x, h * xs, k)
+                    o = i * rb
+                    out[h * os + i] = dot1(w, o, x, h * xs, k, o + ahead * rb if h == 0 else -1)
             return
         g = nh // 4 * 4
-        for i in range(r0, min(r0 + HEADS_AHEAD, r1)):   # (intrinsics.prime_streams)
-            _prefetch_row(w, i * rb, k)
         for i in range(r0, r1):
             o = i * rb
-            _prefetch_row(w, o + HEADS_AHEAD * rb, k)
+            pf = o + ahead * rb
             for h in range(0, g, 4):
-                dot4(w, o, x, h * xs, xs, k, out, h * os + i, os)
+                dot4(w, o, x, h * xs, xs, k, out, h * os + i, os, pf)
+                pf = -1   # the row's lines are on their way
             for h in range(g, nh):
-                out[h * os + i] = dot1(w, o, x, h * xs, k)
+                out[h * os + i] = dot1(w, o, x, h * xs, k, pf)
+                pf = -1
     return heads
 
 
@@ -138,119 +147,129 @@ def _orders512():
         return hsum_f(f_add(lo, hi))
 
     @numba.njit(inline="always")
-    def dot16_vec(w, o, x, xo, k):
-        a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
-        a4 = f_zero(); a5 = f_zero(); a6 = f_zero(); a7 = f_zero()
+    def dot16_pf(w, o, x, xo, k, pf):
+        """dot16_vec, the row at byte pf (>= 0) prefetched two lines a step as it goes."""
+        # the 4 accumulators of 16 lanes in zmm registers (one conversion and one FMA per 16 values;
+        # the f32x8 halves of each took two)
+        a0 = f_zero16(); a1 = f_zero16(); a2 = f_zero16(); a3 = f_zero16()
         j = 0
         while j + 64 <= k:
-            a0 = fma_f(a0, load_f16x8(w, o + j * 2), load_f32x8(x, xo + j))
-            a1 = fma_f(a1, load_f16x8(w, o + (j + 8) * 2), load_f32x8(x, xo + j + 8))
-            a2 = fma_f(a2, load_f16x8(w, o + (j + 16) * 2), load_f32x8(x, xo + j + 16))
-            a3 = fma_f(a3, load_f16x8(w, o + (j + 24) * 2), load_f32x8(x, xo + j + 24))
-            a4 = fma_f(a4, load_f16x8(w, o + (j + 32) * 2), load_f32x8(x, xo + j + 32))
-            a5 = fma_f(a5, load_f16x8(w, o + (j + 40) * 2), load_f32x8(x, xo + j + 40))
-            a6 = fma_f(a6, load_f16x8(w, o + (j + 48) * 2), load_f32x8(x, xo + j + 48))
-            a7 = fma_f(a7, load_f16x8(w, o + (j + 56) * 2), load_f32x8(x, xo + j + 56))
+            if pf >= 0:
+                prefetch(w, pf + j * 2)
+                prefetch(w, pf + j * 2 + 64)
+            a0 = fma_f(a0, load_f16x16(w, o + j * 2), load_f32x16(x, xo + j))
+            a1 = fma_f(a1, load_f16x16(w, o + (j + 16) * 2), load_f32x16(x, xo + j + 16))
+            a2 = fma_f(a2, load_f16x16(w, o + (j + 32) * 2), load_f32x16(x, xo + j + 32))
+            a3 = fma_f(a3, load_f16x16(w, o + (j + 48) * 2), load_f32x16(x, xo + j + 48))
             j += 64
-        lo = f_add(f_add(a0, a4), f_add(a2, a6))
-        hi = f_add(f_add(a1, a5), f_add(a3, a7))
-        return _tail16(w, o, x, xo, j, k, red16(lo, hi))
+        if pf >= 0:
+            for b in range(2 * j, 2 * k, 64):   # the leftovers' lines
+                prefetch(w, pf + b)
+        return _tail16(w, o, x, xo, j, k, hsum16(f_add(f_add(a0, a2), f_add(a1, a3))))
+
+    @numba.njit(inline="always")
+    def dot16_vec(w, o, x, xo, k):
+        return dot16_pf(w, o, x, xo, k, -1)
 
     @numba.njit(inline="always")
     def dot16_tiny(w, o, x, xo, k):
         if k % 16:
             return dot16_vec(w, o, x, xo, k)
-        lo = f_zero(); hi = f_zero()
+        a = f_zero16()
         j = 0
         while j < k:
-            lo = fma_f(lo, load_f16x8(w, o + j * 2), load_f32x8(x, xo + j))
-            hi = fma_f(hi, load_f16x8(w, o + (j + 8) * 2), load_f32x8(x, xo + j + 8))
+            a = fma_f(a, load_f16x16(w, o + j * 2), load_f32x16(x, xo + j))
             j += 16
-        return red16(lo, hi)
+        return hsum16(a)
 
     # ---- F16 matmat in register tiles of 3 rows x 4 columns (attention in prefill: keys or V^T rows
     # against query or probability columns).  A dot of 16 lanes is a chain of FMAs (4 cycles each):
     # one dot at a time waits on that latency, 12 independent ones keep both FMA pipes busy, and each
-    # row's halves are converted once for 4 columns.  Per output the lanes, their order and the
+    # row's 16 values are converted once for 4 columns.  Per output the lanes, their order and the
     # final tree are dot16_tiny's, so results do not depend on the tiling.
-    @numba.njit(inline="always")
-    def fma16(lo, hi, wl, wh, x, xo):
-        return fma_f(lo, wl, load_f32x8(x, xo)), fma_f(hi, wh, load_f32x8(x, xo + 8))
-
     @numba.njit(inline="always")
     def f16_tile(w, o, rb, x, xo, k, out, c, i):
         """out[c:c+4, i:i+3] (weights rows i.. at byte o, stride rb; x columns c.. at xo, stride k)."""
-        p0l = f_zero(); p0h = f_zero(); p1l = f_zero(); p1h = f_zero()
-        p2l = f_zero(); p2h = f_zero(); p3l = f_zero(); p3h = f_zero()
-        q0l = f_zero(); q0h = f_zero(); q1l = f_zero(); q1h = f_zero()
-        q2l = f_zero(); q2h = f_zero(); q3l = f_zero(); q3h = f_zero()
-        s0l = f_zero(); s0h = f_zero(); s1l = f_zero(); s1h = f_zero()
-        s2l = f_zero(); s2h = f_zero(); s3l = f_zero(); s3h = f_zero()
+        p0 = f_zero16(); p1 = f_zero16(); p2 = f_zero16(); p3 = f_zero16()
+        q0 = f_zero16(); q1 = f_zero16(); q2 = f_zero16(); q3 = f_zero16()
+        s0 = f_zero16(); s1 = f_zero16(); s2 = f_zero16(); s3 = f_zero16()
         j = 0
         while j < k:
             wp = o + j * 2
-            al = load_f16x8(w, wp); ah = load_f16x8(w, wp + 16)
-            bl = load_f16x8(w, wp + rb); bh = load_f16x8(w, wp + rb + 16)
-            dl = load_f16x8(w, wp + 2 * rb); dh = load_f16x8(w, wp + 2 * rb + 16)
+            a = load_f16x16(w, wp); b = load_f16x16(w, wp + rb); d = load_f16x16(w, wp + 2 * rb)
             x0 = xo + j
-            p0l, p0h = fma16(p0l, p0h, al, ah, x, x0)
-            q0l, q0h = fma16(q0l, q0h, bl, bh, x, x0)
-            s0l, s0h = fma16(s0l, s0h, dl, dh, x, x0)
-            p1l, p1h = fma16(p1l, p1h, al, ah, x, x0 + k)
-            q1l, q1h = fma16(q1l, q1h, bl, bh, x, x0 + k)
-            s1l, s1h = fma16(s1l, s1h, dl, dh, x, x0 + k)
-            p2l, p2h = fma16(p2l, p2h, al, ah, x, x0 + 2 * k)
-            q2l, q2h = fma16(q2l, q2h, bl, bh, x, x0 + 2 * k)
-            s2l, s2h = fma16(s2l, s2h, dl, dh, x, x0 + 2 * k)
-            p3l, p3h = fma16(p3l, p3h, al, ah, x, x0 + 3 * k)
-            q3l, q3h = fma16(q3l, q3h, bl, bh, x, x0 + 3 * k)
-            s3l, s3h = fma16(s3l, s3h, dl, dh, x, x0 + 3 * k)
+            xv = load_f32x16(x, x0)
+            p0 = fma_f(p0, a, xv); q0 = fma_f(q0, b, xv); s0 = fma_f(s0, d, xv)
+            xv = load_f32x16(x, x0 + k)
+            p1 = fma_f(p1, a, xv); q1 = fma_f(q1, b, xv); s1 = fma_f(s1, d, xv)
+            xv = load_f32x16(x, x0 + 2 * k)
+            p2 = fma_f(p2, a, xv); q2 = fma_f(q2, b, xv); s2 = fma_f(s2, d, xv)
+            xv = load_f32x16(x, x0 + 3 * k)
+            p3 = fma_f(p3, a, xv); q3 = fma_f(q3, b, xv); s3 = fma_f(s3, d, xv)
             j += 16
-        out[c, i] = red16(p0l, p0h); out[c + 1, i] = red16(p1l, p1h)
-        out[c + 2, i] = red16(p2l, p2h); out[c + 3, i] = red16(p3l, p3h)
-        out[c, i + 1] = red16(q0l, q0h); out[c + 1, i + 1] = red16(q1l, q1h)
-        out[c + 2, i + 1] = red16(q2l, q2h); out[c + 3, i + 1] = red16(q3l, q3h)
-        out[c, i + 2] = red16(s0l, s0h); out[c + 1, i + 2] = red16(s1l, s1h)
-        out[c + 2, i + 2] = red16(s2l, s2h); out[c + 3, i + 2] = red16(s3l, s3h)
+        out[c, i] = hsum16(p0); out[c + 1, i] = hsum16(p1)
+        out[c + 2, i] = hsum16(p2); out[c + 3, i] = hsum16(p3)
+        out[c, i + 1] = hsum16(q0); out[c + 1, i + 1] = hsum16(q1)
+        out[c + 2, i + 1] = hsum16(q2); out[c + 3, i + 1] = hsum16(q3)
+        out[c, i + 2] = hsum16(s0); out[c + 1, i + 2] = hsum16(s1)
+        out[c + 2, i + 2] = hsum16(s2); out[c + 3, i + 2] = hsum16(s3)
 
     @numba.njit(inline="always")
     def f16_row4(w, o, x, xo, k, out, c, i):
         """out[c:c+4, i]: one row against 4 columns."""
-        p0l = f_zero(); p0h = f_zero(); p1l = f_zero(); p1h = f_zero()
-        p2l = f_zero(); p2h = f_zero(); p3l = f_zero(); p3h = f_zero()
+        p0 = f_zero16(); p1 = f_zero16(); p2 = f_zero16(); p3 = f_zero16()
         j = 0
         while j < k:
-            al = load_f16x8(w, o + j * 2); ah = load_f16x8(w, o + j * 2 + 16)
-            p0l, p0h = fma16(p0l, p0h, al, ah, x, xo + j)
-            p1l, p1h = fma16(p1l, p1h, al, ah, x, xo + j + k)
-            p2l, p2h = fma16(p2l, p2h, al, ah, x, xo + j + 2 * k)
-            p3l, p3h = fma16(p3l, p3h, al, ah, x, xo + j + 3 * k)
+            a = load_f16x16(w, o + j * 2)
+            p0 = fma_f(p0, a, load_f32x16(x, xo + j))
+            p1 = fma_f(p1, a, load_f32x16(x, xo + j + k))
+            p2 = fma_f(p2, a, load_f32x16(x, xo + j + 2 * k))
+            p3 = fma_f(p3, a, load_f32x16(x, xo + j + 3 * k))
             j += 16
-        out[c, i] = red16(p0l, p0h); out[c + 1, i] = red16(p1l, p1h)
-        out[c + 2, i] = red16(p2l, p2h); out[c + 3, i] = red16(p3l, p3h)
+        out[c, i] = hsum16(p0); out[c + 1, i] = hsum16(p1)
+        out[c + 2, i] = hsum16(p2); out[c + 3, i] = hsum16(p3)
 
     f16_matmat = _f16_matmat(16, dot16_vec, f16_tile, f16_row4, dot16_tiny)
     f16_matvec = _rowwise(dot16_vec, dot16_tiny)[0]
 
     @numba.njit(inline="always")
-    def dot16_heads4(w, o, x, xo, xs, k, out, oo, os):
-        """dot16_vec of one row with 4 inputs: accumulators (a0, a1) + (a4, a5) and (a2, a3) +
-        (a6, a7) of each, then lo / hi as dot16_vec."""
-        n = k // 64 * 64
-        a0, b0, a1, b1, a2, b2, a3, b3 = _pass4(w, o, x, xo, xs, n, 0, 8, 64)
-        c0, d0, c1, d1, c2, d2, c3, d3 = _pass4(w, o, x, xo, xs, n, 32, 40, 64)
-        a0 = f_add(a0, c0); b0 = f_add(b0, d0); a1 = f_add(a1, c1); b1 = f_add(b1, d1)
-        a2 = f_add(a2, c2); b2 = f_add(b2, d2); a3 = f_add(a3, c3); b3 = f_add(b3, d3)
-        c0, d0, c1, d1, c2, d2, c3, d3 = _pass4(w, o, x, xo, xs, n, 16, 24, 64)
-        e0, g0, e1, g1, e2, g2, e3, g3 = _pass4(w, o, x, xo, xs, n, 48, 56, 64)
-        c0 = f_add(c0, e0); d0 = f_add(d0, g0); c1 = f_add(c1, e1); d1 = f_add(d1, g1)
-        c2 = f_add(c2, e2); d2 = f_add(d2, g2); c3 = f_add(c3, e3); d3 = f_add(d3, g3)
-        out[oo] = _tail16(w, o, x, xo, n, k, red16(f_add(a0, c0), f_add(b0, d0)))
-        out[oo + os] = _tail16(w, o, x, xo + xs, n, k, red16(f_add(a1, c1), f_add(b1, d1)))
-        out[oo + 2 * os] = _tail16(w, o, x, xo + 2 * xs, n, k, red16(f_add(a2, c2), f_add(b2, d2)))
-        out[oo + 3 * os] = _tail16(w, o, x, xo + 3 * xs, n, k, red16(f_add(a3, c3), f_add(b3, d3)))
+    def acc4(s0, s1, s2, s3, w0, w1, w2, w3, x, xo):
+        """One input's 4 accumulators of dot16_vec over one step of 64 (x at element xo)."""
+        return (fma_f(s0, w0, load_f32x16(x, xo)), fma_f(s1, w1, load_f32x16(x, xo + 16)),
+                fma_f(s2, w2, load_f32x16(x, xo + 32)), fma_f(s3, w3, load_f32x16(x, xo + 48)))
 
-    f16_heads = _heads(dot16_heads4, dot16_vec, 64)
+    @numba.njit(inline="always")
+    def dot16_heads4(w, o, x, xo, xs, k, out, oo, os, pf):
+        """dot16_vec of one row with 4 inputs in one pass: 16 accumulators, each 16 values of the row
+        converted once for the 4 inputs; the row at byte pf (>= 0) prefetched in step, two lines
+        a step (a row's lines prefetched all at once before the row, most were dropped)."""
+        n = k // 64 * 64
+        if pf >= 0:
+            for b in range(2 * n, 2 * k, 64):   # the leftovers' lines
+                prefetch(w, pf + b)
+        a0 = f_zero16(); a1 = f_zero16(); a2 = f_zero16(); a3 = f_zero16()
+        b0 = f_zero16(); b1 = f_zero16(); b2 = f_zero16(); b3 = f_zero16()
+        c0 = f_zero16(); c1 = f_zero16(); c2 = f_zero16(); c3 = f_zero16()
+        d0 = f_zero16(); d1 = f_zero16(); d2 = f_zero16(); d3 = f_zero16()
+        j = 0
+        while j < n:
+            wp = o + j * 2
+            if pf >= 0:
+                prefetch(w, pf + j * 2)
+                prefetch(w, pf + j * 2 + 64)
+            w0 = load_f16x16(w, wp); w1 = load_f16x16(w, wp + 32)
+            w2 = load_f16x16(w, wp + 64); w3 = load_f16x16(w, wp + 96)
+            a0, a1, a2, a3 = acc4(a0, a1, a2, a3, w0, w1, w2, w3, x, xo + j)
+            b0, b1, b2, b3 = acc4(b0, b1, b2, b3, w0, w1, w2, w3, x, xo + xs + j)
+            c0, c1, c2, c3 = acc4(c0, c1, c2, c3, w0, w1, w2, w3, x, xo + 2 * xs + j)
+            d0, d1, d2, d3 = acc4(d0, d1, d2, d3, w0, w1, w2, w3, x, xo + 3 * xs + j)
+            j += 64
+        out[oo] = _tail16(w, o, x, xo, n, k, hsum16(f_add(f_add(a0, a2), f_add(a1, a3))))
+        out[oo + os] = _tail16(w, o, x, xo + xs, n, k, hsum16(f_add(f_add(b0, b2), f_add(b1, b3))))
+        out[oo + 2 * os] = _tail16(w, o, x, xo + 2 * xs, n, k, hsum16(f_add(f_add(c0, c2), f_add(c1, c3))))
+        out[oo + 3 * os] = _tail16(w, o, x, xo + 3 * xs, n, k, hsum16(f_add(f_add(d0, d2), f_add(d1, d3))))
+
+    f16_heads = _heads(dot16_heads4, dot16_pf, 64, HEADS_MAX_K)
 
     # F32 in ggml's AVX-512 orders (the structure of F16's, products rounded by the FMAs): one column
     # = ggml_vec_dot_f32 (4 accumulators x 16 lanes over steps of 64, (0+2)+(1+3), GCC's
@@ -408,8 +427,11 @@ def _orders256():
         return dot_tiny(w, o, x, xo, k, 4)
 
     @numba.njit(inline="always")
-    def dot16_heads4(w, o, x, xo, xs, k, out, oo, os):
-        """dot16_vec of one row with 4 inputs: accumulators a0 + a2, then a1 + a3 of each."""
+    def dot16_heads4(w, o, x, xo, xs, k, out, oo, os, pf):
+        """dot16_vec of one row with 4 inputs: accumulators a0 + a2, then a1 + a3 of each (the row
+        at byte pf >= 0 prefetched first)."""
+        if pf >= 0:
+            _prefetch_row(w, pf, k)
         n = k // 32 * 32
         a0, b0, a1, b1, a2, b2, a3, b3 = _pass4(w, o, x, xo, xs, n, 0, 16, 32)
         c0, d0, c1, d1, c2, d2, c3, d3 = _pass4(w, o, x, xo, xs, n, 8, 24, 32)
@@ -418,10 +440,16 @@ def _orders256():
         out[oo + 2 * os] = _tail16(w, o, x, xo + 2 * xs, n, k, hsum_hadd_f(f_add(f_add(a2, b2), f_add(c2, d2))))
         out[oo + 3 * os] = _tail16(w, o, x, xo + 3 * xs, n, k, hsum_hadd_f(f_add(f_add(a3, b3), f_add(c3, d3))))
 
+    @numba.njit(inline="always")
+    def dot16_pf(w, o, x, xo, k, pf):
+        if pf >= 0:
+            _prefetch_row(w, pf, k)
+        return dot16_vec(w, o, x, xo, k)
+
     f16_matvec = _rowwise(dot16_vec, dot16_tiny)[0]
     f16_matmat = _f16_matmat(8, dot16_vec, f16_tile, f16_row4, dot16_tiny)
     f32_matvec, f32_matmat = _f32_products(8, dot32_vec, dot32_tiny)
-    return f16_matvec, f16_matmat, f32_matvec, f32_matmat, _heads(dot16_heads4, dot16_vec, 32)
+    return f16_matvec, f16_matmat, f32_matvec, f32_matmat, _heads(dot16_heads4, dot16_pf, 32, HEADS_MAX_K)
 
 
 @numba.njit(inline="always")

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..intrinsics import (VNNI, b_add, b_or, dot_ss, dot_us, f16_lead, f16_to_f32, f_zero,
                           fmadd_i, half_f, hsum_f, i_zero, load_b32, load_bits16, load_i8, load_nib,
-                          pair_q45, pair_zero, prefetch, prefetch_distance, prime_streams, stream_halves, stream_row)
+                          pair_q45, f_zero16, prefetch, prefetch_distance, prime_streams, stream_halves, stream_row)
 
 from . import repack
 
@@ -144,8 +144,8 @@ def kernels(mode: int) -> dict:
                 k = mid + 2 * s
                 bi = i * rb
                 bk = k * rb
-                a = pair_zero()
-                c = pair_zero()
+                a = f_zero16()
+                c = f_zero16()
                 for b in range(nb):
                     o = b * bsz
                     prefetch(w, bi + b * (2 * bsz) + pfd)
@@ -160,7 +160,7 @@ def kernels(mode: int) -> dict:
                 i1 = min(i + 1, r1 - 1)   # an odd last row pairs with itself
                 base = i * rb
                 base1 = i1 * rb
-                a = pair_zero()
+                a = f_zero16()
                 for b in range(nb):
                     o = b * bsz
                     prefetch(w, base + b * (2 * bsz) + pfd)
