@@ -55,11 +55,13 @@ v4f = VecType("f32x4")
 _V4I = ir.VectorType(_i32, 4)
 _V4F = ir.VectorType(_f32, 4)
 v16f = VecType("f32x16")   # two rows' f32x8 accumulators side by side in one zmm register (`pair_q45`)
+v16i = VecType("i32x16")
+v64b = VecType("i8x64")
 _V16F = ir.VectorType(_f32, 16)
 _V16I = ir.VectorType(_i32, 16)
 _V64B = ir.VectorType(_i8, 64)
 _LL = {"i8x32": _V32B, "i32x8": _V8I, "f32x8": _V8F, "i16x16": _V16S, "i32x4": _V4I, "f32x4": _V4F,
-       "f32x16": _V16F}
+       "f32x16": _V16F, "i32x16": _V16I, "i8x64": _V64B}
 
 
 @register_model(VecType)
@@ -138,6 +140,96 @@ def hsum16(v):
     return hsum_f(f_add(half_f(v, 0), half_f(v, 1)))
 
 
+def _unpack_q45x2(context, builder, wt, wa, o0, o1, q5):
+    """The unsigned quants of the Q4_0 / Q5_0 blocks at bytes o0 and o1 of w (array type wt) in the
+    low and high 256-bit halves of an i8x64 (each: the 16 nibble bytes low nibbles first, plus 16
+    where the block's u32 of high bits has a bit (Q5_0)), and each block's first 8 (Q5_0) or 2
+    (Q4_0) bytes as an integer: its scale in the low 16 bits."""
+    nib = 6 if q5 else 2
+    i64 = o0.type
+
+    def at(o, extra, ty):
+        return builder.load(_ptr(context, builder, wt, wa, builder.add(o, ir.Constant(i64, extra)), ty), align=1)
+    r0, r1 = at(o0, nib, _V16B), at(o1, nib, _V16B)
+    q = builder.shuffle_vector(r0, r1, ir.Constant(ir.VectorType(_i32, 64), list(range(16)) * 2 + list(range(16, 32)) * 2))
+    q = builder.lshr(builder.bitcast(q, _V16I), ir.Constant(_V16I, ([0] * 4 + [4] * 4) * 2))
+    q = builder.and_(builder.bitcast(q, _V64B), ir.Constant(_V64B, [15] * 64))
+    if not q5:
+        return q, at(o0, 0, _i16), at(o1, 0, _i16)
+    g0, g1 = at(o0, 0, _i64), at(o1, 0, _i64)   # scale and high bits of each block in one load
+    lo = builder.and_(builder.lshr(g0, ir.Constant(_i64, 16)), ir.Constant(_i64, 0xFFFFFFFF))
+    hi = builder.and_(builder.shl(g1, ir.Constant(_i64, 16)), ir.Constant(_i64, 0xFFFFFFFF00000000))
+    m = builder.bitcast(builder.or_(lo, hi), ir.VectorType(_i1, 64))
+    return builder.select(m, builder.add(q, ir.Constant(_V64B, [16] * 64)), q), g0, g1
+
+
+@intrinsic
+def unpack_q45x2(typingctx, bits, w, o):
+    """The unsigned quants of the Q4_0 (bits = 4) or Q5_0 (bits = 5) block at byte o of w in both
+    256-bit halves of an i8x64 (`_unpack_q45x2`): one row's block against two columns at once."""
+    if not isinstance(bits, types.IntegerLiteral) or bits.literal_value not in (4, 5):
+        raise TypingError("unpack_q45x2: bits must be a compile-time 4 or 5")
+    _check_array(w, _BYTES)
+    sig = v64b(bits, w, o)
+
+    def cg(context, builder, sig, args):
+        return _unpack_q45x2(context, builder, sig.args[1], args[1], args[2], args[2], bits.literal_value == 5)[0]
+
+    return sig, cg
+
+
+@intrinsic
+def load_b64(typingctx, a, off):
+    """64 bytes at byte ``off`` of an int8 / uint8 array."""
+    _check_array(a, _BYTES)
+    sig = v64b(a, off)
+    return sig, lambda context, builder, sig, args: _arr_load(context, builder, sig, args, 0, _V64B)
+
+
+@intrinsic
+def load_i16(typingctx, a, off):
+    """16 int32 at element ``off`` of an int32 array."""
+    _check_array(a, (types.int32,))
+    sig = v16i(a, off)
+    return sig, lambda context, builder, sig, args: _arr_load(context, builder, sig, args, 0, _V16I)
+
+
+@intrinsic
+def dot_us16(typingctx, acc, a, b):
+    """acc + the sums of 4 products of unsigned a and signed b bytes per int32 lane (vpdpbusd zmm)."""
+    sig = v16i(acc, a, b)
+
+    def cg(context, builder, sig, args):
+        dp = _fn(builder, "llvm.x86.avx512.vpdpbusd.512", _V16I, [_V16I, _V64B, _V64B])
+        return builder.call(dp, [args[0], args[1], args[2]])
+
+    return sig, cg
+
+
+@intrinsic
+def fmadd_iv(typingctx, acc, v, s):
+    """acc + f32(v) * s per lane (f32x16, fused; s an f32x16)."""
+    sig = v16f(acc, v, s)
+
+    def cg(context, builder, sig, args):
+        f = _fn(builder, "llvm.fma.v16f32", _V16F, [_V16F, _V16F, _V16F])
+        return builder.call(f, [builder.sitofp(args[1], _V16F), args[2], args[0]])
+
+    return sig, cg
+
+
+@intrinsic
+def scale16(typingctx, a, off, s):
+    """a[off:off + 16] * s (float32 array; each product rounded once, as the scalar one)."""
+    _check_array(a, (types.float32,))
+    sig = v16f(a, off, types.float32)
+
+    def cg(context, builder, sig, args):
+        return builder.fmul(_arr_load(context, builder, sig, args, 0, _V16F), _splat(builder, args[2], _V16F))
+
+    return sig, cg
+
+
 @intrinsic
 def pair_q45(typingctx, bits, acc, w, o0, o1, ns, nsoff, xq, xoff, xs):
     """acc + float(dot) * (d0 * xs | d1 * xs) for one block of two rows of Q4_0 (bits = 4) or Q5_0
@@ -160,25 +252,12 @@ def pair_q45(typingctx, bits, acc, w, o0, o1, ns, nsoff, xq, xoff, xs):
     def cg(context, builder, sig, args):
         _, acc, wa, o0, o1, nsa, nso, xa, xo, xs = args
         wt = sig.args[2]
-        nib = 6 if q5 else 2
-        i64 = o0.type
 
-        def at(o, extra, ty):
-            return builder.load(_ptr(context, builder, wt, wa, builder.add(o, ir.Constant(i64, extra)), ty), align=1)
-        r0, r1 = at(o0, nib, _V16B), at(o1, nib, _V16B)
-        q = builder.shuffle_vector(r0, r1, ir.Constant(ir.VectorType(_i32, 64), list(range(16)) * 2 + list(range(16, 32)) * 2))
-        q = builder.lshr(builder.bitcast(q, _V16I), ir.Constant(_V16I, ([0] * 4 + [4] * 4) * 2))
-        q = builder.and_(builder.bitcast(q, _V64B), ir.Constant(_V64B, [15] * 64))
+        q, g0, g1 = _unpack_q45x2(context, builder, wt, wa, o0, o1, q5)
         if q5:
-            g0, g1 = at(o0, 0, _i64), at(o1, 0, _i64)   # scale and high bits of each row in one load
-            lo = builder.and_(builder.lshr(g0, ir.Constant(_i64, 16)), ir.Constant(_i64, 0xFFFFFFFF))
-            hi = builder.and_(builder.shl(g1, ir.Constant(_i64, 16)), ir.Constant(_i64, 0xFFFFFFFF00000000))
-            m = builder.bitcast(builder.or_(lo, hi), ir.VectorType(_i1, 64))
-            q = builder.select(m, builder.add(q, ir.Constant(_V64B, [16] * 64)), q)
             d0, d1 = builder.trunc(g0, _i32), builder.trunc(g1, _i32)
         else:
-            d0, d1 = at(o0, 0, _i16), at(o1, 0, _i16)
-            d0, d1 = builder.zext(d0, _i32), builder.zext(d1, _i32)
+            d0, d1 = builder.zext(g0, _i32), builder.zext(g1, _i32)
         d01 = builder.or_(builder.and_(d0, ir.Constant(_i32, 0xFFFF)), builder.shl(d1, ir.Constant(_i32, 16)))
         d2 = builder.fpext(builder.bitcast(d01, ir.VectorType(_f16, 2)), ir.VectorType(_f32, 2))
         sc = builder.fmul(builder.shuffle_vector(d2, d2, ir.Constant(_V16I, [0] * 8 + [1] * 8)), _splat(builder, xs, _V16F))

@@ -212,8 +212,8 @@ def kernels(mode: int) -> dict:
                 out[c, i] = hsum_f(acc)
                 c += 1
 
-    q4_0_tiled_matmat = repack.q0_matmat(mode, u_q4_0, 18, 3)
-    q5_0_matmat = repack.q0_matmat(mode, u_q5_0, 22, 4)
+    q4_0_tiled_matmat = repack.q0_matmat(mode, u_q4_0, 4, 18, 3)
+    q5_0_matmat = repack.q0_matmat(mode, u_q5_0, 5, 22, 4)
     pairs = mode == VNNI   # one zmm register for a pair of rows (AVX-512)
     q4_0_vec_matvec = make_pair_matvec(4, 18, 3) if pairs else make_offset_matvec(u_q4_0, 18, 3)
     q4_0_rep_matvec, q4_0_rep_matmat = repack.q4_0_repacked(mode, u_q4_0, 18, 3)
