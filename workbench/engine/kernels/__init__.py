@@ -47,9 +47,10 @@ Q4_K_X8 = 1012
 #: a file's type -> the layout the engine may keep it in on a SIMD path
 PACKED_LAYOUTS = {Q4_K: Q4_K_X8}
 #: bumped when the kernels' speed changes (2: one-token products read two streams per thread; 3: the
-#: streams' prefetch windows primed at a product's start, the F16 heads in one call):
+#: streams' prefetch windows primed at a product's start, the F16 heads in one call; 4: Q4_0 / Q5_0
+#: products and prompt tiles and the F16 products on zmm registers on AVX-512):
 #: what the advisor measured of them before (`advisor.engine_cal`, cached per machine) is measured again
-SPEED_REVISION = 3
+SPEED_REVISION = 4
 
 SUPPORTED_TYPES: dict[int, str] = {
     F32: "F32", F16: "F16", BF16: "BF16", Q8_0: "Q8_0", Q4_0: "Q4_0", Q4_1: "Q4_1",
