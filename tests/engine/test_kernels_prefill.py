@@ -2,7 +2,7 @@
 
 test_kernels_exact.py checks the float operation orders on 13 rows split at row 7; here the row
 ranges are large enough for the rows-in-lanes paths (groups of 8 rows, Q4_K / Q6_K), the 2 x 8
-register tiles (Q4_0 / Q5_0) and the 3 x 4 tiles of F16, with split points that leave partial
+register tiles (Q4_0 / Q5_0, and Q8_0 on AVX-512) and the 3 x 4 tiles of F16, with split points that leave partial
 groups and tiles on both sides, and column counts around the tile widths.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ def _matmat_split(t, w, xp, n, splits):
     return out
 
 
-@pytest.mark.parametrize("t", [T.Q5_0, T.Q4_K, T.Q6_K])
+@pytest.mark.parametrize("t", [T.Q8_0, T.Q5_0, T.Q4_K, T.Q6_K])
 @pytest.mark.parametrize("n", [3, 4, 8, 9, 12, 17, 32, 37])  # Q4_K/Q6_K regroup rows from 32 columns
 def test_quant_matmat_tiles(path, t, n):
     w = weights(t, rows=ROWS)

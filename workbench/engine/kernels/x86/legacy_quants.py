@@ -12,7 +12,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..intrinsics import (VNNI, b_add, b_or, dot_ss, dot_us, f16_lead, f16_to_f32, f_zero,
+from ..intrinsics import (VNNI, q8_offset, q8_offset_x2, b_add, b_or, dot_ss, dot_us, f16_lead, f16_to_f32, f_zero,
                           fmadd_i, half_f, hsum_f, i_zero, load_b32, load_bits16, load_i8, load_nib,
                           pair_q45, f_zero16, prefetch, prefetch_distance, prime_streams, stream_halves, stream_row)
 
@@ -179,8 +179,17 @@ def kernels(mode: int) -> dict:
         return b_add(load_nib(mode, w, o + 6), load_bits16(w, o + 2))
 
 
+    @numba.njit(inline="always")
+    def u_q8_0(w, o):
+        return q8_offset(w, o)
+
+    @numba.njit(inline="always")
+    def u_q8_0_x2(w, o):
+        return q8_offset_x2(w, o)
+
     @numba.njit(**_NB)
-    def q8_0_matmat(w, xp, out, r0, r1):
+    def q8_0_sign_matmat(w, xp, out, r0, r1):
+        """1 row x 4 columns, the sign trick (AVX2: pmaddubsw saturates with quants offset by 128)."""
         xq, xd, _ = xp
         n = xq.shape[0]
         nb = xd.shape[1]
@@ -212,6 +221,8 @@ def kernels(mode: int) -> dict:
                 out[c, i] = hsum_f(acc)
                 c += 1
 
+    # Q8_0 prompt products on AVX-512: the Q4_0 / Q5_0 tiles over quants offset by 128
+    q8_0_matmat = repack.q0_matmat_pairs(u_q8_0, u_q8_0_x2, 34, 7) if mode == VNNI else q8_0_sign_matmat
     q4_0_tiled_matmat = repack.q0_matmat(mode, u_q4_0, 4, 18, 3)
     q5_0_matmat = repack.q0_matmat(mode, u_q5_0, 5, 22, 4)
     pairs = mode == VNNI   # one zmm register for a pair of rows (AVX-512)

@@ -63,7 +63,7 @@ def q0_matmat(mode, unpack, bits, bsz, shift):
     block's unsigned quants; ``bits``: 4 or 5; ``shift``: log2 of the quant offset). On AVX-512
     (VNNI) two columns of a row share a zmm register (`_q0_matmat_pairs`)."""
     if mode == VNNI:
-        return _q0_matmat_pairs(unpack, bits, bsz, shift)
+        return q0_matmat_pairs(unpack, _unpack_q45_x2(bits), bsz, shift)
     # ---- matmat: register tiles of 2 rows x 8 columns over activations regrouped per tile
     # (_pack_q8_0).  The loop over column tiles is outermost, so a tile's activations (~10 KB at
     # k=640) stay in L1 while the weight rows stream past.  Per dot the loop issues just the VNNI
@@ -208,8 +208,16 @@ def _put_pairs(out, c, i, a0, a1, a2, a3):
     out[c + 6, i] = hsum_f(half_f(a3, 0)); out[c + 7, i] = hsum_f(half_f(a3, 1))
 
 
-def _q0_matmat_pairs(unpack, bits, bsz, shift):
-    """q0_matmat on AVX-512: the same tiles of 2 rows x 8 columns, two columns of a row in one zmm
+def _unpack_q45_x2(bits):
+    @numba.njit(inline="always")
+    def unpack2(w, o):
+        return unpack_q45x2(bits, w, o)
+    return unpack2
+
+
+def q0_matmat_pairs(unpack, unpack2, bsz, shift):
+    """q0_matmat on AVX-512 (also Q8_0's, its quants offset by 128: `intrinsics.q8_offset`); unpack2:
+    a block's unsigned quants in both halves of a zmm register, unpack: in a ymm one. the same tiles of 2 rows x 8 columns, two columns of a row in one zmm
     register (lanes 0-7 the first column's f32x8 chain, 8-15 the second's): a tile's two adjacent
     columns' activations, group sums and scales are 64 contiguous bytes each (_pack_q8_0, _pair_scales),
     and the dot, the conversion and the FMA are one instruction for both columns; the scale products
@@ -231,8 +239,8 @@ def _q0_matmat_pairs(unpack, bits, bsz, shift):
                 a0 = f_zero16(); a1 = f_zero16(); a2 = f_zero16(); a3 = f_zero16()
                 b0 = f_zero16(); b1 = f_zero16(); b2 = f_zero16(); b3 = f_zero16()
                 for b in range(nb):
-                    u0 = unpack_q45x2(bits, w, i * rb + b * bsz)
-                    u1 = unpack_q45x2(bits, w, i1 * rb + b * bsz)
+                    u0 = unpack2(w, i * rb + b * bsz)
+                    u1 = unpack2(w, i1 * rb + b * bsz)
                     e = t * nb + b
                     xo = e * 256
                     mo = e * 64
