@@ -178,33 +178,27 @@ def unpack_q45x2(typingctx, bits, w, o):
     return sig, cg
 
 
+def _q8_offset(context, builder, sig, args, halves):
+    q = _arr_load(context, builder, sig, [args[0], builder.add(args[1], ir.Constant(args[1].type, 2))], 0, _V32B)
+    if halves == 2:
+        q = builder.shuffle_vector(q, q, ir.Constant(ir.VectorType(_i32, 64), list(range(32)) * 2))
+    return builder.xor(q, ir.Constant(ir.VectorType(_i8, 32 * halves), [-128] * (32 * halves)))
+
+
 @intrinsic
 def q8_offset(typingctx, w, o):
     """The 32 quants of the Q8_0 block at byte o of w as unsigned bytes q + 128 (an XOR of the sign
     bit; with group sums scaled by 128 as a dot's initial lanes the VNNI dot of them is the signed
     one: vpdpbusd does not saturate) (f32x8 form: i8x32)."""
     _check_array(w, _BYTES)
-    sig = v32b(w, o)
-
-    def cg(context, builder, sig, args):
-        q = _arr_load(context, builder, sig, [args[0], builder.add(args[1], ir.Constant(args[1].type, 2))], 0, _V32B)
-        return builder.xor(q, ir.Constant(_V32B, [-128] * 32))
-
-    return sig, cg
+    return v32b(w, o), lambda context, builder, sig, args: _q8_offset(context, builder, sig, args, 1)
 
 
 @intrinsic
 def q8_offset_x2(typingctx, w, o):
     """q8_offset's 32 bytes in both 256-bit halves of an i8x64 (one row's block against two columns)."""
     _check_array(w, _BYTES)
-    sig = v64b(w, o)
-
-    def cg(context, builder, sig, args):
-        q = _arr_load(context, builder, sig, [args[0], builder.add(args[1], ir.Constant(args[1].type, 2))], 0, _V32B)
-        q = builder.shuffle_vector(q, q, ir.Constant(ir.VectorType(_i32, 64), list(range(32)) * 2))
-        return builder.xor(q, ir.Constant(_V64B, [-128] * 64))
-
-    return sig, cg
+    return v64b(w, o), lambda context, builder, sig, args: _q8_offset(context, builder, sig, args, 2)
 
 
 @intrinsic
