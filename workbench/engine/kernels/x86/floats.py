@@ -109,7 +109,8 @@ def _heads(dot4, dot1, unit: int, max_k: int):
     of at most `max_k` values. Rows read from memory (a global layer's keys at depth 4096, cold
     after the token's weights went through the caches) are prefetched `HEADS_PREFETCH` bytes ahead
     in step with the dot: all of a row's lines prefetched at once before it, most were dropped
-    (AMD EPYC host, Zen 5: the scores of 4096 keys 109-121 -> 75-80 us a global layer)."""
+    (AMD EPYC host, Zen 5, with the zmm dots: the scores of 4096 keys 110-114 us a global layer ->
+    80 us in 2 processes of 5, 116-119 in the others; what decides between the two is not known)."""
     @numba.njit(**_NB)
     def heads(w, x, xs, k, nh, out, os, r0, r1):
         rb = w.shape[1]
