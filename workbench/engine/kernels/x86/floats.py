@@ -103,10 +103,10 @@ def _prefetch_row(w, o, k):
         prefetch(w, o + b)
 
 
-def _heads(dot4, dot1, unit: int, max_k: int):
-    """`kernels.f16_heads` over `dot4` (one row against 4 inputs) and `dot1` (the matvec's dot),
-    both prefetching the row at their argument `pf` (>= 0) as they go; groups of 4 inputs for rows
-    of at most `max_k` values. Rows read from memory (a global layer's keys at depth 4096, cold
+def _heads(dot4, dot2, dot1, unit: int, max_k: int):
+    """`kernels.f16_heads` over `dot4` (one row against 4 inputs), `dot2` (against 2) and `dot1`
+    (the matvec's dot), all prefetching the row at their argument `pf` (>= 0) as they go; groups of
+    4 inputs for rows of at most `max_k` values, pairs for longer ones. Rows read from memory (a global layer's keys at depth 4096, cold
     after the token's weights went through the caches) are prefetched `HEADS_PREFETCH` bytes ahead
     in step with the dot: all of a row's lines prefetched at once before it, most were dropped
     (AMD EPYC host, Zen 5, with the zmm dots: the scores of 4096 keys 110-114 us a global layer ->
@@ -118,7 +118,12 @@ def _heads(dot4, dot1, unit: int, max_k: int):
         for i in range(r0, min(r0 + ahead, r1)):   # (intrinsics.prime_streams)
             _prefetch_row(w, i * rb, k)
         if k % unit or k > max_k:
-            for h in range(nh):   # the matvec, input by input (the first brings the rows in)
+            p2 = nh // 2 * 2
+            for h in range(0, p2, 2):   # pairs of inputs (the first brings the rows in)
+                for i in range(r0, r1):
+                    o = i * rb
+                    dot2(w, o, x, h * xs, xs, k, out, h * os + i, os, o + ahead * rb if h == 0 else -1)
+            for h in range(p2, nh):
                 for i in range(r0, r1):
                     o = i * rb
                     out[h * os + i] = dot1(w, o, x, h * xs, k, o + ahead * rb if h == 0 else -1)
@@ -171,6 +176,30 @@ def _orders512():
     @numba.njit(inline="always")
     def dot16_vec(w, o, x, xo, k):
         return dot16_pf(w, o, x, xo, k, -1)
+
+    @numba.njit(inline="always")
+    def dot16_pair(w, o, x, xo, xs, k, out, oo, os, pf):
+        """dot16_pf of one row with the inputs at x[xo] and x[xo + xs] (rows too long for 4 inputs in
+        L1: 2 x 16 KB at 4096 values fit), each 16 values of the row converted once for both."""
+        a0 = f_zero16(); a1 = f_zero16(); a2 = f_zero16(); a3 = f_zero16()
+        b0 = f_zero16(); b1 = f_zero16(); b2 = f_zero16(); b3 = f_zero16()
+        n = k // 64 * 64
+        j = 0
+        while j < n:
+            if pf >= 0:
+                prefetch(w, pf + j * 2)
+                prefetch(w, pf + j * 2 + 64)
+            wp = o + j * 2
+            w0 = load_f16x16(w, wp); w1 = load_f16x16(w, wp + 32)
+            w2 = load_f16x16(w, wp + 64); w3 = load_f16x16(w, wp + 96)
+            a0, a1, a2, a3 = acc4(a0, a1, a2, a3, w0, w1, w2, w3, x, xo + j)
+            b0, b1, b2, b3 = acc4(b0, b1, b2, b3, w0, w1, w2, w3, x, xo + xs + j)
+            j += 64
+        if pf >= 0:
+            for b in range(2 * n, 2 * k, 64):   # the leftovers' lines
+                prefetch(w, pf + b)
+        out[oo] = _tail16(w, o, x, xo, n, k, hsum16(f_add(f_add(a0, a2), f_add(a1, a3))))
+        out[oo + os] = _tail16(w, o, x, xo + xs, n, k, hsum16(f_add(f_add(b0, b2), f_add(b1, b3))))
 
     @numba.njit(inline="always")
     def dot16_tiny(w, o, x, xo, k):
@@ -270,7 +299,7 @@ def _orders512():
         out[oo + 2 * os] = _tail16(w, o, x, xo + 2 * xs, n, k, hsum16(f_add(f_add(c0, c2), f_add(c1, c3))))
         out[oo + 3 * os] = _tail16(w, o, x, xo + 3 * xs, n, k, hsum16(f_add(f_add(d0, d2), f_add(d1, d3))))
 
-    f16_heads = _heads(dot16_heads4, dot16_pf, 64, HEADS_MAX_K)
+    f16_heads = _heads(dot16_heads4, dot16_pair, dot16_pf, 64, HEADS_MAX_K)
 
     # F32 in ggml's AVX-512 orders (the structure of F16's, products rounded by the FMAs): one column
     # = ggml_vec_dot_f32 (4 accumulators x 16 lanes over steps of 64, (0+2)+(1+3), GCC's
@@ -447,10 +476,15 @@ def _orders256():
             _prefetch_row(w, pf, k)
         return dot16_vec(w, o, x, xo, k)
 
+    @numba.njit(inline="always")
+    def dot16_pair(w, o, x, xo, xs, k, out, oo, os, pf):
+        out[oo] = dot16_pf(w, o, x, xo, k, pf)
+        out[oo + os] = dot16_vec(w, o, x, xo + xs, k)
+
     f16_matvec = _rowwise(dot16_vec, dot16_tiny)[0]
     f16_matmat = _f16_matmat(8, dot16_vec, f16_tile, f16_row4, dot16_tiny)
     f32_matvec, f32_matmat = _f32_products(8, dot32_vec, dot32_tiny)
-    return f16_matvec, f16_matmat, f32_matvec, f32_matmat, _heads(dot16_heads4, dot16_pf, 32, HEADS_MAX_K)
+    return f16_matvec, f16_matmat, f32_matvec, f32_matmat, _heads(dot16_heads4, dot16_pair, dot16_pf, 32, HEADS_MAX_K)
 
 
 @numba.njit(inline="always")
