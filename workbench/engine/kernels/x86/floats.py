@@ -60,8 +60,10 @@ def heads_kernel():
 # attention) read the same key rows, and their probabilities the same V^T rows. A row's F16 vectors
 # are converted once for a group of 4 inputs instead of once per input; per input the lanes, their
 # order and the reduction are the one-column dot's (ggml_vec_dot_f16), so each output is the
-# matvec's to the bit. The dot's accumulators are independent along the row, so a group runs them
-# two at a time (8 registers for 4 inputs) and combines them in the dot's order at the end.
+# matvec's to the bit. The AVX-512 orders keep a group's 16 accumulators in zmm registers in one
+# pass; the AVX2 orders' accumulators are independent along the row, so a group runs them two at a
+# time (8 registers for 4 inputs) and combines them in the dot's order at the end. Rows longer
+# than HEADS_MAX_K take the inputs two at a time (2 x 16 KB at 4096 values stay in L1).
 HEADS_PREFETCH = 2048  # bytes of rows ahead that a row's lines are prefetched (at least one row)
 HEADS_MAX_K = 1024  # longer rows: the 4 inputs (4 x 4 KB+) leave L1; one input at a time
 
@@ -97,6 +99,23 @@ def _tail16(w, o, x, xo, j, k, v):
 
 
 @numba.njit(inline="always")
+def _prefetch_step(w, pf, j):
+    """The two lines of row `pf` (a byte offset; < 0: none) that a dot's step of 64 values at
+    value j reads: a row prefetched in step with the dot over another."""
+    if pf >= 0:
+        prefetch(w, pf + j * 2)
+        prefetch(w, pf + j * 2 + 64)
+
+
+@numba.njit(inline="always")
+def _prefetch_rest(w, pf, n, k):
+    """The lines of values n..k-1 of row `pf` (< 0: none): a dot's leftovers past its steps of 64."""
+    if pf >= 0:
+        for b in range(2 * n, 2 * k, 64):
+            prefetch(w, pf + b)
+
+
+@numba.njit(inline="always")
 def _prefetch_row(w, o, k):
     """Prefetch the k F16 values at byte o of w (the part of a key / V^T row a product reads)."""
     for b in range(0, 2 * k, 64):
@@ -105,12 +124,14 @@ def _prefetch_row(w, o, k):
 
 def _heads(dot4, dot2, dot1, unit: int, max_k: int):
     """`kernels.f16_heads` over `dot4` (one row against 4 inputs), `dot2` (against 2) and `dot1`
-    (the matvec's dot), all prefetching the row at their argument `pf` (>= 0) as they go; groups of
-    4 inputs for rows of at most `max_k` values, pairs for longer ones. Rows read from memory (a global layer's keys at depth 4096, cold
-    after the token's weights went through the caches) are prefetched `HEADS_PREFETCH` bytes ahead
-    in step with the dot: all of a row's lines prefetched at once before it, most were dropped
-    (AMD EPYC host, Zen 5, with the zmm dots: the scores of 4096 keys 110-114 us a global layer ->
-    80 us in 2 processes of 5, 116-119 in the others; what decides between the two is not known)."""
+    (the matvec's dot), all prefetching the row at their argument `pf` (>= 0) as they go; groups
+    of 4 inputs for rows of at most `max_k` values, pairs for longer ones.
+
+    Rows read from memory (a global layer's keys at depth 4096, cold after the token's weights
+    went through the caches) are prefetched `HEADS_PREFETCH` bytes ahead in step with the dot: all
+    of a row's lines prefetched at once before it, most were dropped (AMD EPYC host, Zen 5, with
+    the zmm dots: the scores of 4096 keys 110-114 us a global layer -> 80 us in 2 processes of 5,
+    116-119 in the others; what decides between the two is not known)."""
     @numba.njit(**_NB)
     def heads(w, x, xs, k, nh, out, os, r0, r1):
         rb = w.shape[1]
@@ -160,17 +181,13 @@ def _orders512():
         a0 = f_zero16(); a1 = f_zero16(); a2 = f_zero16(); a3 = f_zero16()
         j = 0
         while j + 64 <= k:
-            if pf >= 0:
-                prefetch(w, pf + j * 2)
-                prefetch(w, pf + j * 2 + 64)
+            _prefetch_step(w, pf, j)
             a0 = fma_f(a0, load_f16x16(w, o + j * 2), load_f32x16(x, xo + j))
             a1 = fma_f(a1, load_f16x16(w, o + (j + 16) * 2), load_f32x16(x, xo + j + 16))
             a2 = fma_f(a2, load_f16x16(w, o + (j + 32) * 2), load_f32x16(x, xo + j + 32))
             a3 = fma_f(a3, load_f16x16(w, o + (j + 48) * 2), load_f32x16(x, xo + j + 48))
             j += 64
-        if pf >= 0:
-            for b in range(2 * j, 2 * k, 64):   # the leftovers' lines
-                prefetch(w, pf + b)
+        _prefetch_rest(w, pf, j, k)
         return _tail16(w, o, x, xo, j, k, hsum16(f_add(f_add(a0, a2), f_add(a1, a3))))
 
     @numba.njit(inline="always")
@@ -186,18 +203,14 @@ def _orders512():
         n = k // 64 * 64
         j = 0
         while j < n:
-            if pf >= 0:
-                prefetch(w, pf + j * 2)
-                prefetch(w, pf + j * 2 + 64)
+            _prefetch_step(w, pf, j)
             wp = o + j * 2
             w0 = load_f16x16(w, wp); w1 = load_f16x16(w, wp + 32)
             w2 = load_f16x16(w, wp + 64); w3 = load_f16x16(w, wp + 96)
             a0, a1, a2, a3 = acc4(a0, a1, a2, a3, w0, w1, w2, w3, x, xo + j)
             b0, b1, b2, b3 = acc4(b0, b1, b2, b3, w0, w1, w2, w3, x, xo + xs + j)
             j += 64
-        if pf >= 0:
-            for b in range(2 * n, 2 * k, 64):   # the leftovers' lines
-                prefetch(w, pf + b)
+        _prefetch_rest(w, pf, n, k)
         out[oo] = _tail16(w, o, x, xo, n, k, hsum16(f_add(f_add(a0, a2), f_add(a1, a3))))
         out[oo + os] = _tail16(w, o, x, xo + xs, n, k, hsum16(f_add(f_add(b0, b2), f_add(b1, b3))))
 
@@ -274,9 +287,7 @@ def _orders512():
         converted once for the 4 inputs; the row at byte pf (>= 0) prefetched in step, two lines
         a step (a row's lines prefetched all at once before the row, most were dropped)."""
         n = k // 64 * 64
-        if pf >= 0:
-            for b in range(2 * n, 2 * k, 64):   # the leftovers' lines
-                prefetch(w, pf + b)
+        _prefetch_rest(w, pf, n, k)
         a0 = f_zero16(); a1 = f_zero16(); a2 = f_zero16(); a3 = f_zero16()
         b0 = f_zero16(); b1 = f_zero16(); b2 = f_zero16(); b3 = f_zero16()
         c0 = f_zero16(); c1 = f_zero16(); c2 = f_zero16(); c3 = f_zero16()
@@ -284,9 +295,7 @@ def _orders512():
         j = 0
         while j < n:
             wp = o + j * 2
-            if pf >= 0:
-                prefetch(w, pf + j * 2)
-                prefetch(w, pf + j * 2 + 64)
+            _prefetch_step(w, pf, j)
             w0 = load_f16x16(w, wp); w1 = load_f16x16(w, wp + 32)
             w2 = load_f16x16(w, wp + 64); w3 = load_f16x16(w, wp + 96)
             a0, a1, a2, a3 = acc4(a0, a1, a2, a3, w0, w1, w2, w3, x, xo + j)
