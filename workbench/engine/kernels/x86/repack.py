@@ -11,7 +11,9 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..intrinsics import (VNNI, dot_us16, f_zero16, fmadd_iv, half_f, load_b64, load_i16, scale16, unpack_q45x2, dot_ss, f4_make, reduce4, f4_zero, fma4_i, fma_s, hsum_i, f4_lane, dot_us, f16_to_f32, f_zero, fmadd_i, hsum_f, i_zero, load_b32, load_f32x8, load_i8,
+from ..intrinsics import (VNNI, dot_us16, f_zero16, fmadd_iv, half_f, load_b64, load_i16, scale16, unpack_q45x2,
+                          dot_ss, f4_make, reduce4, f4_zero, fma4_i, fma_s, hsum_i, f4_lane, dot_us, f16_to_f32, f_zero,
+                          fmadd_i, hsum_f, i_zero, load_b32, load_f32x8, load_i8,
                           ld_u32, i_sub, load_f32x4, f4_scale, i_shl, fmadd_im, store_f32x4, bcast_b4, bcast_i32, madd16,
                           i_add, i_mul, fmadd_v, f_scale, f_sub, f_lane, fma_sv, stream_halves, stream_row)
 
@@ -50,8 +52,8 @@ def _pack_q8_0(xq, xd, n4, shift):
 
 @numba.njit(inline="always")
 def _tile_setup(w, xp, r0, r1, bsz, shift):
-    """A Q4_0/Q5_0 prompt product's start: columns, blocks, bytes a row, the tiles' regrouped
-    activations (_pack_q8_0) and the weight rows' block scales."""
+    """A Q4_0 / Q5_0 (or, on AVX-512, Q8_0) prompt product's start: columns, blocks, bytes a row, the
+    tiles' regrouped activations (_pack_q8_0) and the weight rows' block scales."""
     xq, xd, n4 = xp
     nb = xd.shape[1]
     xt, mt, st = _pack_q8_0(xq, xd, n4, shift)
@@ -61,7 +63,7 @@ def _tile_setup(w, xp, r0, r1, bsz, shift):
 def q0_matmat(mode, unpack, bits, bsz, shift):
     """Q4_0/Q5_0 prompt product over activations regrouped per tile of 8 columns (``unpack``: the
     block's unsigned quants; ``bits``: 4 or 5; ``shift``: log2 of the quant offset). On AVX-512
-    (VNNI) two columns of a row share a zmm register (`_q0_matmat_pairs`)."""
+    (VNNI) two columns of a row share a zmm register (`q0_matmat_pairs`)."""
     if mode == VNNI:
         return q0_matmat_pairs(unpack, _unpack_q45_x2(bits), bsz, shift)
     # ---- matmat: register tiles of 2 rows x 8 columns over activations regrouped per tile
