@@ -202,22 +202,6 @@ def q8_offset_x2(typingctx, w, o):
 
 
 @intrinsic
-def load_b64(typingctx, a, off):
-    """64 bytes at byte ``off`` of an int8 / uint8 array."""
-    _check_array(a, _BYTES)
-    sig = v64b(a, off)
-    return sig, lambda context, builder, sig, args: _arr_load(context, builder, sig, args, 0, _V64B)
-
-
-@intrinsic
-def load_i16(typingctx, a, off):
-    """16 int32 at element ``off`` of an int32 array."""
-    _check_array(a, (types.int32,))
-    sig = v16i(a, off)
-    return sig, lambda context, builder, sig, args: _arr_load(context, builder, sig, args, 0, _V16I)
-
-
-@intrinsic
 def dot_us16(typingctx, acc, a, b):
     """acc + the sums of 4 products of unsigned a and signed b bytes per int32 lane (vpdpbusd zmm)."""
     sig = v16i(acc, a, b)
@@ -365,6 +349,37 @@ def bf16_to_f32(typingctx, a, off):
 # ----------------------------------------------------------------------------- vector primitives
 def _arr_load(context, builder, sig, llargs, idx, vty):
     return builder.load(_ptr(context, builder, sig.args[idx], llargs[idx], llargs[idx + 1], vty), align=1)
+
+
+def _vector_load(name: str, vt: VecType, dtypes: tuple, doc: str):
+    """An intrinsic `name(a, off)`: one unaligned load of the vector type vt at element `off` of an
+    array of one of `dtypes` (a byte offset for byte arrays)."""
+    ll = _LL[vt.kind]
+
+    def load(typingctx, a, off):
+        _check_array(a, dtypes)
+        return vt(a, off), lambda context, builder, sig, args: _arr_load(context, builder, sig, args, 0, ll)
+    load.__name__ = load.__qualname__ = name
+    load.__doc__ = doc
+    return intrinsic(load)
+
+
+load_b32 = _vector_load("load_b32", v32b, _BYTES,
+                         "32 bytes at element offset ``off`` of a uint8/int8 array (unaligned).")
+load_i8 = _vector_load("load_i8", v8i, (types.int32,),
+                        "8 int32 at element offset ``off`` of an int32 array.")
+load_f32x8 = _vector_load("load_f32x8", v8f, _BYTES + (types.float32,),
+                           "8 float32 at element ``off`` of a float32 array, or at byte ``off`` of a uint8 array.")
+load_f32x16 = _vector_load("load_f32x16", v16f, (types.float32,),
+                            "16 float32 at element ``off`` of a float32 array (one zmm load on AVX-512).")
+load_b64 = _vector_load("load_b64", v64b, _BYTES,
+                         "64 bytes at byte ``off`` of an int8 / uint8 array.")
+load_i16 = _vector_load("load_i16", v16i, (types.int32,),
+                         "16 int32 at element ``off`` of an int32 array.")
+load_i32x4 = _vector_load("load_i32x4", v4i, (types.int32,),
+                           "4 int32 at element ``off`` of an int32 array.")
+load_f32x4 = _vector_load("load_f32x4", v4f, (types.float32,),
+                           "4 float32 at element ``off`` of a float32 array.")
 
 
 # Software prefetch for weight streams, measured on the EPYC host (one core, 64 MB from memory,
@@ -519,14 +534,6 @@ def prefetch_write_at(typingctx, addr):
 
 
 @intrinsic
-def load_b32(typingctx, a, off):
-    """32 bytes at element offset ``off`` of a uint8/int8 array (unaligned)."""
-    _check_array(a, _BYTES)
-    sig = v32b(a, off)
-    return sig, lambda context, builder, sig, args: _arr_load(context, builder, sig, args, 0, _V32B)
-
-
-@intrinsic
 def load_nib(typingctx, mode, a, off):
     """16 bytes at ``off`` -> 32 bytes: low nibbles (elements 0-15) then high nibbles (16-31)."""
     m = _mode(mode)
@@ -602,14 +609,6 @@ def i_zero(typingctx):
 def f_zero(typingctx):
     sig = v8f()
     return sig, lambda context, builder, sig, args: ir.Constant(_V8F, [0.0] * 8)
-
-
-@intrinsic
-def load_i8(typingctx, a, off):
-    """8 int32 at element offset ``off`` of an int32 array."""
-    _check_array(a, (types.int32,))
-    sig = v8i(a, off)
-    return sig, lambda context, builder, sig, args: _arr_load(context, builder, sig, args, 0, _V8I)
 
 
 @intrinsic
@@ -737,27 +736,11 @@ def fma_f(typingctx, acc, a, b):
 
 
 @intrinsic
-def load_f32x8(typingctx, a, off):
-    """8 float32 at element ``off`` of a float32 array, or at byte ``off`` of a uint8 array."""
-    _check_array(a, _BYTES + (types.float32,))
-    sig = v8f(a, off)
-    return sig, lambda context, builder, sig, args: _arr_load(context, builder, sig, args, 0, _V8F)
-
-
-@intrinsic
 def load_f16x8(typingctx, a, off):
     """8 halves at byte ``off`` of a uint8 array -> f32x8 (vcvtph2ps)."""
     _check_array(a, _BYTES)
     sig = v8f(a, off)
     return sig, lambda context, builder, sig, args: builder.fpext(_arr_load(context, builder, sig, args, 0, _V8H), _V8F)
-
-
-@intrinsic
-def load_f32x16(typingctx, a, off):
-    """16 float32 at element ``off`` of a float32 array (one zmm load on AVX-512)."""
-    _check_array(a, (types.float32,))
-    sig = v16f(a, off)
-    return sig, lambda context, builder, sig, args: _arr_load(context, builder, sig, args, 0, _V16F)
 
 
 @intrinsic
@@ -995,20 +978,6 @@ def reduce4(typingctx, a, b, c, d):
         return builder.add(sh(q, q, [0, 1, 2, 3]), sh(q, q, [4, 5, 6, 7]))
 
     return sig, cg
-
-
-@intrinsic
-def load_i32x4(typingctx, a, off):
-    _check_array(a, (types.int32,))
-    sig = v4i(a, off)
-    return sig, lambda context, builder, sig, args: _arr_load(context, builder, sig, args, 0, _V4I)
-
-
-@intrinsic
-def load_f32x4(typingctx, a, off):
-    _check_array(a, (types.float32,))
-    sig = v4f(a, off)
-    return sig, lambda context, builder, sig, args: _arr_load(context, builder, sig, args, 0, _V4F)
 
 
 @intrinsic

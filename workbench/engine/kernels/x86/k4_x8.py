@@ -25,7 +25,7 @@ import numpy as np
 from llvmlite import ir
 from numba.extending import intrinsic
 
-from ..intrinsics import (_BYTES, _V8I, _arr_load, _check_array, _splat, _to_i32, b_and, b_shr, bcast_b4, bcast_i32, dot_us, f_lane, f_scale,
+from ..intrinsics import (_BYTES, _V8I, _splat, _vector_load, _to_i32, b_and, b_shr, bcast_b4, bcast_i32, dot_us, f_lane, f_scale,
                           f_sub, f_zero, fmadd_v, i_add, i_mul, i_zero, load_b32, prefetch, prime_streams,
                           PREFETCH_BYTES, PREFETCH_NEAR, stream_halves, v8i)
 from ..jitcache import JIT as _NB
@@ -37,12 +37,7 @@ GROUP = 8 * 144  # one 8-row group's super-block record
 PREFETCH_SPAN = GROUP if PREFETCH_NEAR != PREFETCH_BYTES else 64
 
 
-@intrinsic
-def load_u32x8(typingctx, a, off):
-    """8 little-endian dwords at byte ``off`` of a uint8 array."""
-    _check_array(a, _BYTES)
-    sig = v8i(a, off)
-    return sig, lambda context, builder, sig, args: _arr_load(context, builder, sig, args, 0, _V8I)
+load_u32x8 = _vector_load("load_u32x8", v8i, _BYTES, "8 little-endian dwords at byte ``off`` of a uint8 array.")
 
 
 @intrinsic

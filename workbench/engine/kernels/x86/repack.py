@@ -218,8 +218,9 @@ def _unpack_q45_x2(bits):
 
 
 def q0_matmat_pairs(unpack, unpack2, bsz, shift):
-    """q0_matmat on AVX-512 (also Q8_0's, its quants offset by 128: `intrinsics.q8_offset`); unpack2:
-    a block's unsigned quants in both halves of a zmm register, unpack: in a ymm one. the same tiles of 2 rows x 8 columns, two columns of a row in one zmm
+    """q0_matmat on AVX-512 (also Q8_0's, its quants offset by 128: `intrinsics.q8_offset`; unpack2:
+    a block's unsigned quants in both halves of a zmm register, unpack: in a ymm one, for the
+    columns a tile leaves). The same tiles of 2 rows x 8 columns, two columns of a row in one zmm
     register (lanes 0-7 the first column's f32x8 chain, 8-15 the second's): a tile's two adjacent
     columns' activations, group sums and scales are 64 contiguous bytes each (_pack_q8_0, _pair_scales),
     and the dot, the conversion and the FMA are one instruction for both columns; the scale products
