@@ -64,6 +64,16 @@ PIECE_BYTES = 24 << 10
 # is at least TWO_STREAMS_MIN bytes (kernels.intrinsics.stream_halves), so a bigger first piece
 # streams more of a layer's small products that way (the pieces after it halve what is left)
 FIRST_PIECE = 0.75
+# A prompt's products when every worker reads every row (one node, or a copy per node): each
+# worker takes its share of the tokens, prepares those inputs itself and multiplies them by all
+# the rows, where a split of the rows left the input's preparation to the caller alone (serial:
+# 18 of a 356 ms prefill at 2 threads on the AMD EPYC host, the other worker waiting). Shares are
+# TOKEN_ALIGN-token multiples from the first token, the rest to the last worker, so every token sits
+# in the same column group of the kernels as in one call over all of them (llama.cpp's repacked
+# products take 4 columns at a time and the last ones alone: the same bits). Below TOKEN_SPLIT_MIN
+# tokens a worker the rows are split instead: each worker would read every weight for few tokens.
+TOKEN_SPLIT_MIN = 32
+TOKEN_ALIGN = 16
 EXPERT_ROWS = 32  # prompt: expert rows per piece, read once from memory for all of its tokens
 # one token: a worker's rows of an expert in pinned pieces of this many rows (a multiple of the
 # kernels' 8-row groups): the pieces a worker of the same node may take over at the end
@@ -330,6 +340,8 @@ class _Group:
     whole: list[tuple[int, np.ndarray, int, int]] | None
     small: bool  # below SPLIT_BYTES
     chunks: list[tuple[int, int]] | None  # row ranges dealt to workers, when all read `whole`
+    # per product, each worker's array when every worker's holds every row (a token split's)
+    everyone: list[list[np.ndarray]] | None = None
     job: Job | None = None  # the crew's job for one token (built on first use)
     runner: Callable | None = None  # compiled prepare + job for one token (None: not built yet)
     runner_lead: Callable | None = None  # the crew `lead` the runner was built around
@@ -660,10 +672,14 @@ class Runtime(AttentionPaths):
             shared = whole is not None and all(_same(arr, plan[0][0]) for plan in plans for arr, *_ in plan)
             nbytes = sum(w.info.nbytes for w in ws)
             rows = max(w.rows for w in ws)
+            everyone = None
+            if all(first == 0 and arr.shape[0] == w.rows for w, plan in zip(ws, plans) for arr, first, *_ in plan):
+                everyone = [[arr for arr, *_ in plan] for plan in plans]
             group = _Group(names, ws[0].ne0, [w.rows for w in ws], jobs,
                            [next(w.ggml_type for w, k in zip(ws, keys) if k == key) for key in prep],
                            whole, nbytes < SPLIT_BYTES,
-                           _chunks(rows, max(CHUNK_BYTES * rows // nbytes, 1), self.n_workers) if shared else None)
+                           _chunks(rows, max(CHUNK_BYTES * rows // nbytes, 1), self.n_workers) if shared else None,
+                           everyone)
             self._groups[names] = group
         return group
 
@@ -674,6 +690,9 @@ class Runtime(AttentionPaths):
             outs = self._one_token(group, x)
             if outs is not None:
                 return outs
+        outs = self._token_split(group, x, None)
+        if outs is not None:
+            return outs
         outs, xps = self._products(group, x)
         self._run(group, xps, outs, x.shape[0] == 1, None)
         return outs
@@ -692,16 +711,18 @@ class Runtime(AttentionPaths):
                 else:
                     ops.silu_mul(g, u, a)
                 return g, u, a
-        outs, xps = self._products(group, x)
-        g, u = outs
+        n, rows = x.shape[0], group.rows[0]
+        g, u = np.empty((n, rows), dtype=np.float32), np.empty((n, rows), dtype=np.float32)
         a = np.empty_like(g)
 
-        def finish(lo: int, hi: int) -> None:
+        def finish(t0: int, t1: int, lo: int, hi: int) -> None:
             if activation == "gelu":
-                ops.gelu_mul(g[:, lo:hi], u[:, lo:hi], a[:, lo:hi], ops.GELU_F16)
+                ops.gelu_mul(g[t0:t1, lo:hi], u[t0:t1, lo:hi], a[t0:t1, lo:hi], ops.GELU_F16)
             else:
-                ops.silu_mul(g[:, lo:hi], u[:, lo:hi], a[:, lo:hi])
-        self._run(group, xps, outs, x.shape[0] == 1, finish)
+                ops.silu_mul(g[t0:t1, lo:hi], u[t0:t1, lo:hi], a[t0:t1, lo:hi])
+        if self._token_split(group, x, finish, [g, u]) is None:
+            _, xps = self._products(group, x)
+            self._run(group, xps, [g, u], n == 1, lambda lo, hi: finish(0, n, lo, hi))
         return g, u, a
 
     def _token_runner(self, group: _Group) -> Callable | None:
@@ -800,6 +821,35 @@ class Runtime(AttentionPaths):
                 first=chain[0], last=chain[-1])
         per_kv[key] = _Cached(crew.lead, ready)
         return ready
+
+    def _token_split(self, group: _Group, x: np.ndarray, finish: Callable[[int, int, int, int], None] | None,
+                     outs: list[np.ndarray] | None = None) -> list[np.ndarray] | None:
+        """A prompt's products with the tokens shared out (see TOKEN_SPLIT_MIN): each worker
+        prepares its tokens' inputs and multiplies them by every row of its own arrays, then
+        `finish(t0, t1, 0, rows)` on its tokens. None (nothing computed) when the rows must be
+        split instead: one worker, too few tokens, or workers that hold only some rows."""
+        n, nw = x.shape[0], self.n_workers
+        if nw == 1 or n < TOKEN_SPLIT_MIN * nw or group.everyone is None:
+            return None
+        if x.shape[1] != group.ne0:
+            raise ValueError(f"input width {x.shape[1]} != row length {group.ne0}")
+        if outs is None:
+            outs = [np.empty((n, rows), dtype=np.float32) for rows in group.rows]
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        cut = [min(n, n * wk // nw // TOKEN_ALIGN * TOKEN_ALIGN) for wk in range(nw)] + [n]
+
+        def work(wk: int) -> None:
+            t0, t1 = cut[wk], cut[wk + 1]
+            if t1 <= t0:
+                return
+            xps = [kernels.prepare(t, x[t0:t1]) for t in group.prep_types]
+            for (qtype, _plan, p), arrs, out in zip(group.jobs, group.everyone, outs):
+                arr = arrs[wk]
+                kernels.matmat(qtype, arr, xps[p], out[t0:t1], 0, arr.shape[0])
+            if finish is not None:
+                finish(t0, t1, 0, group.rows[0])
+        self.each_worker(work)
+        return outs
 
     def _products(self, group: _Group, x: np.ndarray) -> tuple[list[np.ndarray], list[tuple]]:
         """Fresh outputs of a group, and its inputs prepared (once per distinct vec_dot type)."""

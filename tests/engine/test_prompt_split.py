@@ -1,0 +1,82 @@
+"""A prompt's products with the tokens shared out between workers (runtime.TOKEN_SPLIT_MIN).
+
+Each worker prepares its own tokens' inputs and multiplies them by every row; the result must be
+the bits one worker gives over all the tokens, whatever the token count (the repacked kernels take
+columns in groups, and the last ones alone), and the split must really run: each worker prepares
+a share of the tokens, none all of them.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from gguf_factory import TinySpec, write_tiny_model
+from workbench.engine import Engine, kernels, runtime
+from workbench.engine.engine import Placement
+
+QKV = ("blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight")
+GATE_UP = ("blk.1.ffn_gate.weight", "blk.1.ffn_up.weight")
+N_EMBD = TinySpec().n_embd
+
+
+@pytest.fixture(scope="module", params=[T.Q4_0, T.Q4_K, T.Q5_0, T.Q6_K])
+def engines(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp("split") / f"tiny-{request.param.name}.gguf"
+    write_tiny_model(path, TinySpec(arch="gemma3", qtype=request.param, n_layer=2, n_ctx=512))
+    one = Engine.load(str(path), placement=Placement(threads=1))
+    two = Engine.load(str(path), placement=Placement(threads=2))
+    yield one, two
+    one.close()
+    two.close()
+
+
+def _spy_prepare(monkeypatch) -> list[tuple[str, int]]:
+    """(thread name, tokens) of every 2-D input preparation from now on."""
+    seen: list[tuple[str, int]] = []
+    real = kernels.prepare
+
+    def prepare(t, x):
+        if x.ndim == 2:
+            seen.append((threading.current_thread().name, x.shape[0]))
+        return real(t, x)
+    monkeypatch.setattr(kernels, "prepare", prepare)
+    return seen
+
+
+@pytest.mark.parametrize("n", [64, 77, 130, 511])
+def test_token_split_gives_one_workers_bits(engines, n, monkeypatch):
+    one, two = engines
+    x = np.random.default_rng(n).standard_normal((n, N_EMBD), dtype=np.float32)
+    seen = _spy_prepare(monkeypatch)
+    got = two.rt.linear(x, QKV)
+    g2, u2, a2 = two.rt.gated(x, GATE_UP[0], GATE_UP[1], "gelu")
+    # both workers prepared a share, at a multiple of TOKEN_ALIGN from the first token
+    assert len({name for name, _ in seen}) == 2
+    shares = sorted({m for _, m in seen})
+    first = n // 2 // runtime.TOKEN_ALIGN * runtime.TOKEN_ALIGN
+    assert shares == sorted({first, n - first}) and max(shares) < n
+    monkeypatch.undo()
+    want = one.rt.linear(x, QKV)
+    g1, u1, a1 = one.rt.gated(x, GATE_UP[0], GATE_UP[1], "gelu")
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+    for a, b in ((g2, g1), (u2, u1), (a2, a1)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_few_tokens_split_the_rows(engines, monkeypatch):
+    """Below TOKEN_SPLIT_MIN tokens a worker, the caller prepares the whole input once (a row
+    split: each worker would otherwise read every weight for a few tokens); same bits."""
+    one, two = engines
+    n = runtime.TOKEN_SPLIT_MIN * 2 - 1
+    x = np.random.default_rng(1).standard_normal((n, N_EMBD), dtype=np.float32)
+    seen = _spy_prepare(monkeypatch)
+    got = two.rt.linear(x, QKV)
+    assert seen and all(m == n for _, m in seen)
+    monkeypatch.undo()
+    for a, b in zip(got, one.rt.linear(x, QKV)):
+        np.testing.assert_array_equal(a, b)
