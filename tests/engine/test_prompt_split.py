@@ -1,4 +1,5 @@
-"""A prompt's products with the tokens shared out between workers (runtime.TOKEN_SPLIT_MIN).
+"""How a prompt's work is cut: products with the tokens shared out between workers
+(runtime.TOKEN_SPLIT_MIN), and one worker's attention in pieces of rows (attention.SOLO_PIECE_BYTES).
 
 Each worker prepares its own tokens' inputs and multiplies them by every row; the result must be
 the bits one worker gives over all the tokens, whatever the token count (the repacked kernels take
@@ -80,3 +81,26 @@ def test_few_tokens_split_the_rows(engines, monkeypatch):
     monkeypatch.undo()
     for a, b in zip(got, one.rt.linear(x, QKV)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_one_worker_attends_in_pieces_with_the_same_bits(engines, monkeypatch):
+    """One worker takes a long prompt's attention in pieces of rows (attention.SOLO_PIECE_BYTES:
+    the whole prompt's scores ran from memory); the logits are those of one piece."""
+    from workbench.engine import attention
+    one, _ = engines
+    prompt = [2 + (i * 13) % 250 for i in range(200)]
+    calls: list[tuple[int, int]] = []
+    real = attention.softmax_stats
+
+    def stats(scores, *args):
+        calls.append(scores.shape[1])
+        return real(scores, *args)
+    monkeypatch.setattr(attention, "softmax_stats", stats)
+    monkeypatch.setattr(attention, "SOLO_PIECE_BYTES", 1)   # CAUSAL_ROWS rows a piece
+    pieces = one.new_session(512).eval(prompt)
+    assert calls and max(calls) == attention.CAUSAL_ROWS
+    calls.clear()
+    monkeypatch.setattr(attention, "SOLO_PIECE_BYTES", 1 << 40)   # the whole prompt at once
+    whole = one.new_session(512).eval(prompt)
+    assert max(calls) > attention.CAUSAL_ROWS
+    np.testing.assert_array_equal(pieces, whole)

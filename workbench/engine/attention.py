@@ -256,6 +256,9 @@ NO_ROWS = 1 << 62
 SPREAD_ATTENTION = 2048  # key slots x query rows above which attention is spread over the workers
 SKIP_SLID_VALUES = True  # decode: no value products for keys outside the sliding window
 CAUSAL_ROWS = 64  # prompt: query rows per attention piece (each piece stops at its last visible key)
+# prompt on one worker: rows a piece, CAUSAL_ROWS multiples whose scores take at most this many bytes
+# (Gemma 3 270M, one kv head, 512 tokens: 512 rows a piece; Qwen3-MoE's 4 kv heads: 128)
+SOLO_PIECE_BYTES = 1 << 20
 CREW_KEYS = 128  # key positions per chunk of a one-token attention's scores
 CREW_DIMS = 32   # value dimensions per chunk of its weighted sum
 
@@ -442,9 +445,11 @@ class AttentionPaths:
                         kernels.matmat(F16, values, (x,), out[a:b], 0, hdv)
 
         spread = sum(n_slots) * rows > SPREAD_ATTENTION
-        self._attention_pass(kv, rows, spread, scores_rows)
+        # one worker: pieces whose scores (f32, every kv head) fit in SOLO_PIECE_BYTES
+        solo = max(CAUSAL_ROWS, SOLO_PIECE_BYTES // (4 * n_kv * max(max(n_slots), 1)) // CAUSAL_ROWS * CAUSAL_ROWS)
+        self._attention_pass(kv, rows, spread, scores_rows, solo)
         merge_stats(mxs, sms, big_m, inv_l)
-        self._attention_pass(kv, rows, spread, values_rows)
+        self._attention_pass(kv, rows, spread, values_rows, solo)
         out = outs[0] if no == 1 else outs.sum(axis=0)
         return np.ascontiguousarray(out.reshape(n_kv, n, group, hdv).transpose(1, 0, 2, 3)).reshape(n, n_head, hdv)
 
@@ -506,12 +511,21 @@ class AttentionPaths:
                       for o, h, r in idx], *chunks(CREW_DIMS, hdv))
         return keys, values
 
-    def _attention_pass(self, kv: KVCache, rows: int, spread: bool, fn: Callable[[int, int, int], None]) -> None:
-        """fn(owner, r0, r1) over every owner's rows; spread: the owner's workers take turns at
-        pieces of CAUSAL_ROWS rows (later rows see more keys: taking turns keeps the work even)."""
-        if not spread or self.n_workers == 1:
+    def _attention_pass(self, kv: KVCache, rows: int, spread: bool, fn: Callable[[int, int, int], None],
+                        solo_rows: int = CAUSAL_ROWS) -> None:
+        """fn(owner, r0, r1) over every owner's rows; spread: in pieces of CAUSAL_ROWS rows, the
+        owner's workers taking turns (later rows see more keys: taking turns keeps the work even).
+        One worker takes `solo_rows` rows at a time: the whole prompt's scores and probabilities
+        at once (Qwen3-MoE shape, 512 tokens: 16 MB of each, 8 MB of f16 probabilities) ran from
+        memory, where a piece's stay in the caches (the same bits: each row's work is its own)."""
+        if not spread:
             for o in range(kv.n_workers):
                 fn(o, 0, rows)
+            return
+        if self.n_workers == 1:
+            for o in range(kv.n_workers):
+                for a in range(0, rows, solo_rows):
+                    fn(o, a, min(a + solo_rows, rows))
             return
         pieces = [(a, min(a + CAUSAL_ROWS, rows)) for a in range(0, rows, CAUSAL_ROWS)]
         shares = {w: [(o, a, b) for a, b in pieces[i::len(ws)]]
