@@ -500,7 +500,7 @@ def _emulate_f32(w, X, tiny):
     return np.stack([vec_dot_float(w, x, WIDE, f16=False) for x in X])
 
 
-@pytest.mark.parametrize("k,rows,n", [(256, 8, 1), (256, 8, 2), (256, 8, 13), (320, 12, 5), (272, 8, 1),
+@pytest.mark.parametrize("k,rows,n", [(256, 8, 1), (256, 8, 2), (256, 8, 13), (320, 12, 5), (272, 8, 1), (64, 16, 9),
                                       (272, 8, 3), (256, 6, 4)])
 def test_f32_follows_llama_cpp(path, k, rows, n):
     """F32 weights (a mixture of experts' router): one column ggml_vec_dot_f32, more llamafile's

@@ -80,6 +80,11 @@ def check_float_products(wide: bool) -> None:
         out3 = np.full(12, np.nan, np.float32)
         K.matvec(int(T.F32), w32.view(np.uint8), K.prepare(int(T.F32), X[0]), out3, 0, 12)
         assert np.array_equal(out3, vec_dot_float(w32, X[0], wide, f16=False)), k
+        out4 = np.full((5, 12), np.nan, np.float32)   # tinyBLAS's register tiles (rows % 4 == 0)
+        K.matmat(int(T.F32), w32.view(np.uint8), K.prepare(int(T.F32), X), out4, 0, 12)
+        want = tinyblas_float(w32, X, wide) if k % lanes == 0 else \
+            np.stack([vec_dot_float(w32, x, wide, f16=False) for x in X])
+        assert np.array_equal(out4, want), k
 
 
 def check_f16_heads(wide: bool) -> None:

@@ -370,8 +370,9 @@ load_i8 = _vector_load("load_i8", v8i, (types.int32,),
                         "8 int32 at element offset ``off`` of an int32 array.")
 load_f32x8 = _vector_load("load_f32x8", v8f, _BYTES + (types.float32,),
                            "8 float32 at element ``off`` of a float32 array, or at byte ``off`` of a uint8 array.")
-load_f32x16 = _vector_load("load_f32x16", v16f, (types.float32,),
-                            "16 float32 at element ``off`` of a float32 array (one zmm load on AVX-512).")
+load_f32x16 = _vector_load("load_f32x16", v16f, _BYTES + (types.float32,),
+                            "16 float32 at element ``off`` of a float32 array, or at byte ``off`` of a uint8 "
+                            "array (one zmm load on AVX-512).")
 load_b64 = _vector_load("load_b64", v64b, _BYTES,
                          "64 bytes at byte ``off`` of an int8 / uint8 array.")
 load_i16 = _vector_load("load_i16", v16i, (types.int32,),

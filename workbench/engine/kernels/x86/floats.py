@@ -230,49 +230,8 @@ def _orders512():
     # one dot at a time waits on that latency, 12 independent ones keep both FMA pipes busy, and each
     # row's 16 values are converted once for 4 columns.  Per output the lanes, their order and the
     # final tree are dot16_tiny's, so results do not depend on the tiling.
-    @numba.njit(inline="always")
-    def f16_tile(w, o, rb, x, xo, k, out, c, i):
-        """out[c:c+4, i:i+3] (weights rows i.. at byte o, stride rb; x columns c.. at xo, stride k)."""
-        p0 = f_zero16(); p1 = f_zero16(); p2 = f_zero16(); p3 = f_zero16()
-        q0 = f_zero16(); q1 = f_zero16(); q2 = f_zero16(); q3 = f_zero16()
-        s0 = f_zero16(); s1 = f_zero16(); s2 = f_zero16(); s3 = f_zero16()
-        j = 0
-        while j < k:
-            wp = o + j * 2
-            a = load_f16x16(w, wp); b = load_f16x16(w, wp + rb); d = load_f16x16(w, wp + 2 * rb)
-            x0 = xo + j
-            xv = load_f32x16(x, x0)
-            p0 = fma_f(p0, a, xv); q0 = fma_f(q0, b, xv); s0 = fma_f(s0, d, xv)
-            xv = load_f32x16(x, x0 + k)
-            p1 = fma_f(p1, a, xv); q1 = fma_f(q1, b, xv); s1 = fma_f(s1, d, xv)
-            xv = load_f32x16(x, x0 + 2 * k)
-            p2 = fma_f(p2, a, xv); q2 = fma_f(q2, b, xv); s2 = fma_f(s2, d, xv)
-            xv = load_f32x16(x, x0 + 3 * k)
-            p3 = fma_f(p3, a, xv); q3 = fma_f(q3, b, xv); s3 = fma_f(s3, d, xv)
-            j += 16
-        out[c, i] = hsum16(p0); out[c + 1, i] = hsum16(p1)
-        out[c + 2, i] = hsum16(p2); out[c + 3, i] = hsum16(p3)
-        out[c, i + 1] = hsum16(q0); out[c + 1, i + 1] = hsum16(q1)
-        out[c + 2, i + 1] = hsum16(q2); out[c + 3, i + 1] = hsum16(q3)
-        out[c, i + 2] = hsum16(s0); out[c + 1, i + 2] = hsum16(s1)
-        out[c + 2, i + 2] = hsum16(s2); out[c + 3, i + 2] = hsum16(s3)
-
-    @numba.njit(inline="always")
-    def f16_row4(w, o, x, xo, k, out, c, i):
-        """out[c:c+4, i]: one row against 4 columns."""
-        p0 = f_zero16(); p1 = f_zero16(); p2 = f_zero16(); p3 = f_zero16()
-        j = 0
-        while j < k:
-            a = load_f16x16(w, o + j * 2)
-            p0 = fma_f(p0, a, load_f32x16(x, xo + j))
-            p1 = fma_f(p1, a, load_f32x16(x, xo + j + k))
-            p2 = fma_f(p2, a, load_f32x16(x, xo + j + 2 * k))
-            p3 = fma_f(p3, a, load_f32x16(x, xo + j + 3 * k))
-            j += 16
-        out[c, i] = hsum16(p0); out[c + 1, i] = hsum16(p1)
-        out[c + 2, i] = hsum16(p2); out[c + 3, i] = hsum16(p3)
-
-    f16_matmat = _f16_matmat(16, dot16_vec, f16_tile, f16_row4, dot16_tiny)
+    f16_tile, f16_row4 = _tiles(load_f16x16, 2, load_f32x16, f_zero16, hsum16, 16)
+    f16_matmat = _tiled_matmat(16, dot16_vec, f16_tile, f16_row4, dot16_tiny)
     f16_matvec = _rowwise(dot16_vec, dot16_tiny)[0]
 
     @numba.njit(inline="always")
@@ -348,7 +307,12 @@ def _orders512():
             j += 16
         return red16(lo, hi)
 
-    f32_matvec, f32_matmat = _f32_products(16, dot32_vec, dot32_tiny)
+    # the tiles of F16's tinyBLAS: each output's lanes, order and tree are dot32_tiny's (its f32x8
+    # halves are a zmm register's), so an output does not depend on the tiling. One dot at a time
+    # waited on its FMAs' latency: the router of a mixture of experts (512 tokens x 1024 x 128 a
+    # layer) ran 40-45 GFLOP/s, 3 % of the synthetic Qwen3-MoE prefill
+    f32_tile, f32_row4 = _tiles(load_f32x16, 4, load_f32x16, f_zero16, hsum16, 16)
+    f32_matvec, f32_matmat = _f32_products(16, dot32_vec, dot32_tiny, f32_tile, f32_row4)
     return f16_matvec, f16_matmat, f32_matvec, f32_matmat, f16_heads
 
 
@@ -428,34 +392,11 @@ def _orders256():
             j += 8
         return hsum_f(a)
 
-    # F16 matmat in register tiles of 3 rows x 4 columns (attention in prefill), as the 16-lane
-    # tiles above: per output the lanes, their order and the final tree are dot_tiny's
-    @numba.njit(inline="always")
-    def f16_tile(w, o, rb, x, xo, k, out, c, i):
-        p0 = f_zero(); p1 = f_zero(); p2 = f_zero(); p3 = f_zero()
-        q0 = f_zero(); q1 = f_zero(); q2 = f_zero(); q3 = f_zero()
-        s0 = f_zero(); s1 = f_zero(); s2 = f_zero(); s3 = f_zero()
-        j = 0
-        while j < k:
-            wp = o + j * 2
-            a = load_f16x8(w, wp); b = load_f16x8(w, wp + rb); d = load_f16x8(w, wp + 2 * rb)
-            x0 = load_f32x8(x, xo + j); x1 = load_f32x8(x, xo + j + k)
-            x2 = load_f32x8(x, xo + j + 2 * k); x3 = load_f32x8(x, xo + j + 3 * k)
-            p0 = fma_f(p0, a, x0); q0 = fma_f(q0, b, x0); s0 = fma_f(s0, d, x0)
-            p1 = fma_f(p1, a, x1); q1 = fma_f(q1, b, x1); s1 = fma_f(s1, d, x1)
-            p2 = fma_f(p2, a, x2); q2 = fma_f(q2, b, x2); s2 = fma_f(s2, d, x2)
-            p3 = fma_f(p3, a, x3); q3 = fma_f(q3, b, x3); s3 = fma_f(s3, d, x3)
-            j += 8
-        out[c, i] = hsum_f(p0); out[c + 1, i] = hsum_f(p1); out[c + 2, i] = hsum_f(p2); out[c + 3, i] = hsum_f(p3)
-        out[c, i + 1] = hsum_f(q0); out[c + 1, i + 1] = hsum_f(q1)
-        out[c + 2, i + 1] = hsum_f(q2); out[c + 3, i + 1] = hsum_f(q3)
-        out[c, i + 2] = hsum_f(s0); out[c + 1, i + 2] = hsum_f(s1)
-        out[c + 2, i + 2] = hsum_f(s2); out[c + 3, i + 2] = hsum_f(s3)
-
-    @numba.njit(inline="always")
-    def f16_row4(w, o, x, xo, k, out, c, i):
-        for cc in range(c, c + 4):
-            out[cc, i] = dot_tiny(w, o, x, xo + (cc - c) * k, k, 2)
+    # F16 and F32 matmat in register tiles of 3 rows x 4 columns (attention in prefill; a mixture of
+    # experts' router), as the 16-lane tiles above: per output the lanes, their order and the final
+    # tree are dot_tiny's
+    f16_tile, f16_row4 = _tiles(load_f16x8, 2, load_f32x8, f_zero, hsum_f, 8)
+    f32_tile, f32_row4 = _tiles(load_f32x8, 4, load_f32x8, f_zero, hsum_f, 8)
 
     @numba.njit(inline="always")
     def dot16_tiny(w, o, x, xo, k):
@@ -491,8 +432,8 @@ def _orders256():
         out[oo + os] = dot16_vec(w, o, x, xo + xs, k)
 
     f16_matvec = _rowwise(dot16_vec, dot16_tiny)[0]
-    f16_matmat = _f16_matmat(8, dot16_vec, f16_tile, f16_row4, dot16_tiny)
-    f32_matvec, f32_matmat = _f32_products(8, dot32_vec, dot32_tiny)
+    f16_matmat = _tiled_matmat(8, dot16_vec, f16_tile, f16_row4, dot16_tiny)
+    f32_matvec, f32_matmat = _f32_products(8, dot32_vec, dot32_tiny, f32_tile, f32_row4)
     return f16_matvec, f16_matmat, f32_matvec, f32_matmat, _heads(dot16_heads4, dot16_pair, dot16_pf, 32, HEADS_MAX_K)
 
 
@@ -506,8 +447,8 @@ def _bf16_at(w, off):
     return bf16_to_f32(w, off)
 
 
-def _f16_matmat(lanes: int, dot_vec, tile, row4, tiny):
-    """F16 matmat in register tiles of 3 rows x 4 columns when k % lanes == 0 (tinyBLAS<lanes>), one
+def _tiled_matmat(lanes: int, dot_vec, tile, row4, tiny):
+    """F16 (and AVX-512 F32) matmat in register tiles of 3 rows x 4 columns when k % lanes == 0 (tinyBLAS<lanes>), one
     row against 4 columns for the rows left, `tiny` for the columns left; else `dot_vec` per output."""
     @numba.njit(**_NB)
     def f16_matmat(w, xp, out, r0, r1):
@@ -538,18 +479,75 @@ def _f16_matmat(lanes: int, dot_vec, tile, row4, tiny):
     return f16_matmat
 
 
-def _f32_products(lanes: int, dot_vec, tiny):
+def _tiles(load, es: int, load_x, zero, hsum, lanes: int):
+    """(tile, row4) of a tinyBLAS over float weights of `es` bytes, `lanes` at a time (`load` reads
+    the weights' lanes at a byte offset, `load_x` the inputs', `zero` / `hsum` make and reduce an
+    accumulator): register tiles of 3 rows x 4 columns, 12 independent accumulators (one dot at a
+    time waits on the FMA latency, 12 keep both FMA pipes busy; each row's values loaded -- and for
+    F16 converted -- once for 4 columns), and one row against 4 columns. Per output the lanes,
+    their order and the final tree are those of one dot of `lanes` lanes (`hsum`)."""
+    @numba.njit(inline="always")
+    def tile(w, o, rb, x, xo, k, out, c, i):
+        """out[c:c+4, i:i+3] (weights rows i.. at byte o, stride rb; x columns c.. at xo, stride k)."""
+        p0 = zero(); p1 = zero(); p2 = zero(); p3 = zero()
+        q0 = zero(); q1 = zero(); q2 = zero(); q3 = zero()
+        s0 = zero(); s1 = zero(); s2 = zero(); s3 = zero()
+        j = 0
+        while j < k:
+            wp = o + j * es
+            a = load(w, wp); b = load(w, wp + rb); d = load(w, wp + 2 * rb)
+            x0 = xo + j
+            xv = load_x(x, x0)
+            p0 = fma_f(p0, a, xv); q0 = fma_f(q0, b, xv); s0 = fma_f(s0, d, xv)
+            xv = load_x(x, x0 + k)
+            p1 = fma_f(p1, a, xv); q1 = fma_f(q1, b, xv); s1 = fma_f(s1, d, xv)
+            xv = load_x(x, x0 + 2 * k)
+            p2 = fma_f(p2, a, xv); q2 = fma_f(q2, b, xv); s2 = fma_f(s2, d, xv)
+            xv = load_x(x, x0 + 3 * k)
+            p3 = fma_f(p3, a, xv); q3 = fma_f(q3, b, xv); s3 = fma_f(s3, d, xv)
+            j += lanes
+        out[c, i] = hsum(p0); out[c + 1, i] = hsum(p1)
+        out[c + 2, i] = hsum(p2); out[c + 3, i] = hsum(p3)
+        out[c, i + 1] = hsum(q0); out[c + 1, i + 1] = hsum(q1)
+        out[c + 2, i + 1] = hsum(q2); out[c + 3, i + 1] = hsum(q3)
+        out[c, i + 2] = hsum(s0); out[c + 1, i + 2] = hsum(s1)
+        out[c + 2, i + 2] = hsum(s2); out[c + 3, i + 2] = hsum(s3)
+
+    @numba.njit(inline="always")
+    def row4(w, o, x, xo, k, out, c, i):
+        """out[c:c+4, i]: one row against 4 columns."""
+        p0 = zero(); p1 = zero(); p2 = zero(); p3 = zero()
+        j = 0
+        while j < k:
+            a = load(w, o + j * es)
+            p0 = fma_f(p0, a, load_x(x, xo + j))
+            p1 = fma_f(p1, a, load_x(x, xo + j + k))
+            p2 = fma_f(p2, a, load_x(x, xo + j + 2 * k))
+            p3 = fma_f(p3, a, load_x(x, xo + j + 3 * k))
+            j += lanes
+        out[c, i] = hsum(p0); out[c + 1, i] = hsum(p1)
+        out[c + 2, i] = hsum(p2); out[c + 3, i] = hsum(p3)
+
+    return tile, row4
+
+
+def _f32_products(lanes: int, dot_vec, tiny, tile=None, row4=None):
     """F32 matvec (ggml_vec_dot_f32) and matmat: tinyBLAS<lanes> when there are >= 2 columns, k % lanes
-    == 0 and the weight's rows % 4 == 0, else vec_dot per column."""
+    == 0 and the weight's rows % 4 == 0 (in `tile` / `row4` register tiles when given, else `tiny`
+    per output), else vec_dot per column."""
     f32_matvec = _rowwise(dot_vec, tiny)[0]
+    tiled = None if tile is None else _tiled_matmat(lanes, dot_vec, tile, row4, tiny)
 
     @numba.njit(**_NB)
     def f32_matmat(w, xp, out, r0, r1):
         x = xp[0]
         n, k = x.shape
+        use_tiny = n >= 2 and k % lanes == 0 and w.shape[0] % 4 == 0
+        if use_tiny and tiled is not None:
+            tiled(w, xp, out, r0, r1)
+            return
         xf = x.reshape(-1)
         rb = w.shape[1]
-        use_tiny = n >= 2 and k % lanes == 0 and w.shape[0] % 4 == 0
         for i in range(r0, r1):
             for c in range(n):
                 if use_tiny:
