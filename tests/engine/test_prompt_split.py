@@ -104,3 +104,20 @@ def test_one_worker_attends_in_pieces_with_the_same_bits(engines, monkeypatch):
     whole = one.new_session(512).eval(prompt)
     assert max(calls) > attention.CAUSAL_ROWS
     np.testing.assert_array_equal(pieces, whole)
+
+
+def test_a_long_prompt_gives_one_workers_logits(engines):
+    """A whole forward pass with the tokens shared out (the residual adds and norms around the
+    FFN, QK-norm and RoPE after the q/k/v products run token-wise on each worker's rows): on one
+    node the logits are one worker's to the bit, and a taps run's (every step whole) too."""
+    one, two = engines
+    prompt = [2 + (i * 7) % 250 for i in range(150)]
+    want = one.new_session(512).eval(prompt)
+    np.testing.assert_array_equal(two.new_session(512).eval(prompt), want)
+    seen: list[str] = []
+    two.model.tap = lambda name, value: seen.append(name)
+    try:
+        np.testing.assert_array_equal(two.new_session(512).eval(prompt), want)
+    finally:
+        two.model.tap = None
+    assert "Qrope-0" in seen and "ffn_norm-1" in seen

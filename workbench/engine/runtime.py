@@ -221,6 +221,17 @@ def warm_expert_loops(types: Iterable[int]) -> None:
                         np.arange(2, dtype=np.int64), 0, 0, 8, EXPERT_ROWS, 8)
 
 
+Before = Callable[[int, int], None]                   # token-wise work on an input's rows [t0, t1)
+After = Callable[[int, int, list], None]               # ... on the outputs' rows [t0, t1)
+
+
+def _then(after: After | None, outs: list[np.ndarray]) -> list[np.ndarray]:
+    """`after` over every row of the outputs (a path that does not share out the tokens)."""
+    if after is not None and outs and outs[0].shape[0]:
+        after(0, outs[0].shape[0], outs)
+    return outs
+
+
 def _chunks(rows: int, min_rows: int, n_workers: int) -> list[tuple[int, int]]:
     """Row ranges, each a share of what is left (guided scheduling): big first, small at the end,
     so that workers finish together however fast each one runs."""
@@ -683,25 +694,32 @@ class Runtime(AttentionPaths):
             self._groups[names] = group
         return group
 
-    def linear(self, x: np.ndarray, names: tuple[str, ...]) -> list[np.ndarray]:
-        """x [n, k] times each named weight; all products run in one dispatch over the workers."""
+    def linear(self, x: np.ndarray, names: tuple[str, ...], after: After | None = None) -> list[np.ndarray]:
+        """x [n, k] times each named weight; all products run in one dispatch over the workers.
+        after(t0, t1, outs): token-wise work on the outputs' rows [t0, t1), run by the worker that
+        computed them when the tokens are shared out (`_token_split`), else once over all rows."""
         group = self._group(names)
         if x.shape[0] == 1 and self._crewing:
             outs = self._one_token(group, x)
             if outs is not None:
-                return outs
-        outs = self._token_split(group, x, None)
+                return _then(after, outs)
+        outs = self._token_split(group, x, None, after=after)
         if outs is not None:
             return outs
         outs, xps = self._products(group, x)
         self._run(group, xps, outs, x.shape[0] == 1, None)
-        return outs
+        return _then(after, outs)
 
-    def gated(self, x: np.ndarray, gate: str, up: str, activation: str
+    def gated(self, x: np.ndarray, gate: str, up: str, activation: str, before: Before | None = None
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """act(x W_gate) * (x W_up), the activation applied by each worker to the rows it computed."""
+        """act(x W_gate) * (x W_up), the activation applied by each worker to the rows it computed.
+        before(t0, t1): token-wise work that writes x's rows [t0, t1) (x C-contiguous float32), run
+        by the worker that multiplies them when the tokens are shared out, else once first."""
         group = self._group((gate, up))
-        if x.shape[0] == 1 and self._crewing:
+        n, rows = x.shape[0], group.rows[0]
+        if n == 1 and self._crewing:
+            if before is not None:
+                before(0, 1)
             outs = self._one_token(group, x)
             if outs is not None:
                 g, u = outs
@@ -711,7 +729,7 @@ class Runtime(AttentionPaths):
                 else:
                     ops.silu_mul(g, u, a)
                 return g, u, a
-        n, rows = x.shape[0], group.rows[0]
+            before = None   # done
         g, u = np.empty((n, rows), dtype=np.float32), np.empty((n, rows), dtype=np.float32)
         a = np.empty_like(g)
 
@@ -720,7 +738,9 @@ class Runtime(AttentionPaths):
                 ops.gelu_mul(g[t0:t1, lo:hi], u[t0:t1, lo:hi], a[t0:t1, lo:hi], ops.GELU_F16)
             else:
                 ops.silu_mul(g[t0:t1, lo:hi], u[t0:t1, lo:hi], a[t0:t1, lo:hi])
-        if self._token_split(group, x, finish, [g, u]) is None:
+        if self._token_split(group, x, finish, [g, u], before=before) is None:
+            if before is not None:
+                before(0, n)
             _, xps = self._products(group, x)
             self._run(group, xps, [g, u], n == 1, lambda lo, hi: finish(0, n, lo, hi))
         return g, u, a
@@ -823,11 +843,13 @@ class Runtime(AttentionPaths):
         return ready
 
     def _token_split(self, group: _Group, x: np.ndarray, finish: Callable[[int, int, int, int], None] | None,
-                     outs: list[np.ndarray] | None = None) -> list[np.ndarray] | None:
-        """A prompt's products with the tokens shared out (see TOKEN_SPLIT_MIN): each worker
-        prepares its tokens' inputs and multiplies them by every row of its own arrays, then
-        `finish(t0, t1, 0, rows)` on its tokens. None (nothing computed) when the rows must be
-        split instead: one worker, too few tokens, or workers that hold only some rows."""
+                     outs: list[np.ndarray] | None = None, before: Before | None = None,
+                     after: After | None = None) -> list[np.ndarray] | None:
+        """A prompt's products with the tokens shared out (see TOKEN_SPLIT_MIN): each worker runs
+        `before(t0, t1)` on its tokens, prepares their inputs and multiplies them by every row of
+        its own arrays, then `finish(t0, t1, 0, rows)` and `after(t0, t1, outs)`. None (nothing
+        computed or called) when the rows must be split instead: one worker, too few tokens, or
+        workers that hold only some rows."""
         n, nw = x.shape[0], self.n_workers
         if nw == 1 or n < TOKEN_SPLIT_MIN * nw or group.everyone is None:
             return None
@@ -835,19 +857,26 @@ class Runtime(AttentionPaths):
             raise ValueError(f"input width {x.shape[1]} != row length {group.ne0}")
         if outs is None:
             outs = [np.empty((n, rows), dtype=np.float32) for rows in group.rows]
-        x = np.ascontiguousarray(x, dtype=np.float32)
+        if before is None:
+            x = np.ascontiguousarray(x, dtype=np.float32)
+        elif not (x.flags.c_contiguous and x.dtype == np.float32):
+            raise ValueError("an input written by `before` must be C-contiguous float32")
         cut = [min(n, n * wk // nw // TOKEN_ALIGN * TOKEN_ALIGN) for wk in range(nw)] + [n]
 
         def work(wk: int) -> None:
             t0, t1 = cut[wk], cut[wk + 1]
             if t1 <= t0:
                 return
+            if before is not None:
+                before(t0, t1)
             xps = [kernels.prepare(t, x[t0:t1]) for t in group.prep_types]
             for (qtype, _plan, p), arrs, out in zip(group.jobs, group.everyone, outs):
                 arr = arrs[wk]
                 kernels.matmat(qtype, arr, xps[p], out[t0:t1], 0, arr.shape[0])
             if finish is not None:
                 finish(t0, t1, 0, group.rows[0])
+            if after is not None:
+                after(t0, t1, outs)
         self.each_worker(work)
         return outs
 

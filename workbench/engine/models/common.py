@@ -123,9 +123,20 @@ class Decoder:
     def add_norm(self, x: np.ndarray, y: np.ndarray, post: str | None, name: str) -> np.ndarray:
         """x += y (normalised by the `post` norm first, when given); returns norm `name` of x."""
         out = np.empty_like(x)
-        ops.add_rms_norm(x, y, self.rt.f32(post) if post else _EMPTY, post is not None,
-                         self.rt.f32(name), self.cfg.norm_eps, out)
+        self.add_norm_rows(x, y, post, name, out)(0, x.shape[0])
         return out
+
+    def add_norm_rows(self, x: np.ndarray, y: np.ndarray | None, post: str | None, name: str,
+                      out: np.ndarray) -> Callable:
+        """`add_norm` of rows [t0, t1) into out, as f(t0, t1) (y given) or f(t0, t1, y) (y the
+        rows' own array, e.g. a product's output): each row's steps are its own."""
+        pw = self.rt.f32(post) if post else _EMPTY
+        nw, eps, flag = self.rt.f32(name), self.cfg.norm_eps, post is not None
+
+        def rows(t0: int, t1: int, y_: np.ndarray | None = None) -> None:
+            yy = y if y_ is None else y_
+            ops.add_rms_norm(x[t0:t1], yy[t0:t1], pw, flag, nw, eps, out[t0:t1])
+        return rows
 
     def forward(self, ids: np.ndarray, kv: KVCache, logit_rows: slice | None = None) -> np.ndarray:
         """Run tokens `ids` at positions kv.n.. and return logits for `logit_rows` (default: last)."""
@@ -239,26 +250,37 @@ class Decoder:
                                    eps=c.norm_eps, rope=cs, neox=c.rope_neox, prescale=self.prescale_query)
             if o is not None:
                 return o
-        q, k, v = rt.linear(h, names)
-        for y, b in zip((q, k, v), biases):
-            if b.size:
-                y += b
+        def qk(t0: int, t1: int, outs: list) -> None:
+            """Token-wise after the products (biases, QK-norms, RoPE, the query's scale), on the
+            rows of the worker that computed them (`Runtime.linear`); taps see each step whole."""
+            q, k, v = (y[t0:t1] for y in outs)
+            for y, b in zip((q, k, v), biases):
+                if b.size:
+                    y += b
+            m = t1 - t0
+            q = q.reshape(m, c.n_head, c.head_dim)
+            k = k.reshape(m, c.n_head_kv, c.head_dim)
+            if qn.size:
+                ops.rms_norm_heads(q, qn, c.norm_eps)
+                ops.rms_norm_heads(k, kn, c.norm_eps)
+            if tap:
+                tap(f"Qcur_normed-{il}", q); tap(f"Kcur_normed-{il}", k)
+                tap(f"Vcur-{il}", v.reshape(m, c.n_head_kv, c.head_dim_v))
+            ops.apply_rope(q, cs[t0:t1], c.rope_neox)
+            ops.apply_rope(k, cs[t0:t1], c.rope_neox)
+            if self.prescale_query:
+                q *= np.float32(c.attn_scale)
+            if tap:
+                tap(f"Qrope-{il}", q); tap(f"Krope-{il}", k)
+        if tap:  # whole tensors for the taps: the products first, then the steps after them
+            q, k, v = rt.linear(h, names)
+            qk(0, n, [q, k, v])
+        else:
+            q, k, v = rt.linear(h, names, after=qk)
         q = q.reshape(n, c.n_head, c.head_dim)
         k = k.reshape(n, c.n_head_kv, c.head_dim)
         v = v.reshape(n, c.n_head_kv, c.head_dim_v)
-        if qn.size:
-            ops.rms_norm_heads(q, qn, c.norm_eps)
-            ops.rms_norm_heads(k, kn, c.norm_eps)
-        if tap:
-            tap(f"Qcur_normed-{il}", q); tap(f"Kcur_normed-{il}", k); tap(f"Vcur-{il}", v)
-        ops.apply_rope(q, cs, c.rope_neox)
-        ops.apply_rope(k, cs, c.rope_neox)
-        scale = c.attn_scale
-        if self.prescale_query:
-            q *= np.float32(scale)
-            scale = 1.0
-        if tap:
-            tap(f"Qrope-{il}", q); tap(f"Krope-{il}", k)
+        scale = 1.0 if self.prescale_query else c.attn_scale
         att = rt.attention(q, k, v, kv, il - lo, pos0, c.layer_window(il), scale)  # stage KV: its own layers
         (o,) = rt.linear(att.reshape(n, -1), (p + "attn_output.weight",))
         if biases[3].size:
@@ -418,17 +440,25 @@ class Decoder:
         rt, tap = self.rt, self.tap
         p = f"blk.{il}."
         x, o = self._attention_step(il, x, h, kv, pos0, positions, ropes, logit_rows)
-        h = self.add_norm(x, o, p + "post_attention_norm.weight" if self.post_norms else None,
-                          p + "ffn_norm.weight")
+        post_a = p + "post_attention_norm.weight" if self.post_norms else None
+        post_f = p + "post_ffw_norm.weight" if self.post_norms else None
         if tap:
+            h = self.add_norm(x, o, post_a, p + "ffn_norm.weight")
             tap(f"sa_out-{il}", x); tap(f"ffn_norm-{il}", h)
-        g, u, a = rt.gated(h, p + "ffn_gate.weight", p + "ffn_up.weight", self.activation)
-        (d,) = rt.linear(a, (p + "ffn_down.weight",))
-        if tap:
+            g, u, a = rt.gated(h, p + "ffn_gate.weight", p + "ffn_up.weight", self.activation)
+            (d,) = rt.linear(a, (p + "ffn_down.weight",))
             tap(f"ffn_gate-{il}", g); tap(f"ffn_up-{il}", u); tap(f"ffn_geglu-{il}", a)
             tap(f"ffn_out-{il}", d)
-        # the next layer's input norm (the output norm after the last layer) with the add
-        h = self.add_norm(x, d, p + "post_ffw_norm.weight" if self.post_norms else None, self._next_norm(il))
-        if tap:
+            # the next layer's input norm (the output norm after the last layer) with the add
+            h = self.add_norm(x, d, post_f, self._next_norm(il))
             tap(f"l_out-{il}", x)
-        return x, h
+            return x, h
+        # the same steps, the residual adds and norms token-wise on the rows of the worker that
+        # multiplies them (`Runtime.gated`'s before, `linear`'s after)
+        h = np.empty_like(x)
+        h_next = np.empty_like(x)
+        _, _, a = rt.gated(h, p + "ffn_gate.weight", p + "ffn_up.weight", self.activation,
+                           before=self.add_norm_rows(x, o, post_a, p + "ffn_norm.weight", h))
+        add_next = self.add_norm_rows(x, None, post_f, self._next_norm(il), h_next)
+        rt.linear(a, (p + "ffn_down.weight",), after=lambda t0, t1, outs: add_next(t0, t1, outs[0]))
+        return x, h_next
