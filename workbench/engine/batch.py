@@ -38,7 +38,7 @@ from .engine import ContextFullError, DoneEvent, Engine, Session, Stats
 from .attention import one_token_attention, token_window
 from .crew import Crew
 from .kv_cache import KVCache
-from .runtime import USE_CREW
+from .runtime import USE_CREW, After, Before, then_after
 from .generation import Generation, Picker
 from .sampling import SamplingParams
 from ..errors import UserError
@@ -160,10 +160,14 @@ class _BatchRuntime:
     def __getattr__(self, name: str):
         return getattr(self._rt, name)
 
-    def linear(self, x: np.ndarray, names: tuple[str, ...]) -> list[np.ndarray]:
+    def linear(self, x: np.ndarray, names: tuple[str, ...], after: After | None = None) -> list[np.ndarray]:
         """A group of products over n rows in one hand-off to the workers (each its own row
         range of each weight, as `Runtime.linear`): Q8_0 by q8_0_rows_vnni on VNNI; other types
-        by matmat in pieces of at most `exact_columns` rows (F16: matvec row by row)."""
+        by matmat in pieces of at most `exact_columns` rows (F16: matvec row by row); then
+        `after` over all rows (`Runtime.linear`'s token-wise work)."""
+        return then_after(after, self._linear(x, names))
+
+    def _linear(self, x: np.ndarray, names: tuple[str, ...]) -> list[np.ndarray]:
         rt = self._rt
         x = np.ascontiguousarray(x)
         n = x.shape[0]
@@ -205,8 +209,10 @@ class _BatchRuntime:
         rt.each_worker(work)
         return outs
 
-    def gated(self, x: np.ndarray, gate: str, up: str, activation: str):
-        g, u = self.linear(x, (gate, up))
+    def gated(self, x: np.ndarray, gate: str, up: str, activation: str, before: Before | None = None):
+        if before is not None:
+            before(0, x.shape[0])
+        g, u = self._linear(x, (gate, up))
         a = np.empty_like(g)
         if activation == "gelu":
             ops.gelu_mul(g, u, a, ops.GELU_F16)

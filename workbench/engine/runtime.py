@@ -225,7 +225,7 @@ Before = Callable[[int, int], None]                   # token-wise work on an in
 After = Callable[[int, int, list], None]               # ... on the outputs' rows [t0, t1)
 
 
-def _then(after: After | None, outs: list[np.ndarray]) -> list[np.ndarray]:
+def then_after(after: After | None, outs: list[np.ndarray]) -> list[np.ndarray]:
     """`after` over every row of the outputs (a path that does not share out the tokens)."""
     if after is not None and outs and outs[0].shape[0]:
         after(0, outs[0].shape[0], outs)
@@ -702,13 +702,13 @@ class Runtime(AttentionPaths):
         if x.shape[0] == 1 and self._crewing:
             outs = self._one_token(group, x)
             if outs is not None:
-                return _then(after, outs)
+                return then_after(after, outs)
         outs = self._token_split(group, x, None, after=after)
         if outs is not None:
             return outs
         outs, xps = self._products(group, x)
         self._run(group, xps, outs, x.shape[0] == 1, None)
-        return _then(after, outs)
+        return then_after(after, outs)
 
     def gated(self, x: np.ndarray, gate: str, up: str, activation: str, before: Before | None = None
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
