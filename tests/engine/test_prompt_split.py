@@ -121,3 +121,27 @@ def test_a_long_prompt_gives_one_workers_logits(engines):
     finally:
         two.model.tap = None
     assert "Qrope-0" in seen and "ffn_norm-1" in seen
+
+
+def test_a_mixture_of_experts_prompt_gives_one_workers_logits(tmp_path, monkeypatch):
+    """The experts' activation and the weighted sum over the routed slots run on the workers'
+    token shares (`Runtime.token_rows`): the logits of a long prompt are one worker's to the bit."""
+    path = tmp_path / "tiny-moe.gguf"
+    write_tiny_model(path, TinySpec(arch="qwen3moe", qtype=T.Q8_0, n_expert=8, n_expert_used=3, n_ff=256,
+                                    n_ff_exp=128, n_ctx=512))
+    one = Engine.load(str(path), placement=Placement(threads=1))
+    two = Engine.load(str(path), placement=Placement(threads=2))
+    try:
+        calls: list[tuple[int, int]] = []
+        real = two.rt.token_rows
+
+        def token_rows(n, fn):
+            calls.append(n)
+            return real(n, fn)
+        monkeypatch.setattr(two.rt, "token_rows", token_rows)
+        prompt = [2 + (i * 11) % 250 for i in range(150)]
+        np.testing.assert_array_equal(two.new_session(512).eval(prompt), one.new_session(512).eval(prompt))
+        assert calls and max(calls) == 150
+    finally:
+        one.close()
+        two.close()

@@ -207,6 +207,22 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> 
 
 
 @nb.njit(**_JIT)
+def weighted_slots(d: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
+    """out[t] = d[t, 0] * w[t, 0] + d[t, 1] * w[t, 1] + ... in slot order, each product and sum
+    rounded to f32 (llama.cpp's ggml_mul then chain of ggml_add over a MoE layer's routed slots):
+    d [n, k, e], w [n, k], out [n, e]. One pass, where NumPy's expression made 2 k temporaries."""
+    n, k, e = d.shape
+    for t in range(n):
+        w0 = w[t, 0]
+        for j in range(e):
+            out[t, j] = d[t, 0, j] * w0
+        for i in range(1, k):
+            wi = w[t, i]
+            for j in range(e):
+                out[t, j] = out[t, j] + d[t, i, j] * wi
+
+
+@nb.njit(**_JIT)
 def add_rms_norm(x: np.ndarray, y: np.ndarray, y_weight: np.ndarray, norm_y: bool, weight: np.ndarray,
                  eps: float, out: np.ndarray) -> None:
     """x += rms_norm(y) * y_weight (x += y unless norm_y); out = rms_norm(x) * weight (may be empty).

@@ -225,6 +225,11 @@ Before = Callable[[int, int], None]                   # token-wise work on an in
 After = Callable[[int, int, list], None]               # ... on the outputs' rows [t0, t1)
 
 
+def _token_cuts(n: int, n_workers: int) -> list[int]:
+    """Where each worker's share of n tokens starts (and n): TOKEN_ALIGN multiples, the rest last."""
+    return [min(n, n * wk // n_workers // TOKEN_ALIGN * TOKEN_ALIGN) for wk in range(n_workers)] + [n]
+
+
 def then_after(after: After | None, outs: list[np.ndarray]) -> list[np.ndarray]:
     """`after` over every row of the outputs (a path that does not share out the tokens)."""
     if after is not None and outs and outs[0].shape[0]:
@@ -861,7 +866,7 @@ class Runtime(AttentionPaths):
             x = np.ascontiguousarray(x, dtype=np.float32)
         elif not (x.flags.c_contiguous and x.dtype == np.float32):
             raise ValueError("an input written by `before` must be C-contiguous float32")
-        cut = [min(n, n * wk // nw // TOKEN_ALIGN * TOKEN_ALIGN) for wk in range(nw)] + [n]
+        cut = _token_cuts(n, nw)
 
         def work(wk: int) -> None:
             t0, t1 = cut[wk], cut[wk + 1]
@@ -1039,18 +1044,32 @@ class Runtime(AttentionPaths):
         else:
             g, u = self._expert_products((gate, up), x, groups, n * k)
         a = np.empty_like(g)
-        if activation == "gelu":
-            ops.gelu_mul(g, u, a, ops.GELU_F16)
-        else:
-            ops.silu_mul(g, u, a)
+
+        def act(t0: int, t1: int) -> None:   # rows are (token, slot) pairs: token t's at t * k
+            r0, r1 = t0 * k, t1 * k
+            if activation == "gelu":
+                ops.gelu_mul(g[r0:r1], u[r0:r1], a[r0:r1], ops.GELU_F16)
+            else:
+                ops.silu_mul(g[r0:r1], u[r0:r1], a[r0:r1])
+        self.token_rows(n, act)
         # down reads the activation row of each (token, slot)
         (d,) = self._expert_products((down,), a, [(e, rows, rows) for e, _, rows in groups], n * k)
         d = d.reshape(n, k, -1)
-        w = np.asarray(weights, dtype=np.float32)
-        out = d[:, 0] * w[:, 0:1]
-        for i in range(1, k):
-            out = out + d[:, i] * w[:, i:i + 1]
-        return np.ascontiguousarray(out, dtype=np.float32)
+        w = np.ascontiguousarray(weights, dtype=np.float32)
+        out = np.empty((n, d.shape[2]), dtype=np.float32)
+        self.token_rows(n, lambda t0, t1: ops.weighted_slots(d[t0:t1], w[t0:t1], out[t0:t1]))
+        return out
+
+    def token_rows(self, n: int, fn: Before) -> None:
+        """fn(t0, t1) over tokens [0, n): the workers' token shares (as `_token_split`'s) when the
+        tokens are many and every worker may run it, else fn(0, n) here (token-wise work between a
+        prompt's products: one hand-off costs ~40 us)."""
+        nw = self.n_workers
+        if nw == 1 or n < TOKEN_SPLIT_MIN * nw:
+            fn(0, n)
+            return
+        cut = _token_cuts(n, nw)
+        self.each_worker(lambda wk: fn(cut[wk], cut[wk + 1]) if cut[wk + 1] > cut[wk] else None)
 
     def _token_experts(self, gate: str | None, up: str, down: str) -> tuple | None:
         """The compiled one-token expert FFN of these tensors with the crew (`expert_token`) and its
