@@ -33,6 +33,8 @@ from .kernels.llama_build import SOFTMAX_LANES
 F16 = 1
 
 from .kernels.jitcache import JIT as _JIT
+# a max reduction LLVM vectorizes only without NaNs and signed zeros (`_scale_max`)
+_JIT_MAX = dict(_JIT, fastmath={"nnan", "nsz"})
 
 
 @nb.njit(**_JIT)
@@ -52,26 +54,60 @@ def softmax_stats(scores: np.ndarray, w: int, n_workers: int, n_slots: int, pos0
     for h in range(n_kv):
         for r in range(rows):
             p = pos0 + (row0 + r) // group
-            m = np.float32(-np.inf)
-            for j in range(n_slots):
-                g = slot_position(j, w, n_workers)
-                v = np.float32(-np.inf)
-                if g <= p and (window <= 0 or p - g < window):
-                    v = scores[h, r, j] * sc
-                    if v > m:
-                        m = v
-                scores[h, r, j] = v
-                row[j] = v
+            if n_workers == 1:
+                # one owner: slot j holds position j, the visible keys are the slots [lo, hi):
+                # the rest masked without a test per slot, the visible ones scaled and their
+                # max taken in a vectorized loop (`_scale_max`)
+                lo = max(p - window + 1, 0) if window > 0 else 0
+                hi = max(min(p + 1, n_slots), lo)
+                for j in range(lo):
+                    scores[h, r, j] = -np.inf
+                    row[j] = -np.inf
+                for j in range(hi, n_slots):
+                    scores[h, r, j] = -np.inf
+                    row[j] = -np.inf
+                m = _scale_max(scores[h, r], row, lo, hi, sc)
+            else:
+                lo, hi = n_slots, 0
+                m = np.float32(-np.inf)
+                for j in range(n_slots):
+                    g = slot_position(j, w, n_workers)
+                    v = np.float32(-np.inf)
+                    if g <= p and (window <= 0 or p - g < window):
+                        v = scores[h, r, j] * sc
+                        if v > m:
+                            m = v
+                        lo = min(lo, j)
+                        hi = j + 1
+                    scores[h, r, j] = v
+                    row[j] = v
             # as ggml_vec_soft_max_f32: exps (ggml_v_expf) of 16 (AVX2 build: 8) positions at a
             # time (a block of slots holds whole aligned groups of them) summed in float32 by the
-            # build's tree (_mm512_reduce_add_ps or the 256-bit one), each group sum added in float64
+            # build's tree (_mm512_reduce_add_ps or the 256-bit one), each group sum added in float64;
+            # the exps of the visible slots only (a masked slot's is 0: causal rows mask half)
             s = 0.0
             if m > -np.inf:
-                _exps(row, n_slots, m, ex)
+                ex[:lo] = 0.0
+                ex[hi:] = 0.0
+                _exps(row[lo:hi], hi - lo, m, ex[lo:hi])
                 for j0 in range(0, n16, lanes):
                     s += np.float64(softmax_group_sum(ex, j0))
             mx[h, r] = m
             sm[h, r] = s
+
+
+@nb.njit(**_JIT_MAX)
+def _scale_max(scores: np.ndarray, row: np.ndarray, lo: int, hi: int, sc: np.float32) -> np.float32:
+    """scores[j] *= sc (also into row) for j in [lo, hi), and their max (-inf: none). The max of
+    finite scores whatever the order of comparisons (the flags let LLVM vectorize the reduction;
+    the sign of a zero max does not change x - max)."""
+    m = np.float32(-np.inf)
+    for j in range(lo, hi):
+        v = scores[j] * sc
+        scores[j] = v
+        row[j] = v
+        m = v if v > m else m
+    return m
 
 
 @nb.njit(**_JIT)
