@@ -213,16 +213,22 @@ def dot_us16(typingctx, acc, a, b):
     return sig, cg
 
 
-@intrinsic
-def fmadd_iv(typingctx, acc, v, s):
-    """acc + f32(v) * s per lane (f32x16, fused; s an f32x16)."""
-    sig = v16f(acc, v, s)
+def _fma_int(name: str, vt: VecType, doc: str):
+    """An intrinsic `name(acc, v, s)`: acc + f32(v) * s per lane, fused, in the float vector type
+    vt (v the int32 lanes of the same count, s a vector of vt)."""
+    ll = _LL[vt.kind]
 
-    def cg(context, builder, sig, args):
-        f = _fn(builder, "llvm.fma.v16f32", _V16F, [_V16F, _V16F, _V16F])
-        return builder.call(f, [builder.sitofp(args[1], _V16F), args[2], args[0]])
+    def fma(typingctx, acc, v, s):
+        def cg(context, builder, sig, args):
+            f = _fn(builder, f"llvm.fma.v{ll.count}f32", ll, [ll, ll, ll])
+            return builder.call(f, [builder.sitofp(args[1], ll), args[2], args[0]])
+        return vt(acc, v, s), cg
+    fma.__name__ = fma.__qualname__ = name
+    fma.__doc__ = doc
+    return intrinsic(fma)
 
-    return sig, cg
+
+fmadd_iv = _fma_int("fmadd_iv", v16f, "acc + f32(v) * s per lane (f32x16, fused; s an f32x16).")
 
 
 @intrinsic
@@ -1007,16 +1013,7 @@ def f4_scale(typingctx, v, s):
     return sig, lambda context, builder, sig, args: builder.fmul(_splat(builder, args[1], _V4F), args[0])
 
 
-@intrinsic
-def fma4_i(typingctx, acc, v, s):
-    """acc + f32(v) * s per lane, fused (s an f32x4)."""
-    sig = v4f(acc, v, s)
-
-    def cg(context, builder, sig, args):
-        f = _fn(builder, "llvm.fma.v4f32", _V4F, [_V4F, _V4F, _V4F])
-        return builder.call(f, [builder.sitofp(args[1], _V4F), args[2], args[0]])
-
-    return sig, cg
+fma4_i = _fma_int("fma4_i", v4f, "acc + f32(v) * s per lane, fused (s an f32x4).")
 
 
 @intrinsic
