@@ -442,23 +442,18 @@ class Decoder:
         x, o = self._attention_step(il, x, h, kv, pos0, positions, ropes, logit_rows)
         post_a = p + "post_attention_norm.weight" if self.post_norms else None
         post_f = p + "post_ffw_norm.weight" if self.post_norms else None
-        if tap:
-            h = self.add_norm(x, o, post_a, p + "ffn_norm.weight")
-            tap(f"sa_out-{il}", x); tap(f"ffn_norm-{il}", h)
-            g, u, a = rt.gated(h, p + "ffn_gate.weight", p + "ffn_up.weight", self.activation)
-            (d,) = rt.linear(a, (p + "ffn_down.weight",))
-            tap(f"ffn_gate-{il}", g); tap(f"ffn_up-{il}", u); tap(f"ffn_geglu-{il}", a)
-            tap(f"ffn_out-{il}", d)
-            # the next layer's input norm (the output norm after the last layer) with the add
-            h = self.add_norm(x, d, post_f, self._next_norm(il))
-            tap(f"l_out-{il}", x)
-            return x, h
-        # the same steps, the residual adds and norms token-wise on the rows of the worker that
-        # multiplies them (`Runtime.gated`'s before, `linear`'s after)
+        # the residual adds and norms token-wise on the rows of the worker that multiplies them
+        # (`Runtime.gated`'s before, `linear`'s after): x holds the attention's add once gated
+        # returns, the FFN's once down does
         h = np.empty_like(x)
-        h_next = np.empty_like(x)
-        _, _, a = rt.gated(h, p + "ffn_gate.weight", p + "ffn_up.weight", self.activation,
+        h_next = np.empty_like(x)   # the next layer's input norm (the output norm after the last)
+        g, u, a = rt.gated(h, p + "ffn_gate.weight", p + "ffn_up.weight", self.activation,
                            before=self.add_norm_rows(x, o, post_a, p + "ffn_norm.weight", h))
+        if tap:
+            tap(f"sa_out-{il}", x); tap(f"ffn_norm-{il}", h)
+            tap(f"ffn_gate-{il}", g); tap(f"ffn_up-{il}", u); tap(f"ffn_geglu-{il}", a)
         add_next = self.add_norm_rows(x, None, post_f, self._next_norm(il), h_next)
-        rt.linear(a, (p + "ffn_down.weight",), after=lambda t0, t1, outs: add_next(t0, t1, outs[0]))
+        (d,) = rt.linear(a, (p + "ffn_down.weight",), after=lambda t0, t1, outs: add_next(t0, t1, outs[0]))
+        if tap:
+            tap(f"ffn_out-{il}", d); tap(f"l_out-{il}", x)
         return x, h_next
