@@ -58,7 +58,7 @@ def softmax_stats(scores: np.ndarray, w: int, n_workers: int, n_slots: int, pos0
                 # one owner: slot j holds position j, the visible keys are the slots [lo, hi):
                 # the rest masked without a test per slot, the visible ones scaled and their
                 # max taken in a vectorized loop (`_scale_max`)
-                lo = max(p - window + 1, 0) if window > 0 else 0
+                lo = min(max(p - window + 1, 0), n_slots) if window > 0 else 0
                 hi = max(min(p + 1, n_slots), lo)
                 for j in range(lo):
                     scores[h, r, j] = -np.inf
