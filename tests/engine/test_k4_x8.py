@@ -85,6 +85,30 @@ def test_columns_kernel_is_the_gemv_per_column(path, n):
         assert np.isnan(out[:, :r0]).all() and np.isnan(out[:, r1:]).all()
 
 
+@pytest.mark.parametrize("path", [p for p in SIMD_PATHS if p in MODES])
+@pytest.mark.parametrize("n", [1, 3, 4, 5, 8, 11])
+def test_dense_prompt_kernel_is_the_gemm_order(path, n):
+    """A dense weight's prompt product over the x8 layout (llama.cpp's repacked mul_mat): the
+    columns [0, n - n % 4) in ggml_gemm_q4_K_8x8_q8_K's order (an FMA per pair of sub-blocks), the
+    rest in the gemv's; equal to the file layout's matmat to the bit, for ranges that cut groups."""
+    rows, k = 40, 768
+    w = weights(T.Q4_K, rows, k, seed=31 + n)
+    xp = K.prepare(Q4_K, np.stack([_x(k, 7 + j) for j in range(n)]))
+    n_gemm = n - n % 4
+    ref = emulate_q4_K(w, xp[0], xp[1], n_gemm)
+    x8 = w.copy()
+    k4_x8.repack_rows(x8, 0, rows)
+    gemm = k4_x8.gemv_x8_cols(MODES[path], gemm=True)
+    for r0, r1 in [(0, rows), (3, 37), (8, 16), (13, 14)]:
+        out = np.full((n, rows), np.nan, f32)
+        gemm(x8, xp, out, r0, r1)
+        np.testing.assert_array_equal(out[:, r0:r1], ref[:, r0:r1], err_msg=f"rows {r0}..{r1}")
+        assert np.isnan(out[:, :r0]).all() and np.isnan(out[:, r1:]).all()
+    if n_gemm and n % 4:   # the two orders differ somewhere: the gemm tiles are not the gemv's
+        gemv = emulate_q4_K(w, xp[0], xp[1], 0)
+        assert not np.array_equal(ref[:n_gemm], gemv[:n_gemm])
+
+
 def test_engine_type_dispatch_and_dequantization():
     """Through the kernel tables (kernels.Q4_K_X8): matvec over a range that cuts groups, mul_mat_id,
     and dequantized rows equal Q4_K's on the GGUF bytes."""
@@ -103,6 +127,10 @@ def test_engine_type_dispatch_and_dequantization():
     want, got = np.zeros((5, rows), f32), np.zeros((5, rows), f32)
     K.mul_mat_id_kernel(Q4_K)(w, X, want, 0, rows, rows)
     K.mul_mat_id_kernel(K.Q4_K_X8)(x8, X, got, 0, rows, rows)
+    np.testing.assert_array_equal(got, want)
+    want, got = np.zeros((5, rows), f32), np.zeros((5, rows), f32)   # a dense weight's prompt product
+    K.matmat(Q4_K, w, X, want, 0, rows)
+    K.matmat(K.Q4_K_X8, x8, X, got, 0, rows)
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(K.dequantize_rows(K.Q4_K_X8, x8, 3, 19), K.dequantize_rows(Q4_K, w, 3, 19))
     assert not np.array_equal(x8, w)  # dequantizing left x8 as it was (packed)

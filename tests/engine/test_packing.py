@@ -1,9 +1,9 @@
-"""Expert tensors kept in llama.cpp's repacked Q4_K layout (`engine.packing`, `kernels.x86.k4_x8`).
+"""Weights kept in llama.cpp's repacked Q4_K layout (`engine.packing`, `kernels.x86.k4_x8`).
 
-The engine repacks a MoE model's Q4_K expert tensors in place after loading; prompt and decode must
-give the same logits to the bit as with the file's layout, in every weights mode, across live
-switches of mode and thread count, and a placement that could cut an 8-row group keeps the file's
-layout."""
+The engine repacks a model's Q4_K weight matrices (a MoE model's experts, and the dense matrices of
+any model; not the token embeddings) in place after loading; prompt and decode must give the same
+logits to the bit as with the file's layout, in every weights mode, across live switches of mode
+and thread count, and a placement that could cut an 8-row group keeps the file's layout."""
 from __future__ import annotations
 
 import numpy as np
@@ -36,6 +36,20 @@ def q4k_moe(tmp_path_factory):
     return str(path)
 
 
+@pytest.fixture(scope="module")
+def q4k_dense(tmp_path_factory):
+    """A dense model of Q4_K matrices (all rows in whole 8-row groups) and Q4_K token embeddings."""
+    path = tmp_path_factory.mktemp("packing") / "dense-q4k.gguf"
+    write_tiny_model(path, TinySpec(arch="llama", qtype=T.Q4_K, n_embd=256, n_ff=512, n_layer=2, tied=False,
+                                    seed=5))
+    return str(path)
+
+
+@pytest.fixture(params=["q4k_moe", "q4k_dense"])
+def model(request):
+    return request.getfixturevalue(request.param)
+
+
 def _logits(eng: Engine, n: int = 8) -> list[np.ndarray]:
     """Every prompt position's logits (the experts' prompt product), then n decoded tokens'."""
     s = eng.new_session(64)
@@ -57,8 +71,11 @@ def _reference(path: str, monkeypatch) -> list[np.ndarray]:
             eng.close()
 
 
-def _exps(eng: Engine) -> list[str]:
-    return sorted(n for n in eng.gguf.tensors if n.endswith("_exps.weight"))
+def _matrices(eng: Engine) -> list[str]:
+    """The Q4_K tensors the engine packs: experts and 2-D weights in whole 8-row groups, not the
+    token embeddings (the dense model's output matrix, 290 rows, stays in the file's layout)."""
+    return sorted(n for n, t in eng.gguf.tensors.items() if t.ggml_type == int(T.Q4_K) and "embd" not in n
+                  and (len(t.shape) == 2 or n.endswith("_exps.weight")) and t.shape[1] % 8 == 0)
 
 
 def _file_bytes(eng: Engine, name: str) -> np.ndarray:
@@ -69,11 +86,13 @@ def _file_bytes(eng: Engine, name: str) -> np.ndarray:
 
 
 def _assert_packed(eng: Engine) -> None:
-    """Every expert tensor is packed, and every copy in memory holds the file's bytes repacked."""
-    assert eng.rt.packed == {n: kernels.Q4_K_X8 for n in _exps(eng)}
-    for name in _exps(eng):
+    """Every Q4_K weight matrix (experts included) is packed, and every copy in memory holds the
+    file's bytes repacked."""
+    assert eng.rt.packed == {n: kernels.Q4_K_X8 for n in _matrices(eng)}
+    for name in _matrices(eng):
         assert eng.rt.weights[name].ggml_type == kernels.Q4_K_X8
-        per = eng.gguf.tensors[name].rows // eng.gguf.tensors[name].shape[2]
+        shape = eng.gguf.tensors[name].shape
+        per = eng.gguf.tensors[name].rows // (shape[2] if len(shape) == 3 else 1)
         want = _file_bytes(eng, name).reshape(-1, per, eng.gguf.tensors[name].row_bytes)
         for view, first, g0, _node in eng.layout.copies(name):
             for e in range(view.shape[0]):
@@ -85,11 +104,12 @@ def _assert_packed(eng: Engine) -> None:
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_packed_experts_give_the_same_logits(q4k_moe, threads, monkeypatch):
-    ref = _reference(q4k_moe, monkeypatch)
-    eng = Engine.load(q4k_moe, placement=Placement(threads=threads))
+def test_packed_weights_give_the_same_logits(model, threads, monkeypatch):
+    ref = _reference(model, monkeypatch)
+    eng = Engine.load(model, placement=Placement(threads=threads))
     try:
         _assert_packed(eng)
+        assert "token_embd.weight" not in eng.rt.packed
         got = _logits(eng)
     finally:
         eng.close()
@@ -98,19 +118,20 @@ def test_packed_experts_give_the_same_logits(q4k_moe, threads, monkeypatch):
         assert np.array_equal(a, b)
 
 
-def test_packed_experts_in_every_mode_and_across_live_switches(q4k_moe, monkeypatch):
-    ref = _reference(q4k_moe, monkeypatch)
-    for mode in ("slice", "experts", "mirror", "interleave"):
-        eng = Engine.load(q4k_moe, placement=Placement(weights=mode, threads=2))
+def test_packed_weights_in_every_mode_and_across_live_switches(model, monkeypatch):
+    ref = _reference(model, monkeypatch)
+    moe = model.endswith("moe-q4k.gguf")   # (the "experts" mode needs routed experts)
+    for mode in ("slice", "experts", "mirror", "interleave") if moe else ("slice", "mirror", "interleave"):
+        eng = Engine.load(model, placement=Placement(weights=mode, threads=2))
         try:
             _assert_packed(eng)
             assert all(np.array_equal(a, b) for a, b in zip(_logits(eng, 4), ref)), mode
         finally:
             eng.close()
-    eng = Engine.load(q4k_moe, placement=Placement(threads=2))
+    eng = Engine.load(model, placement=Placement(threads=2))
     try:
-        for step in (dict(weights="experts"), dict(threads=1), dict(weights="slice", threads=2),
-                     dict(weights="mirror"), dict(weights="none", threads=1)):
+        for step in (dict(weights="experts" if moe else "interleave"), dict(threads=1),
+                     dict(weights="slice", threads=2), dict(weights="mirror"), dict(weights="none", threads=1)):
             eng.switch(**step)
             _assert_packed(eng)
             assert all(np.array_equal(a, b) for a, b in zip(_logits(eng, 4), ref)), step
@@ -129,7 +150,7 @@ def test_a_switch_that_could_cut_groups_unpacks_first(q4k_moe, monkeypatch):
         monkeypatch.setattr(packing, "packable", lambda name, info, n: None if n == 1 else real(name, info, n))
         eng.switch(threads=1)
         assert eng.rt.packed == {} and all(w.ggml_type != kernels.Q4_K_X8 for w in eng.rt.weights.values())
-        for name in _exps(eng):
+        for name in _matrices(eng):
             assert np.array_equal(eng.layout.full_array(name), _file_bytes(eng, name))
         assert all(np.array_equal(a, b) for a, b in zip(_logits(eng, 4), ref))
         eng.switch(threads=2)
@@ -140,8 +161,10 @@ def test_a_switch_that_could_cut_groups_unpacks_first(q4k_moe, monkeypatch):
 
 
 def _info(name: str, qtype: int, per: int, n_exp: int = 4, k: int = 256) -> TensorInfo:
+    """A tensor of n_exp experts of `per` rows (n_exp 0: a 2-D weight of `per` rows)."""
     rb = kernels.row_bytes(qtype, k)
-    return TensorInfo(name=name, shape=(k, per, n_exp), ggml_type=qtype, offset=0, nbytes=rb * per * n_exp)
+    shape = (k, per, n_exp) if n_exp else (k, per)
+    return TensorInfo(name=name, shape=shape, ggml_type=qtype, offset=0, nbytes=rb * per * max(n_exp, 1))
 
 
 def test_which_tensors_are_packed(monkeypatch):
@@ -152,6 +175,12 @@ def test_which_tensors_are_packed(monkeypatch):
     assert packing.packable(up, _info(up, q4k, 260), 1) is None       # rows not in whole groups
     assert packing.packable(up, _info(up, int(T.Q8_0), 256), 1) is None
     assert packing.packable("blk.0.attn_k_b.weight", _info("blk.0.attn_k_b.weight", q4k, 256), 1) is None
+    dense = "blk.0.attn_output.weight"   # 2-D weights: the same rules on their rows
+    assert packing.packable(dense, _info(dense, q4k, 256, n_exp=0), 32) == kernels.Q4_K_X8
+    assert packing.packable(dense, _info(dense, q4k, 256, n_exp=0), 33) is None
+    assert packing.packable(dense, _info(dense, q4k, 260, n_exp=0), 1) is None
+    assert packing.packable("token_embd.weight", _info("token_embd.weight", q4k, 256, n_exp=0), 1) is None
+    assert packing.packable("output.weight", _info("output.weight", q4k, 256, n_exp=0), 1) == kernels.Q4_K_X8
     monkeypatch.setattr(packing, "REPACK", "0")
     assert packing.packable(up, _info(up, q4k, 256), 1) is None
 

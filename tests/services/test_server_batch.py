@@ -31,11 +31,21 @@ def _weights(t: T, rows: int = 40, k: int = 512) -> np.ndarray:
     return np.ascontiguousarray(data).reshape(rows, -1)
 
 
-@pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
+PACKED = [int(T.Q4_K)] if K.packed_type(int(T.Q4_K)) is not None else []
+
+
+@pytest.mark.parametrize("t", ALL_TYPES + [K.Q4_K_X8] * bool(PACKED),
+                         ids=lambda t: T(t).name if t in set(T) else K.TYPE_NAMES[t])
 def test_exact_columns_table(t):
     """matmat of up to exact_columns() rows gives each row matvec's bits; the table's limits are
-    needed (one more row changes the numbers), so a batch cut by it keeps one-token numbers."""
-    w = _weights(t)
+    needed (one more row changes the numbers), so a batch cut by it keeps one-token numbers.
+    Q4_K_x8: the engine's repacked Q4_K (a dense weight's prompt tiles are llama.cpp's gemm)."""
+    if t == K.Q4_K_X8:
+        from workbench.engine.kernels.x86.k4_x8 import repack_rows
+        w = _weights(T.Q4_K)
+        repack_rows(w, 0, w.shape[0])
+    else:
+        w = _weights(t)
     rows = w.shape[0]
     X = np.random.default_rng(7).standard_normal((N_MAX, 512)).astype(np.float32)
     ref = np.empty((N_MAX, rows), np.float32)
@@ -47,9 +57,10 @@ def test_exact_columns_table(t):
         out = np.empty((n, rows), np.float32)
         K.matmat(int(t), w, K.prepare(int(t), X[:n]), out, 0, rows)
         same.append(np.array_equal(out, ref[:n]))
-    assert all(same[:min(limit, N_MAX)]), f"{t.name}: matmat differs from matvec within the limit {limit}"
+    name = K.TYPE_NAMES[int(t)]
+    assert all(same[:min(limit, N_MAX)]), f"{name}: matmat differs from matvec within the limit {limit}"
     if int(t) in EXACT_COLUMNS and K.kernel_path() != "portable":  # the limits are the SIMD tiles'
-        assert not same[limit], f"{t.name}: the limit {limit} is not needed"
+        assert not same[limit], f"{name}: the limit {limit} is not needed"
 
 
 @pytest.mark.parametrize("path", K.available_paths())

@@ -186,10 +186,10 @@ def precompile_kernels(g: GGUFFile, progress: ProgressFn | None = None) -> None:
     (done/total steps)."""
     mats = {t.ggml_type for t in g.tensors.values() if len(t.shape) >= 2} | {kernels.F16}
     deq = {t.ggml_type for name, t in g.tensors.items() if len(t.shape) < 2 or name == "token_embd.weight"}
-    experts = sorted({t.ggml_type for t in g.tensors.values() if len(t.shape) >= 3})
-    packed = packing.packed_types(g.tensors)  # expert tensors the engine may keep repacked
+    experts = {t.ggml_type for t in g.tensors.values() if len(t.shape) >= 3}
+    packed = packing.packed_types(g.tensors)  # layouts the engine may keep weights in
     mats |= packed
-    experts = sorted(set(experts) | packed)
+    experts = sorted(experts | packing.packed_types({n: t for n, t in g.tensors.items() if len(t.shape) >= 3}))
     report = None
     if progress:
         def report(done: int, total: int, name: str) -> None:
@@ -294,7 +294,7 @@ class Engine:
             layout = execute_weights(plan, pool, progress, hugetlb_kb=placement.hugepages_kb)
             layout.load(path, {name: (t.path or path, t.offset) for name, t in g.tensors.items()}, progress)
             compiling.join()
-            # Q4_K experts into llama.cpp's repacked layout, in place (kernels of the layout were
+            # Q4_K weights into llama.cpp's repacked layout, in place (kernels of the layout were
             # compiled with the model's own)
             packed = packing.apply(layout, pool, {}, packing.wanted(g.tensors, len(pool.workers)), progress)
             rt = Runtime(g, layout, pool, row_split, packed)

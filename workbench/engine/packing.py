@@ -1,14 +1,18 @@
-"""Expert weights kept in a faster byte layout than the file's, decided per tensor and placement.
+"""Weights kept in a faster byte layout than the file's, decided per tensor and placement.
 
 llama.cpp's CPU backend repacks Q4_K weights on x86 into 8-row interleaved blocks
-(block_q4_Kx8) and runs its own gemv over them. The engine keeps the routed experts' Q4_K tensors
-(`*_exps.weight`) in that layout too (`kernels.x86.k4_x8`): the same bytes per 8-row group, so a
-placement that moves whole groups moves it unchanged, and the decode kernel has no shuffles or
-horizontal sums (26 -> 41 GB/s in cache, 20-24 -> 23-28 GB/s from memory on the EPYC host,
-`benchmarks/q4k_repack_probe.py`). Outputs are the same to the bit as on the file's layout.
+(block_q4_Kx8) and runs its own gemv and gemm over them. The engine keeps Q4_K weight matrices
+in that layout too (`kernels.x86.k4_x8`): the routed experts (`*_exps.weight`, the gemv per token
+as llama.cpp's repacked mul_mat_id) and the dense matrices (the gemm's tiles of 4 columns for a
+prompt, as its repacked mul_mat). The same bytes per 8-row group, so a placement that moves whole
+groups moves it unchanged, and the decode kernel has no shuffles or horizontal sums (26 -> 41 GB/s
+in cache, 20-24 -> 23-28 GB/s from memory on the EPYC host, `benchmarks/q4k_repack_probe.py`; on
+the AMD EPYC Zen 5 host, 640-row matrices read cold, `kernels_bench.py --cold-rows 640`: 34.6 ->
+38.1 GB/s at K = 1024, 35.5 -> 45.1 at K = 2048). Outputs are the same to the bit as on the file's
+layout. Token embeddings stay in the file's layout (their rows are looked up, not multiplied).
 
 A tensor is packed only when no piece or compute range of any plan with this many workers cuts
-an 8-row group: its rows per expert are a multiple of 8 and at least 8 per worker, so
+an 8-row group: its rows (per expert) are a multiple of 8 and at least 8 per worker, so
 `numa.plan.row_split` aligns every boundary to 8 rows.
 
 Where it pays depends on the kernel path: on the AVX2-only EPYC host (2026-12-03) the x8 gemv ran
@@ -45,7 +49,11 @@ def enabled() -> bool:
 
 
 def _candidate(name: str, info: TensorInfo) -> int | None:
-    if not enabled() or not name.endswith(EXPERT_SUFFIX) or len(info.shape) < 3:
+    """Experts (3-D `*_exps`) and weight matrices (2-D); not other 3-D tensors (MLA's per-head
+    k_b / v_b are multiplied per head) nor embeddings (looked up row by row)."""
+    if not enabled() or "embd" in name:
+        return None
+    if len(info.shape) != 2 and not (len(info.shape) == 3 and name.endswith(EXPERT_SUFFIX)):
         return None
     return kernels.packed_type(info.ggml_type)
 
@@ -61,7 +69,7 @@ def packable(name: str, info: TensorInfo, n_workers: int) -> int | None:
     active = kernels.active_types()
     if t is None or (active is not None and t not in active):
         return None
-    per = info.rows // int(info.shape[2])
+    per = info.rows // (int(info.shape[2]) if len(info.shape) == 3 else 1)
     if per % ROW_ALIGN or per < ROW_ALIGN * n_workers:
         return None
     return t
@@ -107,7 +115,7 @@ def _repack(layout, pool, names: list[tuple[str, bool]], progress: Progress | No
                     told[0] = done[0]
                     dt = time.perf_counter() - t0
                     progress(ProgressEvent("repack", done[0], total, done[0] / dt if dt > 0 else 0.0,
-                                           "expert weights into llama.cpp's repacked Q4_K layout"))
+                                           "Q4_K weights into llama.cpp's repacked layout"))
     pool.run(work)
 
 

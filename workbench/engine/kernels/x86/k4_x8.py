@@ -27,14 +27,18 @@ from numba.extending import intrinsic
 
 from ..intrinsics import (_BYTES, _V8I, _splat, _vector_load, _to_i32, b_and, b_shr, bcast_b4, bcast_i32, dot_us, f_lane, f_scale,
                           f_sub, f_zero, fmadd_v, i_add, i_mul, i_zero, load_b32, prefetch, prime_streams,
-                          PREFETCH_BYTES, PREFETCH_NEAR, stream_halves, v8i)
+                          PREFETCH_NEAR, stream_halves, v8i)
 from ..jitcache import JIT as _NB
 from .k4_rows import f16x8_pairs
 
 GROUP = 8 * 144  # one 8-row group's super-block record
-# bytes of each record the one-token product prefetches: all of it where measured faster (Intel),
-# else its first line, as measured on the AMD EPYC hosts
-PREFETCH_SPAN = GROUP if PREFETCH_NEAR != PREFETCH_BYTES else 64
+# bytes of each record the one-token product prefetches: all of it. (The AMD EPYC hosts had
+# prefetched only its first line, measured on the experts alone; with the dense matrices packed too,
+# on the Zen 5 host (2026-12-05) a 2-thread worker's share of Gemma 3 270M's attention output,
+# 184 KB, took 8.7-10.0 us that way against 5.8-6.2 with every line; decode_profile --ab: Gemma
+# 140.7 -> 145.3 / 231.3 -> 236.2 t/s (1 / 2 threads), synthetic Qwen3-MoE 332.6 -> 349.0 /
+# 397.9 -> 497.5, a synthetic dense Q4_K model 2048 x 5632 248.1 -> 239.7 / 359.2 -> 387.2.)
+PREFETCH_SPAN = GROUP
 
 
 load_u32x8 = _vector_load("load_u32x8", v8i, _BYTES, "8 little-endian dwords at byte ``off`` of a uint8 array.")
@@ -229,10 +233,15 @@ def gemv_x8(mode: int):
     return fn
 
 
-def gemv_x8_cols(mode: int):
+def gemv_x8_cols(mode: int, gemm: bool = False):
     """``fn(w, xp, out, r0, r1)``: out[c, r0:r1] for every column c of the 2-D prepared xp, over the
     x8 layout, 4 columns per weight load. Per output the arithmetic is the one-column gemv's
-    (`gemv_x8`): llama.cpp's repacked mul_mat_id runs ggml_gemv_q4_K_8x8_q8_K once per token."""
+    (`gemv_x8`): llama.cpp's repacked mul_mat_id runs ggml_gemv_q4_K_8x8_q8_K once per token.
+
+    gemm: a dense weight's product (llama.cpp's repacked mul_mat): the tiles of 4 columns in
+    ggml_gemm_q4_K_8x8_q8_K's order (one FMA per pair of sub-blocks on its exact integer sums, for
+    the scaled and the min parts, as `q4_K_gemm_rows8` on the file's layout), the last n % 4
+    columns (all of them when n < 4) in the gemv's."""
     scale_min = _scale_min()
 
     @numba.njit(inline="always")
@@ -271,6 +280,7 @@ def gemv_x8_cols(mode: int):
                 for b in range(nb):
                     o = base + b * GROUP
                     u0, u1, u2 = load_u32x8(wf, o + 32), load_u32x8(wf, o + 64), load_u32x8(wf, o + 96)
+                    d, dm = f16x8_pairs(wf, o, 4)
                     S0 = i_zero(); S1 = i_zero(); S2 = i_zero(); S3 = i_zero()
                     M0 = i_zero(); M1 = i_zero(); M2 = i_zero(); M3 = i_zero()
                     for p in range(4):
@@ -289,12 +299,23 @@ def gemv_x8_cols(mode: int):
                         sce, mne = scale_min(u0, u1, u2, 2 * p)
                         sco, mno = scale_min(u0, u1, u2, 2 * p + 1)
                         bo = (c * nb + b) * 8 + 2 * p
+                        if gemm and four:   # the gemm's FMAs on this pair's sums
+                            S0, M0 = sums(i_zero(), i_zero(), e0, d0, sce, sco, mne, mno, bs, bo)
+                            S1, M1 = sums(i_zero(), i_zero(), e1, d1, sce, sco, mne, mno, bs, bo + nb * 8)
+                            S2, M2 = sums(i_zero(), i_zero(), e2, d2, sce, sco, mne, mno, bs, bo + nb * 16)
+                            S3, M3 = sums(i_zero(), i_zero(), e3, d3, sce, sco, mne, mno, bs, bo + nb * 24)
+                            a0 = fmadd_v(a0, S0, f_scale(d, xd[c, b])); m0 = fmadd_v(m0, M0, f_scale(dm, xd[c, b]))
+                            a1 = fmadd_v(a1, S1, f_scale(d, xd[c + 1, b])); m1 = fmadd_v(m1, M1, f_scale(dm, xd[c + 1, b]))
+                            a2 = fmadd_v(a2, S2, f_scale(d, xd[c + 2, b])); m2 = fmadd_v(m2, M2, f_scale(dm, xd[c + 2, b]))
+                            a3 = fmadd_v(a3, S3, f_scale(d, xd[c + 3, b])); m3 = fmadd_v(m3, M3, f_scale(dm, xd[c + 3, b]))
+                            continue
                         S0, M0 = sums(S0, M0, e0, d0, sce, sco, mne, mno, bs, bo)
                         if four:
                             S1, M1 = sums(S1, M1, e1, d1, sce, sco, mne, mno, bs, bo + nb * 8)
                             S2, M2 = sums(S2, M2, e2, d2, sce, sco, mne, mno, bs, bo + nb * 16)
                             S3, M3 = sums(S3, M3, e3, d3, sce, sco, mne, mno, bs, bo + nb * 24)
-                    d, dm = f16x8_pairs(wf, o, 4)
+                    if gemm and four:
+                        continue
                     a0 = fmadd_v(a0, S0, f_scale(d, xd[c, b])); m0 = fmadd_v(m0, M0, f_scale(dm, xd[c, b]))
                     if four:
                         a1 = fmadd_v(a1, S1, f_scale(d, xd[c + 1, b])); m1 = fmadd_v(m1, M1, f_scale(dm, xd[c + 1, b]))
@@ -311,13 +332,13 @@ def gemv_x8_cols(mode: int):
 
 
 def kernels(mode: int) -> dict:
-    """{"Q4_K_x8": (matvec, matmat, mul_mat_id)} for one instruction-set mode: the prompt product and
-    the product of an expert's tokens both run the gemv per column, as llama.cpp's repacked
-    mul_mat_id does (a packed tensor is always an expert tensor)."""
+    """{"Q4_K_x8": (matvec, matmat, mul_mat_id)} for one instruction-set mode: a dense weight's
+    prompt product in llama.cpp's repacked mul_mat order (the gemm's tiles of 4 columns, the gemv
+    for the rest), an expert's tokens the gemv per column, as its repacked mul_mat_id does."""
     cols = gemv_x8_cols(mode)
 
     @numba.njit(**_NB)
     def mul_mat_id(w, xp, out, r0, r1, rows):
         cols(w, xp, out, r0, r1)
 
-    return {"Q4_K_x8": (gemv_x8(mode), cols, mul_mat_id)}
+    return {"Q4_K_x8": (gemv_x8(mode), gemv_x8_cols(mode, gemm=True), mul_mat_id)}
