@@ -28,25 +28,36 @@ def _packing_on(monkeypatch):
     monkeypatch.setattr(packing, "REPACK", "1")
 
 
+def _model(factory, name: str, spec: TinySpec) -> str:
+    path = factory.mktemp("packing") / name
+    write_tiny_model(path, spec)
+    return str(path)
+
+
 @pytest.fixture(scope="module")
 def q4k_moe(tmp_path_factory):
-    path = tmp_path_factory.mktemp("packing") / "moe-q4k.gguf"
-    write_tiny_model(path, TinySpec(arch="qwen3moe", qtype=T.Q4_K, n_expert=8, n_expert_used=2, n_ff=256,
-                                    n_ff_exp=256, n_layer=2, seed=3))
-    return str(path)
+    return _model(tmp_path_factory, "moe-q4k.gguf", TinySpec(arch="qwen3moe", qtype=T.Q4_K, n_expert=8,
+                                                              n_expert_used=2, n_ff=256, n_ff_exp=256, n_layer=2, seed=3))
 
 
 @pytest.fixture(scope="module")
 def q4k_dense(tmp_path_factory):
     """A dense model of Q4_K matrices (all rows in whole 8-row groups) and Q4_K token embeddings."""
-    path = tmp_path_factory.mktemp("packing") / "dense-q4k.gguf"
-    write_tiny_model(path, TinySpec(arch="llama", qtype=T.Q4_K, n_embd=256, n_ff=512, n_layer=2, tied=False,
-                                    seed=5))
-    return str(path)
+    return _model(tmp_path_factory, "dense-q4k.gguf", TinySpec(arch="llama", qtype=T.Q4_K, n_embd=256, n_ff=512,
+                                                                n_layer=2, tied=False, seed=5))
 
 
-@pytest.fixture(params=["q4k_moe", "q4k_dense"])
+@pytest.fixture(scope="module")
+def q5_dense(tmp_path_factory):
+    """A dense model of Q5_0 matrices (Gemma 3 270M's q, k, gate and up are Q5_0)."""
+    return _model(tmp_path_factory, "dense-q5_0.gguf", TinySpec(arch="llama", qtype=T.Q5_0, n_embd=256, n_ff=512,
+                                                                 n_layer=2, tied=False, seed=6))
+
+
+@pytest.fixture(params=["q4k_moe", "q4k_dense", "q5_dense"])
 def model(request):
+    if request.param == "q5_dense" and int(T.Q5_0) not in LAYOUTS:
+        pytest.skip("the active kernel path keeps Q5_0 in the file's layout")
     return request.getfixturevalue(request.param)
 
 
@@ -71,11 +82,22 @@ def _reference(path: str, monkeypatch) -> list[np.ndarray]:
             eng.close()
 
 
-def _matrices(eng: Engine) -> list[str]:
-    """The Q4_K tensors the engine packs: experts and 2-D weights in whole 8-row groups, not the
-    token embeddings (the dense model's output matrix, 290 rows, stays in the file's layout)."""
-    return sorted(n for n, t in eng.gguf.tensors.items() if t.ggml_type == int(T.Q4_K) and "embd" not in n
-                  and (len(t.shape) == 2 or n.endswith("_exps.weight")) and t.shape[1] % 8 == 0)
+LAYOUTS = {t: kernels.packed_type(t) for t in (int(T.Q4_K), int(T.Q5_0)) if kernels.packed_type(t) is not None}
+
+
+def _matrices(eng: Engine) -> dict[str, int]:
+    """The tensors the engine packs, with their layouts: Q4_K and Q5_0 experts and 2-D weights in
+    whole 8-row groups, not the token embeddings (the dense models' output matrix, 290 rows, stays
+    in the file's layout)."""
+    return {n: LAYOUTS[t.ggml_type] for n, t in eng.gguf.tensors.items() if t.ggml_type in LAYOUTS
+            and "embd" not in n and (len(t.shape) == 2 or n.endswith("_exps.weight")) and t.shape[1] % 8 == 0}
+
+
+def _unpack(layout: int):
+    if layout == kernels.Q5_0_X2:
+        from workbench.engine.kernels.x86 import q5_pairs
+        return q5_pairs.unpack_rows
+    return k4_x8.unpack_rows
 
 
 def _file_bytes(eng: Engine, name: str) -> np.ndarray:
@@ -86,11 +108,11 @@ def _file_bytes(eng: Engine, name: str) -> np.ndarray:
 
 
 def _assert_packed(eng: Engine) -> None:
-    """Every Q4_K weight matrix (experts included) is packed, and every copy in memory holds the
-    file's bytes repacked."""
-    assert eng.rt.packed == {n: kernels.Q4_K_X8 for n in _matrices(eng)}
-    for name in _matrices(eng):
-        assert eng.rt.weights[name].ggml_type == kernels.Q4_K_X8
+    """Every Q4_K and Q5_0 weight matrix (experts included) is packed, and every copy in memory
+    holds the file's bytes repacked."""
+    assert eng.rt.packed == _matrices(eng) and eng.rt.packed
+    for name, layout in _matrices(eng).items():
+        assert eng.rt.weights[name].ggml_type == layout
         shape = eng.gguf.tensors[name].shape
         per = eng.gguf.tensors[name].rows // (shape[2] if len(shape) == 3 else 1)
         want = _file_bytes(eng, name).reshape(-1, per, eng.gguf.tensors[name].row_bytes)
@@ -99,7 +121,7 @@ def _assert_packed(eng: Engine) -> None:
                 e0 = g0 + e
                 got = view[e].copy()
                 assert not np.array_equal(got, want[e0, first:first + got.shape[0]])
-                k4_x8.unpack_rows(got, 0, got.shape[0])
+                _unpack(layout)(got, 0, got.shape[0])
                 assert np.array_equal(got, want[e0, first:first + got.shape[0]]), (name, e0)
 
 
@@ -181,6 +203,8 @@ def test_which_tensors_are_packed(monkeypatch):
     assert packing.packable(dense, _info(dense, q4k, 260, n_exp=0), 1) is None
     assert packing.packable("token_embd.weight", _info("token_embd.weight", q4k, 256, n_exp=0), 1) is None
     assert packing.packable("output.weight", _info("output.weight", q4k, 256, n_exp=0), 1) == kernels.Q4_K_X8
+    q5 = "blk.0.ffn_up.weight"   # Q5_0: row pairs where the path has their kernels (AVX-512 VNNI)
+    assert packing.packable(q5, _info(q5, int(T.Q5_0), 256, n_exp=0), 1) == LAYOUTS.get(int(T.Q5_0))
     monkeypatch.setattr(packing, "REPACK", "0")
     assert packing.packable(up, _info(up, q4k, 256), 1) is None
 

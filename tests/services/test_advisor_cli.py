@@ -134,3 +134,20 @@ def test_probe_stream_read_reads_every_word():
             b = a.copy()
             b[n // 2] ^= np.uint64(1 << 40)   # any one word changed changes the fold
             assert stream_read(b) != stream_read(a), n
+
+
+@pytest.mark.parametrize("repack", ["0", ""])
+def test_kernel_rates_are_measured_on_the_layout_the_engine_uses(repack, monkeypatch):
+    """Where the engine keeps Q5_0 matrices in row pairs (AVX-512 VNNI), the advisor times those
+    kernels; with packing off (NUMAWB_REPACK=0), the file layout's."""
+    from workbench.engine import kernels as K
+    from workbench.engine import packing
+    monkeypatch.setattr(packing, "REPACK", repack)
+    seen = set()
+    real_mv, real_mm = K.matvec, K.matmat
+    monkeypatch.setattr(K, "matvec", lambda t, *a: (seen.add(t), real_mv(t, *a))[1])
+    monkeypatch.setattr(K, "matmat", lambda t, *a: (seen.add(t), real_mm(t, *a))[1])
+    rates = engine_cal.measure_kernel(K.Q5_0, threads=1, k=256)
+    packed = K.packed_type(K.Q5_0) if repack == "" and packing.enabled() else None
+    assert seen == {packed or K.Q5_0}
+    assert all(v > 0 for v in rates.values())

@@ -72,16 +72,19 @@ def measure_kernel(ggml_type: int, threads: int = 1, k: int = 2048) -> dict[str,
     """Per-thread rates with ``threads`` pinned workers running the same kind of product at once
     (each on its own data), so what threads share (a core's SMT sibling, caches, memory) counts:
     one-token product bytes/s on an L2-resident matrix and streamed from memory (64 MiB each),
-    and prompt FLOP/s with 64 columns."""
+    and prompt FLOP/s with 64 columns. The kernels are those of the layout the engine keeps the
+    type's weight matrices in on this path (`engine.packing`; random bytes are valid data in any)."""
     from ..engine import kernels as K
+    from ..engine import packing
     from ..numa.workers import WorkerPool
     rng = np.random.default_rng(0)
     x = rng.standard_normal(k).astype(np.float32)
     xp = K.prepare(ggml_type, x)
     X = rng.standard_normal((64, k)).astype(np.float32)
     Xp = K.prepare(ggml_type, X)
-    n_small = max(16, 256 * 1024 // max(k, 1))  # ~256 K weights: in L2
-    rows_big = max(128, (64 << 20) // _matrix(ggml_type, 1, k, rng).shape[1])
+    n_small = max(16, 256 * 1024 // max(k, 1)) // 8 * 8  # ~256 K weights: in L2 (whole 8-row groups)
+    rows_big = max(128, (64 << 20) // _matrix(ggml_type, 1, k, rng).shape[1]) // 8 * 8
+    ggml_type = (K.packed_type(ggml_type) if packing.enabled() else None) or ggml_type
     small: list[np.ndarray] = [np.empty(0, np.uint8)] * threads
     big: list[np.ndarray] = [np.empty(0, np.uint8)] * threads
     outs: list[np.ndarray] = [np.empty(0, np.float32)] * threads

@@ -480,6 +480,8 @@ def _build(mv: dict):
     mv_iq4_nl, mv_iq4_xs, mv_q3_K, mv_q2_K = mv[IQ4_NL], mv[IQ4_XS], mv[Q3_K], mv[Q2_K]
     Q4_K_X8 = kernels.Q4_K_X8  # (the portable path has no packed layout: the engine never packs there)
     mv_q4_K_x8 = mv.get(Q4_K_X8, mv[Q4_K])
+    Q5_0_X2 = kernels.Q5_0_X2  # (AVX-512 VNNI only)
+    mv_q5_0_x2 = mv.get(Q5_0_X2, mv[Q5_0])
     mv_f16_heads = kernels.heads_kernel()
     i8, i32, f32, u8 = np.int8, np.int32, np.float32, np.uint8
 
@@ -510,6 +512,8 @@ def _build(mv: dict):
                 mv_q4_0(w, xp, out, lo, hi)
             elif typ == Q5_0:
                 mv_q5_0(w, xp, out, lo, hi)
+            elif typ == Q5_0_X2:
+                mv_q5_0_x2(w, xp, out, lo, hi)
             elif typ == Q4_K_X8:
                 mv_q4_K_x8(w, xp, out, lo, hi)
             elif typ == Q4_K:

@@ -11,6 +11,10 @@ the AMD EPYC Zen 5 host, 640-row matrices read cold, `kernels_bench.py --cold-ro
 38.1 GB/s at K = 1024, 35.5 -> 45.1 at K = 2048). Outputs are the same to the bit as on the file's
 layout. Token embeddings stay in the file's layout (their rows are looked up, not multiplied).
 
+Q5_0 weight matrices are kept in row pairs (`kernels.x86.q5_pairs`, the AVX-512 VNNI path only):
+the one-token product takes both rows of a pair in one register without rearranging their bytes
+first; the prompt product unpacks stretches of rows to the file's layout for its tiles.
+
 A tensor is packed only when no piece or compute range of any plan with this many workers cuts
 an 8-row group: its rows (per expert) are a multiple of 8 and at least 8 per worker, so
 `numa.plan.row_split` aligns every boundary to 8 rows.
@@ -75,21 +79,32 @@ def packable(name: str, info: TensorInfo, n_workers: int) -> int | None:
     return t
 
 
-def _units(layout, names: list[tuple[str, bool]]) -> list[tuple[np.ndarray, bool, int | None]]:
-    """(one expert's rows of one copy, to the packed layout?, node) for every copy of the tensors."""
+def _movers(t: int) -> tuple[Callable, Callable]:
+    """(repack_rows, unpack_rows) of a layout: fn(w, r0, r1) rewrites rows [r0, r1) in place."""
+    if t == kernels.Q5_0_X2:
+        from .kernels.x86 import q5_pairs as mod
+    else:
+        from .kernels.x86 import k4_x8 as mod
+    return mod.repack_rows, mod.unpack_rows
+
+
+def _units(layout, names: list[tuple[str, bool, int]]) -> list[tuple[np.ndarray, Callable, int | None]]:
+    """(one expert's rows of one copy, the function that rewrites them, node) for every copy of
+    the tensors."""
     out = []
-    for name, to_packed in names:
+    for name, to_packed, t in names:
+        move = _movers(t)[0 if to_packed else 1]
         for view, first, _g0, node in layout.copies(name):
             if first % ROW_ALIGN or view.shape[1] % ROW_ALIGN:
                 raise ValueError(f"{name}: a piece starting at row {first} cuts an 8-row group")
-            out += [(view[e], to_packed, node) for e in range(view.shape[0])]
+            out += [(view[e], move, node) for e in range(view.shape[0])]
     return out
 
 
-def _repack(layout, pool, names: list[tuple[str, bool]], progress: Progress | None) -> None:
+def _repack(layout, pool, names: list[tuple[str, bool, int]], progress: Progress | None) -> None:
     """The tensors' copies permuted in place by the pool's workers, each a share of the copies on
-    its own node (interleaved copies: everyone's), with progress in bytes."""
-    from .kernels.x86.k4_x8 import repack_rows, unpack_rows
+    its own node (interleaved copies: everyone's), with progress in bytes. names: (name, to the
+    packed layout?, the layout)."""
     units = _units(layout, names)
     if not units:
         return
@@ -105,8 +120,8 @@ def _repack(layout, pool, names: list[tuple[str, bool]], progress: Progress | No
 
     def work(wk: int) -> None:
         for i in shares[wk]:
-            view, to_packed, _node = units[i]
-            (repack_rows if to_packed else unpack_rows)(view, 0, view.shape[0])
+            view, move, _node = units[i]
+            move(view, 0, view.shape[0])
             if progress:
                 with lock:  # about a hundred reports, whatever the number of experts
                     done[0] += view.nbytes
@@ -115,7 +130,7 @@ def _repack(layout, pool, names: list[tuple[str, bool]], progress: Progress | No
                     told[0] = done[0]
                     dt = time.perf_counter() - t0
                     progress(ProgressEvent("repack", done[0], total, done[0] / dt if dt > 0 else 0.0,
-                                           "Q4_K weights into llama.cpp's repacked layout"))
+                                           "weights into their kernels' layouts"))
     pool.run(work)
 
 
@@ -128,6 +143,6 @@ def apply(layout, pool, current: Mapping[str, int], want: Mapping[str, int],
           progress: Progress | None = None) -> dict[str, int]:
     """Bring the layout's tensors from `current` to `want` (name -> layout; absent: the file's),
     in place on the pool's workers: unpacks first, then packs. Returns `want` as a new dict."""
-    _repack(layout, pool, [(n, False) for n in current if want.get(n) != current[n]], progress)
-    _repack(layout, pool, [(n, True) for n in want if current.get(n) != want[n]], progress)
+    _repack(layout, pool, [(n, False, current[n]) for n in current if want.get(n) != current[n]], progress)
+    _repack(layout, pool, [(n, True, want[n]) for n in want if current.get(n) != want[n]], progress)
     return dict(want)

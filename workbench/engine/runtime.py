@@ -100,10 +100,6 @@ LINGER = os.environ.get("NUMAWB_CREW_LINGER", "1") != "0"
 LINGER_IDLE = 0.02
 LINGER_TICK = 0.01  # the watchdog's period while a crew lingers
 LINGER_MAX = 0.25
-# weight types whose products take the same prepared activations (ggml's vec_dot_type: Q8_0,
-# Q8_1, Q8_K) -> one representative type, so a group prepares each input once
-_VEC_DOT = {kernels.Q4_0: kernels.Q8_0, kernels.Q5_0: kernels.Q8_0, kernels.Q4_1: kernels.Q5_1,
-            kernels.Q4_K: kernels.Q6_K, kernels.Q5_K: kernels.Q6_K}
 
 class Layout(Protocol):
     mode: str
@@ -678,7 +674,7 @@ class Runtime(AttentionPaths):
         group = self._groups.get(names)
         if group is None:
             ws = [self.weights[name] for name in names]
-            keys = [_VEC_DOT.get(w.ggml_type, w.ggml_type) for w in ws]
+            keys = [kernels.prepare_key(w.ggml_type) for w in ws]
             prep = list(dict.fromkeys(keys))
             plans = [self._plan(name) for name in names]
             jobs = [(w.ggml_type, plan, prep.index(key)) for w, plan, key in zip(ws, plans, keys)]
@@ -1082,7 +1078,7 @@ class Runtime(AttentionPaths):
             names_gu = (up,) if gate is None else (gate, up)
             ws_gu = [self.weights[nm] for nm in names_gu]
             wd = self.weights[down]
-            preps = {_VEC_DOT.get(w.ggml_type, w.ggml_type) for w in ws_gu}
+            preps = {kernels.prepare_key(w.ggml_type) for w in ws_gu}
             prep_gu, prep_d = kernels.preparer(ws_gu[0].ggml_type), kernels.preparer(wd.ggml_type)
             if len(preps) != 1 or prep_gu is None or prep_d is None:
                 entry = (crew.lead, None)
@@ -1408,7 +1404,7 @@ class Runtime(AttentionPaths):
         ne0 = ws[0].ne0
         if x.shape[1] != ne0:
             raise ValueError(f"input width {x.shape[1]} != row length {ne0}")
-        keys = [_VEC_DOT.get(w.ggml_type, w.ggml_type) for w in ws]
+        keys = [kernels.prepare_key(w.ggml_type) for w in ws]
         prep = list(dict.fromkeys(keys))
         prep_types = [next(w.ggml_type for w, kk in zip(ws, keys) if kk == key) for key in prep]
         pidx = [prep.index(kk) for kk in keys]

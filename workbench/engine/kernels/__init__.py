@@ -36,7 +36,7 @@ from . import compile_helper as _helper
 __all__ = [
     "SUPPORTED_TYPES", "is_supported", "prepare", "matvec", "matmat", "dequantize_rows",
     "row_bytes", "preparer", "matvec_kernels", "kernel_path", "set_kernel_path", "available_paths",
-    "precompile", "active_types", "mul_mat_id_kernel", "packed_type", "SPEED_REVISION",
+    "precompile", "active_types", "mul_mat_id_kernel", "packed_type", "prepare_key", "SPEED_REVISION",
 ]
 
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30
@@ -44,13 +44,16 @@ Q2_K, Q3_K, IQ4_NL, IQ4_XS = 10, 11, 20, 23
 #: not a ggml type: Q4_K bytes kept in llama.cpp's 8-row interleaved layout (`x86.k4_x8`; the same
 #: size, rows % 8 == 0). The engine repacks expert tensors into it at load (`..packing`).
 Q4_K_X8 = 1012
+#: not a ggml type: Q5_0 bytes kept in row pairs (`x86.q5_pairs`; the same size, the AVX-512 path)
+Q5_0_X2 = 1006
 #: a file's type -> the layout the engine may keep it in on a SIMD path
-PACKED_LAYOUTS = {Q4_K: Q4_K_X8}
+PACKED_LAYOUTS = {Q4_K: Q4_K_X8, Q5_0: Q5_0_X2}
 #: bumped when the kernels' speed changes (2: one-token products read two streams per thread; 3: the
 #: streams' prefetch windows primed at a product's start, the F16 heads in one call; 4: Q4_0 / Q5_0
-#: products and prompt tiles and the F16 products on zmm registers on AVX-512):
+#: products and prompt tiles and the F16 products on zmm registers on AVX-512; 5: dense Q4_K
+#: matrices in the x8 layout, Q5_0 in row pairs on AVX-512 VNNI):
 #: what the advisor measured of them before (`advisor.engine_cal`, cached per machine) is measured again
-SPEED_REVISION = 4
+SPEED_REVISION = 5
 
 SUPPORTED_TYPES: dict[int, str] = {
     F32: "F32", F16: "F16", BF16: "BF16", Q8_0: "Q8_0", Q4_0: "Q4_0", Q4_1: "Q4_1",
@@ -58,13 +61,14 @@ SUPPORTED_TYPES: dict[int, str] = {
 }
 
 #: every type id a kernel takes: the file types and the engine's own layouts
-TYPE_NAMES: dict[int, str] = {**SUPPORTED_TYPES, Q4_K_X8: "Q4_K_x8"}
+TYPE_NAMES: dict[int, str] = {**SUPPORTED_TYPES, Q4_K_X8: "Q4_K_x8", Q5_0_X2: "Q5_0_x2"}
 
 #: ggml type id -> (elements per block, bytes per block)
 BLOCK_SIZES: dict[int, tuple[int, int]] = {
     F32: (1, 4), F16: (1, 2), BF16: (1, 2), Q8_0: (32, 34), Q4_0: (32, 18), Q4_1: (32, 20),
     Q5_0: (32, 22), Q5_1: (32, 24), Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210),
     IQ4_NL: (32, 18), IQ4_XS: (256, 136), Q3_K: (256, 110), Q2_K: (256, 84), Q4_K_X8: (256, 144),
+    Q5_0_X2: (32, 22),
 }
 
 
@@ -87,7 +91,7 @@ _PREPARE = {
     Q4_1: _act.quantize_q8_1, Q5_1: _act.quantize_q8_1,
     Q4_K: _act.quantize_q8_K, Q5_K: _act.quantize_q8_K, Q6_K: _act.quantize_q8_K,
     IQ4_NL: _act.quantize_q8_0, IQ4_XS: _act.quantize_q8_K, Q3_K: _act.quantize_q8_K, Q2_K: _act.quantize_q8_K,
-    Q4_K_X8: _act.quantize_q8_K,
+    Q4_K_X8: _act.quantize_q8_K, Q5_0_X2: _act.quantize_q8_0,
 }
 
 _DEQUANT = {
@@ -104,7 +108,13 @@ def _dequant_q4_K_x8(w, r0, r1):
     return dequant_x8(w, r0, r1)
 
 
+def _dequant_q5_0_x2(w, r0, r1):
+    from .x86.q5_pairs import dequant
+    return dequant(w, r0, r1)
+
+
 _DEQUANT[Q4_K_X8] = _dequant_q4_K_x8
+_DEQUANT[Q5_0_X2] = _dequant_q5_0_x2
 
 _PORTABLE_MATVEC = {
     F32: _ft.f32_matvec, F16: _ft.f16_matvec, BF16: _ft.bf16_matvec,
@@ -232,6 +242,14 @@ def _per_input(mv: Callable) -> Callable:
 def matmat(ggml_type: int, w: np.ndarray, xp: tuple, out: np.ndarray, r0: int, r1: int) -> None:
     """out[j, i] = dot(row i of w, X[j]) for all j and i in [r0, r1); xp from prepare() of a 2-D X."""
     _MATMAT[ggml_type](w, xp, out, r0, r1)
+
+
+def prepare_key(ggml_type: int) -> int:
+    """One type id per activation preparation (ggml's vec_dot_type): the types whose products take
+    the same prepared input (Q8_0, Q8_1, Q8_K quants, or the float forms) share it, so a group of
+    products prepares each input once. The engine's packed layouts share their file type's."""
+    fn = _PREPARE[ggml_type]
+    return min(t for t, f in _PREPARE.items() if f is fn)
 
 
 def preparer(ggml_type: int):

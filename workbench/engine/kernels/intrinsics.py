@@ -278,12 +278,18 @@ def pair_q45(typingctx, bits, acc, w, o0, o1, ns, nsoff, xq, xoff, xs):
         n16 = builder.shuffle_vector(n8, n8, ir.Constant(_V16I, list(range(8)) * 2))
         x32 = builder.load(_ptr(context, builder, sig.args[7], xa, xo, _V32B), align=1)
         x64 = builder.shuffle_vector(x32, x32, ir.Constant(ir.VectorType(_i32, 64), list(range(32)) * 2))
-        dp = _fn(builder, "llvm.x86.avx512.vpdpbusd.512", _V16I, [_V16I, _V64B, _V64B])
-        lanes = builder.sitofp(builder.call(dp, [n16, q, x64]), _V16F)
-        f = _fn(builder, "llvm.fma.v16f32", _V16F, [_V16F, _V16F, _V16F])
-        return builder.call(f, [lanes, sc, acc])
+        return dot_fma16(builder, n16, q, x64, sc, acc)
 
     return sig, cg
+
+
+def dot_fma16(builder, init, q, x, sc, acc):
+    """acc + float(vpdpbusd(init, q, x)) * sc, lane-wise (i32x16 init, i8x64 q and x, f32x16 sc
+    and acc): the end of a pair of rows' block step (`pair_q45`, `x86.q5_pairs.pair_step`)."""
+    dp = _fn(builder, "llvm.x86.avx512.vpdpbusd.512", _V16I, [_V16I, _V64B, _V64B])
+    lanes = builder.sitofp(builder.call(dp, [init, q, x]), _V16F)
+    f = _fn(builder, "llvm.fma.v16f32", _V16F, [_V16F, _V16F, _V16F])
+    return builder.call(f, [lanes, sc, acc])
 
 # ----------------------------------------------------------------------------- scalar f16/bf16
 @intrinsic

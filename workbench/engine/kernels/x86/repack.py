@@ -110,6 +110,8 @@ def q0_matmat(mode, unpack, bits, bsz, shift):
         out[c + 6, i] = hsum_f(a6); out[c + 7, i] = hsum_f(a7)
 
     def make_matmat(unpack, bsz, shift):
+        unpack_r, at = rowwise(unpack), file_rows(bsz)
+
         @numba.njit(**_NB)
         def matmat(w, xp, out, r0, r1):
             xq, xd, n4 = xp
@@ -160,14 +162,15 @@ def q0_matmat(mode, unpack, bits, bsz, shift):
                             a07 = col1(a07, u0, xt, xo, mt, mo, sc, so, 7)
                     put8(out, c, i, a00, a01, a02, a03, a04, a05, a06, a07)
                     i += 2 if two else 1
-            q0_columns(mode, unpack, bsz, shift, w, xq, xd, n4, out, r0, r1, n - n % 8)
+            q0_columns(mode, unpack_r, at, shift, w, xq, xd, n4, out, r0, r1, n - n % 8)
         return matmat
     return make_matmat(unpack, bsz, shift)
 
 
 @numba.njit(inline="always")
-def q0_columns(mode, unpack, bsz, shift, w, xq, xd, n4, out, r0, r1, c0):
-    """Columns c0.. of a Q4_0/Q5_0 prompt product one at a time (the columns a tile of 8 leaves)."""
+def q0_columns(mode, unpack, at, shift, w, xq, xd, n4, out, r0, r1, c0, orow=0):
+    """Columns c0.. of a Q4_0/Q5_0 prompt product one at a time (the columns a tile of 8 leaves);
+    weight row i's outputs go to out[:, orow + i]; `at`, `unpack`: the layout (`file_rows`)."""
     n, k = xq.shape
     nb = xd.shape[1]
     rb = w.shape[1]
@@ -177,11 +180,28 @@ def q0_columns(mode, unpack, bsz, shift, w, xq, xd, n4, out, r0, r1, c0):
         for i in range(r0, r1):
             acc = f_zero()
             for b in range(nb):
-                o0 = i * rb + b * bsz
+                o0, r = at(i, b, rb)
                 m = i_shl(load_i8(ns, c * (k // 4) + b * 8), shift)
-                acc = fmadd_i(acc, dot_us(mode, m, unpack(w, o0), load_b32(xf, c * k + b * 32)),
-                              f16_to_f32(w, o0) * xd[c, b])
-            out[c, i] = hsum_f(acc)
+                acc = fmadd_i(acc, dot_us(mode, m, unpack(w, o0, r), load_b32(xf, c * k + b * 32)),
+                              f16_to_f32(w, o0 + 2 * r) * xd[c, b])
+            out[c, orow + i] = hsum_f(acc)
+
+
+def file_rows(bsz):
+    """A layout for the tiles: ``at(i, b, rb)`` -> (byte offset of the record holding row i's block
+    b, the row's place r in it; its f16 scale at offset + 2r). The file's: one block per record."""
+    @numba.njit(inline="always")
+    def at(i, b, rb):
+        return i * rb + b * bsz, 0
+    return at
+
+
+def rowwise(unpack):
+    """A file-layout unpack(w, o) as the tiles' unpack(w, o, r) (r: the row's place in its record)."""
+    @numba.njit(inline="always")
+    def u(w, o, r):
+        return unpack(w, o)
+    return u
 
 
 @numba.njit(**_NB)
@@ -227,10 +247,36 @@ def q0_matmat_pairs(unpack, unpack2, bsz, shift):
     d_w * d_x are one multiply per pair (each lane's product rounds as the scalar one). The ymm form
     issued three FP instructions per (row, column, block) and was bound by the FP pipes (AMD EPYC
     host, Zen 5: matmat.Q5_0 58 % of a 512-token prefill at 161 GFLOP/s)."""
+    tiles = _pair_tiles(rowwise(unpack), rowwise(unpack2), file_rows(bsz), shift)
+
     @numba.njit(**_NB)
     def matmat(w, xp, out, r0, r1):
         xq, xd, n4 = xp
         n, nb, rb, xt, mt, st, dws = _tile_setup(w, xp, r0, r1, bsz, shift)
+        tiles(w, xq, xd, n4, xt, mt, st, dws, out, r0, r1, 0)
+    return matmat
+
+
+def q0_tiles(unpack, unpack2, at, shift):
+    """(setup, tiles) of the AVX-512 Q4_0 / Q5_0 prompt product over another layout of the weights
+    (`q5_pairs`): ``at`` its addressing (`file_rows`), ``unpack(w, o, r)``, ``unpack2(w, o, r)`` a
+    row's unsigned quants in a ymm / both halves of a zmm register. setup(xq, xd, n4) -> (xt, mt,
+    st); tiles(w, xq, xd, n4, xt, mt, st, dws, out, r0, r1, orow) with dws the rows' block scales
+    ((i - r0) * nb + b), weight row i's outputs in out[:, orow + i]."""
+    @numba.njit(**_NB)
+    def setup(xq, xd, n4):
+        return _pack_q8_0(xq, xd, n4, shift)
+    return setup, _pair_tiles(unpack, unpack2, at, shift)
+
+
+def _pair_tiles(unpack, unpack2, at, shift):
+    """`q0_matmat_pairs`' tiles over activations already regrouped (_pack_q8_0), the weights in
+    the layout `at` (`file_rows`) unpacks with unpack(w, o, r), unpack2(w, o, r)."""
+    @numba.njit(**_NB)
+    def tiles(w, xq, xd, n4, xt, mt, st, dws, out, r0, r1, orow):
+        n = xq.shape[0]
+        nb = xd.shape[1]
+        rb = w.shape[1]
         sx = np.empty(nb * 64, np.float32)
         for t in range(n // 8):
             c = 8 * t
@@ -242,8 +288,10 @@ def q0_matmat_pairs(unpack, unpack2, bsz, shift):
                 a0 = f_zero16(); a1 = f_zero16(); a2 = f_zero16(); a3 = f_zero16()
                 b0 = f_zero16(); b1 = f_zero16(); b2 = f_zero16(); b3 = f_zero16()
                 for b in range(nb):
-                    u0 = unpack2(w, i * rb + b * bsz)
-                    u1 = unpack2(w, i1 * rb + b * bsz)
+                    o0, s0 = at(i, b, rb)
+                    o1, s1 = at(i1, b, rb)
+                    u0 = unpack2(w, o0, s0)
+                    u1 = unpack2(w, o1, s1)
                     e = t * nb + b
                     xo = e * 256
                     mo = e * 64
@@ -258,12 +306,12 @@ def q0_matmat_pairs(unpack, unpack2, bsz, shift):
                     b2 = _pair_step(b2, u1, xt, xo, mt, mo, sx, so, d1, 2)
                     a3 = _pair_step(a3, u0, xt, xo, mt, mo, sx, so, d0, 3)
                     b3 = _pair_step(b3, u1, xt, xo, mt, mo, sx, so, d1, 3)
-                _put_pairs(out, c, i, a0, a1, a2, a3)
+                _put_pairs(out, c, orow + i, a0, a1, a2, a3)
                 if two:
-                    _put_pairs(out, c, i1, b0, b1, b2, b3)
+                    _put_pairs(out, c, orow + i1, b0, b1, b2, b3)
                 i += 2 if two else 1
-        q0_columns(VNNI, unpack, bsz, shift, w, xq, xd, n4, out, r0, r1, n - n % 8)
-    return matmat
+        q0_columns(VNNI, unpack, at, shift, w, xq, xd, n4, out, r0, r1, n - n % 8, orow)
+    return tiles
 
 
 # ============================================================================= Q4_K rows in lanes

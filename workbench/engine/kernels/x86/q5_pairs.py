@@ -1,0 +1,316 @@
+"""Q5_0 kept in a row-pair layout (internal type Q5_0_x2): both rows of a pair in one zmm register.
+
+The one-token Q5_0 product on AVX-512 (`legacy_quants.make_pair_matvec`) was bound by its vector
+instructions on the AMD EPYC host (Zen 5): ~36 GB/s from the L2 and from memory alike, where Q8_0
+reads 44-47 and the memory ~44 at one thread; a quarter of Gemma 3 270M's layer bytes are Q5_0
+(its 640-wide q, k, gate and up). Most of a block's work was arranging two rows' bytes from two
+places into one register: two 16-byte loads and a shuffle for the nibbles, the high bits of two
+blocks joined in general registers, the scales converted from two halves. Here a pair of rows
+keeps its two blocks of each column of 32 weights side by side, arranged for the register, so a
+block pair is a broadcast load, a shift and an AND (nibbles), one mask load (high bits), one dot,
+one conversion, one scale product and one FMA. Per row pair and block, 44 bytes (the two blocks'):
+
+    d0, d1 (f16) | u16 x 4: row 0's high bits 0-15, row 1's 0-15, row 0's 16-31, row 1's 16-31 |
+    row 0's 16 nibble bytes | row 1's 16
+
+The register's quarters are row 0's low nibbles (weights 0-15), row 1's, row 0's high nibbles
+(16-31), row 1's, so the mask is the 8 bytes as they are, and a row's 8 lanes of ggml's Q5_0 dot
+(`ggml_vec_dot_q5_0_q8_0`: lane j sums weights 4j..4j+3) are lanes 0-3 and 8-11 (row 0) or 4-7
+and 12-15 (row 1); the activation block is arranged to match once per call (`_pair_inputs`). Every
+lane does what its row's f32x8 chain does in the file's layout (the same dot, conversion, scale
+product and FMA), and the rows' hsums take their lanes in ggml's order: the same bits.
+
+A matrix keeps its size and each pair of rows its own bytes, so a placement that moves whole pairs
+(`..packing` packs a tensor only when every piece and range is in 8-row multiples) moves it
+unchanged. The prompt product runs the Q5_0 prompt tiles with each row's block read from its
+pair (`row_x2`: the same register contents as the file layout's unpack, so the same bits).
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core.errors import TypingError
+from numba.extending import intrinsic
+
+from ..intrinsics import (VNNI, _BYTES, _V16F, _V16I, _V64B, _check_array, _f16, _f32, _i1, _i8, _i32, _i64,
+                          _ptr, _splat, dot_fma16, f16_to_f32, f_zero16, hsum_f, prefetch, prefetch_distance, prime_streams,
+                          stream_halves, v8f, v16f, v32b, v64b)
+from ..jitcache import JIT as _NB
+from ..legacy_quants import dequant_q5_0
+from . import repack
+
+BSZ = 22            # a Q5_0 block
+PAIR = 2 * BSZ      # a pair of rows' blocks of one column of 32 weights
+SHIFT = 4           # log2 of Q5_0's offset (16): the activations' group sums are scaled by it
+_V8I64 = ir.VectorType(_i64, 8)
+
+
+@intrinsic
+def pair_step(typingctx, acc, w, o, x64, xo, ns, no, xs):
+    """acc + float(dot) * (d * xs) for the block pair at byte o of a Q5_0_x2 matrix, lane-wise as
+    each row's f32x8 chain in the file's layout; x64[xo..+64], ns[no..+16]: the activation block
+    and its group sums (<< SHIFT) arranged as the register's quarters (`_pair_inputs`)."""
+    _check_array(w, _BYTES)
+    _check_array(x64, _BYTES)
+    _check_array(ns, (types.int32,))
+    sig = v16f(acc, w, o, x64, xo, ns, no, types.float32)
+
+    def cg(context, builder, sig, args):
+        acc, wa, o, xa, xo, na, no, xs = args
+
+        def at(extra, ty):
+            return builder.load(_ptr(context, builder, sig.args[1], wa, builder.add(o, ir.Constant(o.type, extra)), ty),
+                                align=1)
+        q32 = at(12, ir.VectorType(_i64, 4))           # both rows' nibble bytes, in both 256-bit halves
+        q = builder.shuffle_vector(q32, q32, ir.Constant(ir.VectorType(_i32, 8), [0, 1, 2, 3, 0, 1, 2, 3]))
+        q = builder.lshr(q, ir.Constant(_V8I64, [0, 0, 0, 0, 4, 4, 4, 4]))
+        q = builder.and_(builder.bitcast(q, _V64B), ir.Constant(_V64B, [15] * 64))
+        m = builder.bitcast(at(4, _i64), ir.VectorType(_i1, 64))
+        q = builder.select(m, builder.or_(q, ir.Constant(_V64B, [16] * 64)), q)
+        d2 = builder.fpext(builder.bitcast(at(0, _i32), ir.VectorType(_f16, 2)), ir.VectorType(_f32, 2))
+        sc = builder.fmul(builder.shuffle_vector(d2, d2, ir.Constant(_V16I, ([0] * 4 + [1] * 4) * 2)),
+                          _splat(builder, xs, _V16F))
+        init = builder.load(_ptr(context, builder, sig.args[5], na, no, _V16I), align=4)
+        x = builder.load(_ptr(context, builder, sig.args[3], xa, xo, _V64B), align=1)
+        return dot_fma16(builder, init, q, x, sc, acc)
+
+    return sig, cg
+
+
+@intrinsic
+def row_lanes(typingctx, v, r):
+    """Row r's 8 lanes of a pair's f32x16 in ggml's lane order (r a compile-time 0 or 1)."""
+    if not isinstance(r, types.IntegerLiteral) or r.literal_value not in (0, 1):
+        raise TypingError("row_lanes: the row must be a compile-time 0 or 1")
+    idx = [0, 1, 2, 3, 8, 9, 10, 11] if r.literal_value == 0 else [4, 5, 6, 7, 12, 13, 14, 15]
+    sig = v8f(v, r)
+
+    def cg(context, builder, sig, args):
+        return builder.shuffle_vector(args[0], args[0], ir.Constant(ir.VectorType(_i32, 8), idx))
+
+    return sig, cg
+
+
+def _row_quants(context, builder, wt, wa, o, r, n):
+    """Row r's (0 / 1, a runtime value) 32 unsigned quants of the block pair at byte o as the file
+    layout's unpack gives them (16 low nibbles, then the high ones, + 16 where the 5th bit is set),
+    n / 32 times over (n = 32: a ymm register; 64: both halves of a zmm)."""
+    i64 = o.type
+
+    def at(off, ty):
+        return builder.load(_ptr(context, builder, wt, wa, off, ty), align=1)
+    r64 = builder.sext(r, i64) if r.type.width < 64 else r
+    nib = at(builder.add(o, builder.add(ir.Constant(i64, 12), builder.mul(r64, ir.Constant(i64, 16)))), ir.VectorType(_i8, 16))
+    q = builder.shuffle_vector(nib, nib, ir.Constant(ir.VectorType(_i32, n), list(range(16)) * (n // 16)))
+    vi = ir.VectorType(_i32, n // 4)
+    q = builder.lshr(builder.bitcast(q, vi), ir.Constant(vi, ([0] * 4 + [4] * 4) * (n // 32)))
+    vb = ir.VectorType(_i8, n)
+    q = builder.and_(builder.bitcast(q, vb), ir.Constant(vb, [15] * n))
+    lo = at(builder.add(o, builder.add(ir.Constant(i64, 4), builder.mul(r64, ir.Constant(i64, 2)))), ir.IntType(16))
+    hi = at(builder.add(o, builder.add(ir.Constant(i64, 8), builder.mul(r64, ir.Constant(i64, 2)))), ir.IntType(16))
+    bits = builder.or_(builder.zext(lo, _i32), builder.shl(builder.zext(hi, _i32), ir.Constant(_i32, 16)))
+    if n == 64:
+        b64 = builder.zext(bits, _i64)
+        bits = builder.or_(b64, builder.shl(b64, ir.Constant(_i64, 32)))
+    m = builder.bitcast(bits, ir.VectorType(_i1, n))
+    return builder.select(m, builder.or_(q, ir.Constant(vb, [16] * n)), q)
+
+
+@intrinsic
+def row_x2(typingctx, w, o, r):
+    """Row r's quants of the block pair at byte o in both 256-bit halves of a zmm register (the
+    prompt tiles' two columns), as `intrinsics.unpack_q45x2` gives a file-layout block's."""
+    _check_array(w, _BYTES)
+    sig = v64b(w, o, r)
+    return sig, lambda context, builder, sig, args: _row_quants(context, builder, sig.args[0], *args, 64)
+
+
+@intrinsic
+def row_x1(typingctx, w, o, r):
+    """Row r's quants of the block pair at byte o in a ymm register (a tile's leftover columns)."""
+    _check_array(w, _BYTES)
+    sig = v32b(w, o, r)
+    return sig, lambda context, builder, sig, args: _row_quants(context, builder, sig.args[0], *args, 32)
+
+
+@numba.njit(inline="always")
+def pair_rows(i, b, rb):
+    """The tiles' addressing (`repack.file_rows`): row i's block b is row i % 2 of the block pair
+    at 2 * (i // 2) * rb + b * PAIR (its scale at + 2 * (i % 2))."""
+    return (i - i % 2) * rb + b * PAIR, i % 2
+
+
+@numba.njit(**_NB)
+def _row_scales(w, r0, r1, nb):
+    """float32 [(r1 - r0) * nb]: the f16 scale of every block of rows r0..r1-1 (the tiles' dws)."""
+    out = np.empty((r1 - r0) * nb, np.float32)
+    rb = w.shape[1]
+    for i in range(r0, r1):
+        for b in range(nb):
+            o, r = pair_rows(i, b, rb)
+            out[(i - r0) * nb + b] = f16_to_f32(w, o + 2 * r)
+    return out
+
+
+# ----------------------------------------------------------------------------- layout
+@numba.njit(**_NB)
+def pair_order(rb):
+    """Where each byte of a pair of rows in the file's layout (row 0's rb bytes, then row 1's) sits
+    in the pair's Q5_0_x2 bytes."""
+    at = np.empty(2 * rb, np.int64)
+    for j in range(2 * rb):
+        r, q = j // rb, j % rb
+        b, e = q // BSZ, q % BSZ
+        if e < 2:                                       # the scale
+            at[j] = b * PAIR + 2 * r + e
+        elif e < 6:                                     # the high bits' low, then high, 16 bits
+            at[j] = b * PAIR + (4 if e < 4 else 6) + 2 * r + e - 2
+        else:                                           # the nibble bytes
+            at[j] = b * PAIR + 12 + 16 * r + e - 6
+    return at
+
+
+@numba.njit(**_NB)
+def _rewrite(w, r0, r1, to_pairs) -> None:
+    if r0 % 2 or r1 % 2 or not 0 <= r0 <= r1 <= w.shape[0] or w.shape[1] % BSZ or not w.flags.c_contiguous:
+        raise ValueError("Q5_0_x2: rows must be whole pairs of a C-contiguous Q5_0 matrix")
+    rb = w.shape[1]
+    wf = w.reshape(-1)
+    at = pair_order(rb)
+    t = np.empty(2 * rb, np.uint8)
+    for p in range(r0 // 2, r1 // 2):
+        base = 2 * p * rb
+        for j in range(2 * rb):   # (element-wise: a slice copy compiles numba's shape message)
+            t[j] = wf[base + j]
+        for j in range(2 * rb):
+            if to_pairs:
+                wf[base + at[j]] = t[j]
+            else:
+                wf[base + j] = t[at[j]]
+
+
+def repack_rows(w: np.ndarray, r0: int, r1: int) -> None:
+    """Rows [r0, r1) (whole pairs) of a Q5_0 matrix, in place, from the file's layout to Q5_0_x2."""
+    _rewrite(w, r0, r1, True)
+
+
+def unpack_rows(w: np.ndarray, r0: int, r1: int) -> None:
+    """The inverse of `repack_rows`: rows [r0, r1) back to the file's layout, in place."""
+    _rewrite(w, r0, r1, False)
+
+
+@numba.njit(**_NB)
+def rows_to_file(w, r0, r1, out) -> None:
+    """Rows [r0, r1) (whole pairs) of a Q5_0_x2 matrix in the file's layout into out[0:r1 - r0]."""
+    rb = w.shape[1]
+    wf = w.reshape(-1)
+    of = out.reshape(-1)
+    at = pair_order(rb)
+    for p in range(r0 // 2, r1 // 2):
+        for j in range(2 * rb):
+            of[(2 * p - r0) * rb + j] = wf[2 * p * rb + at[j]]
+
+
+@numba.njit(**_NB)
+def dequant(w, r0, r1):
+    """Rows [r0, r1) of a Q5_0_x2 matrix dequantized: the file layout's, on those rows' pairs."""
+    a0, a1 = r0 - r0 % 2, r1 + r1 % 2
+    t = np.empty((a1 - a0, w.shape[1]), np.uint8)
+    rows_to_file(w, a0, a1, t)
+    return dequant_q5_0(t, r0 - a0, r1 - a0)
+
+
+# ----------------------------------------------------------------------------- products
+@numba.njit(**_NB)
+def _pair_inputs(xq, n4, nb):
+    """The activation blocks as the register's quarters (weights 0-15 twice, then 16-31 twice) and
+    their group-of-4 sums << SHIFT as the dot's initial lanes (groups 0-3 twice, 4-7 twice)."""
+    x64 = np.empty(nb * 64, np.int8)
+    ns = np.empty(nb * 16, np.int32)
+    for b in range(nb):
+        for j in range(16):
+            x64[b * 64 + j] = xq[b * 32 + j]
+            x64[b * 64 + 16 + j] = xq[b * 32 + j]
+            x64[b * 64 + 32 + j] = xq[b * 32 + 16 + j]
+            x64[b * 64 + 48 + j] = xq[b * 32 + 16 + j]
+        for j in range(4):
+            lo = np.int32(n4[b * 8 + j]) << SHIFT
+            hi = np.int32(n4[b * 8 + 4 + j]) << SHIFT
+            ns[b * 16 + j] = lo
+            ns[b * 16 + 4 + j] = lo
+            ns[b * 16 + 8 + j] = hi
+            ns[b * 16 + 12 + j] = hi
+    return x64.view(np.uint8), ns
+
+
+@numba.njit(inline="always")
+def _put(out, p, r0, r1, acc) -> None:
+    if r0 <= 2 * p < r1:
+        out[2 * p] = hsum_f(row_lanes(acc, 0))
+    if r0 <= 2 * p + 1 < r1:
+        out[2 * p + 1] = hsum_f(row_lanes(acc, 1))
+
+
+@numba.njit(**_NB)
+def matvec(w, xp, out, r0, r1):
+    """out[r0:r1] for one column (xp: its Q8_0 activations); a range with an odd end computes that
+    row's pair and writes its own row. A pair from each half of the range in turn (two streams,
+    two chains), as the file layout's kernel."""
+    xq, xd, n4 = xp
+    nb = xd.shape[0]
+    rb = w.shape[1]
+    x64, ns = _pair_inputs(xq, n4, nb)
+    p0, p1 = r0 // 2, (r1 + 1) // 2
+    pfd = prefetch_distance(nb * 32)
+    pm = stream_halves(p0, p1, 1, 2 * rb)
+    prime_streams(w, p0, pm, 2 * rb, pfd)
+    for s in range(pm - p0):
+        p, q = p0 + s, pm + s
+        bp, bq = 2 * p * rb, 2 * q * rb
+        a = f_zero16()
+        c = f_zero16()
+        for b in range(nb):
+            o = b * PAIR
+            prefetch(w, bp + o + pfd)
+            prefetch(w, bq + o + pfd)
+            a = pair_step(a, w, bp + o, x64, b * 64, ns, b * 16, xd[b])
+            c = pair_step(c, w, bq + o, x64, b * 64, ns, b * 16, xd[b])
+        _put(out, p, r0, r1, a)
+        _put(out, q, r0, r1, c)
+    for p in range(2 * pm - p0, p1):
+        bp = 2 * p * rb
+        a = f_zero16()
+        for b in range(nb):
+            prefetch(w, bp + b * PAIR + pfd)
+            a = pair_step(a, w, bp + b * PAIR, x64, b * 64, ns, b * 16, xd[b])
+        _put(out, p, r0, r1, a)
+
+
+def kernels(mode: int) -> dict:
+    """{"Q5_0_x2": (matvec, matmat, mul_mat_id)} on AVX-512 VNNI (the layout is not used elsewhere).
+
+    The prompt product: below a tile's 8 columns, the one-token product per column (the file
+    layout's prompt product gives each column those numbers then); else the Q5_0 prompt tiles
+    (`repack.q0_tiles`) reading each row's blocks where this layout keeps them."""
+    if mode != VNNI:
+        return {}
+    setup, tiles = repack.q0_tiles(row_x1, row_x2, pair_rows, SHIFT)
+
+    @numba.njit(**_NB)
+    def matmat(w, xp, out, r0, r1):
+        xq, xd, n4 = xp
+        n = xq.shape[0]
+        if n < 8:
+            for c in range(n):
+                matvec(w, (xq[c], xd[c], n4[c]), out[c], r0, r1)
+            return
+        xt, mt, st = setup(xq, xd, n4)
+        tiles(w, xq, xd, n4, xt, mt, st, _row_scales(w, r0, r1, xd.shape[1]), out, r0, r1, 0)
+
+    @numba.njit(**_NB)
+    def mul_mat_id(w, xp, out, r0, r1, rows):
+        matmat(w, xp, out, r0, r1)
+
+    return {"Q5_0_x2": (matvec, matmat, mul_mat_id)}
