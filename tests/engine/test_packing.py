@@ -6,6 +6,9 @@ logits to the bit as with the file's layout, in every weights mode, across live 
 and thread count, and a placement that could cut an 8-row group keeps the file's layout."""
 from __future__ import annotations
 
+import json
+import os
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
@@ -220,3 +223,43 @@ def test_packs_by_default_only_where_faster(monkeypatch):
         assert packing.packable(up, info, 1) == want, path
     monkeypatch.setattr(packing, "REPACK", "1")
     assert packing.packable(up, info, 1) == kernels.Q4_K_X8
+
+
+SWITCH_PROBE = r"""
+import json, sys
+import json
+import os
+
+import numpy as np
+from workbench.engine import Engine, kernels, packing
+from workbench.engine.engine import Placement
+eng = Engine.load(placement=Placement(threads=2))
+before = sorted(kernels.active_types())
+s = eng.new_session(64)
+ref = s.eval([2, 105, 1234, 4, 9, 77, 5000, 3, 12], logit_rows=slice(0, 9)).copy()
+s.close()
+real = packing.packable
+packing.packable = lambda name, info, n: None if n == 1 else real(name, info, n)
+eng.switch(threads=1)                      # every matrix back to the file's layout
+s = eng.new_session(64)
+got = s.eval([2, 105, 1234, 4, 9, 77, 5000, 3, 12], logit_rows=slice(0, 9)).copy()
+print(json.dumps({"before": before, "after": sorted(kernels.active_types()), "packed": len(eng.rt.packed),
+                  "same": bool(np.array_equal(ref, got))}))
+"""
+
+
+def test_a_model_whose_matrices_are_all_packed_compiles_the_file_kernels_when_a_switch_needs_them():
+    """A fresh process: the default model's Q4_K and Q5_0 matrices are all packed (up to 32
+    workers), so their file-layout kernels are not compiled at load; a switch that unpacks them
+    compiles them first, and the logits stay the same to the bit."""
+    import subprocess
+    import sys
+    if kernels.packed_type(int(T.Q5_0)) is None:
+        pytest.skip("the active kernel path keeps Q5_0 in the file's layout")
+    r = subprocess.run([sys.executable, "-c", SWITCH_PROBE], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    file_types = {int(T.Q4_K), int(T.Q5_0)}
+    if os.cpu_count() <= 32:
+        assert not file_types & set(out["before"]), out
+    assert file_types <= set(out["after"]) and out["packed"] == 0 and out["same"], out

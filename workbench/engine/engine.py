@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import weakref
@@ -179,16 +180,18 @@ def check_supported(g: GGUFFile) -> None:
             f"(supported: {', '.join(kernels.SUPPORTED_TYPES.values())})")
 
 
-def precompile_kernels(g: GGUFFile, progress: ProgressFn | None = None) -> None:
+def precompile_kernels(g: GGUFFile, progress: ProgressFn | None = None, n_workers: int | None = None) -> None:
     """Compile (or load from the disk cache) only the kernels this model's tensor types need, plus F16
     (the KV cache), and a mixture-of-experts model's expert products (its first prompt waited
     5.6 s for them on a first start), before the first token; progress as 'kernels' events
-    (done/total steps)."""
-    mats = {t.ggml_type for t in g.tensors.values() if len(t.shape) >= 2} | {kernels.F16}
+    (done/total steps). n_workers: the most workers the model will run with (default: every CPU):
+    a file type whose every matrix is packed then compiles only its packed layout's kernels (a
+    switch that unpacks one compiles them then, `Engine.switch`)."""
+    n_workers = max(n_workers or 0, os.cpu_count() or 1)
+    mats = packing.file_layout_types(g.tensors, n_workers) | {kernels.F16}
     deq = {t.ggml_type for name, t in g.tensors.items() if len(t.shape) < 2 or name == "token_embd.weight"}
-    experts = {t.ggml_type for t in g.tensors.values() if len(t.shape) >= 3}
-    packed = packing.packed_types(g.tensors)  # layouts the engine may keep weights in
-    mats |= packed
+    experts = {t.ggml_type for t in g.tensors.values() if len(t.shape) >= 3} & mats
+    mats |= packing.packed_types(g.tensors)  # layouts the engine may keep weights in
     experts = sorted(experts | packing.packed_types({n: t for n, t in g.tensors.items() if len(t.shape) >= 3}))
     report = None
     if progress:
@@ -204,6 +207,18 @@ def precompile_kernels(g: GGUFFile, progress: ProgressFn | None = None) -> None:
                        after=crew.compile_tasks() + warm_ops.compile_tasks(uses))
     crew.warm()
     warm_expert_loops(experts)
+
+
+def _compile_file_kernels(tensors: dict, names: list[str]) -> None:
+    """Before tensors go back to the file's layout: the kernels of their types, if the load left
+    them out (`precompile_kernels`); the runtime's next crew links them."""
+    active = kernels.active_types()
+    types = {tensors[n].ggml_type for n in names}
+    if active is None or not types - active:
+        return
+    experts = {tensors[n].ggml_type for n in names if len(tensors[n].shape) >= 3}
+    kernels.precompile(sorted(types - active), dequantize=[], experts=sorted(experts - active))
+    warm_expert_loops(sorted(experts - active))
 
 
 class Engine:
@@ -266,7 +281,7 @@ class Engine:
         # the kernels this file's types need compile (or come from the disk cache) in the
         # background while the tokenizer is built and the weights are read: the read releases the
         # GIL, so on a first start the two overlap instead of adding up
-        compiling = _Background(precompile_kernels, g, progress)
+        compiling = _Background(precompile_kernels, g, progress, placement.threads)
         try:
             tokenizer = Tokenizer.from_metadata(g.metadata)
         except ValueError as e:
@@ -376,6 +391,7 @@ class Engine:
                     # file's layout before the copy; the ones that may be packed are packed after it
                     packed, want = self.rt.packed, packing.wanted(self.gguf.tensors, len(pool.workers))
                     keep = {n: t for n, t in packed.items() if want.get(n) == t}
+                    _compile_file_kernels(self.gguf.tensors, [n for n in packed if n not in keep])
                     packing.apply(self.layout, self.pool, packed, keep, progress)
                     try:
                         layout = switch_weights(self.layout, plan, pool, progress)

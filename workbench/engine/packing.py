@@ -67,16 +67,28 @@ def packed_types(tensors: Mapping[str, TensorInfo]) -> set[int]:
     return {t for name, info in tensors.items() if (t := _candidate(name, info)) is not None}
 
 
+def _whole_groups(info: TensorInfo, n_workers: int) -> bool:
+    """No piece or range of a plan with this many workers cuts its 8-row groups (of each expert)."""
+    per = info.rows // (int(info.shape[2]) if len(info.shape) == 3 else 1)
+    return per % ROW_ALIGN == 0 and per >= ROW_ALIGN * n_workers
+
+
 def packable(name: str, info: TensorInfo, n_workers: int) -> int | None:
     """The layout `name` may be kept in with `n_workers` workers, or None (the file's layout)."""
     t = _candidate(name, info)
     active = kernels.active_types()
-    if t is None or (active is not None and t not in active):
-        return None
-    per = info.rows // (int(info.shape[2]) if len(info.shape) == 3 else 1)
-    if per % ROW_ALIGN or per < ROW_ALIGN * n_workers:
+    if t is None or (active is not None and t not in active) or not _whole_groups(info, n_workers):
         return None
     return t
+
+
+def file_layout_types(tensors: Mapping[str, TensorInfo], n_workers: int) -> set[int]:
+    """The file types whose products run on the file's layout for some matrix with up to
+    `n_workers` workers: only their kernels need compiling beside the packed layouts' (a first
+    start then loads no kernel nothing calls: Gemma 3 270M's file-layout Q4_K and Q5_0 kernels
+    were 3-4 MiB of its peak memory)."""
+    return {info.ggml_type for name, info in tensors.items() if len(info.shape) >= 2
+            and (_candidate(name, info) is None or not _whole_groups(info, n_workers))}
 
 
 def _movers(t: int) -> tuple[Callable, Callable]:
