@@ -42,7 +42,7 @@ __all__ = [
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30
 Q2_K, Q3_K, IQ4_NL, IQ4_XS = 10, 11, 20, 23
 #: not a ggml type: Q4_K bytes kept in llama.cpp's 8-row interleaved layout (`x86.k4_x8`; the same
-#: size, rows % 8 == 0). The engine repacks expert tensors into it at load (`..packing`).
+#: size, rows % 8 == 0). The engine repacks Q4_K weight matrices into it at load (`..packing`).
 Q4_K_X8 = 1012
 #: not a ggml type: Q5_0 bytes kept in row pairs (`x86.q5_pairs`; the same size, the AVX-512 path)
 Q5_0_X2 = 1006
@@ -180,8 +180,8 @@ def is_supported(ggml_type: int) -> bool:
 
 
 def packed_type(ggml_type: int) -> int | None:
-    """The layout the active kernel path keeps a tensor of this file type in when it may (expert
-    tensors whose 8-row groups no placement cuts, see `..packing`), or None."""
+    """The layout the active kernel path keeps a tensor of this file type in when it may (weight
+    matrices whose 8-row groups no placement cuts, see `..packing`), or None."""
     t = PACKED_LAYOUTS.get(ggml_type)
     return t if t is not None and t in _MATVEC else None
 
