@@ -13,7 +13,7 @@ layout. Token embeddings stay in the file's layout (their rows are looked up, no
 
 Q5_0 weight matrices are kept in row pairs (`kernels.x86.q5_pairs`, the AVX-512 VNNI path only):
 the one-token product takes both rows of a pair in one register without rearranging their bytes
-first; the prompt product unpacks stretches of rows to the file's layout for its tiles.
+first; the prompt tiles read each row's blocks where the pair keeps them.
 
 A tensor is packed only when no piece or compute range of any plan with this many workers cuts
 an 8-row group: its rows (per expert) are a multiple of 8 and at least 8 per worker, so

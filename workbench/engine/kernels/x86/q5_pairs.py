@@ -307,7 +307,7 @@ def kernels(mode: int) -> dict:
                 matvec(w, (xq[c], xd[c], n4[c]), out[c], r0, r1)
             return
         xt, mt, st = setup(xq, xd, n4)
-        tiles(w, xq, xd, n4, xt, mt, st, _row_scales(w, r0, r1, xd.shape[1]), out, r0, r1, 0)
+        tiles(w, xq, xd, n4, xt, mt, st, _row_scales(w, r0, r1, xd.shape[1]), out, r0, r1)
 
     @numba.njit(**_NB)
     def mul_mat_id(w, xp, out, r0, r1, rows):

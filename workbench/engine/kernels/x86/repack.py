@@ -168,9 +168,9 @@ def q0_matmat(mode, unpack, bits, bsz, shift):
 
 
 @numba.njit(inline="always")
-def q0_columns(mode, unpack, at, shift, w, xq, xd, n4, out, r0, r1, c0, orow=0):
+def q0_columns(mode, unpack, at, shift, w, xq, xd, n4, out, r0, r1, c0):
     """Columns c0.. of a Q4_0/Q5_0 prompt product one at a time (the columns a tile of 8 leaves);
-    weight row i's outputs go to out[:, orow + i]; `at`, `unpack`: the layout (`file_rows`)."""
+    `at`, `unpack`: the weights' layout (`file_rows`)."""
     n, k = xq.shape
     nb = xd.shape[1]
     rb = w.shape[1]
@@ -184,7 +184,7 @@ def q0_columns(mode, unpack, at, shift, w, xq, xd, n4, out, r0, r1, c0, orow=0):
                 m = i_shl(load_i8(ns, c * (k // 4) + b * 8), shift)
                 acc = fmadd_i(acc, dot_us(mode, m, unpack(w, o0, r), load_b32(xf, c * k + b * 32)),
                               f16_to_f32(w, o0 + 2 * r) * xd[c, b])
-            out[c, orow + i] = hsum_f(acc)
+            out[c, i] = hsum_f(acc)
 
 
 def file_rows(bsz):
@@ -253,7 +253,7 @@ def q0_matmat_pairs(unpack, unpack2, bsz, shift):
     def matmat(w, xp, out, r0, r1):
         xq, xd, n4 = xp
         n, nb, rb, xt, mt, st, dws = _tile_setup(w, xp, r0, r1, bsz, shift)
-        tiles(w, xq, xd, n4, xt, mt, st, dws, out, r0, r1, 0)
+        tiles(w, xq, xd, n4, xt, mt, st, dws, out, r0, r1)
     return matmat
 
 
@@ -261,8 +261,8 @@ def q0_tiles(unpack, unpack2, at, shift):
     """(setup, tiles) of the AVX-512 Q4_0 / Q5_0 prompt product over another layout of the weights
     (`q5_pairs`): ``at`` its addressing (`file_rows`), ``unpack(w, o, r)``, ``unpack2(w, o, r)`` a
     row's unsigned quants in a ymm / both halves of a zmm register. setup(xq, xd, n4) -> (xt, mt,
-    st); tiles(w, xq, xd, n4, xt, mt, st, dws, out, r0, r1, orow) with dws the rows' block scales
-    ((i - r0) * nb + b), weight row i's outputs in out[:, orow + i]."""
+    st); tiles(w, xq, xd, n4, xt, mt, st, dws, out, r0, r1) with dws the rows' block scales
+    ((i - r0) * nb + b)."""
     @numba.njit(**_NB)
     def setup(xq, xd, n4):
         return _pack_q8_0(xq, xd, n4, shift)
@@ -273,7 +273,7 @@ def _pair_tiles(unpack, unpack2, at, shift):
     """`q0_matmat_pairs`' tiles over activations already regrouped (_pack_q8_0), the weights in
     the layout `at` (`file_rows`) unpacks with unpack(w, o, r), unpack2(w, o, r)."""
     @numba.njit(**_NB)
-    def tiles(w, xq, xd, n4, xt, mt, st, dws, out, r0, r1, orow):
+    def tiles(w, xq, xd, n4, xt, mt, st, dws, out, r0, r1):
         n = xq.shape[0]
         nb = xd.shape[1]
         rb = w.shape[1]
@@ -306,11 +306,11 @@ def _pair_tiles(unpack, unpack2, at, shift):
                     b2 = _pair_step(b2, u1, xt, xo, mt, mo, sx, so, d1, 2)
                     a3 = _pair_step(a3, u0, xt, xo, mt, mo, sx, so, d0, 3)
                     b3 = _pair_step(b3, u1, xt, xo, mt, mo, sx, so, d1, 3)
-                _put_pairs(out, c, orow + i, a0, a1, a2, a3)
+                _put_pairs(out, c, i, a0, a1, a2, a3)
                 if two:
-                    _put_pairs(out, c, orow + i1, b0, b1, b2, b3)
+                    _put_pairs(out, c, i1, b0, b1, b2, b3)
                 i += 2 if two else 1
-        q0_columns(VNNI, unpack, at, shift, w, xq, xd, n4, out, r0, r1, n - n % 8, orow)
+        q0_columns(VNNI, unpack, at, shift, w, xq, xd, n4, out, r0, r1, n - n % 8)
     return tiles
 
 
