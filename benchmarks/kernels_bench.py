@@ -3,11 +3,14 @@
 matvec: GB/s of weight bytes streamed (by default a matrix of twice the last-level cache, at least
 64 MB: the Intel Xeon host reports 480 MiB of L3, where 64 MB ran from the cache), on 2 MB pages
 like the engine's weights, compared with ~30 GB/s one-core memory bandwidth.  matmat: GFLOP/s
-(2*rows*k*n) on an L2-sized matrix.  ``Q4_K_x8``: Q4_K in the 8-row layout the engine keeps on the
-SIMD paths (its one-token product is another kernel than plain Q4_K's).
+(2*rows*k*n) on an L2-sized matrix.  ``Q4_K_x8``, ``Q5_0_x2``: the layouts the engine keeps Q4_K
+and Q5_0 weight matrices in (`engine/packing.py`: llama.cpp's 8-row Q4_K layout on the SIMD paths,
+Q5_0 row pairs on AVX-512 VNNI), each with its own one-token kernel.  AMD EPYC host (Zen 5),
+2026-12-05, K = 640, 1 thread: Q5_0 34.8-35.6 GB/s, Q5_0_x2 41.2-41.5 from memory (67 MB);
+34.8-35.9 and 41.3-41.9 in the L2 (``--mb 0.8``).
 Also the Python wrapper overhead of one matvec call on a tiny matrix.
 
-    python3 benchmarks/kernels_bench.py [--mb MB] [--paths avx512-vnni,avx2] [--types Q8_0,Q4_K,Q4_K_x8]
+    python3 benchmarks/kernels_bench.py [--mb MB] [--paths avx512-vnni,avx2] [--types Q8_0,Q4_K,Q4_K_x8,Q5_0_x2]
     python3 benchmarks/kernels_bench.py --cold-rows 640 --k 1024 --types Q4_K,Q4_K_x8 --no-matmat
 
 ``--cold-rows R``: the matvec column streams the same bytes as matrices of R rows each (a layer's
@@ -30,6 +33,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from workbench.engine import kernels as K  # noqa: E402
 
 ONE_CORE_GBS = 30.0
+FILE_TYPE = {packed: file for file, packed in K.PACKED_LAYOUTS.items()}   # the engine's layouts
 SCALE_OFFSETS = {  # byte offsets of f16 scale fields inside a block (kept finite and small)
     "F16": None, "BF16": None, "F32": None, "Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2),
     "Q5_0": (0,), "Q5_1": (0, 2), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_NL": (0,),
@@ -72,16 +76,17 @@ def llc_mb() -> float:
 
 
 def weights(t: int, rows: int, k: int, rng) -> np.ndarray:
-    """A random matrix of type t on 2 MB pages (as the engine's weights); Q4_K_X8: Q4_K repacked."""
+    """A random matrix of type t on 2 MB pages (as the engine's weights); a packed layout: its file
+    type's matrix repacked."""
+    from workbench.engine import packing
     from workbench.numa.memory import alloc
-    base = K.Q4_K if t == K.Q4_K_X8 else t
+    base = FILE_TYPE.get(t, t)
     w0 = make_matrix(base, rows, k, rng)
     buf = alloc(w0.nbytes, thp=True)
     w = buf.array[:w0.nbytes].reshape(w0.shape)
     w[:] = w0
-    if t == K.Q4_K_X8:
-        from workbench.engine.kernels.x86.k4_x8 import repack_rows
-        repack_rows(w, 0, rows)
+    if t != base:
+        packing.movers(t)[0](w, 0, rows)
     return w
 
 
@@ -114,7 +119,7 @@ def main() -> None:
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     names = {v: k for k, v in K.SUPPORTED_TYPES.items()}
-    names["Q4_K_x8"] = K.Q4_K_X8
+    names.update({K.TYPE_NAMES[t]: t for t in FILE_TYPE})
     types = [names[s] for s in args.types.split(",")]
     mb = args.mb if args.mb else max(64.0, 2 * llc_mb())
     paths = args.paths.split(",")
@@ -127,8 +132,8 @@ def main() -> None:
     print(hdr)
     print("-" * len(hdr))
     for t in types:
-        x8 = t == K.Q4_K_X8
-        base = K.Q4_K if x8 else t
+        x8 = t in FILE_TYPE   # a packed layout (whole 8-row groups)
+        base = FILE_TYPE.get(t, t)
         rb = K.row_bytes(base, k)
         step = 8 if x8 else args.rows_multiple
         rows = max(64, int(mb * 1e6 / rb)) // step * step
@@ -138,9 +143,9 @@ def main() -> None:
         wm = w[:mrows]
         outm = np.empty((args.n, mrows), np.float32)
         for p in paths:
-            if x8 and p == "portable":  # no packed layout there: the engine keeps the file's
-                continue
             K.set_kernel_path(p)
+            if x8 and K.packed_type(base) != t:  # no such layout there: the engine keeps the file's
+                continue
             xp = K.prepare(base, x)
             if args.cold_rows:
                 r = max(step, args.cold_rows // step * step)

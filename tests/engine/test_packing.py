@@ -1,4 +1,5 @@
-"""Weights kept in llama.cpp's repacked Q4_K layout (`engine.packing`, `kernels.x86.k4_x8`).
+"""Weights kept in faster layouts (`engine.packing`): llama.cpp's repacked Q4_K (`kernels.x86.k4_x8`),
+Q5_0 row pairs (`kernels.x86.q5_pairs`).
 
 The engine repacks a model's Q4_K weight matrices (a MoE model's experts, and the dense matrices of
 any model; not the token embeddings) in place after loading; prompt and decode must give the same
@@ -18,7 +19,6 @@ from workbench.engine import Engine, kernels
 from workbench.engine import packing
 from workbench.engine.engine import Placement
 from workbench.engine.gguf_file import TensorInfo
-from workbench.engine.kernels.x86 import k4_x8
 
 pytestmark = pytest.mark.skipif(kernels.packed_type(kernels.Q4_K) is None,
                                 reason="the active kernel path keeps Q4_K in the file's layout")
@@ -96,12 +96,6 @@ def _matrices(eng: Engine) -> dict[str, int]:
             and "embd" not in n and (len(t.shape) == 2 or n.endswith("_exps.weight")) and t.shape[1] % 8 == 0}
 
 
-def _unpack(layout: int):
-    if layout == kernels.Q5_0_X2:
-        from workbench.engine.kernels.x86 import q5_pairs
-        return q5_pairs.unpack_rows
-    return k4_x8.unpack_rows
-
 
 def _file_bytes(eng: Engine, name: str) -> np.ndarray:
     t = eng.gguf.tensors[name]
@@ -124,7 +118,7 @@ def _assert_packed(eng: Engine) -> None:
                 e0 = g0 + e
                 got = view[e].copy()
                 assert not np.array_equal(got, want[e0, first:first + got.shape[0]])
-                _unpack(layout)(got, 0, got.shape[0])
+                packing.movers(layout)[1](got, 0, got.shape[0])
                 assert np.array_equal(got, want[e0, first:first + got.shape[0]]), (name, e0)
 
 

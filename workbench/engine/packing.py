@@ -91,7 +91,7 @@ def file_layout_types(tensors: Mapping[str, TensorInfo], n_workers: int) -> set[
             and (_candidate(name, info) is None or not _whole_groups(info, n_workers))}
 
 
-def _movers(t: int) -> tuple[Callable, Callable]:
+def movers(t: int) -> tuple[Callable, Callable]:
     """(repack_rows, unpack_rows) of a layout: fn(w, r0, r1) rewrites rows [r0, r1) in place."""
     if t == kernels.Q5_0_X2:
         from .kernels.x86 import q5_pairs as mod
@@ -105,7 +105,7 @@ def _units(layout, names: list[tuple[str, bool, int]]) -> list[tuple[np.ndarray,
     the tensors."""
     out = []
     for name, to_packed, t in names:
-        move = _movers(t)[0 if to_packed else 1]
+        move = movers(t)[0 if to_packed else 1]
         for view, first, _g0, node in layout.copies(name):
             if first % ROW_ALIGN or view.shape[1] % ROW_ALIGN:
                 raise ValueError(f"{name}: a piece starting at row {first} cuts an 8-row group")

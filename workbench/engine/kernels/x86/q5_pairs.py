@@ -229,19 +229,12 @@ def _pair_inputs(xq, n4, nb):
     their group-of-4 sums << SHIFT as the dot's initial lanes (groups 0-3 twice, 4-7 twice)."""
     x64 = np.empty(nb * 64, np.int8)
     ns = np.empty(nb * 16, np.int32)
-    for b in range(nb):
+    for q in range(nb * 4):   # quarter q of the blocks' registers: 16 weights, then 4 group sums
+        src = (q // 4) * 32 + ((q % 4) // 2) * 16
         for j in range(16):
-            x64[b * 64 + j] = xq[b * 32 + j]
-            x64[b * 64 + 16 + j] = xq[b * 32 + j]
-            x64[b * 64 + 32 + j] = xq[b * 32 + 16 + j]
-            x64[b * 64 + 48 + j] = xq[b * 32 + 16 + j]
+            x64[q * 16 + j] = xq[src + j]
         for j in range(4):
-            lo = np.int32(n4[b * 8 + j]) << SHIFT
-            hi = np.int32(n4[b * 8 + 4 + j]) << SHIFT
-            ns[b * 16 + j] = lo
-            ns[b * 16 + 4 + j] = lo
-            ns[b * 16 + 8 + j] = hi
-            ns[b * 16 + 12 + j] = hi
+            ns[q * 4 + j] = np.int32(n4[src // 4 + j]) << SHIFT
     return x64.view(np.uint8), ns
 
 
