@@ -1,13 +1,15 @@
 """Single-thread throughput of workbench.engine.kernels per GGUF type (a script, not a test).
 
-matvec: GB/s of weight bytes streamed (by default a matrix of twice the last-level cache, at least
-64 MB: the Intel Xeon host reports 480 MiB of L3, where 64 MB ran from the cache), on 2 MB pages
-like the engine's weights, compared with ~30 GB/s one-core memory bandwidth.  matmat: GFLOP/s
-(2*rows*k*n) on an L2-sized matrix.  ``Q4_K_x8``, ``Q5_0_x2``: the layouts the engine keeps Q4_K
-and Q5_0 weight matrices in (`engine/packing.py`: llama.cpp's 8-row Q4_K layout on the SIMD paths,
-Q5_0 row pairs on AVX-512 VNNI), each with its own one-token kernel.  AMD EPYC host (Zen 5),
-2026-12-05, K = 640, 1 thread: Q5_0 34.8-35.6 GB/s, Q5_0_x2 41.2-41.5 from memory (67 MB);
-34.8-35.9 and 41.3-41.9 in the L2 (``--mb 0.8``).
+matvec: GB/s of weight bytes streamed (by default a matrix of four times the last-level cache, at
+least 256 MB: the Intel Xeon host reports 480 MiB of L3, where 64 MB ran from the cache, and on the
+AMD EPYC Zen 5 host, 32 MiB of L3, a 67 MB matrix still partly did: Q8_0_x2 read 51.2 GB/s there
+against 41.4 at 400 MB), on 2 MB pages like the engine's weights, compared with ~30 GB/s one-core
+memory bandwidth.  matmat: GFLOP/s (2*rows*k*n) on an L2-sized matrix.  ``Q4_K_x8``, ``Q5_0_x2``,
+``Q8_0_x2``: the layouts the engine keeps Q4_K, Q5_0 and Q8_0 weight matrices in
+(`engine/packing.py`: llama.cpp's 8-row Q4_K layout on the SIMD paths, Q5_0 and Q8_0 row pairs on
+AVX-512 VNNI), each with its own one-token kernel.  AMD EPYC host (Zen 5), 2026-12-05, K = 640, 1
+thread: Q5_0 34.8-35.6 GB/s, Q5_0_x2 41.2-41.5 (67 MB); 34.8-35.9 and 41.3-41.9 in the L2 (``--mb
+0.8``); Q8_0 43.5 and Q8_0_x2 82.6 in the L2, 42.4 and 41.4 from memory (400 MB: the memory's limit).
 Also the Python wrapper overhead of one matvec call on a tiny matrix.
 
     python3 benchmarks/kernels_bench.py [--mb MB] [--paths avx512-vnni,avx2] [--types Q8_0,Q4_K,Q4_K_x8,Q5_0_x2]
@@ -105,8 +107,8 @@ def bench(fn, min_time=0.3, min_reps=3) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mb", type=float, help="matvec matrix size in MB (default: 2 x the last-level cache, "
-                    "at least 64)")
+    ap.add_argument("--mb", type=float, help="matvec matrix size in MB (default: 4 x the last-level cache, "
+                    "at least 256)")
     ap.add_argument("--k", type=int, default=2048)
     ap.add_argument("--n", type=int, default=64, help="matmat batch columns")
     ap.add_argument("--paths", default=",".join(K.available_paths()))
@@ -121,7 +123,7 @@ def main() -> None:
     names = {v: k for k, v in K.SUPPORTED_TYPES.items()}
     names.update({K.TYPE_NAMES[t]: t for t in FILE_TYPE})
     types = [names[s] for s in args.types.split(",")]
-    mb = args.mb if args.mb else max(64.0, 2 * llc_mb())
+    mb = args.mb if args.mb else max(256.0, 4 * llc_mb())
     paths = args.paths.split(",")
     k = args.k
     x = rng.standard_normal(k, dtype=np.float32)

@@ -76,6 +76,7 @@ class TinySpec:
     yarn: tuple[float, int, float] | None = None  # (factor, original context, mscale_all_dim)
     old_mla: bool = False         # the legacy attn_kv_b layout (refused)
     eos_id: int = 1               # tokenizer.ggml.eos_token_id
+    unused_tokens: int = 0        # unused tokens after the vocabulary (296 rows: whole 8-row groups)
 
 
 def _deepseek2_layers(spec: TinySpec, mat, vec, experts) -> None:
@@ -143,6 +144,9 @@ def write_tiny_model(path: str | os.PathLike, spec: TinySpec, split_max_tensors:
     writer), `<stem>-00001-of-0000N.gguf` ... next to `path`, metadata in the first part."""
     rng = np.random.default_rng(spec.seed)
     tokens, scores, types = spm_vocab()
+    tokens += [f"<unused{i}>" for i in range(spec.unused_tokens)]
+    scores += [0.0] * spec.unused_tokens
+    types += [5] * spec.unused_tokens
     n_vocab = len(tokens)
     w = gguf.GGUFWriter(os.fspath(path), spec.arch, split_max_tensors=split_max_tensors)
     a = spec.arch

@@ -13,6 +13,23 @@ f32, f64 = np.float32, np.float64
 
 
 
+def random_activations(n, k, seed, extreme=False):
+    """float32 [n, k] standard normal; extreme: quantizes to +-127 in every Q8_0 block."""
+    x = np.random.default_rng(seed).standard_normal((n, k)).astype(f32)
+    if extreme:
+        x[:, ::2] = 50.0
+        x[:, 1::2] = -50.0
+    return x
+
+
+def packed(layout, w):
+    """A copy of file-layout weights w in one of the engine's layouts (`packing.movers`)."""
+    from workbench.engine import packing
+    w2 = w.copy()
+    packing.movers(layout)[0](w2, 0, w.shape[0])
+    return w2
+
+
 # ----------------------------------------------------------------------------- exact float32 helpers
 def fma32(a, b, c):
     """Correctly rounded float32 a*b + c (arrays), via an exact float64 product and TwoSum."""

@@ -1,5 +1,5 @@
 """Weights kept in faster layouts (`engine.packing`): llama.cpp's repacked Q4_K (`kernels.x86.k4_x8`),
-Q5_0 row pairs (`kernels.x86.q5_pairs`).
+Q5_0 and Q8_0 row pairs (`kernels.x86.q5_pairs`, `q8_pairs`).
 
 The engine repacks a model's Q4_K weight matrices (a MoE model's experts, and the dense matrices of
 any model; not the token embeddings) in place after loading; prompt and decode must give the same
@@ -57,10 +57,20 @@ def q5_dense(tmp_path_factory):
                                                                  n_layer=2, tied=False, seed=6))
 
 
-@pytest.fixture(params=["q4k_moe", "q4k_dense", "q5_dense"])
+@pytest.fixture(scope="module")
+def q8_tied(tmp_path_factory):
+    """A dense model of Q8_0 matrices whose output product multiplies its token embeddings (296
+    rows: whole 8-row groups), as Gemma 3 270M's: the embeddings are kept in row pairs too and
+    looked up there."""
+    return _model(tmp_path_factory, "tied-q8_0.gguf", TinySpec(arch="gemma3", qtype=T.Q8_0, n_embd=256, n_ff=512,
+                                                               n_layer=2, tied=True, unused_tokens=6, seed=8))
+
+
+@pytest.fixture(params=["q4k_moe", "q4k_dense", "q5_dense", "q8_tied"])
 def model(request):
-    if request.param == "q5_dense" and int(T.Q5_0) not in LAYOUTS:
-        pytest.skip("the active kernel path keeps Q5_0 in the file's layout")
+    qtype = {"q5_dense": int(T.Q5_0), "q8_tied": int(T.Q8_0)}.get(request.param)
+    if qtype is not None and qtype not in LAYOUTS:
+        pytest.skip(f"the active kernel path keeps {T(qtype).name} in the file's layout")
     return request.getfixturevalue(request.param)
 
 
@@ -85,15 +95,17 @@ def _reference(path: str, monkeypatch) -> list[np.ndarray]:
             eng.close()
 
 
-LAYOUTS = {t: kernels.packed_type(t) for t in (int(T.Q4_K), int(T.Q5_0)) if kernels.packed_type(t) is not None}
+LAYOUTS = {t: kernels.packed_type(t) for t in (int(T.Q4_K), int(T.Q5_0), int(T.Q8_0)) if kernels.packed_type(t) is not None}
 
 
 def _matrices(eng: Engine) -> dict[str, int]:
-    """The tensors the engine packs, with their layouts: Q4_K and Q5_0 experts and 2-D weights in
-    whole 8-row groups, not the token embeddings (the dense models' output matrix, 290 rows, stays
-    in the file's layout)."""
+    """The tensors the engine packs, with their layouts: Q4_K, Q5_0 and Q8_0 experts and 2-D
+    weights in whole 8-row groups, not the token embeddings unless tied Q8_0 ones (the other dense
+    models' output matrix, 290 rows, stays in the file's layout)."""
+    tied = "output.weight" not in eng.gguf.tensors
     return {n: LAYOUTS[t.ggml_type] for n, t in eng.gguf.tensors.items() if t.ggml_type in LAYOUTS
-            and "embd" not in n and (len(t.shape) == 2 or n.endswith("_exps.weight")) and t.shape[1] % 8 == 0}
+            and ("embd" not in n or tied and t.ggml_type == int(T.Q8_0))
+            and (len(t.shape) == 2 or n.endswith("_exps.weight")) and t.shape[1] % 8 == 0}
 
 
 
@@ -128,7 +140,7 @@ def test_packed_weights_give_the_same_logits(model, threads, monkeypatch):
     eng = Engine.load(model, placement=Placement(threads=threads))
     try:
         _assert_packed(eng)
-        assert "token_embd.weight" not in eng.rt.packed
+        assert ("token_embd.weight" in eng.rt.packed) == model.endswith("tied-q8_0.gguf")
         got = _logits(eng)
     finally:
         eng.close()
@@ -166,7 +178,7 @@ def test_a_switch_that_could_cut_groups_unpacks_first(q4k_moe, monkeypatch):
     try:
         _assert_packed(eng)
         real = packing.packable
-        monkeypatch.setattr(packing, "packable", lambda name, info, n: None if n == 1 else real(name, info, n))
+        monkeypatch.setattr(packing, "packable", lambda name, info, n, *tied: None if n == 1 else real(name, info, n, *tied))
         eng.switch(threads=1)
         assert eng.rt.packed == {} and all(w.ggml_type != kernels.Q4_K_X8 for w in eng.rt.weights.values())
         for name in _matrices(eng):
@@ -192,13 +204,22 @@ def test_which_tensors_are_packed(monkeypatch):
     assert packing.packable(up, _info(up, q4k, 256), 32) == kernels.Q4_K_X8
     assert packing.packable(up, _info(up, q4k, 256), 33) is None      # fewer than 8 rows a worker
     assert packing.packable(up, _info(up, q4k, 260), 1) is None       # rows not in whole groups
-    assert packing.packable(up, _info(up, int(T.Q8_0), 256), 1) is None
+    assert packing.packable(up, _info(up, int(T.Q6_K), 256), 1) is None     # no packed layout
     assert packing.packable("blk.0.attn_k_b.weight", _info("blk.0.attn_k_b.weight", q4k, 256), 1) is None
     dense = "blk.0.attn_output.weight"   # 2-D weights: the same rules on their rows
     assert packing.packable(dense, _info(dense, q4k, 256, n_exp=0), 32) == kernels.Q4_K_X8
     assert packing.packable(dense, _info(dense, q4k, 256, n_exp=0), 33) is None
     assert packing.packable(dense, _info(dense, q4k, 260, n_exp=0), 1) is None
-    assert packing.packable("token_embd.weight", _info("token_embd.weight", q4k, 256, n_exp=0), 1) is None
+    emb = "token_embd.weight"   # looked up; multiplied too when tied, where a token's call can read the pairs
+    assert packing.packable(emb, _info(emb, q4k, 256, n_exp=0), 1) is None
+    assert packing.packable(emb, _info(emb, q4k, 256, n_exp=0), 1, tied=True) is None   # x8: no compiled lookup
+    q8 = int(T.Q8_0)
+    assert packing.packable(emb, _info(emb, q8, 256, n_exp=0), 1) is None
+    assert packing.packable(emb, _info(emb, q8, 256, n_exp=0), 1, tied=True) == LAYOUTS.get(q8)
+    tensors = {emb: _info(emb, q8, 256, n_exp=0)}
+    assert packing.wanted(tensors, 1) == ({emb: LAYOUTS[q8]} if q8 in LAYOUTS else {})
+    assert packing.wanted({**tensors, "output.weight": _info("output.weight", q8, 256, n_exp=0)}, 1) == (
+        {"output.weight": LAYOUTS[q8]} if q8 in LAYOUTS else {})
     assert packing.packable("output.weight", _info("output.weight", q4k, 256, n_exp=0), 1) == kernels.Q4_K_X8
     q5 = "blk.0.ffn_up.weight"   # Q5_0: row pairs where the path has their kernels (AVX-512 VNNI)
     assert packing.packable(q5, _info(q5, int(T.Q5_0), 256, n_exp=0), 1) == LAYOUTS.get(int(T.Q5_0))
@@ -233,7 +254,7 @@ s = eng.new_session(64)
 ref = s.eval([2, 105, 1234, 4, 9, 77, 5000, 3, 12], logit_rows=slice(0, 9)).copy()
 s.close()
 real = packing.packable
-packing.packable = lambda name, info, n: None if n == 1 else real(name, info, n)
+packing.packable = lambda name, info, n, *tied: None if n == 1 else real(name, info, n, *tied)
 eng.switch(threads=1)                      # every matrix back to the file's layout
 s = eng.new_session(64)
 got = s.eval([2, 105, 1234, 4, 9, 77, 5000, 3, 12], logit_rows=slice(0, 9)).copy()
@@ -257,3 +278,26 @@ def test_a_model_whose_matrices_are_all_packed_compiles_the_file_kernels_when_a_
     if os.cpu_count() <= 32:
         assert not file_types & set(out["before"]), out
     assert file_types <= set(out["after"]) and out["packed"] == 0 and out["same"], out
+
+
+PAIR_LAYOUTS = [t for t in (kernels.Q5_0_X2, kernels.Q8_0_X2) if t in LAYOUTS.values()]
+
+
+@pytest.mark.parametrize("layout", PAIR_LAYOUTS, ids=lambda t: kernels.TYPE_NAMES[t])
+@pytest.mark.parametrize("k", [256, 640, 2048])
+def test_row_pair_repack_round_trip_keeps_each_pair(layout, k):
+    """The row-pair layouts (Q5_0_x2, Q8_0_x2) rewrite whole pairs in place, each pair keeping its
+    own bytes, and back; a range that cuts a pair is refused."""
+    from kernel_emulation import weights
+    file_type = next(f for f, t in LAYOUTS.items() if t == layout)
+    repack, unpack = packing.movers(layout)
+    w = weights(T(file_type), 12, k, seed=k)
+    w2 = w.copy()
+    repack(w2, 4, 12)                                   # rows 0-3 stay as they were
+    assert np.array_equal(w2[:4], w[:4]) and not np.array_equal(w2[4:], w[4:])
+    for p in range(2, 6):                               # each pair keeps its own bytes
+        assert sorted(w2[2 * p:2 * p + 2].ravel()) == sorted(w[2 * p:2 * p + 2].ravel())
+    unpack(w2, 4, 12)
+    assert np.array_equal(w2, w)
+    with pytest.raises(ValueError, match="whole pairs"):
+        repack(w2, 3, 12)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from kernel_emulation import emulate_legacy, f32, weights
+from kernel_emulation import emulate_legacy, f32, packed, random_activations, weights
 from workbench.engine import kernels as K
 
 pytestmark = pytest.mark.skipif(K.packed_type(K.Q5_0) is None,
@@ -16,47 +16,13 @@ pytestmark = pytest.mark.skipif(K.packed_type(K.Q5_0) is None,
 Q5_0 = int(T.Q5_0)
 
 
-@pytest.fixture(scope="module")
-def q5p():
-    from workbench.engine.kernels.x86 import q5_pairs
-    return q5_pairs
-
-
-def _packed(q5p, w):
-    w2 = w.copy()
-    q5p.repack_rows(w2, 0, w.shape[0])
-    return w2
-
-
-def _x(n, k, seed, extreme=False):
-    x = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)
-    if extreme:   # quantizes to +-127 in every block
-        x[:, ::2] = 50.0
-        x[:, 1::2] = -50.0
-    return x
-
-
 @pytest.mark.parametrize("k", [256, 640, 2048])
-def test_repack_round_trip_keeps_each_pair(q5p, k):
-    w = weights(T.Q5_0, 12, k, seed=k)
-    w2 = w.copy()
-    q5p.repack_rows(w2, 4, 12)                          # rows 0-3 stay as they were
-    assert np.array_equal(w2[:4], w[:4]) and not np.array_equal(w2[4:], w[4:])
-    for p in range(2, 6):                               # each pair keeps its own bytes
-        assert sorted(w2[2 * p:2 * p + 2].ravel()) == sorted(w[2 * p:2 * p + 2].ravel())
-    q5p.unpack_rows(w2, 4, 12)
-    assert np.array_equal(w2, w)
-    with pytest.raises(ValueError, match="whole pairs"):
-        q5p.repack_rows(w2, 3, 12)
-
-
-@pytest.mark.parametrize("k", [256, 640, 2048])
-def test_one_token_product_is_ggml_order(q5p, k):
+def test_one_token_product_is_ggml_order(k):
     rows = 46
     w = weights(T.Q5_0, rows, k, seed=3 + k)
-    w2 = _packed(q5p, w)
+    w2 = packed(K.Q5_0_X2, w)
     for seed, extreme in ((1, False), (2, True)):
-        xp = K.prepare(Q5_0, _x(1, k, seed, extreme)[0])
+        xp = K.prepare(Q5_0, random_activations(1, k, seed, extreme)[0])
         ref = emulate_legacy(T.Q5_0, w, xp[0][None], xp[1][None])[0]
         for r0, r1 in [(0, rows), (3, 45), (8, 9), (44, 46), (6, 6)]:
             out = np.full(rows, np.nan, f32)
@@ -66,13 +32,13 @@ def test_one_token_product_is_ggml_order(q5p, k):
 
 
 @pytest.mark.parametrize("n", [1, 5, 7, 8, 9, 16, 21])
-def test_prompt_product_equals_the_file_layout(q5p, n):
+def test_prompt_product_equals_the_file_layout(n):
     """Below 8 columns the one-token product per column, from 8 the Q5_0 tiles reading each row's
     blocks from its pair (ranges with odd ends: a tile's two rows from two pairs)."""
     rows, k = 38, 640
     w = weights(T.Q5_0, rows, k, seed=n)
-    w2 = _packed(q5p, w)
-    xp = K.prepare(Q5_0, _x(n, k, 10 + n, extreme=n == 9))
+    w2 = packed(K.Q5_0_X2, w)
+    xp = K.prepare(Q5_0, random_activations(n, k, 10 + n, extreme=n == 9))
     for r0, r1 in [(0, rows), (1, 37), (3, 6), (10, 12), (13, 30)]:
         want = np.full((n, rows), np.nan, f32)
         got = want.copy()
@@ -85,8 +51,8 @@ def test_prompt_product_equals_the_file_layout(q5p, n):
     np.testing.assert_array_equal(ids, want)
 
 
-def test_dequantized_rows_equal_the_file_layout(q5p):
+def test_dequantized_rows_equal_the_file_layout():
     w = weights(T.Q5_0, 20, 512, seed=7)
-    w2 = _packed(q5p, w)
+    w2 = packed(K.Q5_0_X2, w)
     for r0, r1 in [(0, 20), (3, 4), (5, 18)]:
         np.testing.assert_array_equal(K.dequantize_rows(K.Q5_0_X2, w2, r0, r1), K.dequantize_rows(Q5_0, w, r0, r1))

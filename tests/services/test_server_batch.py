@@ -31,19 +31,20 @@ def _weights(t: T, rows: int = 40, k: int = 512) -> np.ndarray:
     return np.ascontiguousarray(data).reshape(rows, -1)
 
 
-PACKED = [int(T.Q4_K)] if K.packed_type(int(T.Q4_K)) is not None else []
+PACKED = {p: f for f, p in K.PACKED_LAYOUTS.items() if K.packed_type(f) is not None}   # layout -> file type
 
 
-@pytest.mark.parametrize("t", ALL_TYPES + [K.Q4_K_X8] * bool(PACKED),
+@pytest.mark.parametrize("t", ALL_TYPES + sorted(PACKED),
                          ids=lambda t: T(t).name if t in set(T) else K.TYPE_NAMES[t])
 def test_exact_columns_table(t):
     """matmat of up to exact_columns() rows gives each row matvec's bits; the table's limits are
     needed (one more row changes the numbers), so a batch cut by it keeps one-token numbers.
-    Q4_K_x8: the engine's repacked Q4_K (a dense weight's prompt tiles are llama.cpp's gemm)."""
-    if t == K.Q4_K_X8:
-        from workbench.engine.kernels.x86.k4_x8 import repack_rows
-        w = _weights(T.Q4_K)
-        repack_rows(w, 0, w.shape[0])
+    The engine's layouts too: Q4_K_x8 (a dense weight's prompt tiles are llama.cpp's gemm), the
+    Q5_0 and Q8_0 row pairs (a server batch's few rows through Q8_0_x2's `few_columns`)."""
+    if t in PACKED:
+        from workbench.engine import packing
+        w = _weights(T(PACKED[t]))
+        packing.movers(t)[0](w, 0, w.shape[0])
     else:
         w = _weights(t)
     rows = w.shape[0]

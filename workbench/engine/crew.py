@@ -482,6 +482,8 @@ def _build(mv: dict):
     mv_q4_K_x8 = mv.get(Q4_K_X8, mv[Q4_K])
     Q5_0_X2 = kernels.Q5_0_X2  # (AVX-512 VNNI only)
     mv_q5_0_x2 = mv.get(Q5_0_X2, mv[Q5_0])
+    Q8_0_X2 = kernels.Q8_0_X2  # (AVX-512 VNNI only)
+    mv_q8_0_x2 = mv.get(Q8_0_X2, mv[Q8_0])
     mv_f16_heads = kernels.heads_kernel()
     i8, i32, f32, u8 = np.int8, np.int32, np.float32, np.uint8
 
@@ -506,7 +508,9 @@ def _build(mv: dict):
                 mv_q5_1(w, xp, out, lo, hi)
         else:
             xp = (_view(x0, n0, i8), _view(x1, n1, f32), _view(x2, n2, i32))
-            if typ == Q8_0:
+            if typ == Q8_0_X2:
+                mv_q8_0_x2(w, xp, out, lo, hi)
+            elif typ == Q8_0:
                 mv_q8_0(w, xp, out, lo, hi)
             elif typ == Q4_0:
                 mv_q4_0(w, xp, out, lo, hi)

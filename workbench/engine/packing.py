@@ -9,11 +9,13 @@ groups moves it unchanged, and the decode kernel has no shuffles or horizontal s
 in cache, 20-24 -> 23-28 GB/s from memory on the EPYC host, `benchmarks/q4k_repack_probe.py`; on
 the AMD EPYC Zen 5 host, 640-row matrices read cold, `kernels_bench.py --cold-rows 640`: 34.6 ->
 38.1 GB/s at K = 1024, 35.5 -> 45.1 at K = 2048). Outputs are the same to the bit as on the file's
-layout. Token embeddings stay in the file's layout (their rows are looked up, not multiplied).
+layout. Token embeddings stay in the file's layout (their rows are looked up, not multiplied),
+unless the model ties its output to them and the packed layout's rows can be looked up in a
+token's compiled call (Q8_0 row pairs).
 
-Q5_0 weight matrices are kept in row pairs (`kernels.x86.q5_pairs`, the AVX-512 VNNI path only):
-the one-token product takes both rows of a pair in one register without rearranging their bytes
-first; the prompt tiles read each row's blocks where the pair keeps them.
+Q5_0 and Q8_0 weight matrices are kept in row pairs (`kernels.x86.q5_pairs`, `q8_pairs`, the
+AVX-512 VNNI path only): the one-token product takes both rows of a pair in one register without
+rearranging their bytes first; the prompt tiles read each row's blocks where the pair keeps them.
 
 A tensor is packed only when no piece or compute range of any plan with this many workers cuts
 an 8-row group: its rows (per expert) are a multiple of 8 and at least 8 per worker, so
@@ -42,6 +44,7 @@ from .gguf_file import TensorInfo
 REPACK = os.environ.get("NUMAWB_REPACK", "")  # "1": always, "0": never, else where it measured faster
 FASTER_ON = frozenset({"avx512-vnni"})  # kernel paths whose packed gemv beat the file's layout
 EXPERT_SUFFIX = "_exps.weight"
+TIED = "token_embd.weight"  # the output matrix too when a model has no output.weight
 Progress = Callable[[ProgressEvent], None]
 
 
@@ -52,19 +55,30 @@ def enabled() -> bool:
     return kernels.kernel_path() in FASTER_ON
 
 
-def _candidate(name: str, info: TensorInfo) -> int | None:
+def _candidate(name: str, info: TensorInfo, tied: bool = False) -> int | None:
     """Experts (3-D `*_exps`) and weight matrices (2-D); not other 3-D tensors (MLA's per-head
-    k_b / v_b are multiplied per head) nor embeddings (looked up row by row)."""
-    if not enabled() or "embd" in name:
+    k_b / v_b are multiplied per head) nor embeddings (looked up row by row), except a tied
+    output matrix (`tied`: the model has no output.weight) whose layout a token's compiled call
+    can look rows up in (`kernels.dequantizer`): Gemma's Q8_0 embedding is 72 % of its token."""
+    if not enabled():
         return None
+    if "embd" in name:
+        t = kernels.packed_type(info.ggml_type) if tied and name == TIED else None
+        return t if t is not None and kernels.dequantizer(t) is not None else None
     if len(info.shape) != 2 and not (len(info.shape) == 3 and name.endswith(EXPERT_SUFFIX)):
         return None
     return kernels.packed_type(info.ggml_type)
 
 
+def _tied(tensors: Mapping[str, TensorInfo]) -> bool:
+    """Whether the model's output product multiplies its token embedding (no output.weight)."""
+    return "output.weight" not in tensors
+
+
 def packed_types(tensors: Mapping[str, TensorInfo]) -> set[int]:
     """The layouts a model's tensors may be kept in (their kernels compile with the model's own)."""
-    return {t for name, info in tensors.items() if (t := _candidate(name, info)) is not None}
+    tied = _tied(tensors)
+    return {t for name, info in tensors.items() if (t := _candidate(name, info, tied)) is not None}
 
 
 def _whole_groups(info: TensorInfo, n_workers: int) -> bool:
@@ -73,9 +87,10 @@ def _whole_groups(info: TensorInfo, n_workers: int) -> bool:
     return per % ROW_ALIGN == 0 and per >= ROW_ALIGN * n_workers
 
 
-def packable(name: str, info: TensorInfo, n_workers: int) -> int | None:
-    """The layout `name` may be kept in with `n_workers` workers, or None (the file's layout)."""
-    t = _candidate(name, info)
+def packable(name: str, info: TensorInfo, n_workers: int, tied: bool = False) -> int | None:
+    """The layout `name` may be kept in with `n_workers` workers, or None (the file's layout);
+    `tied`: the model's output product multiplies its token embedding."""
+    t = _candidate(name, info, tied)
     active = kernels.active_types()
     if t is None or (active is not None and t not in active) or not _whole_groups(info, n_workers):
         return None
@@ -87,14 +102,17 @@ def file_layout_types(tensors: Mapping[str, TensorInfo], n_workers: int) -> set[
     `n_workers` workers: only their kernels need compiling beside the packed layouts' (a first
     start then loads no kernel nothing calls: Gemma 3 270M's file-layout Q4_K and Q5_0 kernels
     were 3-4 MiB of its peak memory)."""
+    tied = _tied(tensors)
     return {info.ggml_type for name, info in tensors.items() if len(info.shape) >= 2
-            and (_candidate(name, info) is None or not _whole_groups(info, n_workers))}
+            and (_candidate(name, info, tied) is None or not _whole_groups(info, n_workers))}
 
 
 def movers(t: int) -> tuple[Callable, Callable]:
     """(repack_rows, unpack_rows) of a layout: fn(w, r0, r1) rewrites rows [r0, r1) in place."""
     if t == kernels.Q5_0_X2:
         from .kernels.x86 import q5_pairs as mod
+    elif t == kernels.Q8_0_X2:
+        from .kernels.x86 import q8_pairs as mod
     else:
         from .kernels.x86 import k4_x8 as mod
     return mod.repack_rows, mod.unpack_rows
@@ -148,7 +166,8 @@ def _repack(layout, pool, names: list[tuple[str, bool, int]], progress: Progress
 
 def wanted(tensors: Mapping[str, TensorInfo], n_workers: int) -> dict[str, int]:
     """name -> layout of every tensor `packable` with `n_workers` workers."""
-    return {name: t for name, info in tensors.items() if (t := packable(name, info, n_workers)) is not None}
+    tied = _tied(tensors)
+    return {name: t for name, info in tensors.items() if (t := packable(name, info, n_workers, tied)) is not None}
 
 
 def apply(layout, pool, current: Mapping[str, int], want: Mapping[str, int],

@@ -250,6 +250,27 @@ def dequant_q5_1(w, r0, r1):
 
 
 @numba.njit(**_NB)
+def dequant_q8_0_x2(w, r0, r1):
+    """Rows [r0, r1) of a Q8_0 matrix kept in row pairs (`x86.q8_pairs`: per pair and block, the two
+    f16 scales, then row 0's 32 quants, row 1's): the numbers `dequant_q8_0` gives the file's bytes.
+    Plain code, so a tied output matrix kept in pairs is still looked up inside a token's call."""
+    nb = w.shape[1] // 34
+    out = np.empty((r1 - r0, nb * 32), np.float32)
+    wf = w.reshape(-1)
+    ws = wf.view(np.int8)
+    rb = w.shape[1]
+    for i in range(r0, r1):
+        r = i % 2
+        base = (i - r) * rb
+        for b in range(nb):
+            o = base + b * 68
+            d = f16_to_f32(wf, o + 2 * r)
+            for j in range(32):
+                out[i - r0, b * 32 + j] = d * f32(ws[o + 4 + 32 * r + j])
+    return out
+
+
+@numba.njit(**_NB)
 def dequant_q8_0(w, r0, r1):
     nb = w.shape[1] // 34
     out = np.empty((r1 - r0, nb * 32), np.float32)

@@ -4,7 +4,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..intrinsics import (f16_to_f32, ld_u32)
+from ..intrinsics import (f16_to_f32, f_zero16, hsum_f, ld_u32, prefetch, prefetch_distance, prime_streams,
+                          stream_halves)
 
 from ..jitcache import JIT as _NB
 f32 = np.float32
@@ -19,6 +20,125 @@ def _block_scales(w, r0, r1, nb, bsz):
         for b in range(nb):
             out[(i - r0) * nb + b] = f16_to_f32(w, i * rb + b * bsz)
     return out
+
+
+# ============================================================================= row pairs
+@numba.njit(**_NB)
+def pairs_rewrite(w, r0, r1, to_pairs, at, bsz) -> None:
+    """Rows [r0, r1) (whole pairs) of a C-contiguous matrix of `bsz`-byte blocks rewritten in place
+    between the file's layout and a row-pair layout whose byte map is `at` (where each byte of a
+    pair's two file rows sits in the pair's bytes: `q5_pairs.pair_order`, `q8_pairs.pair_order`)."""
+    if r0 % 2 or r1 % 2 or not 0 <= r0 <= r1 <= w.shape[0] or w.shape[1] % bsz or not w.flags.c_contiguous:
+        raise ValueError("row pairs: rows must be whole pairs of a C-contiguous matrix of whole blocks")
+    rb = w.shape[1]
+    wf = w.reshape(-1)
+    t = np.empty(2 * rb, np.uint8)
+    for p in range(r0 // 2, r1 // 2):
+        base = 2 * p * rb
+        for j in range(2 * rb):   # (element-wise: a slice copy compiles numba's shape message)
+            t[j] = wf[base + j]
+        for j in range(2 * rb):
+            if to_pairs:
+                wf[base + at[j]] = t[j]
+            else:
+                wf[base + j] = t[at[j]]
+
+
+def pair_movers(order, bsz: int):
+    """(repack_rows, unpack_rows, rows_to_file) of a row-pair layout whose byte map of a pair of
+    rows of `bsz`-byte blocks is order(row_bytes): fn(w, r0, r1) rewrites rows [r0, r1) (whole
+    pairs) in place to the layout or back; rows_to_file(w, r0, r1, out) writes them in the file's
+    layout into out[0:r1 - r0]."""
+    def repack_rows(w: np.ndarray, r0: int, r1: int) -> None:
+        pairs_rewrite(w, r0, r1, True, order(w.shape[1]), bsz)
+
+    def unpack_rows(w: np.ndarray, r0: int, r1: int) -> None:
+        pairs_rewrite(w, r0, r1, False, order(w.shape[1]), bsz)
+
+    @numba.njit(**_NB)
+    def rows_to_file(w, r0, r1, out) -> None:
+        pairs_to_file(w, r0, r1, out, order(w.shape[1]))
+    return repack_rows, unpack_rows, rows_to_file
+
+
+def pair_layout(pair: int):
+    """(at, row_scales) of a row-pair layout whose pair of two rows' blocks of one column of 32
+    weights takes `pair` bytes, each row's f16 scale at 2r of them: at(i, b, rb) -> (offset of
+    the pair holding row i's block b, the row's place r in it), the prompt tiles' addressing
+    (`repack.file_rows`); row_scales(w, r0, r1, nb) -> float32 [(r1 - r0) * nb], the tiles' dws."""
+    @numba.njit(inline="always")
+    def at(i, b, rb):
+        return (i - i % 2) * rb + b * pair, i % 2
+
+    @numba.njit(**_NB)
+    def row_scales(w, r0, r1, nb):
+        out = np.empty((r1 - r0) * nb, np.float32)
+        rb = w.shape[1]
+        for i in range(r0, r1):
+            for b in range(nb):
+                o, r = at(i, b, rb)
+                out[(i - r0) * nb + b] = f16_to_f32(w, o + 2 * r)
+        return out
+    return at, row_scales
+
+
+def pair_matvec(pair: int, step, row, inputs, x_stride: int, n_stride: int):
+    """(matvec, put) of a row-pair layout's one-token product: step(acc, w, o, xa, xo, na, no, xs)
+    adds the block pair at byte o to a pair's f32x16 chains, row(acc, r) (r a compile-time 0 / 1)
+    is row r's 8 lanes, inputs(xq, n4, nb) -> (xa, na) the activation as step reads it, block b's
+    at xa[b * x_stride], na[b * n_stride]. A range with an odd end computes that row's pair and
+    writes its own row (put); a pair from each half of the range in turn (two streams, two
+    chains), as the file layout's kernels."""
+    @numba.njit(inline="always")
+    def put(out, p, r0, r1, acc):
+        if r0 <= 2 * p < r1:
+            out[2 * p] = hsum_f(row(acc, 0))
+        if r0 <= 2 * p + 1 < r1:
+            out[2 * p + 1] = hsum_f(row(acc, 1))
+
+    @numba.njit(**_NB)
+    def matvec(w, xp, out, r0, r1):
+        xq, xd, n4 = xp
+        nb = xd.shape[0]
+        rb = w.shape[1]
+        xa, na = inputs(xq, n4, nb)
+        p0, p1 = r0 // 2, (r1 + 1) // 2
+        pfd = prefetch_distance(nb * 32)
+        pm = stream_halves(p0, p1, 1, 2 * rb)
+        prime_streams(w, p0, pm, 2 * rb, pfd)
+        for s in range(pm - p0):
+            p, q = p0 + s, pm + s
+            bp, bq = 2 * p * rb, 2 * q * rb
+            a = f_zero16()
+            c = f_zero16()
+            for b in range(nb):
+                o = b * pair
+                prefetch(w, bp + o + pfd)
+                prefetch(w, bq + o + pfd)
+                a = step(a, w, bp + o, xa, b * x_stride, na, b * n_stride, xd[b])
+                c = step(c, w, bq + o, xa, b * x_stride, na, b * n_stride, xd[b])
+            put(out, p, r0, r1, a)
+            put(out, q, r0, r1, c)
+        for p in range(2 * pm - p0, p1):
+            bp = 2 * p * rb
+            a = f_zero16()
+            for b in range(nb):
+                prefetch(w, bp + b * pair + pfd)
+                a = step(a, w, bp + b * pair, xa, b * x_stride, na, b * n_stride, xd[b])
+            put(out, p, r0, r1, a)
+    return matvec, put
+
+
+@numba.njit(**_NB)
+def pairs_to_file(w, r0, r1, out, at) -> None:
+    """Rows [r0, r1) (whole pairs) of a row-pair matrix with byte map `at` in the file's layout
+    into out[0:r1 - r0]."""
+    rb = w.shape[1]
+    wf = w.reshape(-1)
+    of = out.reshape(-1)
+    for p in range(r0 // 2, r1 // 2):
+        for j in range(2 * rb):
+            of[(2 * p - r0) * rb + j] = wf[2 * p * rb + at[j]]
 
 
 # ============================================================================= K quants

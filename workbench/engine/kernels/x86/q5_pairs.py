@@ -35,11 +35,11 @@ from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
 from ..intrinsics import (VNNI, _BYTES, _V16F, _V16I, _V64B, _check_array, _f16, _f32, _i1, _i8, _i32, _i64,
-                          _ptr, _splat, dot_fma16, f16_to_f32, f_zero16, hsum_f, prefetch, prefetch_distance, prime_streams,
-                          stream_halves, v8f, v16f, v32b, v64b)
+                          _ptr, _splat, dot_fma16, v8f, v16f, v32b, v64b)
 from ..jitcache import JIT as _NB
 from ..legacy_quants import dequant_q5_0
 from . import repack
+from .blocks import pair_layout, pair_matvec, pair_movers
 
 BSZ = 22            # a Q5_0 block
 PAIR = 2 * BSZ      # a pair of rows' blocks of one column of 32 weights
@@ -135,23 +135,7 @@ def row_x1(typingctx, w, o, r):
     return sig, lambda context, builder, sig, args: _row_quants(context, builder, sig.args[0], *args, 32)
 
 
-@numba.njit(inline="always")
-def pair_rows(i, b, rb):
-    """The tiles' addressing (`repack.file_rows`): row i's block b is row i % 2 of the block pair
-    at 2 * (i // 2) * rb + b * PAIR (its scale at + 2 * (i % 2))."""
-    return (i - i % 2) * rb + b * PAIR, i % 2
-
-
-@numba.njit(**_NB)
-def _row_scales(w, r0, r1, nb):
-    """float32 [(r1 - r0) * nb]: the f16 scale of every block of rows r0..r1-1 (the tiles' dws)."""
-    out = np.empty((r1 - r0) * nb, np.float32)
-    rb = w.shape[1]
-    for i in range(r0, r1):
-        for b in range(nb):
-            o, r = pair_rows(i, b, rb)
-            out[(i - r0) * nb + b] = f16_to_f32(w, o + 2 * r)
-    return out
+pair_rows, _row_scales = pair_layout(PAIR)
 
 
 # ----------------------------------------------------------------------------- layout
@@ -172,45 +156,8 @@ def pair_order(rb):
     return at
 
 
-@numba.njit(**_NB)
-def _rewrite(w, r0, r1, to_pairs) -> None:
-    if r0 % 2 or r1 % 2 or not 0 <= r0 <= r1 <= w.shape[0] or w.shape[1] % BSZ or not w.flags.c_contiguous:
-        raise ValueError("Q5_0_x2: rows must be whole pairs of a C-contiguous Q5_0 matrix")
-    rb = w.shape[1]
-    wf = w.reshape(-1)
-    at = pair_order(rb)
-    t = np.empty(2 * rb, np.uint8)
-    for p in range(r0 // 2, r1 // 2):
-        base = 2 * p * rb
-        for j in range(2 * rb):   # (element-wise: a slice copy compiles numba's shape message)
-            t[j] = wf[base + j]
-        for j in range(2 * rb):
-            if to_pairs:
-                wf[base + at[j]] = t[j]
-            else:
-                wf[base + j] = t[at[j]]
-
-
-def repack_rows(w: np.ndarray, r0: int, r1: int) -> None:
-    """Rows [r0, r1) (whole pairs) of a Q5_0 matrix, in place, from the file's layout to Q5_0_x2."""
-    _rewrite(w, r0, r1, True)
-
-
-def unpack_rows(w: np.ndarray, r0: int, r1: int) -> None:
-    """The inverse of `repack_rows`: rows [r0, r1) back to the file's layout, in place."""
-    _rewrite(w, r0, r1, False)
-
-
-@numba.njit(**_NB)
-def rows_to_file(w, r0, r1, out) -> None:
-    """Rows [r0, r1) (whole pairs) of a Q5_0_x2 matrix in the file's layout into out[0:r1 - r0]."""
-    rb = w.shape[1]
-    wf = w.reshape(-1)
-    of = out.reshape(-1)
-    at = pair_order(rb)
-    for p in range(r0 // 2, r1 // 2):
-        for j in range(2 * rb):
-            of[(2 * p - r0) * rb + j] = wf[2 * p * rb + at[j]]
+# file layout <-> pairs, in place (`..packing.movers`), and pairs back to the file's layout
+repack_rows, unpack_rows, rows_to_file = pair_movers(pair_order, BSZ)
 
 
 @numba.njit(**_NB)
@@ -238,47 +185,15 @@ def _pair_inputs(xq, n4, nb):
     return x64.view(np.uint8), ns
 
 
-@numba.njit(inline="always")
-def _put(out, p, r0, r1, acc) -> None:
-    if r0 <= 2 * p < r1:
-        out[2 * p] = hsum_f(row_lanes(acc, 0))
-    if r0 <= 2 * p + 1 < r1:
-        out[2 * p + 1] = hsum_f(row_lanes(acc, 1))
+matvec, _put = pair_matvec(PAIR, pair_step, row_lanes, _pair_inputs, 64, 16)
 
 
 @numba.njit(**_NB)
-def matvec(w, xp, out, r0, r1):
-    """out[r0:r1] for one column (xp: its Q8_0 activations); a range with an odd end computes that
-    row's pair and writes its own row. A pair from each half of the range in turn (two streams,
-    two chains), as the file layout's kernel."""
+def _per_column(w, xp, out, r0, r1):
+    """The one-token product per column (fewer columns than a prompt tile's 8)."""
     xq, xd, n4 = xp
-    nb = xd.shape[0]
-    rb = w.shape[1]
-    x64, ns = _pair_inputs(xq, n4, nb)
-    p0, p1 = r0 // 2, (r1 + 1) // 2
-    pfd = prefetch_distance(nb * 32)
-    pm = stream_halves(p0, p1, 1, 2 * rb)
-    prime_streams(w, p0, pm, 2 * rb, pfd)
-    for s in range(pm - p0):
-        p, q = p0 + s, pm + s
-        bp, bq = 2 * p * rb, 2 * q * rb
-        a = f_zero16()
-        c = f_zero16()
-        for b in range(nb):
-            o = b * PAIR
-            prefetch(w, bp + o + pfd)
-            prefetch(w, bq + o + pfd)
-            a = pair_step(a, w, bp + o, x64, b * 64, ns, b * 16, xd[b])
-            c = pair_step(c, w, bq + o, x64, b * 64, ns, b * 16, xd[b])
-        _put(out, p, r0, r1, a)
-        _put(out, q, r0, r1, c)
-    for p in range(2 * pm - p0, p1):
-        bp = 2 * p * rb
-        a = f_zero16()
-        for b in range(nb):
-            prefetch(w, bp + b * PAIR + pfd)
-            a = pair_step(a, w, bp + b * PAIR, x64, b * 64, ns, b * 16, xd[b])
-        _put(out, p, r0, r1, a)
+    for c in range(xq.shape[0]):
+        matvec(w, (xq[c], xd[c], n4[c]), out[c], r0, r1)
 
 
 def kernels(mode: int) -> dict:
@@ -289,21 +204,5 @@ def kernels(mode: int) -> dict:
     (`repack.q0_tiles`) reading each row's blocks where this layout keeps them."""
     if mode != VNNI:
         return {}
-    setup, tiles = repack.q0_tiles(row_x1, row_x2, pair_rows, SHIFT)
-
-    @numba.njit(**_NB)
-    def matmat(w, xp, out, r0, r1):
-        xq, xd, n4 = xp
-        n = xq.shape[0]
-        if n < 8:
-            for c in range(n):
-                matvec(w, (xq[c], xd[c], n4[c]), out[c], r0, r1)
-            return
-        xt, mt, st = setup(xq, xd, n4)
-        tiles(w, xq, xd, n4, xt, mt, st, _row_scales(w, r0, r1, xd.shape[1]), out, r0, r1)
-
-    @numba.njit(**_NB)
-    def mul_mat_id(w, xp, out, r0, r1, rows):
-        matmat(w, xp, out, r0, r1)
-
+    matmat, mul_mat_id = repack.pair_products(_per_column, row_x1, row_x2, pair_rows, _row_scales, SHIFT)
     return {"Q5_0_x2": (matvec, matmat, mul_mat_id)}

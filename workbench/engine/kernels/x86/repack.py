@@ -269,6 +269,29 @@ def q0_tiles(unpack, unpack2, at, shift):
     return setup, _pair_tiles(unpack, unpack2, at, shift)
 
 
+def pair_products(few, unpack, unpack2, at, row_scales, shift):
+    """(matmat, mul_mat_id) of a row-pair layout (`q5_pairs`, `q8_pairs`): below a tile's 8
+    columns few(w, xp, out, r0, r1), else the q0 prompt tiles (`q0_tiles`) reading each row's
+    blocks where the layout keeps them (`at`, row_scales(w, r0, r1, nb): its addressing and the
+    rows' block scales, `blocks.pair_layout`). mul_mat_id is the prompt product (every column's
+    numbers are the one-token product's)."""
+    setup, tiles = q0_tiles(unpack, unpack2, at, shift)
+
+    @numba.njit(**_NB)
+    def matmat(w, xp, out, r0, r1):
+        xq, xd, n4 = xp
+        if xq.shape[0] < 8:
+            few(w, xp, out, r0, r1)
+            return
+        xt, mt, st = setup(xq, xd, n4)
+        tiles(w, xq, xd, n4, xt, mt, st, row_scales(w, r0, r1, xd.shape[1]), out, r0, r1)
+
+    @numba.njit(**_NB)
+    def mul_mat_id(w, xp, out, r0, r1, rows):
+        matmat(w, xp, out, r0, r1)
+    return matmat, mul_mat_id
+
+
 def _pair_tiles(unpack, unpack2, at, shift):
     """`q0_matmat_pairs`' tiles over activations already regrouped (_pack_q8_0), the weights in
     the layout `at` (`file_rows`) unpacks with unpack(w, o, r), unpack2(w, o, r)."""

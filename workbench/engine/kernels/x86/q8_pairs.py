@@ -1,0 +1,178 @@
+"""Q8_0 kept in a row-pair layout (internal type Q8_0_x2): both rows of a pair in one zmm register.
+
+The file layout's one-token Q8_0 product keeps ggml's order, one f32x8 chain per row
+(`ggml_vec_dot_q8_0_q8_0`), so a row's blocks wait on each other's FMA: on the AMD EPYC host
+(Zen 5) it read 44 GB/s from the L2 and from memory alike, bound by that chain, not by the memory.
+Gemma 3 270M's tied output matrix is Q8_0 and 72 % of a token's bytes, so this one product sets
+most of a decoded token's time. Here a pair of rows keeps each column of 32 weights' two blocks
+side by side, so a block pair is one 64-byte load (both rows' quants, offset by 128 with one XOR),
+one broadcast load of the activation block, one dot, one conversion, one scale product and one
+FMA, and a step takes a pair from each of two streams: four rows' chains in flight instead of
+one. Per row pair and block, 68 bytes (the two blocks'):
+
+    d0, d1 (f16) | row 0's 32 quants | row 1's 32 quants
+
+Lanes 0-7 of the register are row 0's f32x8 chain (lane j: weights 4j..4j+3, as ggml's), 8-15 row
+1's; the quants are offset by 128 (`intrinsics.q8_offset`) with the activation's group sums << 7
+as the dot's initial lanes: the same exact integer sums as ggml's sign trick (the activations'
+quants lie in -127..127). Every lane does what its row's chain does in the file's layout (the
+same dot, conversion, scale product and FMA), and each row's hsum takes its 8 lanes in ggml's
+order: the same bits.
+
+A matrix keeps its size and each pair of rows its own bytes, so a placement that moves whole pairs
+moves it unchanged (`..packing` packs only tensors whose pieces are whole 8-row groups). A tied
+output matrix is the token embedding too: its rows are looked up through
+`legacy_quants.dequant_q8_0_x2`. The prompt product runs the Q8_0 prompt tiles with each row's
+block read from its pair.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+from ..intrinsics import (VNNI, _BYTES, _V16F, _V16I, _V64B, _check_array, _f16, _f32, _i32, _ptr, _splat,
+                          _q8_offset, dot_fma16, f_zero16, half_f, prefetch, prefetch_distance, v16f, v32b, v64b)
+from ..jitcache import JIT as _NB
+from . import repack
+from .blocks import pair_layout, pair_matvec, pair_movers
+
+BSZ = 34            # a Q8_0 block
+PAIR = 2 * BSZ      # a pair of rows' blocks of one column of 32 weights
+SHIFT = 7           # log2 of the quants' offset (128): the activations' group sums are scaled by it
+
+
+@intrinsic
+def pair_step(typingctx, acc, w, o, xq, xo, n4, no, xs):
+    """acc + float(dot) * (d * xs) for the block pair at byte o of a Q8_0_x2 matrix, lane-wise as
+    each row's f32x8 chain in the file's layout; xq[xo..+32], n4[no..+8]: the activation block and
+    its group sums (negated, as `quantize_q8_0` gives them)."""
+    _check_array(w, _BYTES)
+    _check_array(n4, (types.int32,))
+    sig = v16f(acc, w, o, xq, xo, n4, no, types.float32)
+
+    def cg(context, builder, sig, args):
+        acc, wa, o, xa, xo, na, no, xs = args
+        q = builder.load(_ptr(context, builder, sig.args[1], wa, builder.add(o, ir.Constant(o.type, 4)), _V64B),
+                         align=1)
+        q = builder.xor(q, ir.Constant(_V64B, [-128] * 64))   # both rows' quants + 128
+        x = builder.load(_ptr(context, builder, sig.args[3], xa, xo, ir.VectorType(ir.IntType(8), 32)), align=1)
+        x = builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(_i32, 64), list(range(32)) * 2))
+        s8 = builder.load(_ptr(context, builder, sig.args[5], na, no, ir.VectorType(_i32, 8)), align=4)
+        init = builder.shl(builder.shuffle_vector(s8, s8, ir.Constant(ir.VectorType(_i32, 16), list(range(8)) * 2)),
+                           ir.Constant(_V16I, [SHIFT] * 16))
+        d2 = builder.load(_ptr(context, builder, sig.args[1], wa, o, ir.VectorType(_f16, 2)), align=1)
+        d2 = builder.fpext(d2, ir.VectorType(_f32, 2))
+        sc = builder.fmul(builder.shuffle_vector(d2, d2, ir.Constant(_V16I, [0] * 8 + [1] * 8)),
+                          _splat(builder, xs, _V16F))
+        return dot_fma16(builder, init, q, x, sc, acc)
+
+    return sig, cg
+
+
+def _row_quants(context, builder, sig, args, halves):
+    """Row r's 32 quants + 128 of the block pair at byte o (args: w, o, r) in `halves` 256-bit
+    halves, as `intrinsics.q8_offset(_x2)` gives a file-layout block's."""
+    w, o, r = args
+    r64 = builder.sext(r, o.type) if r.type.width < o.type.width else r
+    at = builder.add(o, builder.add(ir.Constant(o.type, 2), builder.mul(r64, ir.Constant(o.type, 32))))
+    return _q8_offset(context, builder, sig, [w, at], halves)
+
+
+@intrinsic
+def row_x2(typingctx, w, o, r):
+    """Row r's quants of the block pair at byte o in both 256-bit halves of a zmm register (the
+    prompt tiles' two columns)."""
+    _check_array(w, _BYTES)
+    return v64b(w, o, r), lambda context, builder, sig, args: _row_quants(context, builder, sig, args, 2)
+
+
+@intrinsic
+def row_x1(typingctx, w, o, r):
+    """Row r's quants of the block pair at byte o in a ymm register (a tile's leftover columns)."""
+    _check_array(w, _BYTES)
+    return v32b(w, o, r), lambda context, builder, sig, args: _row_quants(context, builder, sig, args, 1)
+
+
+pair_rows, _row_scales = pair_layout(PAIR)
+
+
+# ----------------------------------------------------------------------------- layout
+@numba.njit(**_NB)
+def pair_order(rb):
+    """Where each byte of a pair of rows in the file's layout (row 0's rb bytes, then row 1's) sits
+    in the pair's Q8_0_x2 bytes."""
+    at = np.empty(2 * rb, np.int64)
+    for j in range(2 * rb):
+        r, q = j // rb, j % rb
+        b, e = q // BSZ, q % BSZ
+        at[j] = b * PAIR + (2 * r + e if e < 2 else 4 + 32 * r + e - 2)
+    return at
+
+
+# file layout <-> pairs, in place (`..packing.movers`), and pairs back to the file's layout
+repack_rows, unpack_rows, _ = pair_movers(pair_order, BSZ)
+
+
+# ----------------------------------------------------------------------------- products
+@numba.njit(inline="always")
+def _as_is(xq, n4, nb):
+    return xq, n4
+
+
+matvec, _put = pair_matvec(PAIR, pair_step, half_f, _as_is, 32, 8)
+
+
+@numba.njit(**_NB)
+def few_columns(w, xp, out, r0, r1):
+    """out[:, r0:r1] for up to a few columns (a server batch's rows), each pair's blocks read from
+    memory once for all of them: the columns in fours, each with its own chains (each column's
+    numbers are matvec's: the same steps in the same order)."""
+    xq, xd, n4 = xp
+    n, k = xq.shape
+    nb = xd.shape[1]
+    rb = w.shape[1]
+    xf = xq.reshape(-1)
+    nf = n4.reshape(-1)
+    pfd = prefetch_distance(k)
+    for p in range(r0 // 2, (r1 + 1) // 2):
+        bp = 2 * p * rb
+        for c in range(0, n, 4):
+            m = min(4, n - c)
+            a0 = f_zero16()
+            a1 = f_zero16()
+            a2 = f_zero16()
+            a3 = f_zero16()
+            for b in range(nb):
+                o = bp + b * PAIR
+                if c == 0:
+                    prefetch(w, o + pfd)
+                a0 = pair_step(a0, w, o, xf, c * k + b * 32, nf, c * (k // 4) + b * 8, xd[c, b])
+                if m > 1:
+                    a1 = pair_step(a1, w, o, xf, (c + 1) * k + b * 32, nf, (c + 1) * (k // 4) + b * 8, xd[c + 1, b])
+                if m > 2:
+                    a2 = pair_step(a2, w, o, xf, (c + 2) * k + b * 32, nf, (c + 2) * (k // 4) + b * 8, xd[c + 2, b])
+                if m > 3:
+                    a3 = pair_step(a3, w, o, xf, (c + 3) * k + b * 32, nf, (c + 3) * (k // 4) + b * 8, xd[c + 3, b])
+            _put(out[c], p, r0, r1, a0)
+            if m > 1:
+                _put(out[c + 1], p, r0, r1, a1)
+            if m > 2:
+                _put(out[c + 2], p, r0, r1, a2)
+            if m > 3:
+                _put(out[c + 3], p, r0, r1, a3)
+
+
+def kernels(mode: int) -> dict:
+    """{"Q8_0_x2": (matvec, matmat, mul_mat_id)} on AVX-512 VNNI (the layout is not used elsewhere).
+
+    The prompt product: below a tile's 8 columns, `few_columns` (a server batch's rows: the numbers
+    the one-token product gives each column, as the file layout's prompt product gives them); else
+    the Q8_0 prompt tiles (`repack.q0_tiles`, quants offset by 128) reading each row's blocks where
+    this layout keeps them."""
+    if mode != VNNI:
+        return {}
+    matmat, mul_mat_id = repack.pair_products(few_columns, row_x1, row_x2, pair_rows, _row_scales, SHIFT)
+    return {"Q8_0_x2": (matvec, matmat, mul_mat_id)}
