@@ -4,7 +4,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..intrinsics import (f16_to_f32, f_zero16, hsum_f, ld_u32, prefetch, prefetch_distance, prime_streams,
+from ..intrinsics import (copy_bytes, f16_to_f32, f_zero16, hsum_f, ld_u32, prefetch, prefetch_distance, prime_streams,
                           stream_halves)
 
 from ..jitcache import JIT as _NB
@@ -33,15 +33,31 @@ def pairs_rewrite(w, r0, r1, to_pairs, at, bsz) -> None:
     rb = w.shape[1]
     wf = w.reshape(-1)
     t = np.empty(2 * rb, np.uint8)
+    runs = _runs(at)
     for p in range(r0 // 2, r1 // 2):
         base = 2 * p * rb
-        for j in range(2 * rb):   # (element-wise: a slice copy compiles numba's shape message)
-            t[j] = wf[base + j]
-        for j in range(2 * rb):
+        copy_bytes(t, 0, wf, base, 2 * rb)
+        for k in range(runs.shape[0]):
+            src, dst, n = runs[k, 0], runs[k, 1], runs[k, 2]
             if to_pairs:
-                wf[base + at[j]] = t[j]
+                copy_bytes(wf, base + dst, t, src, n)
             else:
-                wf[base + j] = t[at[j]]
+                copy_bytes(wf, base + src, t, dst, n)
+
+
+@numba.njit(**_NB)
+def _runs(at):
+    """A byte map as its runs (file offset, pair offset, length) of consecutive bytes: copied a run
+    at a time, a tied Q8_0 output matrix (178 MB) repacks in a fraction of the byte-by-byte time."""
+    out = np.empty((at.shape[0], 3), np.int64)
+    n = 0
+    for j in range(at.shape[0]):
+        if n > 0 and at[j] == out[n - 1, 1] + out[n - 1, 2] and j == out[n - 1, 0] + out[n - 1, 2]:
+            out[n - 1, 2] += 1
+        else:
+            out[n, 0], out[n, 1], out[n, 2] = j, at[j], 1
+            n += 1
+    return out[:n]
 
 
 def pair_movers(order, bsz: int):
