@@ -99,12 +99,15 @@ def pair_layout(pair: int):
 
 
 def pair_matvec(pair: int, step, row, inputs, x_stride: int, n_stride: int):
-    """(matvec, put) of a row-pair layout's one-token product: step(acc, w, o, xa, xo, na, no, xs)
-    adds the block pair at byte o to a pair's f32x16 chains, row(acc, r) (r a compile-time 0 / 1)
-    is row r's 8 lanes, inputs(xq, n4, nb) -> (xa, na) the activation as step reads it, block b's
-    at xa[b * x_stride], na[b * n_stride]. A range with an odd end computes that row's pair and
-    writes its own row (put); a pair from each half of the range in turn (two streams, two
-    chains), as the file layout's kernels."""
+    """(matvec, few_columns) of a row-pair layout's one-token product: step(acc, w, o, xa, xo, na,
+    no, xs) adds the block pair at byte o to a pair's f32x16 chains, row(acc, r) (r a compile-time
+    0 / 1) is row r's 8 lanes, inputs(xq, n4, nb) -> (xa, na) a column's activation as step reads
+    it, block b's at xa[b * x_stride], na[b * n_stride]. A range with an odd end computes that
+    row's pair and writes its own row; a pair from each half of the range in turn (two streams,
+    two chains), as the file layout's kernels. few_columns(w, xp, out, r0, r1): the same for a
+    few columns (a server batch's rows, fewer than a prompt tile's 8), each pair read from memory
+    once for all of them, the columns in fours with chains of their own: each column's numbers are
+    matvec's (the same steps in the same order)."""
     @numba.njit(inline="always")
     def put(out, p, r0, r1, acc):
         if r0 <= 2 * p < r1:
@@ -142,7 +145,52 @@ def pair_matvec(pair: int, step, row, inputs, x_stride: int, n_stride: int):
                 prefetch(w, bp + b * pair + pfd)
                 a = step(a, w, bp + b * pair, xa, b * x_stride, na, b * n_stride, xd[b])
             put(out, p, r0, r1, a)
-    return matvec, put
+
+    @numba.njit(**_NB)
+    def few_columns(w, xp, out, r0, r1):
+        xq, xd, n4 = xp
+        n = xq.shape[0]
+        nb = xd.shape[1]
+        rb = w.shape[1]
+        lx, ln = nb * x_stride, nb * n_stride
+        xa, na = inputs(xq[0], n4[0], nb)
+        xs = np.empty(n * lx, xa.dtype)       # every column's inputs, one after another
+        ns = np.empty(n * ln, na.dtype)
+        for c in range(n):
+            xa, na = inputs(xq[c], n4[c], nb)
+            for j in range(lx):
+                xs[c * lx + j] = xa[j]
+            for j in range(ln):
+                ns[c * ln + j] = na[j]
+        pfd = prefetch_distance(nb * 32)
+        for p in range(r0 // 2, (r1 + 1) // 2):
+            bp = 2 * p * rb
+            for c in range(0, n, 4):
+                m = min(4, n - c)
+                a0 = f_zero16()
+                a1 = f_zero16()
+                a2 = f_zero16()
+                a3 = f_zero16()
+                for b in range(nb):
+                    o = bp + b * pair
+                    if c == 0:
+                        prefetch(w, o + pfd)
+                    xo, no = c * lx + b * x_stride, c * ln + b * n_stride
+                    a0 = step(a0, w, o, xs, xo, ns, no, xd[c, b])
+                    if m > 1:
+                        a1 = step(a1, w, o, xs, xo + lx, ns, no + ln, xd[c + 1, b])
+                    if m > 2:
+                        a2 = step(a2, w, o, xs, xo + 2 * lx, ns, no + 2 * ln, xd[c + 2, b])
+                    if m > 3:
+                        a3 = step(a3, w, o, xs, xo + 3 * lx, ns, no + 3 * ln, xd[c + 3, b])
+                put(out[c], p, r0, r1, a0)
+                if m > 1:
+                    put(out[c + 1], p, r0, r1, a1)
+                if m > 2:
+                    put(out[c + 2], p, r0, r1, a2)
+                if m > 3:
+                    put(out[c + 3], p, r0, r1, a3)
+    return matvec, few_columns
 
 
 @numba.njit(**_NB)

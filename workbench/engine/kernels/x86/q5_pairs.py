@@ -185,24 +185,16 @@ def _pair_inputs(xq, n4, nb):
     return x64.view(np.uint8), ns
 
 
-matvec, _put = pair_matvec(PAIR, pair_step, row_lanes, _pair_inputs, 64, 16)
-
-
-@numba.njit(**_NB)
-def _per_column(w, xp, out, r0, r1):
-    """The one-token product per column (fewer columns than a prompt tile's 8)."""
-    xq, xd, n4 = xp
-    for c in range(xq.shape[0]):
-        matvec(w, (xq[c], xd[c], n4[c]), out[c], r0, r1)
+matvec, few_columns = pair_matvec(PAIR, pair_step, row_lanes, _pair_inputs, 64, 16)
 
 
 def kernels(mode: int) -> dict:
     """{"Q5_0_x2": (matvec, matmat, mul_mat_id)} on AVX-512 VNNI (the layout is not used elsewhere).
 
-    The prompt product: below a tile's 8 columns, the one-token product per column (the file
-    layout's prompt product gives each column those numbers then); else the Q5_0 prompt tiles
-    (`repack.q0_tiles`) reading each row's blocks where this layout keeps them."""
+    The prompt product: below a tile's 8 columns, `few_columns` (a server batch's rows: the numbers
+    the one-token product gives each column, as the file layout's prompt product gives them); else
+    the Q5_0 prompt tiles (`repack.q0_tiles`) reading each row's blocks where this layout keeps them."""
     if mode != VNNI:
         return {}
-    matmat, mul_mat_id = repack.pair_products(_per_column, row_x1, row_x2, pair_rows, _row_scales, SHIFT)
+    matmat, mul_mat_id = repack.pair_products(few_columns, row_x1, row_x2, pair_rows, _row_scales, SHIFT)
     return {"Q5_0_x2": (matvec, matmat, mul_mat_id)}

@@ -34,7 +34,7 @@ from numba import types
 from numba.extending import intrinsic
 
 from ..intrinsics import (VNNI, _BYTES, _V16F, _V16I, _V64B, _check_array, _f16, _f32, _i32, _ptr, _splat,
-                          _q8_offset, dot_fma16, f_zero16, half_f, prefetch, prefetch_distance, v16f, v32b, v64b)
+                          _q8_offset, dot_fma16, half_f, v16f, v32b, v64b)
 from ..jitcache import JIT as _NB
 from . import repack
 from .blocks import pair_layout, pair_matvec, pair_movers
@@ -122,47 +122,7 @@ def _as_is(xq, n4, nb):
     return xq, n4
 
 
-matvec, _put = pair_matvec(PAIR, pair_step, half_f, _as_is, 32, 8)
-
-
-@numba.njit(**_NB)
-def few_columns(w, xp, out, r0, r1):
-    """out[:, r0:r1] for up to a few columns (a server batch's rows), each pair's blocks read from
-    memory once for all of them: the columns in fours, each with its own chains (each column's
-    numbers are matvec's: the same steps in the same order)."""
-    xq, xd, n4 = xp
-    n, k = xq.shape
-    nb = xd.shape[1]
-    rb = w.shape[1]
-    xf = xq.reshape(-1)
-    nf = n4.reshape(-1)
-    pfd = prefetch_distance(k)
-    for p in range(r0 // 2, (r1 + 1) // 2):
-        bp = 2 * p * rb
-        for c in range(0, n, 4):
-            m = min(4, n - c)
-            a0 = f_zero16()
-            a1 = f_zero16()
-            a2 = f_zero16()
-            a3 = f_zero16()
-            for b in range(nb):
-                o = bp + b * PAIR
-                if c == 0:
-                    prefetch(w, o + pfd)
-                a0 = pair_step(a0, w, o, xf, c * k + b * 32, nf, c * (k // 4) + b * 8, xd[c, b])
-                if m > 1:
-                    a1 = pair_step(a1, w, o, xf, (c + 1) * k + b * 32, nf, (c + 1) * (k // 4) + b * 8, xd[c + 1, b])
-                if m > 2:
-                    a2 = pair_step(a2, w, o, xf, (c + 2) * k + b * 32, nf, (c + 2) * (k // 4) + b * 8, xd[c + 2, b])
-                if m > 3:
-                    a3 = pair_step(a3, w, o, xf, (c + 3) * k + b * 32, nf, (c + 3) * (k // 4) + b * 8, xd[c + 3, b])
-            _put(out[c], p, r0, r1, a0)
-            if m > 1:
-                _put(out[c + 1], p, r0, r1, a1)
-            if m > 2:
-                _put(out[c + 2], p, r0, r1, a2)
-            if m > 3:
-                _put(out[c + 3], p, r0, r1, a3)
+matvec, few_columns = pair_matvec(PAIR, pair_step, half_f, _as_is, 32, 8)
 
 
 def kernels(mode: int) -> dict:
