@@ -165,12 +165,16 @@ def pair_matvec(pair: int, step, row, inputs, x_stride: int, n_stride: int):
         pfd = prefetch_distance(nb * 32)
         for p in range(r0 // 2, (r1 + 1) // 2):
             bp = 2 * p * rb
-            for c in range(0, n, 4):
-                m = min(4, n - c)
+            for c in range(0, n, 8):
+                m = min(8, n - c)
                 a0 = f_zero16()
                 a1 = f_zero16()
                 a2 = f_zero16()
                 a3 = f_zero16()
+                a4 = f_zero16()
+                a5 = f_zero16()
+                a6 = f_zero16()
+                a7 = f_zero16()
                 for b in range(nb):
                     o = bp + b * pair
                     if c == 0:
@@ -183,6 +187,14 @@ def pair_matvec(pair: int, step, row, inputs, x_stride: int, n_stride: int):
                         a2 = step(a2, w, o, xs, xo + 2 * lx, ns, no + 2 * ln, xd[c + 2, b])
                     if m > 3:
                         a3 = step(a3, w, o, xs, xo + 3 * lx, ns, no + 3 * ln, xd[c + 3, b])
+                    if m > 4:
+                        a4 = step(a4, w, o, xs, xo + 4 * lx, ns, no + 4 * ln, xd[c + 4, b])
+                    if m > 5:
+                        a5 = step(a5, w, o, xs, xo + 5 * lx, ns, no + 5 * ln, xd[c + 5, b])
+                    if m > 6:
+                        a6 = step(a6, w, o, xs, xo + 6 * lx, ns, no + 6 * ln, xd[c + 6, b])
+                    if m > 7:
+                        a7 = step(a7, w, o, xs, xo + 7 * lx, ns, no + 7 * ln, xd[c + 7, b])
                 put(out[c], p, r0, r1, a0)
                 if m > 1:
                     put(out[c + 1], p, r0, r1, a1)
@@ -190,6 +202,14 @@ def pair_matvec(pair: int, step, row, inputs, x_stride: int, n_stride: int):
                     put(out[c + 2], p, r0, r1, a2)
                 if m > 3:
                     put(out[c + 3], p, r0, r1, a3)
+                if m > 4:
+                    put(out[c + 4], p, r0, r1, a4)
+                if m > 5:
+                    put(out[c + 5], p, r0, r1, a5)
+                if m > 6:
+                    put(out[c + 6], p, r0, r1, a6)
+                if m > 7:
+                    put(out[c + 7], p, r0, r1, a7)
     return matvec, few_columns
 
 
