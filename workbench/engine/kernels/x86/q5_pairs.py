@@ -35,7 +35,7 @@ from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
 from ..intrinsics import (VNNI, _BYTES, _V16F, _V16I, _V64B, _check_array, _f16, _f32, _i1, _i8, _i32, _i64,
-                          _ptr, _splat, dot_fma16, v8f, v16f, v32b, v64b)
+                          _ptr, _splat, copy_bytes, dot_fma16, v8f, v16f, v32b, v64b)
 from ..jitcache import JIT as _NB
 from ..legacy_quants import dequant_q5_0
 from . import repack
@@ -173,16 +173,18 @@ def dequant(w, r0, r1):
 @numba.njit(**_NB)
 def _pair_inputs(xq, n4, nb):
     """The activation blocks as the register's quarters (weights 0-15 twice, then 16-31 twice) and
-    their group-of-4 sums << SHIFT as the dot's initial lanes (groups 0-3 twice, 4-7 twice)."""
-    x64 = np.empty(nb * 64, np.int8)
+    their group-of-4 sums << SHIFT as the dot's initial lanes (groups 0-3 twice, 4-7 twice). The
+    quarters copied 16 bytes at a time (`copy_bytes`; byte by byte it took 0.30 us a call at K =
+    640, about five calls a layer, against 0.15)."""
+    x64 = np.empty(nb * 64, np.uint8)
     ns = np.empty(nb * 16, np.int32)
+    xu = xq.view(np.uint8)
     for q in range(nb * 4):   # quarter q of the blocks' registers: 16 weights, then 4 group sums
         src = (q // 4) * 32 + ((q % 4) // 2) * 16
-        for j in range(16):
-            x64[q * 16 + j] = xq[src + j]
+        copy_bytes(x64, q * 16, xu, src, 16)
         for j in range(4):
             ns[q * 4 + j] = np.int32(n4[src // 4 + j]) << SHIFT
-    return x64.view(np.uint8), ns
+    return x64, ns
 
 
 matvec, few_columns = pair_matvec(PAIR, pair_step, row_lanes, _pair_inputs, 64, 16)
