@@ -141,7 +141,7 @@ def main() -> None:
         rows = max(64, int(mb * 1e6 / rb)) // step * step
         w = weights(t, rows, k, rng)
         out = np.empty(rows, np.float32)
-        mrows = max(16, int(0.5e6 / rb))  # ~0.5 MB: stays in L2 across batch columns
+        mrows = max(16, int(0.5e6 / rb)) // step * step  # ~0.5 MB: stays in L2 across batch columns
         wm = w[:mrows]
         outm = np.empty((args.n, mrows), np.float32)
         for p in paths:
@@ -163,8 +163,8 @@ def main() -> None:
             gbs = w.nbytes / sec / 1e9
             tp = bench(lambda: K.prepare(base, x), 0.05)
             gf = float("nan")
-            if not args.no_matmat and not x8:
-                Xp = K.prepare(t, X)
+            if not args.no_matmat:
+                Xp = K.prepare(base, X)
                 sm = bench(lambda: K.matmat(t, wm, Xp, outm, 0, mrows), 0.2, 2)
                 gf = 2.0 * mrows * k * args.n / sm / 1e9
             print(f"{K.TYPE_NAMES[t]:7} {p:12} {gbs:12.1f} {100 * gbs / ONE_CORE_GBS:10.0f}% "
