@@ -108,12 +108,14 @@ def _row_quants(context, builder, wt, wa, o, r, n):
     q = builder.lshr(builder.bitcast(q, vi), ir.Constant(vi, ([0] * 4 + [4] * 4) * (n // 32)))
     vb = ir.VectorType(_i8, n)
     q = builder.and_(builder.bitcast(q, vb), ir.Constant(vb, [15] * n))
-    lo = at(builder.add(o, builder.add(ir.Constant(i64, 4), builder.mul(r64, ir.Constant(i64, 2)))), ir.IntType(16))
-    hi = at(builder.add(o, builder.add(ir.Constant(i64, 8), builder.mul(r64, ir.Constant(i64, 2)))), ir.IntType(16))
-    bits = builder.or_(builder.zext(lo, _i32), builder.shl(builder.zext(hi, _i32), ir.Constant(_i32, 16)))
+    # the pair's four u16 of high bits in one load, shifted to row r's: its bits 0-15 then 16-31
+    v = builder.lshr(at(builder.add(o, ir.Constant(i64, 4)), _i64), builder.mul(r64, ir.Constant(i64, 16)))
+    bits = builder.or_(builder.and_(v, ir.Constant(_i64, 0xFFFF)),
+                       builder.and_(builder.lshr(v, ir.Constant(_i64, 16)), ir.Constant(_i64, 0xFFFF0000)))
     if n == 64:
-        b64 = builder.zext(bits, _i64)
-        bits = builder.or_(b64, builder.shl(b64, ir.Constant(_i64, 32)))
+        bits = builder.or_(bits, builder.shl(bits, ir.Constant(_i64, 32)))
+    else:
+        bits = builder.trunc(bits, _i32)
     m = builder.bitcast(bits, ir.VectorType(_i1, n))
     return builder.select(m, builder.or_(q, ir.Constant(vb, [16] * n)), q)
 
