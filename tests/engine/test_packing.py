@@ -217,6 +217,10 @@ def test_which_tensors_are_packed(monkeypatch):
     assert packing.packable(emb, _info(emb, q8, 256, n_exp=0), 1) is None
     assert packing.packable(emb, _info(emb, q8, 256, n_exp=0), 1, tied=True) == LAYOUTS.get(q8)
     tensors = {emb: _info(emb, q8, 256, n_exp=0)}
+    assert packing.lookup_types(tensors, 1) == {LAYOUTS.get(q8, q8)}          # looked up where it is kept
+    assert packing.lookup_types(tensors, 64) == ({LAYOUTS[q8], q8} if q8 in LAYOUTS else {q8})  # 4 rows a worker
+    assert packing.lookup_types({**tensors, "output.weight": _info("output.weight", q8, 256, n_exp=0)}, 1) == {q8}
+    assert packing.lookup_types({}, 1) == set()
     assert packing.wanted(tensors, 1) == ({emb: LAYOUTS[q8]} if q8 in LAYOUTS else {})
     assert packing.wanted({**tensors, "output.weight": _info("output.weight", q8, 256, n_exp=0)}, 1) == (
         {"output.weight": LAYOUTS[q8]} if q8 in LAYOUTS else {})
@@ -241,15 +245,14 @@ def test_packs_by_default_only_where_faster(monkeypatch):
 
 
 SWITCH_PROBE = r"""
-import json, sys
 import json
-import os
 
 import numpy as np
 from workbench.engine import Engine, kernels, packing
 from workbench.engine.engine import Placement
 eng = Engine.load(placement=Placement(threads=2))
 before = sorted(kernels.active_types())
+lookups = {kernels.TYPE_NAMES[t]: len(kernels._DEQUANT[t].signatures) for t in (kernels.Q8_0, kernels.Q8_0_X2)}
 s = eng.new_session(64)
 ref = s.eval([2, 105, 1234, 4, 9, 77, 5000, 3, 12], logit_rows=slice(0, 9)).copy()
 s.close()
@@ -259,14 +262,15 @@ eng.switch(threads=1)                      # every matrix back to the file's lay
 s = eng.new_session(64)
 got = s.eval([2, 105, 1234, 4, 9, 77, 5000, 3, 12], logit_rows=slice(0, 9)).copy()
 print(json.dumps({"before": before, "after": sorted(kernels.active_types()), "packed": len(eng.rt.packed),
-                  "same": bool(np.array_equal(ref, got))}))
+                  "same": bool(np.array_equal(ref, got)), "lookups": lookups}))
 """
 
 
 def test_a_model_whose_matrices_are_all_packed_compiles_the_file_kernels_when_a_switch_needs_them():
-    """A fresh process: the default model's Q4_K and Q5_0 matrices are all packed (up to 32
-    workers), so their file-layout kernels are not compiled at load; a switch that unpacks them
-    compiles them first, and the logits stay the same to the bit."""
+    """A fresh process: the default model's Q4_K, Q5_0 and Q8_0 matrices (its tied embedding too)
+    are all packed (up to 32 workers), so their file-layout kernels are not compiled at load, and
+    the embedding's rows are looked up in its packed layout (only that one's lookup compiled); a
+    switch that unpacks them compiles them first, and the logits stay the same to the bit."""
     import subprocess
     import sys
     if kernels.packed_type(int(T.Q5_0)) is None:
@@ -274,9 +278,11 @@ def test_a_model_whose_matrices_are_all_packed_compiles_the_file_kernels_when_a_
     r = subprocess.run([sys.executable, "-c", SWITCH_PROBE], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
-    file_types = {int(T.Q4_K), int(T.Q5_0)}
+    file_types = {int(T.Q4_K), int(T.Q5_0)} | ({int(T.Q8_0)} if int(T.Q8_0) in LAYOUTS else set())
     if os.cpu_count() <= 32:
         assert not file_types & set(out["before"]), out
+        if int(T.Q8_0) in LAYOUTS:
+            assert out["lookups"] == {"Q8_0": 0, "Q8_0_x2": 1}, out
     assert file_types <= set(out["after"]) and out["packed"] == 0 and out["same"], out
 
 

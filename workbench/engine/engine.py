@@ -189,7 +189,7 @@ def precompile_kernels(g: GGUFFile, progress: ProgressFn | None = None, n_worker
     switch that unpacks one compiles them then, `Engine.switch`)."""
     n_workers = max(n_workers or 0, os.cpu_count() or 1)
     mats = packing.file_layout_types(g.tensors, n_workers) | {kernels.F16}
-    deq = {t.ggml_type for name, t in g.tensors.items() if len(t.shape) < 2 or name == "token_embd.weight"}
+    deq = {t.ggml_type for t in g.tensors.values() if len(t.shape) < 2} | packing.lookup_types(g.tensors, n_workers)
     experts = {t.ggml_type for t in g.tensors.values() if len(t.shape) >= 3} & mats
     mats |= packing.packed_types(g.tensors)  # layouts the engine may keep weights in
     experts = sorted(experts | packing.packed_types({n: t for n, t in g.tensors.items() if len(t.shape) >= 3}))

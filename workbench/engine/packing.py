@@ -107,6 +107,19 @@ def file_layout_types(tensors: Mapping[str, TensorInfo], n_workers: int) -> set[
             and (_candidate(name, info, tied) is None or not _whole_groups(info, n_workers))}
 
 
+def lookup_types(tensors: Mapping[str, TensorInfo], n_workers: int) -> set[int]:
+    """The types the token embedding's rows may be looked up in with up to `n_workers` workers:
+    its packed layout where it is packed (a tied Q8_0 output matrix), its file type where some
+    plan keeps the file's layout (their row dequantization compiles with the model's kernels)."""
+    info = tensors.get(TIED)
+    if info is None:
+        return set()
+    t = _candidate(TIED, info, _tied(tensors))
+    if t is None:
+        return {info.ggml_type}
+    return {t} if _whole_groups(info, n_workers) else {t, info.ggml_type}
+
+
 def movers(t: int) -> tuple[Callable, Callable]:
     """(repack_rows, unpack_rows) of a layout: fn(w, r0, r1) rewrites rows [r0, r1) in place."""
     if t == kernels.Q5_0_X2:
