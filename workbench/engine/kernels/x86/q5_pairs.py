@@ -195,9 +195,10 @@ matvec, few_columns = pair_matvec(PAIR, pair_step, row_lanes, _pair_inputs, 64, 
 def kernels(mode: int) -> dict:
     """{"Q5_0_x2": (matvec, matmat, mul_mat_id)} on AVX-512 VNNI (the layout is not used elsewhere).
 
-    The prompt product: below a tile's 8 columns, `few_columns` (a server batch's rows: the numbers
-    the one-token product gives each column, as the file layout's prompt product gives them); else
-    the Q5_0 prompt tiles (`repack.q0_tiles`) reading each row's blocks where this layout keeps them."""
+    The prompt product (`repack.pair_products`): the Q5_0 prompt tiles reading each row's blocks
+    where this layout keeps them for whole tiles of 8 columns, `few_columns` for the rest and for a
+    large range times a few columns: every column the numbers the one-token product gives it, as
+    the file layout's prompt product."""
     if mode != VNNI:
         return {}
     matmat, mul_mat_id = repack.pair_products(few_columns, row_x1, row_x2, pair_rows, _row_scales, SHIFT)

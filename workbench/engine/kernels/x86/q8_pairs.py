@@ -8,7 +8,11 @@ most of a decoded token's time. Here a pair of rows keeps each column of 32 weig
 side by side, so a block pair is one 64-byte load (both rows' quants, offset by 128 with one XOR),
 one broadcast load of the activation block, one dot, one conversion, one scale product and one
 FMA, and a step takes a pair from each of two streams: four rows' chains in flight instead of
-one. Per row pair and block, 68 bytes (the two blocks'):
+one. `kernels_bench.py --k 640`, one core: 43.5 -> 82.6-92 GB/s in the L2; from memory both read
+the memory's ~42 GB/s there (the AMD host's core out-computes its memory either way). Where a core
+computes less per byte (the Intel Xeon host's file-layout Q8_0: 29.6 GB/s in the caches, 18 from a
+memory that gives 21-23) the kernel, not the memory, held this product back. Per row pair and
+block, 68 bytes (the two blocks'):
 
     d0, d1 (f16) | row 0's 32 quants | row 1's 32 quants
 
@@ -128,10 +132,10 @@ matvec, few_columns = pair_matvec(PAIR, pair_step, half_f, _as_is, 32, 8)
 def kernels(mode: int) -> dict:
     """{"Q8_0_x2": (matvec, matmat, mul_mat_id)} on AVX-512 VNNI (the layout is not used elsewhere).
 
-    The prompt product: below a tile's 8 columns, `few_columns` (a server batch's rows: the numbers
-    the one-token product gives each column, as the file layout's prompt product gives them); else
-    the Q8_0 prompt tiles (`repack.q0_tiles`, quants offset by 128) reading each row's blocks where
-    this layout keeps them."""
+    The prompt product (`repack.pair_products`): the Q8_0 prompt tiles (quants offset by 128)
+    reading each row's blocks where this layout keeps them for whole tiles of 8 columns,
+    `few_columns` for the rest and for a large range times a few columns (a server batch's logits):
+    every column the numbers the one-token product gives it, as the file layout's prompt product."""
     if mode != VNNI:
         return {}
     matmat, mul_mat_id = repack.pair_products(few_columns, row_x1, row_x2, pair_rows, _row_scales, SHIFT)
