@@ -15,6 +15,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from gguf_factory import TinySpec, write_tiny_model
+from kernel_emulation import packed, random_activations, weights
 from workbench.engine import Engine, kernels
 from workbench.engine import packing
 from workbench.engine.engine import Placement
@@ -259,10 +260,11 @@ s.close()
 real = packing.packable
 packing.packable = lambda name, info, n, *tied: None if n == 1 else real(name, info, n, *tied)
 eng.switch(threads=1)                      # every matrix back to the file's layout
+unpacked = {kernels.TYPE_NAMES[t]: len(kernels._DEQUANT[t].signatures) for t in (kernels.Q8_0, kernels.Q8_0_X2)}
 s = eng.new_session(64)
 got = s.eval([2, 105, 1234, 4, 9, 77, 5000, 3, 12], logit_rows=slice(0, 9)).copy()
 print(json.dumps({"before": before, "after": sorted(kernels.active_types()), "packed": len(eng.rt.packed),
-                  "same": bool(np.array_equal(ref, got)), "lookups": lookups}))
+                  "same": bool(np.array_equal(ref, got)), "lookups": lookups, "unpacked": unpacked}))
 """
 
 
@@ -270,7 +272,8 @@ def test_a_model_whose_matrices_are_all_packed_compiles_the_file_kernels_when_a_
     """A fresh process: the default model's Q4_K, Q5_0 and Q8_0 matrices (its tied embedding too)
     are all packed (up to 32 workers), so their file-layout kernels are not compiled at load, and
     the embedding's rows are looked up in its packed layout (only that one's lookup compiled); a
-    switch that unpacks them compiles them first, and the logits stay the same to the bit."""
+    switch that unpacks them compiles them first (the embedding's lookup too), and the logits stay
+    the same to the bit."""
     import subprocess
     import sys
     if kernels.packed_type(int(T.Q5_0)) is None:
@@ -283,6 +286,7 @@ def test_a_model_whose_matrices_are_all_packed_compiles_the_file_kernels_when_a_
         assert not file_types & set(out["before"]), out
         if int(T.Q8_0) in LAYOUTS:
             assert out["lookups"] == {"Q8_0": 0, "Q8_0_x2": 1}, out
+            assert out["unpacked"]["Q8_0"] == 1, out   # compiled by the switch, before a lookup
     assert file_types <= set(out["after"]) and out["packed"] == 0 and out["same"], out
 
 
@@ -294,7 +298,6 @@ PAIR_LAYOUTS = [t for t in (kernels.Q5_0_X2, kernels.Q8_0_X2) if t in LAYOUTS.va
 def test_row_pair_repack_round_trip_keeps_each_pair(layout, k):
     """The row-pair layouts (Q5_0_x2, Q8_0_x2) rewrite whole pairs in place, each pair keeping its
     own bytes, and back; a range that cuts a pair is refused."""
-    from kernel_emulation import weights
     file_type = next(f for f, t in LAYOUTS.items() if t == layout)
     repack, unpack = packing.movers(layout)
     w = weights(T(file_type), 12, k, seed=k)
@@ -307,3 +310,30 @@ def test_row_pair_repack_round_trip_keeps_each_pair(layout, k):
     assert np.array_equal(w2, w)
     with pytest.raises(ValueError, match="whole pairs"):
         repack(w2, 3, 12)
+
+
+@pytest.mark.parametrize("layout", PAIR_LAYOUTS, ids=lambda t: kernels.TYPE_NAMES[t])
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7, 8, 9, 12, 16, 21])
+def test_row_pair_prompt_and_batch_products_equal_the_file_layout(layout, n):
+    """Whole tiles of 8 columns in the prompt tiles reading each row's blocks from its pair (ranges
+    with odd ends: a tile's two rows from two pairs), the rest in `few_columns` (each pair read once
+    for all of them); every column the file layout's prompt product and the one-token product give
+    it; mul_mat_id is the prompt product."""
+    file_type = next(f for f, t in LAYOUTS.items() if t == layout)
+    rows, k = 38, 640
+    w = weights(T(file_type), rows, k, seed=n)
+    w2 = packed(layout, w)
+    xp = kernels.prepare(file_type, random_activations(n, k, 10 + n, extreme=n == 9))
+    for r0, r1 in [(0, rows), (1, 37), (3, 6), (10, 12), (13, 30)]:
+        want = np.full((n, rows), np.nan, np.float32)
+        got = want.copy()
+        kernels.matmat(file_type, w, xp, want, r0, r1)
+        kernels.matmat(layout, w2, xp, got, r0, r1)
+        np.testing.assert_array_equal(got, want, err_msg=f"rows {r0}..{r1}")
+    one = np.empty(rows, np.float32)
+    kernels.matvec(file_type, w, tuple(a[n - 1] for a in xp), one, 0, rows)
+    kernels.matmat(layout, w2, xp, got, 0, rows)
+    np.testing.assert_array_equal(got[n - 1], one)
+    ids = np.zeros((n, rows), np.float32)
+    kernels.mul_mat_id_kernel(layout)(w2, xp, ids, 0, rows, rows)
+    np.testing.assert_array_equal(ids, got)

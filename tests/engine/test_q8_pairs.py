@@ -1,8 +1,9 @@
-"""Q8_0 in the row-pair layout (kernels/x86/q8_pairs.py, internal type Q8_0_x2): the repack is
-lossless and every product over it gives llama.cpp's Q8_0 numbers to the bit (against the NumPy
-emulation of ggml_vec_dot_q8_0_q8_0's order and the file layout's kernels), for ranges with odd
-ends, for every column count a prompt product or a server batch takes, and at the integer
-extremes; its rows are looked up (a tied output matrix is the token embedding) as the file's."""
+"""Q8_0 in the row-pair layout (kernels/x86/q8_pairs.py, internal type Q8_0_x2): the one-token
+product gives llama.cpp's Q8_0 numbers to the bit (against the NumPy emulation of
+ggml_vec_dot_q8_0_q8_0's order and the file layout's kernel) for ranges with odd ends and at the
+integer extremes; its rows are looked up (a tied output matrix is the token embedding) as the
+file's. The repack round trip and the prompt and batch products of both row-pair layouts are in
+test_packing.py."""
 from __future__ import annotations
 
 import numpy as np
@@ -42,30 +43,6 @@ def test_one_token_product_is_ggml_order(k):
                 K.matvec(K.Q8_0_X2, w2, xp, out, r0, r1)
                 np.testing.assert_array_equal(out[r0:r1], ref[r0:r1], err_msg=f"rows {r0}..{r1}")
                 assert np.isnan(out[:r0]).all() and np.isnan(out[r1:]).all()
-
-
-@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7, 8, 9, 16, 21])
-def test_prompt_and_batch_products_equal_the_file_layout(n):
-    """Below 8 columns `few_columns` (each pair read once for all columns), from 8 the Q8_0 tiles
-    reading each row's blocks from its pair (ranges with odd ends: a tile's two rows from two
-    pairs); each column what the one-token product gives it."""
-    rows, k = 38, 640
-    w = weights(T.Q8_0, rows, k, seed=n)
-    w2 = packed(K.Q8_0_X2, w)
-    xp = K.prepare(Q8_0, random_activations(n, k, 10 + n, extreme=n == 9))
-    for r0, r1 in [(0, rows), (1, 37), (3, 6), (10, 12), (13, 30)]:
-        want = np.full((n, rows), np.nan, f32)
-        got = want.copy()
-        K.matmat(Q8_0, w, xp, want, r0, r1)
-        K.matmat(K.Q8_0_X2, w2, xp, got, r0, r1)
-        np.testing.assert_array_equal(got, want, err_msg=f"rows {r0}..{r1}")
-    one = np.empty(rows, f32)
-    K.matvec(Q8_0, w, tuple(a[n - 1] for a in xp), one, 0, rows)
-    K.matmat(K.Q8_0_X2, w2, xp, got, 0, rows)
-    np.testing.assert_array_equal(got[n - 1], one)
-    ids = np.zeros((n, rows), f32)
-    K.mul_mat_id_kernel(K.Q8_0_X2)(w2, xp, ids, 0, rows, rows)
-    np.testing.assert_array_equal(ids, got)
 
 
 def test_rows_are_looked_up_as_the_file_layout():

@@ -217,7 +217,8 @@ def _compile_file_kernels(tensors: dict, names: list[str]) -> None:
     if active is None or not types - active:
         return
     experts = {tensors[n].ggml_type for n in names if len(tensors[n].shape) >= 3}
-    kernels.precompile(sorted(types - active), dequantize=[], experts=sorted(experts - active))
+    looked_up = [tensors[n].ggml_type for n in names if n == packing.TIED]   # a tied embedding's rows
+    kernels.precompile(sorted(types - active), dequantize=looked_up, experts=sorted(experts - active))
     warm_expert_loops(sorted(experts - active))
 
 

@@ -27,7 +27,7 @@ def _block_scales(w, r0, r1, nb, bsz):
 def pairs_rewrite(w, r0, r1, to_pairs, at, bsz) -> None:
     """Rows [r0, r1) (whole pairs) of a C-contiguous matrix of `bsz`-byte blocks rewritten in place
     between the file's layout and a row-pair layout whose byte map is `at` (where each byte of a
-    pair's two file rows sits in the pair's bytes: `q5_pairs.pair_order`, `q8_pairs.pair_order`)."""
+    pair's two file rows sits in the pair's bytes: `pair_movers`' order)."""
     if r0 % 2 or r1 % 2 or not 0 <= r0 <= r1 <= w.shape[0] or w.shape[1] % bsz or not w.flags.c_contiguous:
         raise ValueError("row pairs: rows must be whole pairs of a C-contiguous matrix of whole blocks")
     rb = w.shape[1]
@@ -60,11 +60,21 @@ def _runs(at):
     return out[:n]
 
 
-def pair_movers(order, bsz: int):
-    """(repack_rows, unpack_rows, rows_to_file) of a row-pair layout whose byte map of a pair of
-    rows of `bsz`-byte blocks is order(row_bytes): fn(w, r0, r1) rewrites rows [r0, r1) (whole
-    pairs) in place to the layout or back; rows_to_file(w, r0, r1, out) writes them in the file's
-    layout into out[0:r1 - r0]."""
+def pair_movers(place, bsz: int):
+    """(repack_rows, unpack_rows, rows_to_file) of a row-pair layout of `bsz`-byte blocks whose
+    record of a column's two blocks keeps byte e of row r's block at place(r, e): fn(w, r0, r1)
+    rewrites rows [r0, r1) (whole pairs) in place to the layout or back; rows_to_file(w, r0, r1,
+    out) writes them in the file's layout into out[0:r1 - r0]."""
+    @numba.njit(**_NB)
+    def order(rb):
+        """Where each byte of a pair of rows in the file's layout (row 0's rb bytes, then row
+        1's) sits in the pair's bytes."""
+        at = np.empty(2 * rb, np.int64)
+        for j in range(2 * rb):
+            r, q = j // rb, j % rb
+            at[j] = (q // bsz) * 2 * bsz + place(r, q % bsz)
+        return at
+
     def repack_rows(w: np.ndarray, r0: int, r1: int) -> None:
         pairs_rewrite(w, r0, r1, True, order(w.shape[1]), bsz)
 
@@ -157,7 +167,8 @@ def pair_matvec(pair: int, step, row, inputs, x_stride: int, n_stride: int):
         xs = np.empty(n * lx, xa.dtype)       # every column's inputs, one after another
         ns = np.empty(n * ln, na.dtype)
         for c in range(n):
-            xa, na = inputs(xq[c], n4[c], nb)
+            if c > 0:
+                xa, na = inputs(xq[c], n4[c], nb)
             for j in range(lx):
                 xs[c * lx + j] = xa[j]
             for j in range(ln):

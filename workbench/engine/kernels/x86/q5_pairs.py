@@ -141,25 +141,18 @@ pair_rows, _row_scales = pair_layout(PAIR)
 
 
 # ----------------------------------------------------------------------------- layout
-@numba.njit(**_NB)
-def pair_order(rb):
-    """Where each byte of a pair of rows in the file's layout (row 0's rb bytes, then row 1's) sits
-    in the pair's Q5_0_x2 bytes."""
-    at = np.empty(2 * rb, np.int64)
-    for j in range(2 * rb):
-        r, q = j // rb, j % rb
-        b, e = q // BSZ, q % BSZ
-        if e < 2:                                       # the scale
-            at[j] = b * PAIR + 2 * r + e
-        elif e < 6:                                     # the high bits' low, then high, 16 bits
-            at[j] = b * PAIR + (4 if e < 4 else 6) + 2 * r + e - 2
-        else:                                           # the nibble bytes
-            at[j] = b * PAIR + 12 + 16 * r + e - 6
-    return at
+@numba.njit(inline="always")
+def _place(r, e):
+    """Where byte e of row r's Q5_0 block sits in its pair's record (the layout above)."""
+    if e < 2:                                           # the scale
+        return 2 * r + e
+    if e < 6:                                           # the high bits' low, then high, 16 bits
+        return (4 if e < 4 else 6) + 2 * r + e - 2
+    return 12 + 16 * r + e - 6                          # the nibble bytes
 
 
 # file layout <-> pairs, in place (`..packing.movers`), and pairs back to the file's layout
-repack_rows, unpack_rows, rows_to_file = pair_movers(pair_order, BSZ)
+repack_rows, unpack_rows, rows_to_file = pair_movers(_place, BSZ)
 
 
 @numba.njit(**_NB)
@@ -177,7 +170,7 @@ def _pair_inputs(xq, n4, nb):
     """The activation blocks as the register's quarters (weights 0-15 twice, then 16-31 twice) and
     their group-of-4 sums << SHIFT as the dot's initial lanes (groups 0-3 twice, 4-7 twice). The
     quarters copied 16 bytes at a time (`copy_bytes`; byte by byte it took 0.30 us a call at K =
-    640, about five calls a layer, against 0.15)."""
+    640, about five calls a layer, against 0.15-0.17)."""
     x64 = np.empty(nb * 64, np.uint8)
     ns = np.empty(nb * 16, np.int32)
     xu = xq.view(np.uint8)

@@ -32,14 +32,12 @@ block read from its pair.
 from __future__ import annotations
 
 import numba
-import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
 from ..intrinsics import (VNNI, _BYTES, _V16F, _V16I, _V64B, _check_array, _f16, _f32, _i32, _ptr, _splat,
                           _q8_offset, dot_fma16, half_f, v16f, v32b, v64b)
-from ..jitcache import JIT as _NB
 from . import repack
 from .blocks import pair_layout, pair_matvec, pair_movers
 
@@ -104,20 +102,14 @@ pair_rows, _row_scales = pair_layout(PAIR)
 
 
 # ----------------------------------------------------------------------------- layout
-@numba.njit(**_NB)
-def pair_order(rb):
-    """Where each byte of a pair of rows in the file's layout (row 0's rb bytes, then row 1's) sits
-    in the pair's Q8_0_x2 bytes."""
-    at = np.empty(2 * rb, np.int64)
-    for j in range(2 * rb):
-        r, q = j // rb, j % rb
-        b, e = q // BSZ, q % BSZ
-        at[j] = b * PAIR + (2 * r + e if e < 2 else 4 + 32 * r + e - 2)
-    return at
+@numba.njit(inline="always")
+def _place(r, e):
+    """Where byte e of row r's Q8_0 block sits in its pair's record: the scales, then the quants."""
+    return 2 * r + e if e < 2 else 4 + 32 * r + e - 2
 
 
 # file layout <-> pairs, in place (`..packing.movers`), and pairs back to the file's layout
-repack_rows, unpack_rows, _ = pair_movers(pair_order, BSZ)
+repack_rows, unpack_rows, _ = pair_movers(_place, BSZ)
 
 
 # ----------------------------------------------------------------------------- products
