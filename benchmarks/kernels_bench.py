@@ -122,6 +122,9 @@ def main() -> None:
     rng = np.random.default_rng(0)
     names = {v: k for k, v in K.SUPPORTED_TYPES.items()}
     names.update({K.TYPE_NAMES[t]: t for t in FILE_TYPE})
+    unknown = [s for s in args.types.split(",") if s not in names]
+    if unknown:
+        ap.error(f"unknown type {unknown[0]!r}; known: {', '.join(sorted(names))}")
     types = [names[s] for s in args.types.split(",")]
     mb = args.mb if args.mb else max(256.0, 4 * llc_mb())
     paths = args.paths.split(",")

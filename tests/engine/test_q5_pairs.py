@@ -37,3 +37,21 @@ def test_dequantized_rows_equal_the_file_layout():
     w2 = packed(K.Q5_0_X2, w)
     for r0, r1 in [(0, 20), (3, 4), (5, 18)]:
         np.testing.assert_array_equal(K.dequantize_rows(K.Q5_0_X2, w2, r0, r1), K.dequantize_rows(Q5_0, w, r0, r1))
+
+
+@pytest.mark.parametrize("variant", ["pair_step_gfni", "pair_step_shift"])
+def test_both_nibble_steps_are_ggml_order(variant):
+    """The step the CPU does not use is built and checked too (GFNI where the CPU has it; the shift
+    and mask of CPUs without it everywhere), so a fresh machine of either kind runs tested code."""
+    from workbench.engine.kernels.x86 import blocks, q5_pairs as Q
+    if variant == "pair_step_gfni" and not Q.GFNI:
+        pytest.skip("this CPU has no GFNI")
+    matvec, _ = blocks.pair_matvec(Q.PAIR, getattr(Q, variant), Q.row_lanes, Q._pair_inputs, 64, 16)
+    k, rows = 640, 22
+    w = weights(T.Q5_0, rows, k, seed=11)
+    w2 = packed(K.Q5_0_X2, w)
+    xp = K.prepare(Q5_0, random_activations(1, k, 5, True)[0])
+    ref = emulate_legacy(T.Q5_0, w, xp[0][None], xp[1][None])[0]
+    out = np.full(rows, np.nan, f32)
+    matvec(w2, xp, out, 1, rows)
+    np.testing.assert_array_equal(out[1:], ref[1:])

@@ -34,8 +34,9 @@ from numba import types
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
-from ..intrinsics import (VNNI, _BYTES, _V16F, _V16I, _V64B, _check_array, _f16, _f32, _i1, _i8, _i32, _i64,
-                          _ptr, _splat, copy_bytes, dot_fma16, v8f, v16f, v32b, v64b)
+from ..cpu import cpu_flags
+from ..intrinsics import (VNNI, _BYTES, _V16I, _V64B, _check_array, _f16, _f32, _fn, _i1, _i8, _i32, _i64, _ptr,
+                          _splat, copy_bytes, dot_fma16, v8f, v16f, v32b, v64b)
 from ..jitcache import JIT as _NB
 from ..legacy_quants import dequant_q5_0
 from . import repack
@@ -47,36 +48,71 @@ SHIFT = 4           # log2 of Q5_0's offset (16): the activations' group sums ar
 _V8I64 = ir.VectorType(_i64, 8)
 
 
+#: GFNI's affine byte transform takes a nibble out of each byte in one instruction (the shift and
+#: the AND it replaces were two); CPUs with AVX-512 VNNI but no GFNI (Cascade Lake) shift and mask.
+GFNI = "gfni" in cpu_flags()
+_NIBBLES = ir.Constant(_V8I64, [0x0102040800000000] * 4 + [0x1020408000000000] * 4)  # bits 0-3, 4-7 -> 0-3
+
+
+def _step(gfni: bool):
+    """The signature and code of a block-pair step (`pair_step`), nibbles by GFNI or shift and mask."""
+    def typer(typingctx, acc, w, o, x64, xo, ns, no, xs):
+        _check_array(w, _BYTES)
+        _check_array(x64, _BYTES)
+        _check_array(ns, (types.int32,))
+        sig = v16f(acc, w, o, x64, xo, ns, no, types.float32)
+
+        def cg(context, builder, sig, args):
+            acc, wa, o, xa, xo, na, no, xs = args
+
+            def at(extra, ty):
+                return builder.load(_ptr(context, builder, sig.args[1], wa, builder.add(o, ir.Constant(o.type, extra)),
+                                         ty), align=1)
+            q32 = at(12, ir.VectorType(_i64, 4))           # both rows' nibble bytes, in both 256-bit halves
+            q = builder.shuffle_vector(q32, q32, ir.Constant(ir.VectorType(_i32, 8), [0, 1, 2, 3, 0, 1, 2, 3]))
+            if gfni:     # qwords 0-3 keep each byte's bits 0-3, qwords 4-7 move bits 4-7 down
+                aff = _fn(builder, "llvm.x86.vgf2p8affineqb.512", _V64B, [_V64B, _V64B, _i8])
+                q = builder.call(aff, [builder.bitcast(q, _V64B), builder.bitcast(_NIBBLES, _V64B),
+                                       ir.Constant(_i8, 0)])
+            else:
+                q = builder.lshr(q, ir.Constant(_V8I64, [0, 0, 0, 0, 4, 4, 4, 4]))
+                q = builder.and_(builder.bitcast(q, _V64B), ir.Constant(_V64B, [15] * 64))
+            m = builder.bitcast(at(4, _i64), ir.VectorType(_i1, 64))
+            q = builder.select(m, builder.add(q, ir.Constant(_V64B, [16] * 64)), q)   # one masked add
+            # both scales times the activation's in an xmm register (a load that converts), then
+            # spread over the lanes: the same products as spreading first
+            d4 = builder.fpext(at(0, ir.VectorType(_f16, 4)), ir.VectorType(_f32, 4))
+            s4 = builder.fmul(d4, _splat(builder, xs, ir.VectorType(_f32, 4)))
+            sc = builder.shuffle_vector(s4, s4, ir.Constant(_V16I, ([0] * 4 + [1] * 4) * 2))
+            init = builder.load(_ptr(context, builder, sig.args[5], na, no, _V16I), align=4)
+            x = builder.load(_ptr(context, builder, sig.args[3], xa, xo, _V64B), align=1)
+            return dot_fma16(builder, init, q, x, sc, acc)
+
+        return sig, cg
+    return typer
+
+
 @intrinsic
-def pair_step(typingctx, acc, w, o, x64, xo, ns, no, xs):
-    """acc + float(dot) * (d * xs) for the block pair at byte o of a Q5_0_x2 matrix, lane-wise as
-    each row's f32x8 chain in the file's layout; x64[xo..+64], ns[no..+16]: the activation block
-    and its group sums (<< SHIFT) arranged as the register's quarters (`_pair_inputs`)."""
-    _check_array(w, _BYTES)
-    _check_array(x64, _BYTES)
-    _check_array(ns, (types.int32,))
-    sig = v16f(acc, w, o, x64, xo, ns, no, types.float32)
+def pair_step_gfni(typingctx, acc, w, o, x64, xo, ns, no, xs):
+    """`pair_step` taking the nibbles out with GFNI's affine transform."""
+    return _step(True)(typingctx, acc, w, o, x64, xo, ns, no, xs)
 
-    def cg(context, builder, sig, args):
-        acc, wa, o, xa, xo, na, no, xs = args
 
-        def at(extra, ty):
-            return builder.load(_ptr(context, builder, sig.args[1], wa, builder.add(o, ir.Constant(o.type, extra)), ty),
-                                align=1)
-        q32 = at(12, ir.VectorType(_i64, 4))           # both rows' nibble bytes, in both 256-bit halves
-        q = builder.shuffle_vector(q32, q32, ir.Constant(ir.VectorType(_i32, 8), [0, 1, 2, 3, 0, 1, 2, 3]))
-        q = builder.lshr(q, ir.Constant(_V8I64, [0, 0, 0, 0, 4, 4, 4, 4]))
-        q = builder.and_(builder.bitcast(q, _V64B), ir.Constant(_V64B, [15] * 64))
-        m = builder.bitcast(at(4, _i64), ir.VectorType(_i1, 64))
-        q = builder.select(m, builder.or_(q, ir.Constant(_V64B, [16] * 64)), q)
-        d2 = builder.fpext(builder.bitcast(at(0, _i32), ir.VectorType(_f16, 2)), ir.VectorType(_f32, 2))
-        sc = builder.fmul(builder.shuffle_vector(d2, d2, ir.Constant(_V16I, ([0] * 4 + [1] * 4) * 2)),
-                          _splat(builder, xs, _V16F))
-        init = builder.load(_ptr(context, builder, sig.args[5], na, no, _V16I), align=4)
-        x = builder.load(_ptr(context, builder, sig.args[3], xa, xo, _V64B), align=1)
-        return dot_fma16(builder, init, q, x, sc, acc)
+@intrinsic
+def pair_step_shift(typingctx, acc, w, o, x64, xo, ns, no, xs):
+    """`pair_step` taking the nibbles out with a shift and a mask (CPUs without GFNI)."""
+    return _step(False)(typingctx, acc, w, o, x64, xo, ns, no, xs)
 
-    return sig, cg
+
+#: acc + float(dot) * (d * xs) for the block pair at byte o of a Q5_0_x2 matrix, lane-wise as each
+#: row's f32x8 chain in the file's layout; x64[xo..+64], ns[no..+16]: the activation block and its
+#: group sums (<< SHIFT) arranged as the register's quarters (`_pair_inputs`). A step is a
+#: broadcast load, a nibble transform, a masked add (high bits), a converting load and an xmm
+#: product (scales), a permute, one dot, one conversion and one FMA: 13.5 instructions a block
+#: pair against 16.5 with the scales spread before their product and the nibbles shifted and
+#: masked (`kernels_bench.py --k 640`, AMD EPYC Zen 5, one core: 44.4 -> 55.6 GB/s in the L2,
+#: 42.3 -> 44.9 from memory).
+pair_step = pair_step_gfni if GFNI else pair_step_shift
 
 
 @intrinsic
