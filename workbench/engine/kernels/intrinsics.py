@@ -283,6 +283,15 @@ def pair_q45(typingctx, bits, acc, w, o0, o1, ns, nsoff, xq, xoff, xs):
     return sig, cg
 
 
+def spread_scales(builder, h4, xs, lanes):
+    """f32x16 of (h4[lanes[i]] * xs): h4 four halves (a pair's two block scales first), each
+    converted and multiplied by the activation block's scale in an xmm register, then spread over
+    the lanes with one permute (the same products as spreading first, a third fewer instructions:
+    `x86.q5_pairs`, `x86.q8_pairs`)."""
+    s4 = builder.fmul(builder.fpext(h4, ir.VectorType(_f32, 4)), _splat(builder, xs, ir.VectorType(_f32, 4)))
+    return builder.shuffle_vector(s4, s4, ir.Constant(_V16I, lanes))
+
+
 def dot_fma16(builder, init, q, x, sc, acc):
     """acc + float(vpdpbusd(init, q, x)) * sc, lane-wise (i32x16 init, i8x64 q and x, f32x16 sc
     and acc): the end of a pair of rows' block step (`pair_q45`, `x86.q5_pairs.pair_step`)."""

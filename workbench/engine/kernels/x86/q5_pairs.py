@@ -35,8 +35,8 @@ from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
 from ..cpu import cpu_flags
-from ..intrinsics import (VNNI, _BYTES, _V16I, _V64B, _check_array, _f16, _f32, _fn, _i1, _i8, _i32, _i64, _ptr,
-                          _splat, copy_bytes, dot_fma16, v8f, v16f, v32b, v64b)
+from ..intrinsics import (VNNI, _BYTES, _V16I, _V64B, _check_array, _f16, _fn, _i1, _i8, _i32, _i64, _ptr,
+                          copy_bytes, dot_fma16, spread_scales, v8f, v16f, v32b, v64b)
 from ..jitcache import JIT as _NB
 from ..legacy_quants import dequant_q5_0
 from . import repack
@@ -79,11 +79,7 @@ def _step(gfni: bool):
                 q = builder.and_(builder.bitcast(q, _V64B), ir.Constant(_V64B, [15] * 64))
             m = builder.bitcast(at(4, _i64), ir.VectorType(_i1, 64))
             q = builder.select(m, builder.add(q, ir.Constant(_V64B, [16] * 64)), q)   # one masked add
-            # both scales times the activation's in an xmm register (a load that converts), then
-            # spread over the lanes: the same products as spreading first
-            d4 = builder.fpext(at(0, ir.VectorType(_f16, 4)), ir.VectorType(_f32, 4))
-            s4 = builder.fmul(d4, _splat(builder, xs, ir.VectorType(_f32, 4)))
-            sc = builder.shuffle_vector(s4, s4, ir.Constant(_V16I, ([0] * 4 + [1] * 4) * 2))
+            sc = spread_scales(builder, at(0, ir.VectorType(_f16, 4)), xs, ([0] * 4 + [1] * 4) * 2)
             init = builder.load(_ptr(context, builder, sig.args[5], na, no, _V16I), align=4)
             x = builder.load(_ptr(context, builder, sig.args[3], xa, xo, _V64B), align=1)
             return dot_fma16(builder, init, q, x, sc, acc)

@@ -36,8 +36,8 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from ..intrinsics import (VNNI, _BYTES, _V16F, _V16I, _V64B, _check_array, _f16, _f32, _i32, _ptr, _splat,
-                          _q8_offset, dot_fma16, half_f, v16f, v32b, v64b)
+from ..intrinsics import (VNNI, _BYTES, _V16I, _V64B, _check_array, _f16, _i32, _ptr, _q8_offset, dot_fma16, half_f,
+                          spread_scales, v16f, v32b, v64b)
 from . import repack
 from .blocks import pair_layout, pair_matvec, pair_movers
 
@@ -65,10 +65,8 @@ def pair_step(typingctx, acc, w, o, xq, xo, n4, no, xs):
         s8 = builder.load(_ptr(context, builder, sig.args[5], na, no, ir.VectorType(_i32, 8)), align=4)
         init = builder.shl(builder.shuffle_vector(s8, s8, ir.Constant(ir.VectorType(_i32, 16), list(range(8)) * 2)),
                            ir.Constant(_V16I, [SHIFT] * 16))
-        d2 = builder.load(_ptr(context, builder, sig.args[1], wa, o, ir.VectorType(_f16, 2)), align=1)
-        d2 = builder.fpext(d2, ir.VectorType(_f32, 2))
-        sc = builder.fmul(builder.shuffle_vector(d2, d2, ir.Constant(_V16I, [0] * 8 + [1] * 8)),
-                          _splat(builder, xs, _V16F))
+        h4 = builder.load(_ptr(context, builder, sig.args[1], wa, o, ir.VectorType(_f16, 4)), align=1)
+        sc = spread_scales(builder, h4, xs, [0] * 8 + [1] * 8)   # (the halves after d0, d1: quants)
         return dot_fma16(builder, init, q, x, sc, acc)
 
     return sig, cg
