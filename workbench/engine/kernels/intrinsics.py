@@ -934,6 +934,54 @@ def madd_sv(typingctx, mode, acc, a, b, sv, i0, i1):
     return sig, cg
 
 
+@intrinsic
+def q6_K_lanes512(typingctx, w, o, xq, xo):
+    """The integer lanes sum_j sc_j * dot_j of the Q6_K super-block at byte o of w against the
+    Q8_K quants at xq[xo..+256], unsigned quants (the -32 offset is `q6_offset`'s), in
+    ggml_vec_dot_q6_K_q8_K's AVX2 lanes (lane m: bytes 4m..4m+3 of each of its eight 32-weight
+    vectors). Two of those vectors a zmm register: each 64 low-bit bytes (ql0 | ql1) one load, the
+    high bits broadcast to both halves and shifted per half, one pmaddubsw and one vpdpwssd a
+    pair of sub-block pairs; the halves' lanes summed at the end. The sums are integers: the same
+    lanes as the ymm code's, in ~30 % fewer instructions (AVX-512 BW / VNNI)."""
+    _check_array(w, _BYTES)
+    _check_array(xq, _BYTES)
+    sig = v8i(w, o, xq, xo)
+
+    def cg(context, builder, sig, args):
+        wa, o, xa, xo = args
+        i64 = o.type
+        v8q = ir.VectorType(_i64, 8)
+        v32s = ir.VectorType(_i16, 32)
+
+        def at(arr, aty, base, off, ty):
+            return builder.load(_ptr(context, builder, aty, arr, builder.add(base, ir.Constant(i64, off)), ty),
+                                align=1)
+        sc16 = builder.sext(at(wa, sig.args[0], o, 192, _V16B), _V16S)
+        mub = _fn(builder, "llvm.x86.avx512.pmaddubs.w.512", v32s, [_V64B, _V64B])
+        dpw = _fn(builder, "llvm.x86.avx512.vpdpwssd.512", _V16I, [_V16I, v32s, v32s])
+        m15, m48 = ir.Constant(_V64B, [15] * 64), ir.Constant(_V64B, [48] * 64)
+        acc = ir.Constant(_V16I, None)
+        for h in range(2):
+            ql = at(wa, sig.args[0], o, 64 * h, _V64B)                      # ql0 | ql1
+            qh4 = at(wa, sig.args[0], o, 128 + 32 * h, ir.VectorType(_i64, 4))
+            qh = builder.shuffle_vector(qh4, qh4, ir.Constant(ir.VectorType(_i32, 8), [0, 1, 2, 3] * 2))
+            hi_lo = builder.and_(builder.bitcast(builder.shl(qh, ir.Constant(v8q, [4] * 4 + [2] * 4)), _V64B), m48)
+            hi_hi = builder.and_(builder.bitcast(builder.lshr(qh, ir.Constant(v8q, [0] * 4 + [2] * 4)), _V64B), m48)
+            q12 = builder.or_(builder.and_(ql, m15), hi_lo)                  # q1 | q2
+            q34 = builder.or_(builder.and_(builder.lshr(ql, ir.Constant(_V64B, [4] * 64)), m15), hi_hi)  # q3 | q4
+            for k, q in enumerate((q12, q34)):
+                x = at(xa, sig.args[2], xo, 128 * h + 64 * k, _V64B)
+                j = 8 * h + 4 * k
+                sc = builder.shuffle_vector(sc16, sc16, ir.Constant(ir.VectorType(_i32, 32),
+                                                                    [j] * 8 + [j + 1] * 8 + [j + 2] * 8 + [j + 3] * 8))
+                acc = builder.call(dpw, [acc, builder.call(mub, [q, x]), sc])
+        lo = builder.shuffle_vector(acc, acc, ir.Constant(ir.VectorType(_i32, 8), list(range(8))))
+        hi = builder.shuffle_vector(acc, acc, ir.Constant(ir.VectorType(_i32, 8), list(range(8, 16))))
+        return builder.add(lo, hi)
+
+    return sig, cg
+
+
 # ----------------------------------------------------------------------------- exact-order helpers
 @intrinsic
 def q6_offset(typingctx, sv, xb, off):

@@ -18,7 +18,7 @@ from ..intrinsics import (b_and, b_or, b_shl, b_shr, f16_to_f32, f_zero, fmadd_i
 
 from . import k4_rows, repack
 from .blocks import _k4_scales
-from ..intrinsics import VNNI, b_add, i_add, madd_sc, madd_sc_s, q2_mins_lanes
+from ..intrinsics import VNNI, b_add, i_add, madd_sc, madd_sc_s, q2_mins_lanes, q6_K_lanes512
 from ..k_quants import q3_K_scale, q3_K_scales
 
 
@@ -157,6 +157,8 @@ def kernels(mode: int) -> dict:
         """Integer lanes of sum_j sc_j * sum (q-32)*x, laid out like ggml_vec_dot_q6_K_q8_K's AVX2 lanes
         (unsigned quants, then the -32 offset per lane via the bsums)."""
         sv = scales_i8(wf, o + 192)
+        if mode == VNNI:   # two 32-weight vectors a zmm register: the same integer lanes
+            return i_sub(q6_K_lanes512(wf, o, xq, xo), q6_offset(sv, xb, bo))
         q1, q2, q3, q4 = q6_K_unpack(wf, o, 0)
         acc = k6_half0(i_zero(), q1, q2, q3, q4, xq, xo, sv)
         q1, q2, q3, q4 = q6_K_unpack(wf, o, 1)
