@@ -934,6 +934,18 @@ def madd_sv(typingctx, mode, acc, a, b, sv, i0, i1):
     return sig, cg
 
 
+def _word_ops(context, builder, o):
+    """(at, pmaddubsw, vpdpwssd) of the 512-bit K-quant lanes: at(arr, aty, base, off, ty) loads a
+    `ty` at byte base + off (a compile-time off) of an array."""
+    v32s = ir.VectorType(_i16, 32)
+
+    def at(arr, aty, base, off, ty):
+        return builder.load(_ptr(context, builder, aty, arr, builder.add(base, ir.Constant(o.type, off)), ty),
+                            align=1)
+    return (at, _fn(builder, "llvm.x86.avx512.pmaddubs.w.512", v32s, [_V64B, _V64B]),
+            _fn(builder, "llvm.x86.avx512.vpdpwssd.512", _V16I, [_V16I, v32s, v32s]))
+
+
 @intrinsic
 def q6_K_lanes512(typingctx, w, o, xq, xo):
     """The integer lanes sum_j sc_j * dot_j of the Q6_K super-block at byte o of w against the
@@ -949,16 +961,9 @@ def q6_K_lanes512(typingctx, w, o, xq, xo):
 
     def cg(context, builder, sig, args):
         wa, o, xa, xo = args
-        i64 = o.type
         v8q = ir.VectorType(_i64, 8)
-        v32s = ir.VectorType(_i16, 32)
-
-        def at(arr, aty, base, off, ty):
-            return builder.load(_ptr(context, builder, aty, arr, builder.add(base, ir.Constant(i64, off)), ty),
-                                align=1)
+        at, mub, dpw = _word_ops(context, builder, o)
         sc16 = builder.sext(at(wa, sig.args[0], o, 192, _V16B), _V16S)
-        mub = _fn(builder, "llvm.x86.avx512.pmaddubs.w.512", v32s, [_V64B, _V64B])
-        dpw = _fn(builder, "llvm.x86.avx512.vpdpwssd.512", _V16I, [_V16I, v32s, v32s])
         m15, m48 = ir.Constant(_V64B, [15] * 64), ir.Constant(_V64B, [48] * 64)
         acc = ir.Constant(_V16I, None)
         for h in range(2):
@@ -975,9 +980,56 @@ def q6_K_lanes512(typingctx, w, o, xq, xo):
                 sc = builder.shuffle_vector(sc16, sc16, ir.Constant(ir.VectorType(_i32, 32),
                                                                     [j] * 8 + [j + 1] * 8 + [j + 2] * 8 + [j + 3] * 8))
                 acc = builder.call(dpw, [acc, builder.call(mub, [q, x]), sc])
-        lo = builder.shuffle_vector(acc, acc, ir.Constant(ir.VectorType(_i32, 8), list(range(8))))
-        hi = builder.shuffle_vector(acc, acc, ir.Constant(ir.VectorType(_i32, 8), list(range(8, 16))))
-        return builder.add(lo, hi)
+        return _fold16(builder, acc)
+
+    return sig, cg
+
+
+def _fold16(builder, acc):
+    """i32x16 -> i32x8: lane m + lane m + 8 (the two 32-weight vectors a zmm register held)."""
+    v8 = ir.VectorType(_i32, 8)
+    lo = builder.shuffle_vector(acc, acc, ir.Constant(v8, list(range(8))))
+    return builder.add(lo, builder.shuffle_vector(acc, acc, ir.Constant(v8, list(range(8, 16)))))
+
+
+@intrinsic
+def k4_lanes512(typingctx, w, o, xq, xo, sv, q5):
+    """The integer lanes sum_j sc_j * dot_j of the Q4_K (q5 = 0) or Q5_K (q5 = 1, compile-time)
+    super-block at byte o of w against the Q8_K quants at xq[xo..+256], in
+    ggml_vec_dot_q4_K_q8_K's / q5_K's AVX2 lanes; sv: the i16x16 scales (`scales_k4`). A 64-weight
+    group a zmm register: its 32 nibble bytes broadcast, the low nibbles in one half and the high
+    in the other (one shift, one AND), Q5_K's fifth bits as one test and one masked add, one
+    pmaddubsw and one vpdpwssd; the halves' integer lanes summed at the end: the same integers."""
+    if not isinstance(q5, types.IntegerLiteral):
+        raise TypingError("k4_lanes512: q5 must be a compile-time 0 or 1")
+    is_q5 = bool(q5.literal_value)
+    _check_array(w, _BYTES)
+    _check_array(xq, _BYTES)
+    sig = v8i(w, o, xq, xo, sv, q5)
+
+    def cg(context, builder, sig, args):
+        wa, o, xa, xo, sv = args[:5]
+        v8q = ir.VectorType(_i64, 8)
+        at, mub, dpw = _word_ops(context, builder, o)
+
+        def both_halves(off):   # 32 bytes at o + off in both 256-bit halves, as qwords
+            v4 = at(wa, sig.args[0], o, off, ir.VectorType(_i64, 4))
+            return builder.shuffle_vector(v4, v4, ir.Constant(ir.VectorType(_i32, 8), [0, 1, 2, 3] * 2))
+        qh = builder.bitcast(both_halves(16), _V64B) if is_q5 else None
+        zero = ir.Constant(_V64B, [0] * 64)
+        acc = ir.Constant(_V16I, None)
+        for jp in range(4):
+            raw = both_halves((48 if is_q5 else 16) + 32 * jp)
+            q = builder.and_(builder.bitcast(builder.lshr(raw, ir.Constant(v8q, [0] * 4 + [4] * 4)), _V64B),
+                             ir.Constant(_V64B, [15] * 64))
+            if is_q5:   # bit 2jp of qh for the low nibbles, 2jp + 1 for the high: + 16
+                bit = ir.Constant(_V64B, [1 << (2 * jp)] * 32 + [1 << (2 * jp + 1)] * 32)
+                m = builder.icmp_unsigned("!=", builder.and_(qh, bit), zero)
+                q = builder.select(m, builder.add(q, ir.Constant(_V64B, [16] * 64)), q)
+            x = at(xa, sig.args[2], xo, 64 * jp, _V64B)
+            sc = builder.shuffle_vector(sv, sv, ir.Constant(ir.VectorType(_i32, 32), [2 * jp] * 16 + [2 * jp + 1] * 16))
+            acc = builder.call(dpw, [acc, builder.call(mub, [q, x]), sc])
+        return _fold16(builder, acc)
 
     return sig, cg
 

@@ -18,7 +18,7 @@ from ..intrinsics import (b_and, b_or, b_shl, b_shr, f16_to_f32, f_zero, fmadd_i
 
 from . import k4_rows, repack
 from .blocks import _k4_scales
-from ..intrinsics import VNNI, b_add, i_add, madd_sc, madd_sc_s, q2_mins_lanes, q6_K_lanes512
+from ..intrinsics import VNNI, b_add, i_add, madd_sc, madd_sc_s, q2_mins_lanes, q6_K_lanes512, k4_lanes512
 from ..k_quants import q3_K_scale, q3_K_scales
 
 
@@ -50,10 +50,10 @@ def kernels(mode: int) -> dict:
         return b_or(b_and(raw, 15), b_shl(b_and(h, 1), 4)), b_or(b_shr(raw, 4), b_shl(b_and(h, 2), 3))
 
     @numba.njit(inline="always")
-    def q4_K_dot(wf, o, xq, xo, xd, xb, bo):
-        """(integer lanes of sum_j sc_j*dot_j, sum_j m_j*bsum_j) of one super-block."""
-        sl, sh, ml, mh = _k4_scales(wf, o + 4)
-        sv = scales_k4(sl, sh, ml, mh)
+    def q4_K_lanes(wf, o, xq, xo, sv):
+        """Integer lanes sum_j sc_j*dot_j of one Q4_K super-block (ggml's AVX2 lanes)."""
+        if mode == VNNI:   # a 64-weight group a zmm register: the same integer lanes
+            return k4_lanes512(wf, o, xq, xo, sv, 0)
         acc = i_zero()
         lo, hi = q4_K_unpack(wf, o, 0)
         acc = k4_pair(acc, lo, hi, xq, xo, sv, 0, 1)
@@ -62,8 +62,13 @@ def kernels(mode: int) -> dict:
         lo, hi = q4_K_unpack(wf, o, 2)
         acc = k4_pair(acc, lo, hi, xq, xo + 128, sv, 4, 5)
         lo, hi = q4_K_unpack(wf, o, 3)
-        acc = k4_pair(acc, lo, hi, xq, xo + 192, sv, 6, 7)
-        return acc, mins_dot(ml, mh, xb, bo)
+        return k4_pair(acc, lo, hi, xq, xo + 192, sv, 6, 7)
+
+    @numba.njit(inline="always")
+    def q4_K_dot(wf, o, xq, xo, xd, xb, bo):
+        """(integer lanes of sum_j sc_j*dot_j, sum_j m_j*bsum_j) of one super-block."""
+        sl, sh, ml, mh = _k4_scales(wf, o + 4)
+        return q4_K_lanes(wf, o, xq, xo, scales_k4(sl, sh, ml, mh)), mins_dot(ml, mh, xb, bo)
 
     @numba.njit(inline="always")
     def k4_tiled(a, l, summ, dw, dm, dx):
@@ -98,15 +103,7 @@ def kernels(mode: int) -> dict:
             o = base + b * 144
             sl, sh, ml, mh = _k4_scales(wf, o + 4)
             sv = scales_k4(sl, sh, ml, mh)
-            xb0 = xo + b * 256
-            lo, hi = q4_K_unpack(wf, o, 0)
-            l = k4_pair(i_zero(), lo, hi, xq, xb0, sv, 0, 1)
-            lo, hi = q4_K_unpack(wf, o, 1)
-            l = k4_pair(l, lo, hi, xq, xb0 + 64, sv, 2, 3)
-            lo, hi = q4_K_unpack(wf, o, 2)
-            l = k4_pair(l, lo, hi, xq, xb0 + 128, sv, 4, 5)
-            lo, hi = q4_K_unpack(wf, o, 3)
-            l = k4_pair(l, lo, hi, xq, xb0 + 192, sv, 6, 7)
+            l = q4_K_lanes(wf, o, xq, xo + b * 256, sv)
             acc = fmadd_i(acc, l, xd[b] * f16_to_f32(wf, o))
             v0, v1, v2, v3 = k4_vmins(v0, v1, v2, v3, ml, mh, xb, xbo + b * 16, -(xd[b] * f16_to_f32(wf, o + 2)))
         return hsum_f(acc) + ((v0 + v2) + (v1 + v3))
@@ -115,6 +112,8 @@ def kernels(mode: int) -> dict:
     def q5_K_dot(wf, o, xq, xo, xd, xb, bo):
         sl, sh, ml, mh = _k4_scales(wf, o + 4)
         sv = scales_k4(sl, sh, ml, mh)
+        if mode == VNNI:
+            return k4_lanes512(wf, o, xq, xo, sv, 1), mins_dot(ml, mh, xb, bo)
         qh = load_b32(wf, o + 16)
         acc = i_zero()
         lo, hi = q5_K_unpack(wf, o, qh, 0)
