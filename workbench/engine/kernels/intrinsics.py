@@ -934,6 +934,26 @@ def madd_sv(typingctx, mode, acc, a, b, sv, i0, i1):
     return sig, cg
 
 
+def _both_halves(builder, at, arr, aty, base, off):
+    """32 bytes at base + off in both 256-bit halves of a zmm register, as qwords."""
+    v4 = at(arr, aty, base, off, ir.VectorType(_i64, 4))
+    return builder.shuffle_vector(v4, v4, ir.Constant(ir.VectorType(_i32, 8), [0, 1, 2, 3] * 2))
+
+
+def _bits(builder, v, shifts, mask):
+    """Bytes of (v >> shift) & mask, one shift per 256-bit half (v: qwords of `_both_halves`)."""
+    v8q = ir.VectorType(_i64, 8)
+    sh = builder.lshr(v, ir.Constant(v8q, [shifts[0]] * 4 + [shifts[1]] * 4))
+    return builder.and_(builder.bitcast(sh, _V64B), ir.Constant(_V64B, [mask] * 64))
+
+
+def _scale_words(builder, sv, s):
+    """i16x32: scales s, s + 1, s + 2, s + 3 of the i16x16 `sv`, each over 8 words (the word
+    products of four 16-weight sub-blocks, two 32-weight vectors)."""
+    return builder.shuffle_vector(sv, sv, ir.Constant(ir.VectorType(_i32, 32), [s] * 8 + [s + 1] * 8 + [s + 2] * 8
+                                                      + [s + 3] * 8))
+
+
 def _word_ops(context, builder, o):
     """(at, pmaddubsw, vpdpwssd) of the 512-bit K-quant lanes: at(arr, aty, base, off, ty) loads a
     `ty` at byte base + off (a compile-time off) of an array."""
@@ -968,17 +988,14 @@ def q6_K_lanes512(typingctx, w, o, xq, xo):
         acc = ir.Constant(_V16I, None)
         for h in range(2):
             ql = at(wa, sig.args[0], o, 64 * h, _V64B)                      # ql0 | ql1
-            qh4 = at(wa, sig.args[0], o, 128 + 32 * h, ir.VectorType(_i64, 4))
-            qh = builder.shuffle_vector(qh4, qh4, ir.Constant(ir.VectorType(_i32, 8), [0, 1, 2, 3] * 2))
+            qh = _both_halves(builder, at, wa, sig.args[0], o, 128 + 32 * h)
             hi_lo = builder.and_(builder.bitcast(builder.shl(qh, ir.Constant(v8q, [4] * 4 + [2] * 4)), _V64B), m48)
-            hi_hi = builder.and_(builder.bitcast(builder.lshr(qh, ir.Constant(v8q, [0] * 4 + [2] * 4)), _V64B), m48)
             q12 = builder.or_(builder.and_(ql, m15), hi_lo)                  # q1 | q2
-            q34 = builder.or_(builder.and_(builder.lshr(ql, ir.Constant(_V64B, [4] * 64)), m15), hi_hi)  # q3 | q4
+            q34 = builder.or_(builder.and_(builder.lshr(ql, ir.Constant(_V64B, [4] * 64)), m15),
+                              _bits(builder, qh, (0, 2), 48))               # q3 | q4
             for k, q in enumerate((q12, q34)):
                 x = at(xa, sig.args[2], xo, 128 * h + 64 * k, _V64B)
-                j = 8 * h + 4 * k
-                sc = builder.shuffle_vector(sc16, sc16, ir.Constant(ir.VectorType(_i32, 32),
-                                                                    [j] * 8 + [j + 1] * 8 + [j + 2] * 8 + [j + 3] * 8))
+                sc = _scale_words(builder, sc16, 8 * h + 4 * k)
                 acc = builder.call(dpw, [acc, builder.call(mub, [q, x]), sc])
         return _fold16(builder, acc)
 
@@ -1009,19 +1026,14 @@ def k4_lanes512(typingctx, w, o, xq, xo, sv, q5):
 
     def cg(context, builder, sig, args):
         wa, o, xa, xo, sv = args[:5]
-        v8q = ir.VectorType(_i64, 8)
         at, mub, dpw = _word_ops(context, builder, o)
 
-        def both_halves(off):   # 32 bytes at o + off in both 256-bit halves, as qwords
-            v4 = at(wa, sig.args[0], o, off, ir.VectorType(_i64, 4))
-            return builder.shuffle_vector(v4, v4, ir.Constant(ir.VectorType(_i32, 8), [0, 1, 2, 3] * 2))
-        qh = builder.bitcast(both_halves(16), _V64B) if is_q5 else None
+        qh = builder.bitcast(_both_halves(builder, at, wa, sig.args[0], o, 16), _V64B) if is_q5 else None
         zero = ir.Constant(_V64B, [0] * 64)
         acc = ir.Constant(_V16I, None)
         for jp in range(4):
-            raw = both_halves((48 if is_q5 else 16) + 32 * jp)
-            q = builder.and_(builder.bitcast(builder.lshr(raw, ir.Constant(v8q, [0] * 4 + [4] * 4)), _V64B),
-                             ir.Constant(_V64B, [15] * 64))
+            raw = _both_halves(builder, at, wa, sig.args[0], o, (48 if is_q5 else 16) + 32 * jp)
+            q = _bits(builder, raw, (0, 4), 15)           # low nibbles | high nibbles
             if is_q5:   # bit 2jp of qh for the low nibbles, 2jp + 1 for the high: + 16
                 bit = ir.Constant(_V64B, [1 << (2 * jp)] * 32 + [1 << (2 * jp + 1)] * 32)
                 m = builder.icmp_unsigned("!=", builder.and_(qh, bit), zero)
