@@ -527,3 +527,55 @@ def test_a_warm_up_that_fails_never_fails_the_load(monkeypatch):
     warm_ops.warm_one("0@gelu")  # does not raise
     with pytest.raises(Exception):
         ops.rms_norm.compile((types.unicode_type,))
+
+
+# ----------------------------------------------------------------------------- a bounded cache
+#: a module with one cached function; {body} is its return expression, {pad} blank lines before it
+CACHED = "{pad}import numba\nfrom workbench.engine.kernels import jitcache\n\n\n@numba.njit(**jitcache.JIT)\n" \
+         "def f(x):\n    return {body}\n\n\nprint(f(1))\n"
+
+
+def _run_cached(folder: Path, body: str, pad: int = 0) -> str:
+    (folder / "cached_mod.py").write_text(CACHED.format(body=body, pad="\n" * pad))
+    e = dict(os.environ, PYTHONPATH=str(ROOT))
+    e.pop("NUMBA_CACHE_DIR", None)
+    r = subprocess.run([sys.executable, "cached_mod.py"], cwd=folder, env=e, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout.strip()
+
+
+def _cache_files(folder: Path, ext: str) -> list[Path]:
+    return sorted((folder / "__pycache__").glob(f"cached_mod.*{ext}"))
+
+
+def test_a_save_deletes_the_code_of_a_source_that_changed(tmp_path):
+    """Edit the function (its index is for another source now) and move it to another line (a new
+    index name): each save deletes what only the old source could load, index and data."""
+    assert _run_cached(tmp_path, "x + 1") == "2"
+    first = _cache_files(tmp_path, ".nbc")
+    assert len(first) == 1 and len(_cache_files(tmp_path, ".nbi")) == 1
+    assert _run_cached(tmp_path, "x + 2") == "3"
+    second = _cache_files(tmp_path, ".nbc")
+    assert len(second) == 1 and second != first
+    assert _run_cached(tmp_path, "x + 3", pad=2) == "4"        # the function two lines further down
+    assert len(_cache_files(tmp_path, ".nbc")) == 1 and len(_cache_files(tmp_path, ".nbi")) == 1
+    assert _run_cached(tmp_path, "x + 3", pad=2) == "4"        # and the survivor loads
+
+
+def test_pruning_deletes_code_unused_for_weeks_and_keeps_code_in_use(tmp_path):
+    """A data file nobody loaded for MAX_AGE_DAYS goes, with the index left pointing at nothing; a
+    load refreshes a day-old file's time, so code in use stays."""
+    assert _run_cached(tmp_path, "x + 1") == "2"
+    data, = _cache_files(tmp_path, ".nbc")
+    folder = str(tmp_path / "__pycache__")
+    now = os.stat(data).st_mtime
+    os.utime(data, (now - 3 * 86400, now - 3 * 86400))
+    assert _run_cached(tmp_path, "x + 1") == "2"                # a cache hit: the file's time refreshed
+    assert os.stat(data).st_mtime > now - 86400
+    assert jitcache.prune_folder(folder, force=True) == 0 and data.exists()
+    old = now - (jitcache.MAX_AGE_DAYS + 1) * 86400
+    os.utime(data, (old, old))
+    assert jitcache.prune_folder(folder, force=True) == 2     # the data file and its index
+    assert not _cache_files(tmp_path, ".nbc") and not _cache_files(tmp_path, ".nbi")
+    assert _run_cached(tmp_path, "x + 1") == "2"                # a miss: compiled again

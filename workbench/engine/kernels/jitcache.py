@@ -28,6 +28,14 @@ first), it changes four things in Numba's cache, for every cached function of th
    linker resolve one's calls to the other's code (numba/numba#10486): a later model's experts ran
    another type's product, a crew ran another build's stubs.  Here that counter starts at a random
    offset in every process (and again after a fork), so a symbol names one compilation.
+5. **A cache that does not grow without bound.**  Numba never deletes a data file: code for a source
+   that changed, for a dependency that changed (the key above), for an old release left in the
+   package folder by an upgrade, stays on disk (a development tree had gathered 930 MB, a third of
+   it unloadable, most of the rest superseded).  Here a save deletes the data files of the index it
+   replaces when that index was for another version of the source (nothing can load them), drops
+   entries whose data file is gone, and, at most once a day per folder, deletes the data files no
+   process has loaded or written for ``MAX_AGE_DAYS`` (a load refreshes a file's time, at most
+   daily) and the indexes left pointing at nothing.  A deleted file is a cache miss: a recompile.
 """
 from __future__ import annotations
 
@@ -36,7 +44,9 @@ import itertools
 import os
 import secrets
 import sys
+import pickle
 import tempfile
+import time
 import types as pytypes
 
 from numba.core import caching
@@ -193,9 +203,118 @@ def _save(self, key, data) -> None:
     # the pattern numbers with {number:d}: a 60-bit integer from the digest
     name = self._data_name(int(hashlib.sha256(repr(key).encode()).hexdigest()[:15], 16))
     self._save_data(name, data)
-    overloads = self._load_index()
+    for path in [self._index_path] + _siblings(self._cache_path, self._index_name):
+        on_disk = read_index(path)    # (the function at another line: indexes for other sources too)
+        if on_disk is not None and on_disk[:2] != (self._version, self._source_stamp):
+            _remove(self._data_path(n) for n in on_disk[2].values() if n != name)   # nothing can load them
+            if path != self._index_path:
+                _remove([path])
+    overloads = {k: n for k, n in self._load_index().items() if os.path.exists(self._data_path(n))}
     overloads[key] = name
     self._save_index(overloads)
+    prune_folder(self._cache_path)
+
+
+# ----------------------------------------------------------------------------- 5. a bounded cache
+#: a data file no process loaded or wrote for this long is deleted (the next compile into its folder)
+MAX_AGE_DAYS = 14
+_DAY = 86400.0
+_PRUNE_MARK = ".numawb-pruned"   # a folder's last sweep: this file's time
+_swept: set[str] = set()
+
+
+def read_index(path: str):
+    """(numba version, source stamp, {key: data file name}) of an index file, None if unreadable."""
+    try:
+        with open(path, "rb") as f:
+            version = pickle.load(f)
+            stamp, overloads = pickle.loads(f.read())
+    except Exception:
+        return None
+    return version, stamp, overloads
+
+
+def _siblings(folder: str, index_name: str) -> list[str]:
+    """The other indexes of the function an index is for: the same module and qualified name at
+    other lines (``mod.qual-LINE.pyXY.nbi``); some may be another function of that name in the
+    current source, so only those for another source are removed."""
+    head, _, tail = index_name[:-len(".nbi")].rpartition("-")
+    suffix = tail.partition(".")[2] + ".nbi"
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    return [os.path.join(folder, n) for n in names
+            if n != index_name and n.startswith(head + "-") and n.endswith("." + suffix)
+            and n[len(head) + 1:-len(suffix) - 1].isdigit()]
+
+
+def _remove(paths) -> None:
+    for p in paths:
+        try:
+            os.remove(p)
+        except OSError:
+            pass
+
+
+def _load(self, key):
+    """Numba's load, and the data file's time refreshed when it is a day old (what keeps a file
+    in use from being pruned as unused)."""
+    name = self._load_index().get(key)
+    if name is None:
+        return None
+    path = self._data_path(name)
+    try:
+        data = self._load_data(name)
+    except OSError:
+        return None
+    try:
+        if time.time() - os.stat(path).st_mtime > _DAY:
+            os.utime(path)
+    except OSError:
+        pass   # a cache this process cannot write: it ages, and is pruned by whoever can
+    return data
+
+
+def prune_folder(folder: str, now: float | None = None, force: bool = False) -> int:
+    """Delete the data files in `folder` untouched for MAX_AGE_DAYS and the indexes left with no
+    data file; at most once a day per folder (`force`: now). Returns the number of files deleted."""
+    if folder in _swept and not force:
+        return 0
+    _swept.add(folder)
+    now = time.time() if now is None else now
+    mark = os.path.join(folder, _PRUNE_MARK)
+    try:
+        if not force and now - os.stat(mark).st_mtime < _DAY:
+            return 0
+    except OSError:
+        pass
+    try:
+        with open(mark, "w"):
+            pass
+        names = os.listdir(folder)
+    except OSError:
+        return 0
+    old = []
+    for n in names:
+        if n.endswith(".nbc"):
+            try:
+                if now - os.stat(os.path.join(folder, n)).st_mtime > MAX_AGE_DAYS * _DAY:
+                    old.append(os.path.join(folder, n))
+            except OSError:
+                pass
+    if not old:
+        return 0
+    _remove(old)
+    gone = len(old)
+    for n in names:       # indexes left pointing at nothing (read only after a deletion)
+        if n.endswith(".nbi"):
+            path = os.path.join(folder, n)
+            idx = read_index(path)
+            if idx is not None and not any(os.path.exists(os.path.join(folder, d)) for d in idx[2].values()):
+                _remove([path])
+                gone += 1
+    return gone
 
 
 # ----------------------------------------------------------------------------- 3. a writable place, or none
@@ -297,11 +416,12 @@ class ProcessUniqueIds:
 
 
 def install() -> None:
-    """Put the four changes into Numba (idempotent)."""
+    """Put the five changes into Numba (idempotent)."""
     if not isinstance(FunctionIdentity._unique_ids, ProcessUniqueIds):
         FunctionIdentity._unique_ids = ProcessUniqueIds()
     caching.Cache._index_key = _index_key
     caching.IndexDataCacheFile.save = _save
+    caching.IndexDataCacheFile.load = _load
     classes = caching.CacheImpl._locator_classes
     if UserCacheLocator not in classes:
         at = classes.index(caching.InTreeCacheLocator) + 1 if caching.InTreeCacheLocator in classes else len(classes)
