@@ -77,6 +77,7 @@ class TinySpec:
     old_mla: bool = False         # the legacy attn_kv_b layout (refused)
     eos_id: int = 1               # tokenizer.ggml.eos_token_id
     unused_tokens: int = 0        # unused tokens after the vocabulary (296 rows: whole 8-row groups)
+    types: tuple = ()             # (tensor name, type) pairs: those tensors in another type (a mixed file)
 
 
 def _deepseek2_layers(spec: TinySpec, mat, vec, experts) -> None:
@@ -211,7 +212,10 @@ def write_tiny_model(path: str | os.PathLike, spec: TinySpec, split_max_tensors:
 
     ref: dict[str, np.ndarray] = {}
 
+    overrides = dict(spec.types)
+
     def mat(name: str, rows: int, ne0: int, qtype: T = spec.qtype, scale: float = 0.05) -> None:
+        qtype = overrides.get(name, qtype)
         data = random_tensor(qtype, rows, ne0, rng, scale)
         w.add_tensor(name, data, raw_dtype=qtype if qtype not in (T.F32, T.F16) else None)
         if reference:
@@ -223,6 +227,7 @@ def write_tiny_model(path: str | os.PathLike, spec: TinySpec, split_max_tensors:
         """A 3-D expert tensor: GGUF shape [ne0, rows, n_exp] (numpy [n_exp, rows, ne0]). With
         spec.fuse_gate_up, gate is held back and written with up as ffn_gate_up_exps (each
         expert's gate rows, then its up rows), the reference keeping the two apart."""
+        qtype = overrides.get(name, qtype)
         data = random_tensor(qtype, n_exp * rows, ne0, rng, scale).reshape(n_exp, rows, -1)
         if reference:  # (benchmark-sized files skip the float64 copy)
             ref[name] = dequant(data.reshape(n_exp * rows, -1), qtype).reshape(n_exp, rows, ne0)

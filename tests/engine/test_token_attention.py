@@ -270,3 +270,28 @@ def test_a_token_links_its_jobs_in_the_order_it_posts_them(tmp_path):
         assert after(job("token_embd.weight")) == job("blk.0.attn_q.weight").ctypes.data   # the next token
     finally:
         eng.close()
+
+
+MIXED = {   # layers whose products take different activation formats (Q8_0's and Q8_K's), as the
+    # per-tensor mixes of llama.cpp's Q4_K_M rules and of hand-tuned quantizations give
+    "llama": (("blk.0.attn_v.weight", T.Q8_0), ("blk.1.ffn_down.weight", T.Q8_0), ("blk.2.attn_q.weight", T.Q5_0),
+              ("blk.2.ffn_gate.weight", T.Q8_0)),
+    "qwen3moe": (("blk.0.attn_v.weight", T.Q8_0), ("blk.1.ffn_down_exps.weight", T.Q8_0),
+                 ("blk.2.ffn_gate_exps.weight", T.Q8_0)),
+}
+
+
+@pytest.mark.parametrize("arch", sorted(MIXED))
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_file_mixing_activation_formats_decodes_each_token_in_one_call(tmp_path, arch, threads):
+    """Q8_0-family and K-quant tensors side by side in a layer, and differently from layer to layer
+    (a gate in Q8_0 beside its up in Q4_K included): every decoded token still takes the one call
+    from its id to its logits, with the general path's logits to the bit."""
+    path = tmp_path / f"{arch}-mixed.gguf"
+    extra = dict(n_expert=8, n_expert_used=2, n_ff=256, n_ff_exp=256) if arch == "qwen3moe" else {}
+    write_tiny_model(path, TinySpec(arch=arch, qtype=T.Q4_K, n_layer=3, seed=9, types=MIXED[arch], **extra))
+    calls = {}
+    program, _ = _decode(str(path), threads, True, by=calls)
+    general, none = _decode(str(path), threads, False)
+    assert calls == {"token_program": 14} and none == 0
+    _all_equal(program, general)

@@ -874,6 +874,48 @@ def product_runner(lead, prep_a, prep_b=None):
     return fn
 
 
+@numba.njit(inline="always")
+def prep_families(tasks, fam):
+    """(family of the tasks marked 0, of those marked 1; -1: none) of a job's task table, from
+    each task's weight type (`kernels.q8_family`; tasks of no family, such as padding, skipped)."""
+    ka = -1
+    kb = -1
+    for t in range(tasks.shape[0]):
+        f = fam[tasks[t, T_TYPE]]
+        if f >= 0:
+            if tasks[t, T_PREP] == 0:
+                ka = f
+            else:
+                kb = f
+    return ka, kb
+
+
+def product_runner_mixed(lead):
+    """`product_runner` for a file whose products take Q8_0 or Q8_K activations: each call picks
+    the formats from the job's weight types (`prep_families`), so the groups of every layer share
+    this one function and a token's layers compile into one call however the file mixes its
+    types (with a runner per format pair, a layer unlike the others kept the whole token from
+    its one compiled call: a Python call per layer instead)."""
+    key = (lead, "q8 mixed")
+    fn = _RUNNERS.get(key)
+    if fn is not None:
+        return fn
+    fam = kernels.q8_families()
+    quantize = kernels.activations.quantize_q8_0_or_K
+
+    @numba.njit(**_NB)
+    def fn(ctl, n_workers, tasks, chunks, n_owned, x, outs):
+        ka, kb = prep_families(tasks, fam)
+        xr = x.reshape(1, -1)
+        a = quantize(xr, ka)
+        b = quantize(xr, kb) if kb >= 0 else a
+        xa = (a[0][0], a[1][0], a[2][0])
+        xb = (b[0][0], b[1][0], b[2][0])
+        return lead(ctl, n_workers, tasks, chunks, n_owned, xa, xb, outs, 0, NO_LIMIT, 0)
+    _RUNNERS[key] = fn
+    return fn
+
+
 class CrewError(RuntimeError):
     pass
 

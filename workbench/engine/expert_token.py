@@ -19,7 +19,8 @@ import numba
 import numpy as np
 
 from . import ops
-from .crew import C_TASK, NO_LIMIT, STEALABLE, T_OUTOFF, T_XROW
+from . import kernels
+from .crew import C_TASK, NO_LIMIT, STEALABLE, T_OUTOFF, T_XROW, prep_families
 from .gating import _route, gate
 
 from .kernels.jitcache import JIT as _NB
@@ -54,27 +55,46 @@ def compose(t3: np.ndarray, c3: np.ndarray, width: np.ndarray, ids: np.ndarray, 
 _RUNNERS: dict = {}
 
 
+_FIXED: dict = {}
+
+
+def fixed_format(prep: Callable) -> Callable:
+    """`prep` (x -> prepared) as the (x, family) -> prepared that `expert_runner` calls: one
+    activation format whatever the family."""
+    fn = _FIXED.get(prep)
+    if fn is None:
+        @numba.njit(inline="always")
+        def fn(x, k):
+            return prep(x)
+        _FIXED[prep] = fn
+    return fn
+
+
 def expert_runner(lead: Callable, prep_gu: Callable, prep_down: Callable, n_gu: int) -> Callable:
     """The compiled one-token expert FFN over the crew's `lead` for these activation formats.
 
-    n_gu: 2 for separate gate and up tensors (outputs gate, up), 1 for a fused gate_up tensor (one
-    output holding each expert's gate rows, then its up rows).
+    prep_gu, prep_down: (x, family) -> prepared, the family each call's tasks name (the gate's,
+    the up's, the down's: `crew.prep_families`): `activations.quantize_q8_0_or_K` for a file mixing
+    Q8_0 and Q8_K formats (every layer one function, a gate and an up of either), else a fixed
+    format (`fixed_format`). n_gu: 2 for separate gate and up tensors (outputs gate, up), 1 for a
+    fused gate_up tensor (one output holding each expert's gate rows, then its up rows).
     """
     key = (lead, prep_gu, prep_down, n_gu)
     fn = _RUNNERS.get(key)
     if fn is not None:
         return fn
+    fam = kernels.q8_families()
 
     if n_gu == 2:
         @numba.njit(**_NB)
-        def gate_up(ctl, n_workers, tasks, chunks, xa, g, u, n_ff):
-            ok = lead(ctl, n_workers, tasks, chunks, chunks.shape[0] | STEALABLE, xa, xa, (g, u), 0, NO_LIMIT, 0)
+        def gate_up(ctl, n_workers, tasks, chunks, xa, xb, g, u, n_ff):
+            ok = lead(ctl, n_workers, tasks, chunks, chunks.shape[0] | STEALABLE, xa, xb, (g, u), 0, NO_LIMIT, 0)
             k = g.shape[0] // n_ff
             return ok, g.reshape(k, n_ff), u.reshape(k, n_ff)
     else:
         @numba.njit(**_NB)
-        def gate_up(ctl, n_workers, tasks, chunks, xa, g, u, n_ff):
-            ok = lead(ctl, n_workers, tasks, chunks, chunks.shape[0] | STEALABLE, xa, xa, (g,), 0, NO_LIMIT, 0)
+        def gate_up(ctl, n_workers, tasks, chunks, xa, xb, g, u, n_ff):
+            ok = lead(ctl, n_workers, tasks, chunks, chunks.shape[0] | STEALABLE, xa, xb, (g,), 0, NO_LIMIT, 0)
             gu = g.reshape(-1, 2 * n_ff)
             return ok, gu[:, :n_ff], gu[:, n_ff:]
 
@@ -84,10 +104,13 @@ def expert_runner(lead: Callable, prep_gu: Callable, prep_down: Callable, n_gu: 
         """x [1, n_embd] -> out [n_embd]; g, u, act, d: scratch of k * (width) floats; False if a
         worker failed."""
         k = ids.shape[0]
-        xa = prep_gu(x)
+        ka, kb = prep_families(gu_t3[0], fam)
+        kd, _kd = prep_families(d_t3[0], fam)
+        xa = prep_gu(x, ka)
+        xb = prep_gu(x, kb) if kb >= 0 else xa
         zeros = np.zeros(k, dtype=np.int64)
         tasks, chunks = compose(gu_t3, gu_c3, gu_w, ids, zeros)
-        ok, g2, u2 = gate_up(ctl, n_workers, tasks, chunks, xa, g, u, n_ff)
+        ok, g2, u2 = gate_up(ctl, n_workers, tasks, chunks, xa, xb, g, u, n_ff)
         if not ok:
             return False
         a2 = act.reshape(k, n_ff)
@@ -95,7 +118,7 @@ def expert_runner(lead: Callable, prep_gu: Callable, prep_down: Callable, n_gu: 
             ops.gelu_mul(g2, u2, a2, gelu_table)
         else:
             ops.silu_mul(g2, u2, a2)
-        xd = prep_down(a2)
+        xd = prep_down(a2, kd)
         tasks, chunks = compose(d_t3, d_c3, d_w, ids, np.arange(k))
         if not lead(ctl, n_workers, tasks, chunks, chunks.shape[0] | STEALABLE, xd, xd, (d,), 0, NO_LIMIT, 0):
             return False

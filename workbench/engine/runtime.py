@@ -32,10 +32,10 @@ from . import kernels
 from . import ops
 from .attention import AttentionPaths
 from .crew import (C_OWNER, C_SPAN, C_TASK, CHUNK_FIELDS, STEALABLE, T_OUT, T_OUTOFF, T_XROW, TASK_FIELDS, Crew,
-                   CrewError, Job, Table, link, product_runner)
+                   CrewError, Job, Table, link, product_runner, product_runner_mixed)
 from .attention import SKIP_SLID_VALUES, one_token_attention, token_window
 from .dense_token import dense_runner
-from .expert_token import GELU, SILU, expert_runner, routed_runner
+from .expert_token import GELU, SILU, expert_runner, fixed_format, routed_runner
 from .token_attention import block_runner
 from .token_layer import layer_runner, list_address, token_runner, typed_layers
 from .gating import Gating
@@ -746,6 +746,15 @@ class Runtime(AttentionPaths):
             self._run(group, xps, [g, u], n == 1, lambda lo, hi: finish(0, n, lo, hi))
         return g, u, a
 
+    @property
+    def mixed_q8(self) -> bool:
+        """The file's products take both Q8_0 and Q8_K activations (a K-quant file with some
+        Q5_0 / Q8_0 tensors, as Gemma 3's and llama.cpp's Q4_K_M rules give): then every group
+        whose formats are among those two runs one product runner that picks them per call
+        (`crew.product_runner_mixed`), so layers that mix them differently share a compiled token."""
+        fams = {kernels.q8_family(w.ggml_type) for w in self.weights.values()}
+        return {0, 1} <= fams
+
     def _token_runner(self, group: _Group) -> Callable | None:
         """The group's compiled one-token product (input preparation + crew job) for the current
         crew, its job made; None when its inputs are not quantized (float weights take the general
@@ -754,7 +763,12 @@ class Runtime(AttentionPaths):
         if group.runner is None or group.runner_lead is not crew.lead:
             preps = [kernels.preparer(t) for t in group.prep_types]
             group.runner_lead = crew.lead
-            group.runner = False if None in preps or len(preps) > 2 else product_runner(crew.lead, *preps)
+            if None in preps or len(preps) > 2:
+                group.runner = False
+            elif self.mixed_q8 and all(kernels.q8_family(t) >= 0 for t in group.prep_types):
+                group.runner = product_runner_mixed(crew.lead)
+            else:
+                group.runner = product_runner(crew.lead, *preps)
         if group.runner is False:
             return None
         if group.job is None:
@@ -1080,13 +1094,19 @@ class Runtime(AttentionPaths):
             wd = self.weights[down]
             preps = {kernels.prepare_key(w.ggml_type) for w in ws_gu}
             prep_gu, prep_d = kernels.preparer(ws_gu[0].ggml_type), kernels.preparer(wd.ggml_type)
-            if len(preps) != 1 or prep_gu is None or prep_d is None:
+            fams = [kernels.q8_family(w.ggml_type) for w in ws_gu + [wd]]
+            mixed = self.mixed_q8 and min(fams) >= 0   # formats picked per call, per tensor
+            if not mixed and (len(preps) != 1 or prep_gu is None or prep_d is None):
                 entry = (crew.lead, None)
             else:
                 n_sub = self.n_sub(up)
-                gu = self._expert_table(names_gu, ws_gu, [0] * len(names_gu),
-                                        [w.rows // n_sub for w in ws_gu])
+                pidx = [0] * len(names_gu) if len(set(fams[:-1])) == 1 else [0, 1]   # (a gate and an up apart)
+                gu = self._expert_table(names_gu, ws_gu, pidx, [w.rows // n_sub for w in ws_gu])
                 dn = self._expert_table((down,), [wd], [0], [wd.rows // n_sub])
+                if mixed:
+                    prep_gu = prep_d = kernels.activations.quantize_q8_0_or_K
+                else:
+                    prep_gu, prep_d = fixed_format(prep_gu), fixed_format(prep_d)
                 runner = expert_runner(crew.lead, prep_gu, prep_d, len(names_gu))
                 entry = (crew.lead, runner, gu, dn, ws_gu[0].rows // n_sub, wd.rows // n_sub)
             self._etoken[key] = entry

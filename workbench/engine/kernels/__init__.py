@@ -255,6 +255,21 @@ def prepare_key(ggml_type: int) -> int:
     return min(t for t, f in _PREPARE.items() if f is fn)
 
 
+def q8_family(ggml_type: int) -> int:
+    """0 for the types whose products take Q8_0 activations, 1 for Q8_K's, -1 for the others (float
+    types, Q8_1's): the two formats `activations.quantize_q8_0_or_K` picks between at run time."""
+    fn = _PREPARE.get(ggml_type)
+    return 0 if fn is _act.quantize_q8_0 else 1 if fn is _act.quantize_q8_K else -1
+
+
+def q8_families() -> np.ndarray:
+    """int64 [2048]: q8_family of every type id (compiled callers index it by a task's type)."""
+    fam = np.full(2048, -1, dtype=np.int64)
+    for t in _PREPARE:
+        fam[t] = q8_family(t)
+    return fam
+
+
 def preparer(ggml_type: int):
     """The compiled 2-D activation preparation of a quantized type (None for float types), for
     compiled callers: X float32 [n, k] -> tuple of 2-D arrays, as `prepare` gives."""

@@ -134,6 +134,16 @@ def quantize_q8_K(x):
 
 
 @numba.njit(**_NB)
+def quantize_q8_0_or_K(x, k):
+    """quantize_q8_K(x) when k is 1, else quantize_q8_0(x): one compiled call for the products of a
+    file that takes either format (`kernels.q8_family`), the format picked at run time from the
+    job's weight types, so every layer of a file mixing them shares one compiled token."""
+    if k == 1:
+        return quantize_q8_K(x)
+    return quantize_q8_0(x)
+
+
+@numba.njit(**_NB)
 def round_to_f16(x):
     """float32 [n, k] -> float32 values rounded to f16 (RNE)."""
     out = np.empty_like(x)
