@@ -18,8 +18,7 @@ from typing import Callable
 import numba
 import numpy as np
 
-from . import ops
-from . import kernels
+from . import kernels, ops
 from .crew import C_TASK, NO_LIMIT, STEALABLE, T_OUTOFF, T_XROW, prep_families
 from .gating import _route, gate
 

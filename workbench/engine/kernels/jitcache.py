@@ -42,9 +42,9 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
+import pickle
 import secrets
 import sys
-import pickle
 import tempfile
 import time
 import types as pytypes
