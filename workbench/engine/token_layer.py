@@ -15,6 +15,7 @@ from typing import Callable
 
 import numba
 import numpy as np
+from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 from numba.typed import listobject
@@ -109,6 +110,38 @@ def _borrowed(typingctx, addr, list_ref):
     return list_type(types.intp, list_ref), codegen
 
 
+def _unowned(context, builder, ty, val):
+    """`val` of type `ty` with the meminfo of every array in it (through nested tuples) null."""
+    if isinstance(ty, types.Array):
+        arr = context.make_array(ty)(context, builder, value=val)
+        arr.meminfo = cgutils.get_null_value(arr.meminfo.type)
+        return arr._getvalue()
+    if isinstance(ty, types.BaseTuple):
+        for k, t in enumerate(ty.types):
+            val = builder.insert_value(val, _unowned(context, builder, t, builder.extract_value(val, k)), k)
+    return val
+
+
+@intrinsic
+def _item(typingctx, lst, index):
+    """Item `index` of a typed list of tuples, its arrays without references of their own (null
+    meminfos, as `_borrowed`); the list keeps them alive. numba's getitem increfs every array of
+    the item (a layer's ~50) and the loop decrefs them, each an atomic add on a line of its own
+    that a token's streamed weights had pushed out of the caches: ~1.5 % of a decoded token in
+    `perf_decode.py`."""
+    item_type = lst.item_type
+
+    def codegen(context, builder, sig, args):
+        lp = listobject._container_get_data(context, builder, sig.args[0], args[0])
+        fnty = ir.FunctionType(cgutils.voidptr_t, [listobject.ll_list_type])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "numba_list_base_ptr")
+        base = builder.bitcast(builder.call(fn, [lp]), context.get_data_type(item_type).as_pointer())
+        item = context.data_model_manager[item_type].load_from_data_pointer(builder, cgutils.gep(builder, base,
+                                                                                                   args[1]))
+        return _unowned(context, builder, item_type, item)
+    return item_type(lst, types.intp), codegen
+
+
 def list_address(items: numba.typed.List) -> int:
     """Where `items`' C list pointer is stored (its meminfo's data, as numba's unboxing reads it);
     valid while `items` lives."""
@@ -154,10 +187,10 @@ def token_runner(attn: Callable, ffn: Callable, layers_type: types.Type, out: Ca
         n = len(layers)
         for i in range(n):
             (a_head, a_mid, window, scale, a_tail, o, ffn_norm, f_args, f_out, next_norm, eps, h_next,
-             ids, a_post, f_post, rope_i, _a_first, f_first) = layers[i]
+             ids, a_post, f_post, rope_i, _a_first, f_first) = _item(layers, i)
             start = max(pos0 - window + 1, 0) if window else 0
             base = start // 64 * 64 if skip_slid else 0
-            next_first = layers[i + 1][A_FIRST] if i + 1 < n else last_first
+            next_first = _item(layers, i + 1)[A_FIRST] if i + 1 < n else last_first
             if not layer(ctl, n_workers, x, h, a_head, ropes[rope_i], a_mid, pos0, (window, scale), start, base,
                          a_tail, o, ffn_norm, f_args, f_out, next_norm, eps, h_next, a_post, f_post, f_first,
                          next_first):
