@@ -7,8 +7,9 @@ reads 44-47 and the memory ~44 at one thread; a quarter of Gemma 3 270M's layer 
 places into one register: two 16-byte loads and a shuffle for the nibbles, the high bits of two
 blocks joined in general registers, the scales converted from two halves. Here a pair of rows
 keeps its two blocks of each column of 32 weights side by side, arranged for the register, so a
-block pair is a broadcast load, a shift and an AND (nibbles), one mask load (high bits), one dot,
-one conversion, one scale product and one FMA. Per row pair and block, 44 bytes (the two blocks'):
+block pair is a broadcast load, one GFNI affine transform (the nibbles; a shift and an AND without
+GFNI), one mask load and masked add (high bits), one dot, one conversion, the scales' product and
+one FMA (`pair_step`). Per row pair and block, 44 bytes (the two blocks'):
 
     d0, d1 (f16) | u16 x 4: row 0's high bits 0-15, row 1's 0-15, row 0's 16-31, row 1's 16-31 |
     row 0's 16 nibble bytes | row 1's 16
