@@ -5,9 +5,11 @@ least 256 MB: the Intel Xeon host reports 480 MiB of L3, where 64 MB ran from th
 AMD EPYC Zen 5 host, 32 MiB of L3, a 67 MB matrix still partly did: Q8_0_x2 read 51.2 GB/s there
 against 41.4 at 400 MB), on 2 MB pages like the engine's weights, compared with ~30 GB/s one-core
 memory bandwidth.  matmat: GFLOP/s (2*rows*k*n) on an L2-sized matrix.  ``Q4_K_x8``, ``Q5_0_x2``,
-``Q8_0_x2``: the layouts the engine keeps Q4_K, Q5_0 and Q8_0 weight matrices in
-(`engine/packing.py`: llama.cpp's 8-row Q4_K layout on the SIMD paths, Q5_0 and Q8_0 row pairs on
-AVX-512 VNNI), each with its own one-token kernel.  AMD EPYC host (Zen 5), 2026-12-05, K = 640, 1
+``Q8_0_x2``, ``Q4_0_x8``, ``IQ4_NL_x8``: the layouts the engine keeps Q4_K, Q5_0, Q8_0, Q4_0 and
+IQ4_NL weight matrices in (`engine/packing.py`: llama.cpp's 8-row Q4_K layout on the SIMD paths,
+Q5_0 and Q8_0 row pairs and Q4_0 / IQ4_NL 8-row groups on AVX-512 VNNI), each with its own
+one-token kernel (Q4_0 at K = 2048 with ``--rows-multiple 8``, 1 thread, 2026-12-05: 13.0 ->
+37.7 GB/s from memory, 27.0 -> 88.4 in the L2; the prompt product 139 -> 372 GFLOP/s).  AMD EPYC host (Zen 5), 2026-12-05, K = 640, 1
 thread: Q5_0 34.8-35.6 GB/s, Q5_0_x2 41.2-41.5 (67 MB); 34.8-35.9 and 41.3-41.9 in the L2 (``--mb
 0.8``); Q8_0 43.5 and Q8_0_x2 82.6 in the L2, 42.4 and 41.4 from memory (400 MB: the memory's limit).
 Also the Python wrapper overhead of one matvec call on a tiny matrix.

@@ -205,9 +205,9 @@ def test_matvec_kernels_links_only_the_prepared_types():
     with pytest.raises(RuntimeError, match="no kernel was prepared"):
         other(w, K.prepare(K.Q6_K, np.zeros(256, np.float32)), np.zeros(8, np.float32), 0, 8)
     # every file type, plus the engine's own layouts where the path has them (Q4_K_x8 on SIMD paths,
-    # Q5_0_x2 and Q8_0_x2 on AVX-512 VNNI)
+    # Q5_0_x2, Q8_0_x2, Q4_0_x8 and IQ4_NL_x8 on AVX-512 VNNI)
     layouts = {K.Q4_K_X8} if K.kernel_path() != "portable" else set()
-    layouts |= {K.Q5_0_X2, K.Q8_0_X2} if K.kernel_path() == "avx512-vnni" else set()
+    layouts |= {K.Q5_0_X2, K.Q8_0_X2, K.Q4_0_X8, K.IQ4_NL_X8} if K.kernel_path() == "avx512-vnni" else set()
     assert set(K.matvec_kernels(None)) == set(K.SUPPORTED_TYPES) | layouts
 
 

@@ -1,5 +1,6 @@
 """Weights kept in faster layouts (`engine.packing`): llama.cpp's repacked Q4_K (`kernels.x86.k4_x8`),
-Q5_0 and Q8_0 row pairs (`kernels.x86.q5_pairs`, `q8_pairs`).
+Q5_0 and Q8_0 row pairs (`kernels.x86.q5_pairs`, `q8_pairs`), Q4_0 and IQ4_NL in 8-row groups
+(`kernels.x86.q4_x8`).
 
 The engine repacks a model's Q4_K weight matrices (a MoE model's experts, and the dense matrices of
 any model; not the token embeddings) in place after loading; prompt and decode must give the same
@@ -67,9 +68,25 @@ def q8_tied(tmp_path_factory):
                                                                n_layer=2, tied=True, unused_tokens=6, seed=8))
 
 
-@pytest.fixture(params=["q4k_moe", "q4k_dense", "q5_dense", "q8_tied"])
+@pytest.fixture(scope="module")
+def q4_0_tied(tmp_path_factory):
+    """Q4_0 matrices and a tied Q4_0 token embedding, as Google's QAT Gemma 3 files: the embedding
+    is kept in 8-row groups and looked up there."""
+    return _model(tmp_path_factory, "tied-q4_0.gguf", TinySpec(arch="gemma3", qtype=T.Q4_0, n_embd=256, n_ff=512,
+                                                               n_layer=2, tied=True, unused_tokens=6, seed=9))
+
+
+@pytest.fixture(scope="module")
+def iq4_nl_moe(tmp_path_factory):
+    return _model(tmp_path_factory, "moe-iq4_nl.gguf", TinySpec(arch="qwen3moe", qtype=T.IQ4_NL, n_expert=8,
+                                                                 n_expert_used=2, n_ff=256, n_ff_exp=256, n_layer=2,
+                                                                 seed=10))
+
+
+@pytest.fixture(params=["q4k_moe", "q4k_dense", "q5_dense", "q8_tied", "q4_0_tied", "iq4_nl_moe"])
 def model(request):
-    qtype = {"q5_dense": int(T.Q5_0), "q8_tied": int(T.Q8_0)}.get(request.param)
+    qtype = {"q5_dense": int(T.Q5_0), "q8_tied": int(T.Q8_0), "q4_0_tied": int(T.Q4_0),
+             "iq4_nl_moe": int(T.IQ4_NL)}.get(request.param)
     if qtype is not None and qtype not in LAYOUTS:
         pytest.skip(f"the active kernel path keeps {T(qtype).name} in the file's layout")
     return request.getfixturevalue(request.param)
@@ -96,16 +113,18 @@ def _reference(path: str, monkeypatch) -> list[np.ndarray]:
             eng.close()
 
 
-LAYOUTS = {t: kernels.packed_type(t) for t in (int(T.Q4_K), int(T.Q5_0), int(T.Q8_0)) if kernels.packed_type(t) is not None}
+LAYOUTS = {t: kernels.packed_type(t) for t in (int(T.Q4_K), int(T.Q5_0), int(T.Q8_0), int(T.Q4_0), int(T.IQ4_NL))
+           if kernels.packed_type(t) is not None}
 
 
 def _matrices(eng: Engine) -> dict[str, int]:
-    """The tensors the engine packs, with their layouts: Q4_K, Q5_0 and Q8_0 experts and 2-D
-    weights in whole 8-row groups, not the token embeddings unless tied Q8_0 ones (the other dense
-    models' output matrix, 290 rows, stays in the file's layout)."""
+    """The tensors the engine packs, with their layouts: Q4_K, Q5_0, Q8_0, Q4_0 and IQ4_NL experts
+    and 2-D weights in whole 8-row groups, not the token embeddings unless tied ones in a layout
+    whose rows a token's call can look up (Q8_0, Q4_0, IQ4_NL; the other dense models' output
+    matrix, 290 rows, stays in the file's layout)."""
     tied = "output.weight" not in eng.gguf.tensors
     return {n: LAYOUTS[t.ggml_type] for n, t in eng.gguf.tensors.items() if t.ggml_type in LAYOUTS
-            and ("embd" not in n or tied and t.ggml_type == int(T.Q8_0))
+            and ("embd" not in n or tied and kernels.dequantizer(LAYOUTS[t.ggml_type]) is not None)
             and (len(t.shape) == 2 or n.endswith("_exps.weight")) and t.shape[1] % 8 == 0}
 
 
@@ -141,7 +160,7 @@ def test_packed_weights_give_the_same_logits(model, threads, monkeypatch):
     eng = Engine.load(model, placement=Placement(threads=threads))
     try:
         _assert_packed(eng)
-        assert ("token_embd.weight" in eng.rt.packed) == model.endswith("tied-q8_0.gguf")
+        assert ("token_embd.weight" in eng.rt.packed) == ("tied-" in model)
         got = _logits(eng)
     finally:
         eng.close()
@@ -152,7 +171,7 @@ def test_packed_weights_give_the_same_logits(model, threads, monkeypatch):
 
 def test_packed_weights_in_every_mode_and_across_live_switches(model, monkeypatch):
     ref = _reference(model, monkeypatch)
-    moe = model.endswith("moe-q4k.gguf")   # (the "experts" mode needs routed experts)
+    moe = "moe-" in model   # (the "experts" mode needs routed experts)
     for mode in ("slice", "experts", "mirror", "interleave") if moe else ("slice", "mirror", "interleave"):
         eng = Engine.load(model, placement=Placement(weights=mode, threads=2))
         try:

@@ -484,6 +484,8 @@ def _build(mv: dict):
     mv_q5_0_x2 = mv.get(Q5_0_X2, mv[Q5_0])
     Q8_0_X2 = kernels.Q8_0_X2  # (AVX-512 VNNI only)
     mv_q8_0_x2 = mv.get(Q8_0_X2, mv[Q8_0])
+    Q4_0_X8, IQ4_NL_X8 = kernels.Q4_0_X8, kernels.IQ4_NL_X8  # (AVX-512 VNNI only)
+    mv_q4_0_x8, mv_iq4_nl_x8 = mv.get(Q4_0_X8, mv[Q4_0]), mv.get(IQ4_NL_X8, mv[IQ4_NL])
     mv_f16_heads = kernels.heads_kernel()
     i8, i32, f32, u8 = np.int8, np.int32, np.float32, np.uint8
 
@@ -514,6 +516,10 @@ def _build(mv: dict):
                 mv_q8_0(w, xp, out, lo, hi)
             elif typ == Q4_0:
                 mv_q4_0(w, xp, out, lo, hi)
+            elif typ == Q4_0_X8:
+                mv_q4_0_x8(w, xp, out, lo, hi)
+            elif typ == IQ4_NL_X8:
+                mv_iq4_nl_x8(w, xp, out, lo, hi)
             elif typ == Q5_0:
                 mv_q5_0(w, xp, out, lo, hi)
             elif typ == Q5_0_X2:

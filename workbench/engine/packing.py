@@ -16,6 +16,11 @@ token's compiled call (Q8_0 row pairs).
 Q5_0 and Q8_0 weight matrices are kept in row pairs (`kernels.x86.q5_pairs`, `q8_pairs`, the
 AVX-512 VNNI path only): the one-token product takes both rows of a pair in one register without
 rearranging their bytes first; the prompt tiles read each row's blocks where the pair keeps them.
+Q4_0 and IQ4_NL weight matrices are kept in 8-row groups (`kernels.x86.q4_x8`, block_q4_0x8's
+interleave): llama.cpp runs its repacked gemv on them, whose order the file layout's kernel kept at
+a third of the memory's speed (a synthetic dense Q4_0 model, `decode_profile.py --ab`, AMD EPYC Zen
+5: 70.8 -> 240.0 t/s at 1 thread, 132.8 -> 273.7 at 2). A tied Q4_0 output matrix (Google's QAT
+Gemma files) is kept in groups too: its rows are looked up there in a token's compiled call.
 
 A tensor is packed only when no piece or compute range of any plan with this many workers cuts
 an 8-row group: its rows (per expert) are a multiple of 8 and at least 8 per worker, so
@@ -126,6 +131,8 @@ def movers(t: int) -> tuple[Callable, Callable]:
         from .kernels.x86 import q5_pairs as mod
     elif t == kernels.Q8_0_X2:
         from .kernels.x86 import q8_pairs as mod
+    elif t in (kernels.Q4_0_X8, kernels.IQ4_NL_X8):
+        from .kernels.x86 import q4_x8 as mod
     else:
         from .kernels.x86 import k4_x8 as mod
     return mod.repack_rows, mod.unpack_rows

@@ -48,15 +48,20 @@ Q4_K_X8 = 1012
 Q5_0_X2 = 1006
 #: not a ggml type: Q8_0 bytes kept in row pairs (`x86.q8_pairs`; the same size, the AVX-512 path)
 Q8_0_X2 = 1008
+#: not ggml types: Q4_0 / IQ4_NL bytes kept in 8-row groups (`x86.q4_x8`, block_q4_0x8's interleave;
+#: the same size, the AVX-512 path)
+Q4_0_X8 = 1002
+IQ4_NL_X8 = 1020
 #: a file's type -> the layout the engine may keep it in on a SIMD path
-PACKED_LAYOUTS = {Q4_K: Q4_K_X8, Q5_0: Q5_0_X2, Q8_0: Q8_0_X2}
+PACKED_LAYOUTS = {Q4_K: Q4_K_X8, Q5_0: Q5_0_X2, Q8_0: Q8_0_X2, Q4_0: Q4_0_X8, IQ4_NL: IQ4_NL_X8}
 #: bumped when the kernels' speed changes (2: one-token products read two streams per thread; 3: the
 #: streams' prefetch windows primed at a product's start, the F16 heads in one call; 4: Q4_0 / Q5_0
 #: products and prompt tiles and the F16 products on zmm registers on AVX-512; 5: dense Q4_K
 #: matrices in the x8 layout, Q5_0 in row pairs on AVX-512 VNNI; 6: Q8_0 in row pairs there; 7: the
-#: pairs' leaner steps (GFNI nibbles, scales in an xmm), Q4_K / Q5_K / Q6_K dots on zmm registers):
-#: what the advisor measured of them before (`advisor.engine_cal`, cached per machine) is measured again
-SPEED_REVISION = 7
+#: pairs' leaner steps (GFNI nibbles, scales in an xmm), Q4_K / Q5_K / Q6_K dots on zmm registers;
+#: 8: Q4_0 and IQ4_NL matrices in 8-row groups on AVX-512 VNNI): what the advisor measured of them
+#: before (`advisor.engine_cal`, cached per machine) is measured again
+SPEED_REVISION = 8
 
 SUPPORTED_TYPES: dict[int, str] = {
     F32: "F32", F16: "F16", BF16: "BF16", Q8_0: "Q8_0", Q4_0: "Q4_0", Q4_1: "Q4_1",
@@ -64,14 +69,15 @@ SUPPORTED_TYPES: dict[int, str] = {
 }
 
 #: every type id a kernel takes: the file types and the engine's own layouts
-TYPE_NAMES: dict[int, str] = {**SUPPORTED_TYPES, Q4_K_X8: "Q4_K_x8", Q5_0_X2: "Q5_0_x2", Q8_0_X2: "Q8_0_x2"}
+TYPE_NAMES: dict[int, str] = {**SUPPORTED_TYPES, Q4_K_X8: "Q4_K_x8", Q5_0_X2: "Q5_0_x2", Q8_0_X2: "Q8_0_x2",
+                              Q4_0_X8: "Q4_0_x8", IQ4_NL_X8: "IQ4_NL_x8"}
 
 #: ggml type id -> (elements per block, bytes per block)
 BLOCK_SIZES: dict[int, tuple[int, int]] = {
     F32: (1, 4), F16: (1, 2), BF16: (1, 2), Q8_0: (32, 34), Q4_0: (32, 18), Q4_1: (32, 20),
     Q5_0: (32, 22), Q5_1: (32, 24), Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210),
     IQ4_NL: (32, 18), IQ4_XS: (256, 136), Q3_K: (256, 110), Q2_K: (256, 84), Q4_K_X8: (256, 144),
-    Q5_0_X2: (32, 22), Q8_0_X2: (32, 34),
+    Q5_0_X2: (32, 22), Q8_0_X2: (32, 34), Q4_0_X8: (32, 18), IQ4_NL_X8: (32, 18),
 }
 
 
@@ -95,14 +101,15 @@ _PREPARE = {
     Q4_K: _act.quantize_q8_K, Q5_K: _act.quantize_q8_K, Q6_K: _act.quantize_q8_K,
     IQ4_NL: _act.quantize_q8_0, IQ4_XS: _act.quantize_q8_K, Q3_K: _act.quantize_q8_K, Q2_K: _act.quantize_q8_K,
     Q4_K_X8: _act.quantize_q8_K, Q5_0_X2: _act.quantize_q8_0, Q8_0_X2: _act.quantize_q8_0,
+    Q4_0_X8: _act.quantize_q8_0, IQ4_NL_X8: _act.quantize_q8_0,
 }
 
 _DEQUANT = {
     F32: _ft.dequant_f32, F16: _ft.dequant_f16, BF16: _ft.dequant_bf16,
-    Q8_0: _lq.dequant_q8_0, Q8_0_X2: _lq.dequant_q8_0_x2, Q4_0: _lq.dequant_q4_0, Q4_1: _lq.dequant_q4_1,
+    Q8_0: _lq.dequant_q8_0, Q8_0_X2: _lq.dequant_q8_0_x2, Q4_0: _lq.dequant_q4_0, Q4_0_X8: _lq.dequant_q4_0_x8, Q4_1: _lq.dequant_q4_1,
     Q5_0: _lq.dequant_q5_0, Q5_1: _lq.dequant_q5_1,
     Q4_K: _kq.dequant_q4_K, Q5_K: _kq.dequant_q5_K, Q6_K: _kq.dequant_q6_K,
-    IQ4_NL: _iq.dequant_iq4_nl, IQ4_XS: _iq.dequant_iq4_xs, Q3_K: _kq.dequant_q3_K, Q2_K: _kq.dequant_q2_K,
+    IQ4_NL: _iq.dequant_iq4_nl, IQ4_NL_X8: _iq.dequant_iq4_nl_x8, IQ4_XS: _iq.dequant_iq4_xs, Q3_K: _kq.dequant_q3_K, Q2_K: _kq.dequant_q2_K,
 }
 
 

@@ -19,6 +19,7 @@ import numpy as np
 from .intrinsics import KVALUES_IQ4NL, f16_to_f32
 
 from .jitcache import JIT as _NB
+from .legacy_quants import dequant_x8
 f32 = np.float32
 KVALUES = np.array(KVALUES_IQ4NL, np.int32)
 
@@ -68,6 +69,12 @@ def dequant_iq4_nl(w, r0, r1):
                 out[i - r0, b * 32 + j] = d * f32(kv[v & 15])
                 out[i - r0, b * 32 + 16 + j] = d * f32(kv[v >> 4])
     return out
+
+
+@numba.njit(**_NB)
+def dequant_iq4_nl_x8(w, r0, r1):
+    """`dequant_iq4_nl`'s numbers from a matrix kept in 8-row groups (`legacy_quants.dequant_x8`)."""
+    return dequant_x8(w, r0, r1, KVALUES)
 
 
 # ----------------------------------------------------------------------------- IQ4_XS

@@ -194,6 +194,38 @@ def dequant_q4_0(w, r0, r1):
     return out
 
 
+@numba.njit(inline="always")
+def dequant_x8(w, r0, r1, grid):
+    """Rows [r0, r1) of a matrix of 18-byte blocks (Q4_0, IQ4_NL) kept in 8-row groups
+    (`x86.q4_x8`: per block column the rows' 8 scales, then bytes 0-7 of rows 0..7, then bytes
+    8-15 of rows 0..7): d * grid[nibble], the numbers the file layout's dequantization gives.
+    Plain code, so a tied output matrix kept in groups is still looked up inside a token's call."""
+    nb = w.shape[1] // 18
+    out = np.empty((r1 - r0, nb * 32), np.float32)
+    wf = w.reshape(-1)
+    rb = w.shape[1]
+    for i in range(r0, r1):
+        r = i % 8
+        base = (i - r) * rb
+        for b in range(nb):
+            o = base + b * 144
+            d = f16_to_f32(wf, o + 2 * r)
+            for j in range(16):
+                v = np.int32(wf[o + 16 + 64 * (j // 8) + 8 * r + j % 8])
+                out[i - r0, b * 32 + j] = d * f32(grid[v & 15])
+                out[i - r0, b * 32 + 16 + j] = d * f32(grid[v >> 4])
+    return out
+
+
+Q4_0_GRID = np.arange(-8, 8, dtype=np.int32)   # a Q4_0 nibble's value
+
+
+@numba.njit(**_NB)
+def dequant_q4_0_x8(w, r0, r1):
+    """`dequant_q4_0`'s numbers from a matrix kept in 8-row groups (`dequant_x8`)."""
+    return dequant_x8(w, r0, r1, Q4_0_GRID)
+
+
 @numba.njit(**_NB)
 def dequant_q4_1(w, r0, r1):
     nb = w.shape[1] // 20

@@ -24,19 +24,22 @@ def _block_scales(w, r0, r1, nb, bsz):
 
 # ============================================================================= row pairs
 @numba.njit(**_NB)
-def pairs_rewrite(w, r0, r1, to_pairs, at, bsz) -> None:
-    """Rows [r0, r1) (whole pairs) of a C-contiguous matrix of `bsz`-byte blocks rewritten in place
-    between the file's layout and a row-pair layout whose byte map is `at` (where each byte of a
-    pair's two file rows sits in the pair's bytes: `pair_movers`' order)."""
-    if r0 % 2 or r1 % 2 or not 0 <= r0 <= r1 <= w.shape[0] or w.shape[1] % bsz or not w.flags.c_contiguous:
-        raise ValueError("row pairs: rows must be whole pairs of a C-contiguous matrix of whole blocks")
+def pairs_rewrite(w, r0, r1, to_pairs, at, bsz, unit=2) -> None:
+    """Rows [r0, r1) (whole groups of `unit` rows: pairs, or the 8-row groups of `q4_x8`) of a
+    C-contiguous matrix of `bsz`-byte blocks rewritten in place between the file's layout and a
+    grouped layout whose byte map is `at` (where each byte of a group's file rows sits in the
+    group's bytes: `pair_movers`' order)."""
+    if r0 % unit or r1 % unit or not 0 <= r0 <= r1 <= w.shape[0] or w.shape[1] % bsz or not w.flags.c_contiguous:
+        if unit == 2:
+            raise ValueError("row pairs: rows must be whole pairs of a C-contiguous matrix of whole blocks")
+        raise ValueError("x8 layout: rows must be whole 8-row groups of a C-contiguous matrix of whole blocks")
     rb = w.shape[1]
     wf = w.reshape(-1)
-    t = np.empty(2 * rb, np.uint8)
+    t = np.empty(unit * rb, np.uint8)
     runs = _runs(at)
-    for p in range(r0 // 2, r1 // 2):
-        base = 2 * p * rb
-        copy_bytes(t, 0, wf, base, 2 * rb)
+    for p in range(r0 // unit, r1 // unit):
+        base = unit * p * rb
+        copy_bytes(t, 0, wf, base, unit * rb)
         for k in range(runs.shape[0]):
             src, dst, n = runs[k, 0], runs[k, 1], runs[k, 2]
             if to_pairs:
@@ -60,30 +63,30 @@ def _runs(at):
     return out[:n]
 
 
-def pair_movers(place, bsz: int):
-    """(repack_rows, unpack_rows, rows_to_file) of a row-pair layout of `bsz`-byte blocks whose
-    record of a column's two blocks keeps byte e of row r's block at place(r, e): fn(w, r0, r1)
-    rewrites rows [r0, r1) (whole pairs) in place to the layout or back; rows_to_file(w, r0, r1,
-    out) writes them in the file's layout into out[0:r1 - r0]."""
+def pair_movers(place, bsz: int, unit: int = 2):
+    """(repack_rows, unpack_rows, rows_to_file) of a layout of `bsz`-byte blocks grouping `unit`
+    rows (2: a row pair) whose record of a column's `unit` blocks keeps byte e of row r's block at
+    place(r, e): fn(w, r0, r1) rewrites rows [r0, r1) (whole groups) in place to the layout or
+    back; rows_to_file(w, r0, r1, out) writes them in the file's layout into out[0:r1 - r0]."""
     @numba.njit(**_NB)
     def order(rb):
-        """Where each byte of a pair of rows in the file's layout (row 0's rb bytes, then row
-        1's) sits in the pair's bytes."""
-        at = np.empty(2 * rb, np.int64)
-        for j in range(2 * rb):
+        """Where each byte of a group of rows in the file's layout (row 0's rb bytes, then row
+        1's, ...) sits in the group's bytes."""
+        at = np.empty(unit * rb, np.int64)
+        for j in range(unit * rb):
             r, q = j // rb, j % rb
-            at[j] = (q // bsz) * 2 * bsz + place(r, q % bsz)
+            at[j] = (q // bsz) * unit * bsz + place(r, q % bsz)
         return at
 
     def repack_rows(w: np.ndarray, r0: int, r1: int) -> None:
-        pairs_rewrite(w, r0, r1, True, order(w.shape[1]), bsz)
+        pairs_rewrite(w, r0, r1, True, order(w.shape[1]), bsz, unit)
 
     def unpack_rows(w: np.ndarray, r0: int, r1: int) -> None:
-        pairs_rewrite(w, r0, r1, False, order(w.shape[1]), bsz)
+        pairs_rewrite(w, r0, r1, False, order(w.shape[1]), bsz, unit)
 
     @numba.njit(**_NB)
     def rows_to_file(w, r0, r1, out) -> None:
-        pairs_to_file(w, r0, r1, out, order(w.shape[1]))
+        pairs_to_file(w, r0, r1, out, order(w.shape[1]), unit)
     return repack_rows, unpack_rows, rows_to_file
 
 
@@ -225,15 +228,15 @@ def pair_matvec(pair: int, step, row, inputs, x_stride: int, n_stride: int):
 
 
 @numba.njit(**_NB)
-def pairs_to_file(w, r0, r1, out, at) -> None:
-    """Rows [r0, r1) (whole pairs) of a row-pair matrix with byte map `at` in the file's layout
-    into out[0:r1 - r0]."""
+def pairs_to_file(w, r0, r1, out, at, unit=2) -> None:
+    """Rows [r0, r1) (whole groups of `unit` rows) of a grouped matrix with byte map `at` in the
+    file's layout into out[0:r1 - r0]."""
     rb = w.shape[1]
     wf = w.reshape(-1)
     of = out.reshape(-1)
-    for p in range(r0 // 2, r1 // 2):
-        for j in range(2 * rb):
-            of[(2 * p - r0) * rb + j] = wf[2 * p * rb + at[j]]
+    for p in range(r0 // unit, r1 // unit):
+        for j in range(unit * rb):
+            of[(unit * p - r0) * rb + j] = wf[unit * p * rb + at[j]]
 
 
 # ============================================================================= K quants
