@@ -1292,6 +1292,23 @@ def fma_sv(typingctx, acc, v, dv, s):
 
 
 @intrinsic
+def tiled_min_step(typingctx, acc, s, dv, m, dmn, dx):
+    """ggml's tiled matmul step of a type with mins, lane-wise (each lane an output row): r = f32(s)
+    * dv; r = fma(dmn, f32(m), r) (dmn = -dmin); acc + r * dx fused (i32x8 s, m; f32x8 acc, dv, dmn;
+    scalar dx) -- `k_quants`' k4_tiled per lane."""
+    sig = v8f(acc, s, dv, m, dmn, types.float32)
+
+    def cg(context, builder, sig, args):
+        acc, s, dv, m, dmn, dx = args
+        f = _fn(builder, "llvm.fma.v8f32", _V8F, [_V8F, _V8F, _V8F])
+        r = builder.fmul(builder.sitofp(s, _V8F), dv)
+        r = builder.call(f, [dmn, builder.sitofp(m, _V8F), r])
+        return builder.call(f, [r, _splat(builder, dx, _V8F), acc])
+
+    return sig, cg
+
+
+@intrinsic
 def f_scale(typingctx, v, s):
     """v * s per lane (f32x8, each product rounded once)."""
     sig = v8f(v, types.float32)

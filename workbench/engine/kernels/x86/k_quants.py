@@ -330,7 +330,17 @@ def kernels(mode: int) -> dict:
                 c += 4 if four else 1
         return matmat
 
-    q5_K_matmat = make_k4_matmat(True, 176)
+    q5_K_rows_matmat = make_k4_matmat(True, 176)
+    q5_K_tiled_rows8 = repack.q5_K_tiled_rows8(mode)
+
+    @numba.njit(**_NB)
+    def q5_K_matmat(w, xp, out, r0, r1):
+        """From 8 columns the tiled order, 8 rows in lanes (`repack.q5_K_tiled_rows8`) for the whole
+        groups of 8 rows and row by row for the rest; below 8 columns vec_dot's order, row by row."""
+        r8 = r0 + (r1 - r0) // 8 * 8 if xp[0].shape[0] >= 8 else r0
+        if r8 > r0:
+            q5_K_tiled_rows8(w, xp, out, r0, r8)
+        q5_K_rows_matmat(w, xp, out, r8, r1)
     q4_K_plain_matmat = make_k4_matmat(False, 144)
 
     # Q6_K matmat in llama.cpp's orders: fewer than 8 columns -> ggml_vec_dot_q6_K_q8_K per column (f32x8
