@@ -18,6 +18,7 @@ from ..intrinsics import (VNNI, dot_us16, f_zero16, fmadd_iv, half_f, load_b64, 
                           i_add, i_mul, fmadd_v, f_scale, f_sub, f_lane, fma_sv, stream_halves, stream_row, tiled_min_step)
 
 from .blocks import _block_scales, _k4_scales
+from ..k_quants import q3_K_scale, q3_K_scales
 
 
 from ..jitcache import JIT as _NB
@@ -503,70 +504,116 @@ def q4_K_rows8(mode):
     return q4_K_gemm_rows8
 
 
-def q5_K_tiled_rows8(mode):
-    """ggml's tiled matmul order of Q5_K (llama.cpp never repacks Q5_K on x86; from 8 columns a
-    prompt's outputs take it: per output and super-block r = f32(S) * d_w, r = fma(-dmin, f32(M), r),
-    out = fma(r, d_x, out)), 8 rows at once in the lanes: the rows regrouped once per call
-    (`_repack_q4_K` with q5), a sub-block's dot products of 8 rows from vpdpbusd with the activation's 4-byte
-    runs broadcast, S and M exact in the lanes, the tiled step lane-wise (`tiled_min_step`), 4
-    columns per weight load. `k_quants`' per-row tiled code did the same one output at a time with
-    a horizontal sum each: 32 GFLOP/s at K = 2048 on the AMD EPYC Zen 5 host."""
+@numba.njit(**_NB)
+def _repack_q3_K(w, r0, ng, nb):
+    """Q3_K rows r0 .. r0 + 8 * ng regrouped by 8 rows for dot products whose lanes are rows.
+
+    qt (bytes) [group, block, sub-block s (16 elements), chunk e, row, 4]: quants 4e..4e+3 of
+    sub-block s as u = q + 4 in 0..7 (the low two bits | the hmask bit << 2); sc [group, block, s, row]
+    the scales - 32; sp [group, block, pair t, row] = sc_2t | sc_2t+1 << 16 (i16 pairs); dw [group,
+    block, row] the f16 d as float32."""
+    rb = w.shape[1]
+    wf = w.reshape(-1)
+    qt = np.empty(ng * nb * 2048, np.uint8)
+    q32 = qt.view(np.uint32)
+    sc = np.empty(ng * nb * 128, np.int32)
+    sp = np.empty(ng * nb * 64, np.int32)
+    dw = np.empty(ng * nb * 8, np.float32)
+    m2 = np.uint32(0x03030303)
+    m1 = np.uint32(0x01010101)
+    for g in range(ng):
+        for b in range(nb):
+            gb = g * nb + b
+            for r in range(8):
+                o = (r0 + 8 * g + r) * rb + b * 110
+                dw[gb * 8 + r] = f16_to_f32(wf, o + 108)
+                s0, s1, s2, s3 = q3_K_scales(wf, o)
+                for t in range(8):
+                    a = q3_K_scale(s0, s1, s2, s3, 2 * t)
+                    c = q3_K_scale(s0, s1, s2, s3, 2 * t + 1)
+                    sc[(gb * 16 + 2 * t) * 8 + r] = a
+                    sc[(gb * 16 + 2 * t + 1) * 8 + r] = c
+                    sp[(gb * 8 + t) * 8 + r] = (a & 0xFFFF) | (c << 16)
+                for sb in range(16):
+                    j, i = sb // 8, (sb // 2) % 4
+                    for e in range(4):
+                        l0 = 16 * (sb % 2) + 4 * e
+                        low = (ld_u32(wf, o + 32 + 32 * j + l0) >> np.uint32(2 * i)) & m2
+                        high = ((ld_u32(wf, o + l0) >> np.uint32(4 * j + i)) & m1) << np.uint32(2)
+                        q32[((gb * 16 + sb) * 4 + e) * 8 + r] = low | high
+    return qt, sc, sp, dw
+
+
+@numba.njit(**_NB)
+def _bsum16_i16_pairs(xb, nb):
+    """int32 [n * nb * 8]: per pair t of 16-element sub-blocks, bsum_2t | bsum_2t+1 << 16 (i16 pairs;
+    |bsum| <= 16 * 127 fits)."""
+    n = xb.shape[0]
+    out = np.empty(n * nb * 8, np.uint32)
+    for c in range(n):
+        for b in range(nb):
+            for t in range(8):
+                s0 = np.uint32(np.int32(xb[c, b * 16 + 2 * t]) & 0xFFFF)
+                s1 = np.uint32(np.int32(xb[c, b * 16 + 2 * t + 1]) & 0xFFFF)
+                out[(c * nb + b) * 8 + t] = s0 | (s1 << np.uint32(16))
+    return out.view(np.int32)
+
+
+def q3_K_tiled_rows8(mode):
+    """ggml's tiled matmul order of Q3_K (never repacked on x86; from 8 columns: per output and
+    super-block out = fma(f32(S) * d_w, d_x, out), S exact), 8 rows at once in the lanes: the rows
+    regrouped once per call (`_repack_q3_K`, quants + 4 as unsigned bytes), each 16-element
+    sub-block's 8 rows' dots from vpdpbusd with broadcast activations times its scale lanes, the
+    offset -4 * sum_s sc_s * bsum_s (vpdpwssd on i16 pairs), the float step lane-wise (`fma_sv`),
+    4 columns per weight load (the last four ending at the last column). `k_quants`' per-row
+    tiled code did one output at a time with a horizontal sum each."""
     @numba.njit(inline="always")
-    def pair(s, m, d0, d1, s0, s1, mp, bs, bo):
-        """S and M of one column after a pair of sub-blocks."""
-        return i_add(s, i_add(i_mul(d0, s0), i_mul(d1, s1))), madd16(mode, m, mp, bcast_i32(bs, bo))
+    def sub(d, w, xf, xo):
+        """One 16-element sub-block of one column: 4 chunks of the 8 rows' quants."""
+        d = dot_us(mode, d, load_b32(w[0], w[1]), bcast_b4(xf, xo))
+        d = dot_us(mode, d, load_b32(w[0], w[1] + 32), bcast_b4(xf, xo + 4))
+        d = dot_us(mode, d, load_b32(w[0], w[1] + 64), bcast_b4(xf, xo + 8))
+        return dot_us(mode, d, load_b32(w[0], w[1] + 96), bcast_b4(xf, xo + 12))
 
     @numba.njit(**_NB)
     def fn(w, xp, out, r0, r1):
-        """Every column of rows r0..r1-1 ((r1 - r0) % 8 == 0); columns in fours (the last four
-        ending at the last column: a column it shares with the one before is computed twice, the
-        same numbers), no test in the inner loops."""
+        """Every column of rows r0..r1-1 ((r1 - r0) % 8 == 0)."""
         xq, xd, xb = xp
         n = xq.shape[0]
         nb = xd.shape[1]
         k = xq.shape[1]
         ng = (r1 - r0) // 8
-        qt, sc, mn, dw, dm = _repack_q4_K(w, r0, ng, nb, True)
-        bs = _bsum_pairs(xb, nb)
+        qt, sc, sp, dw = _repack_q3_K(w, r0, ng, nb)
+        bs = _bsum16_i16_pairs(xb, nb)
         xf = xq.reshape(-1)
         for g in range(ng):
-            for t in range((n + 3) // 4):
-                c0 = min(4 * t, n - 4) if n >= 4 else 0
+            for t4 in range((n + 3) // 4):
+                c0 = min(4 * t4, n - 4) if n >= 4 else 0
                 c1, c2, c3 = min(c0 + 1, n - 1), min(c0 + 2, n - 1), min(c0 + 3, n - 1)
                 a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
                 for b in range(nb):
                     gb = g * nb + b
                     s0_ = i_zero(); s1_ = i_zero(); s2_ = i_zero(); s3_ = i_zero()
                     m0 = i_zero(); m1 = i_zero(); m2 = i_zero(); m3 = i_zero()
-                    for p in range(4):
-                        d00 = i_zero(); d01 = i_zero(); d02 = i_zero(); d03 = i_zero()
-                        d10 = i_zero(); d11 = i_zero(); d12 = i_zero(); d13 = i_zero()
-                        wo = (gb * 8 + 2 * p) * 256
-                        xo = b * 256 + 64 * p
-                        for e in range(8):
-                            w0 = load_b32(qt, wo + 32 * e)
-                            w1 = load_b32(qt, wo + 256 + 32 * e)
-                            d00 = dot_us(mode, d00, w0, bcast_b4(xf, c0 * k + xo + 4 * e))
-                            d10 = dot_us(mode, d10, w1, bcast_b4(xf, c0 * k + xo + 32 + 4 * e))
-                            d01 = dot_us(mode, d01, w0, bcast_b4(xf, c1 * k + xo + 4 * e))
-                            d11 = dot_us(mode, d11, w1, bcast_b4(xf, c1 * k + xo + 32 + 4 * e))
-                            d02 = dot_us(mode, d02, w0, bcast_b4(xf, c2 * k + xo + 4 * e))
-                            d12 = dot_us(mode, d12, w1, bcast_b4(xf, c2 * k + xo + 32 + 4 * e))
-                            d03 = dot_us(mode, d03, w0, bcast_b4(xf, c3 * k + xo + 4 * e))
-                            d13 = dot_us(mode, d13, w1, bcast_b4(xf, c3 * k + xo + 32 + 4 * e))
-                        sa = load_i8(sc, (gb * 8 + 2 * p) * 8)
-                        sb = load_i8(sc, (gb * 8 + 2 * p + 1) * 8)
-                        mp = load_i8(mn, (gb * 4 + p) * 8)
-                        s0_, m0 = pair(s0_, m0, d00, d10, sa, sb, mp, bs, (c0 * nb + b) * 4 + p)
-                        s1_, m1 = pair(s1_, m1, d01, d11, sa, sb, mp, bs, (c1 * nb + b) * 4 + p)
-                        s2_, m2 = pair(s2_, m2, d02, d12, sa, sb, mp, bs, (c2 * nb + b) * 4 + p)
-                        s3_, m3 = pair(s3_, m3, d03, d13, sa, sb, mp, bs, (c3 * nb + b) * 4 + p)
+                    for sb in range(16):
+                        wq = (qt, (gb * 16 + sb) * 128)
+                        xo = b * 256 + 16 * sb
+                        sv = load_i8(sc, (gb * 16 + sb) * 8)
+                        s0_ = i_add(s0_, i_mul(sub(i_zero(), wq, xf, c0 * k + xo), sv))
+                        s1_ = i_add(s1_, i_mul(sub(i_zero(), wq, xf, c1 * k + xo), sv))
+                        s2_ = i_add(s2_, i_mul(sub(i_zero(), wq, xf, c2 * k + xo), sv))
+                        s3_ = i_add(s3_, i_mul(sub(i_zero(), wq, xf, c3 * k + xo), sv))
+                    for t in range(8):
+                        pv = load_i8(sp, (gb * 8 + t) * 8)
+                        m0 = madd16(mode, m0, pv, bcast_i32(bs, (c0 * nb + b) * 8 + t))
+                        m1 = madd16(mode, m1, pv, bcast_i32(bs, (c1 * nb + b) * 8 + t))
+                        m2 = madd16(mode, m2, pv, bcast_i32(bs, (c2 * nb + b) * 8 + t))
+                        m3 = madd16(mode, m3, pv, bcast_i32(bs, (c3 * nb + b) * 8 + t))
                     dv = load_f32x8(dw, gb * 8)
-                    mv = load_f32x8(dm, gb * 8)
-                    a0 = tiled_min_step(a0, s0_, dv, m0, mv, xd[c0, b])
-                    a1 = tiled_min_step(a1, s1_, dv, m1, mv, xd[c1, b])
-                    a2 = tiled_min_step(a2, s2_, dv, m2, mv, xd[c2, b])
-                    a3 = tiled_min_step(a3, s3_, dv, m3, mv, xd[c3, b])
+                    a0 = fma_sv(a0, i_sub(s0_, i_shl(m0, 2)), dv, xd[c0, b])
+                    a1 = fma_sv(a1, i_sub(s1_, i_shl(m1, 2)), dv, xd[c1, b])
+                    a2 = fma_sv(a2, i_sub(s2_, i_shl(m2, 2)), dv, xd[c2, b])
+                    a3 = fma_sv(a3, i_sub(s3_, i_shl(m3, 2)), dv, xd[c3, b])
                 i = r0 + 8 * g
                 for q in range(8):
                     out[c0, i + q] = f_lane(a0, q)
@@ -577,7 +624,7 @@ def q5_K_tiled_rows8(mode):
     return fn
 
 
-def q4_K_gemv_rows8(mode):
+def q4_K_gemv_rows8(mode, q5=False):
     """ggml_gemv_q4_K_8x8_q8_K's order for many columns at once, over groups of 8 rows in lanes.
 
     llama.cpp's repacked mul_mat_id runs the gemv once per routed token; per output (row, token) it is
@@ -585,7 +632,13 @@ def q4_K_gemv_rows8(mode):
     accm), out = acc - accm, with S_b = sum_j sc_j * dot_j and M_b = sum_j m_j * bsum_j exact.  Here the
     8 rows of a group are the lanes (``_repack_q4_K``, once per call) and 4 columns share each weight
     load, so the weights are unpacked once for all tokens of a call; the per-lane float operations are
-    exactly the gemv's (the single-column ``q4_K_matvec``)."""
+    exactly the gemv's (the single-column ``q4_K_matvec``).
+
+    q5: Q5_K rows in ggml's tiled matmul order instead (llama.cpp never repacks Q5_K on x86; a prompt's
+    outputs take it from 8 columns): per output and super-block r = f32(S) * d_w, r = fma(-dmin,
+    f32(M), r), out = fma(r, d_x, out) (`intrinsics.tiled_min_step`, lane-wise), the quants regrouped
+    with their fifth bits. `k_quants`' per-row code did that one output at a time with a horizontal
+    sum each: 32 GFLOP/s at K = 2048 (n = 64) on the AMD EPYC Zen 5 host, 214-221 here."""
     @numba.njit(inline="always")
     def sub2(d0, d1, w0, w1, xq, xo):
         return dot_us(mode, d0, w0, bcast_b4(xq, xo)), dot_us(mode, d1, w1, bcast_b4(xq, xo + 32))
@@ -597,11 +650,13 @@ def q4_K_gemv_rows8(mode):
 
     @numba.njit(inline="always")
     def fmas(acc, accm, s, m, dv, mv, dx):
+        if q5:   # (mv: -dmin)
+            return tiled_min_step(acc, s, dv, m, mv, dx), accm
         return fmadd_v(acc, s, f_scale(dv, dx)), fmadd_v(accm, m, f_scale(mv, dx))
 
     @numba.njit(inline="always")
     def put(out, c, i, acc, accm):
-        r = f_sub(acc, accm)
+        r = acc if q5 else f_sub(acc, accm)
         for q in range(8):
             out[c, i + q] = f_lane(r, q)
 
@@ -615,7 +670,7 @@ def q4_K_gemv_rows8(mode):
         ng = (r1 - r0) // 8
         if ng == 0 or n == 0:
             return
-        qt, sc, mn, dw, dm = _repack_q4_K(w, r0, ng, nb)
+        qt, sc, mn, dw, dm = _repack_q4_K(w, r0, ng, nb, q5)
         bs = _bsum_pairs(xb, nb)
         xf = xq.reshape(-1)
         c = 0
