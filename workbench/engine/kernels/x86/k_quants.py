@@ -603,11 +603,11 @@ def kernels(mode: int) -> dict:
             acc = fma_s(f32(hsum_i(q3_K_lanes(wf, o, xq, xo + b * 256))) * f16_to_f32(wf, o + 108), xd[b], acc)
         return acc
 
-    q3_K_tiled_rows8 = repack.q3_K_tiled_rows8(mode)
+    q3_K_tiled_rows8 = repack.k16_rows8(mode, repack.K16_Q3_TILED)
 
     @numba.njit(**_NB)
     def q3_K_matmat(w, xp, out, r0, r1):
-        """From 8 columns the tiled order, 8 rows in lanes (`repack.q3_K_tiled_rows8`) for the whole
+        """From 8 columns the tiled order, 8 rows in lanes (`repack.k16_rows8`) for the whole
         groups of 8 rows and row by row for the rest; below 8 columns vec_dot's order, row by row."""
         r8 = r0 + (r1 - r0) // 8 * 8 if xp[0].shape[0] >= 8 else r0
         if r8 > r0:
@@ -719,8 +719,27 @@ def kernels(mode: int) -> dict:
             else:
                 out[i] = q2_K_vec(wf, i * rb, nb, xq, 0, xd, xb, 0)
 
+    q2_K_rows8 = repack.k16_rows8(mode, repack.K16_Q2_REPACKED)
+    q2_K_tiled_rows8 = repack.k16_rows8(mode, repack.K16_Q2_TILED)
+    q2_K_gemv_rows8 = repack.k16_rows8(mode, repack.K16_Q2_GEMV)
+
     @numba.njit(**_NB)
     def q2_K_matmat(w, xp, out, r0, r1):
+        """The whole groups of 8 rows with the rows in lanes (`repack.k16_rows8`: the repacked gemm /
+        gemv where llama.cpp repacks, else ggml's tiled matmul from 8 columns), the rest row by row
+        (below 8 columns of a weight llama.cpp does not repack: vec_dot, row by row)."""
+        rep = repacks and w.shape[0] % 8 == 0
+        n = xp[0].shape[0]
+        r8 = r0 + (r1 - r0) // 8 * 8 if rep or n >= 8 else r0
+        if r8 > r0:
+            if rep:
+                q2_K_rows8(w, xp, out, r0, r8)
+            else:
+                q2_K_tiled_rows8(w, xp, out, r0, r8)
+        q2_K_rows_matmat(w, xp, out, r8, r1)
+
+    @numba.njit(**_NB)
+    def q2_K_rows_matmat(w, xp, out, r0, r1):
         xq, xd, xb = xp
         n, k = xq.shape
         nb = xd.shape[1]
@@ -747,6 +766,8 @@ def kernels(mode: int) -> dict:
     def q2_K_id(w, xp, out, r0, r1, rows):
         """mul_mat_id: the repacked gemv per token (AVX-512, rows % 8 == 0), else the plain orders."""
         if repacks and rows % 8 == 0:
+            r8 = r0 + (r1 - r0) // 8 * 8
+            q2_K_gemv_rows8(w, xp, out, r0, r8)
             xq, xd, xb = xp
             n, k = xq.shape
             nb = xd.shape[1]
@@ -755,7 +776,7 @@ def kernels(mode: int) -> dict:
             xf = xq.reshape(-1)
             xbf = xb.reshape(-1)
             k16 = xb.shape[1]
-            for i in range(r0, r1):
+            for i in range(r8, r1):
                 for c in range(n):
                     out[c, i] = q2_K_gemv(wf, i * rb, nb, xf, c * k, xd[c], xbf, c * k16)
             return

@@ -505,13 +505,16 @@ def q4_K_rows8(mode):
 
 
 @numba.njit(**_NB)
-def _repack_q3_K(w, r0, ng, nb):
-    """Q3_K rows r0 .. r0 + 8 * ng regrouped by 8 rows for dot products whose lanes are rows.
+def _repack_k16(w, r0, ng, nb, q2):
+    """Q3_K (q2 False) or Q2_K (q2 True) rows r0 .. r0 + 8 * ng regrouped by 8 rows for dot products
+    whose lanes are rows; both have 16 sub-blocks of 16 quants a super-block.
 
-    qt (bytes) [group, block, sub-block s (16 elements), chunk e, row, 4]: quants 4e..4e+3 of
-    sub-block s as u = q + 4 in 0..7 (the low two bits | the hmask bit << 2); sc [group, block, s, row]
-    the scales - 32; sp [group, block, pair t, row] = sc_2t | sc_2t+1 << 16 (i16 pairs); dw [group,
-    block, row] the f16 d as float32."""
+    qt (bytes) [group, block, sub-block s, chunk e, row, 4]: quants 4e..4e+3 of sub-block s as
+    unsigned bytes (Q3_K: q + 4 in 0..7, the low two bits | the hmask bit << 2; Q2_K: 0..3); sc
+    [group, block, s, row] the scales (Q3_K: - 32); sp [group, block, pair t, row] i16 pairs of what
+    multiplies the activation's 16-element sums (Q3_K: its scales, for the offset -4 * sc * bsum;
+    Q2_K: its mins); dw, dm [group, block, row] d and (Q2_K) dmin as float32."""
+    bsz = 84 if q2 else 110
     rb = w.shape[1]
     wf = w.reshape(-1)
     qt = np.empty(ng * nb * 2048, np.uint8)
@@ -519,29 +522,39 @@ def _repack_q3_K(w, r0, ng, nb):
     sc = np.empty(ng * nb * 128, np.int32)
     sp = np.empty(ng * nb * 64, np.int32)
     dw = np.empty(ng * nb * 8, np.float32)
+    dm = np.empty(ng * nb * 8, np.float32)
     m2 = np.uint32(0x03030303)
     m1 = np.uint32(0x01010101)
     for g in range(ng):
         for b in range(nb):
             gb = g * nb + b
             for r in range(8):
-                o = (r0 + 8 * g + r) * rb + b * 110
-                dw[gb * 8 + r] = f16_to_f32(wf, o + 108)
-                s0, s1, s2, s3 = q3_K_scales(wf, o)
+                o = (r0 + 8 * g + r) * rb + b * bsz
+                if q2:
+                    dw[gb * 8 + r] = f16_to_f32(wf, o + 80)
+                    dm[gb * 8 + r] = f16_to_f32(wf, o + 82)
+                else:
+                    dw[gb * 8 + r] = f16_to_f32(wf, o + 108)
+                    s0, s1, s2, s3 = q3_K_scales(wf, o)
                 for t in range(8):
-                    a = q3_K_scale(s0, s1, s2, s3, 2 * t)
-                    c = q3_K_scale(s0, s1, s2, s3, 2 * t + 1)
+                    if q2:
+                        a, c = np.int32(wf[o + 2 * t]) & 15, np.int32(wf[o + 2 * t + 1]) & 15
+                        pa, pc = np.int32(wf[o + 2 * t]) >> 4, np.int32(wf[o + 2 * t + 1]) >> 4
+                    else:
+                        a, c = q3_K_scale(s0, s1, s2, s3, 2 * t), q3_K_scale(s0, s1, s2, s3, 2 * t + 1)
+                        pa, pc = a, c
                     sc[(gb * 16 + 2 * t) * 8 + r] = a
                     sc[(gb * 16 + 2 * t + 1) * 8 + r] = c
-                    sp[(gb * 8 + t) * 8 + r] = (a & 0xFFFF) | (c << 16)
+                    sp[(gb * 8 + t) * 8 + r] = (pa & 0xFFFF) | (pc << 16)
                 for sb in range(16):
                     j, i = sb // 8, (sb // 2) % 4
                     for e in range(4):
                         l0 = 16 * (sb % 2) + 4 * e
-                        low = (ld_u32(wf, o + 32 + 32 * j + l0) >> np.uint32(2 * i)) & m2
-                        high = ((ld_u32(wf, o + l0) >> np.uint32(4 * j + i)) & m1) << np.uint32(2)
-                        q32[((gb * 16 + sb) * 4 + e) * 8 + r] = low | high
-    return qt, sc, sp, dw
+                        low = (ld_u32(wf, o + (16 if q2 else 32) + 32 * j + l0) >> np.uint32(2 * i)) & m2
+                        if not q2:
+                            low |= ((ld_u32(wf, o + l0) >> np.uint32(4 * j + i)) & m1) << np.uint32(2)
+                        q32[((gb * 16 + sb) * 4 + e) * 8 + r] = low
+    return qt, sc, sp, dw, dm
 
 
 @numba.njit(**_NB)
@@ -559,21 +572,65 @@ def _bsum16_i16_pairs(xb, nb):
     return out.view(np.int32)
 
 
-def q3_K_tiled_rows8(mode):
-    """ggml's tiled matmul order of Q3_K (never repacked on x86; from 8 columns: per output and
-    super-block out = fma(f32(S) * d_w, d_x, out), S exact), 8 rows at once in the lanes: the rows
-    regrouped once per call (`_repack_q3_K`, quants + 4 as unsigned bytes), each 16-element
-    sub-block's 8 rows' dots from vpdpbusd with broadcast activations times its scale lanes, the
-    offset -4 * sum_s sc_s * bsum_s (vpdpwssd on i16 pairs), the float step lane-wise (`fma_sv`),
-    4 columns per weight load (the last four ending at the last column). `k_quants`' per-row
-    tiled code did one output at a time with a horizontal sum each."""
+#: the float orders `k16_rows8` follows, per output and super-block (S, M exact integers)
+K16_Q3_TILED = 0     # Q3_K, ggml's tiled matmul: out = fma(f32(S - 4 * M) * d_w, d_x, out) (M: sc * bsum)
+K16_Q2_REPACKED = 1  # Q2_K, llama.cpp's repacked gemm / gemv (AVX-512, rows % 8 == 0): see q2_K below
+K16_Q2_TILED = 2     # Q2_K, ggml's tiled matmul: r = f32(S) * d_w, r = fma(-dmin, f32(M), r), out = fma(r, d_x, out)
+K16_Q2_GEMV = 3      # Q2_K, llama.cpp's repacked gemv for every column (its mul_mat_id: the gemv per token)
+
+
+def k16_rows8(mode, order):
+    """Prompt products of the K-quants with 16-element sub-blocks (Q3_K, Q2_K) in one of the float
+    orders above, 8 rows at once in the lanes: the rows regrouped once per call (`_repack_k16`),
+    each sub-block's 8 rows' dots from vpdpbusd with the activation's 4-byte runs broadcast, times
+    its scale lanes (S), the mins or offsets by vpdpwssd on i16 pairs (M), the float steps lane-wise,
+    4 columns per weight load (the last four ending at the last column). `k_quants`' per-row code
+    did one output at a time with a horizontal sum each (K = 2048, 64 columns, AMD EPYC Zen 5: Q3_K
+    27.5, Q2_K 20.1 GFLOP/s).
+
+    Q2_K repacked: llama.cpp's gemm (columns [0, n - n % 4) when n > 3) takes per half super-block
+    acc = fma(f32(S_h), d_w * d_x, acc), accm = fma(f32(M_h), dmin * d_x, accm); its gemv (the other
+    columns) the same once per super-block with S = S_0 + S_1, M = M_0 + M_1; out = acc - accm."""
+    q2 = order != K16_Q3_TILED
+    repacked = order == K16_Q2_REPACKED or order == K16_Q2_GEMV
+
     @numba.njit(inline="always")
-    def sub(d, w, xf, xo):
+    def sub(w, wo, xf, xo):
         """One 16-element sub-block of one column: 4 chunks of the 8 rows' quants."""
-        d = dot_us(mode, d, load_b32(w[0], w[1]), bcast_b4(xf, xo))
-        d = dot_us(mode, d, load_b32(w[0], w[1] + 32), bcast_b4(xf, xo + 4))
-        d = dot_us(mode, d, load_b32(w[0], w[1] + 64), bcast_b4(xf, xo + 8))
-        return dot_us(mode, d, load_b32(w[0], w[1] + 96), bcast_b4(xf, xo + 12))
+        d = dot_us(mode, i_zero(), load_b32(w, wo), bcast_b4(xf, xo))
+        d = dot_us(mode, d, load_b32(w, wo + 32), bcast_b4(xf, xo + 4))
+        d = dot_us(mode, d, load_b32(w, wo + 64), bcast_b4(xf, xo + 8))
+        return dot_us(mode, d, load_b32(w, wo + 96), bcast_b4(xf, xo + 12))
+
+    @numba.njit(inline="always")
+    def half(qt, sc, sp, bs, xf, gb, b, h, nb, k, c0, c1, c2, c3):
+        """S and M of half h (sub-blocks 8h..8h+7) of super-block b, 4 columns."""
+        s0 = i_zero(); s1 = i_zero(); s2 = i_zero(); s3 = i_zero()
+        m0 = i_zero(); m1 = i_zero(); m2 = i_zero(); m3 = i_zero()
+        for sb in range(8 * h, 8 * h + 8):
+            wo = (gb * 16 + sb) * 128
+            xo = b * 256 + 16 * sb
+            sv = load_i8(sc, (gb * 16 + sb) * 8)
+            s0 = i_add(s0, i_mul(sub(qt, wo, xf, c0 * k + xo), sv))
+            s1 = i_add(s1, i_mul(sub(qt, wo, xf, c1 * k + xo), sv))
+            s2 = i_add(s2, i_mul(sub(qt, wo, xf, c2 * k + xo), sv))
+            s3 = i_add(s3, i_mul(sub(qt, wo, xf, c3 * k + xo), sv))
+        for t in range(4 * h, 4 * h + 4):
+            pv = load_i8(sp, (gb * 8 + t) * 8)
+            m0 = madd16(mode, m0, pv, bcast_i32(bs, (c0 * nb + b) * 8 + t))
+            m1 = madd16(mode, m1, pv, bcast_i32(bs, (c1 * nb + b) * 8 + t))
+            m2 = madd16(mode, m2, pv, bcast_i32(bs, (c2 * nb + b) * 8 + t))
+            m3 = madd16(mode, m3, pv, bcast_i32(bs, (c3 * nb + b) * 8 + t))
+        return s0, s1, s2, s3, m0, m1, m2, m3
+
+    @numba.njit(inline="always")
+    def step(acc, accm, s, m, dv, mv, dx):
+        """One output group's float step (8 rows) for S and M."""
+        if order == K16_Q3_TILED:
+            return fma_sv(acc, i_sub(s, i_shl(m, 2)), dv, dx), accm
+        if order == K16_Q2_TILED:   # (mv: -dmin)
+            return tiled_min_step(acc, s, dv, m, mv, dx), accm
+        return fmadd_v(acc, s, f_scale(dv, dx)), fmadd_v(accm, m, f_scale(mv, dx))
 
     @numba.njit(**_NB)
     def fn(w, xp, out, r0, r1):
@@ -583,37 +640,44 @@ def q3_K_tiled_rows8(mode):
         nb = xd.shape[1]
         k = xq.shape[1]
         ng = (r1 - r0) // 8
-        qt, sc, sp, dw = _repack_q3_K(w, r0, ng, nb)
+        if ng == 0 or n == 0:
+            return
+        qt, sc, sp, dw, dm = _repack_k16(w, r0, ng, nb, q2)
+        if order == K16_Q2_TILED:
+            dm = -dm
         bs = _bsum16_i16_pairs(xb, nb)
         xf = xq.reshape(-1)
+        n_gemm = n - n % 4 if order == K16_Q2_REPACKED else 0   # (the repacked gemm's columns; the rest: its gemv)
         for g in range(ng):
             for t4 in range((n + 3) // 4):
                 c0 = min(4 * t4, n - 4) if n >= 4 else 0
+                if repacked and 4 * t4 >= n_gemm:
+                    c0 = min(4 * t4, n - 4) if n_gemm == 0 and n >= 4 else n_gemm   # the gemv's columns
                 c1, c2, c3 = min(c0 + 1, n - 1), min(c0 + 2, n - 1), min(c0 + 3, n - 1)
+                by_halves = 4 * t4 < n_gemm
                 a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
+                e0 = f_zero(); e1 = f_zero(); e2 = f_zero(); e3 = f_zero()
                 for b in range(nb):
                     gb = g * nb + b
-                    s0_ = i_zero(); s1_ = i_zero(); s2_ = i_zero(); s3_ = i_zero()
-                    m0 = i_zero(); m1 = i_zero(); m2 = i_zero(); m3 = i_zero()
-                    for sb in range(16):
-                        wq = (qt, (gb * 16 + sb) * 128)
-                        xo = b * 256 + 16 * sb
-                        sv = load_i8(sc, (gb * 16 + sb) * 8)
-                        s0_ = i_add(s0_, i_mul(sub(i_zero(), wq, xf, c0 * k + xo), sv))
-                        s1_ = i_add(s1_, i_mul(sub(i_zero(), wq, xf, c1 * k + xo), sv))
-                        s2_ = i_add(s2_, i_mul(sub(i_zero(), wq, xf, c2 * k + xo), sv))
-                        s3_ = i_add(s3_, i_mul(sub(i_zero(), wq, xf, c3 * k + xo), sv))
-                    for t in range(8):
-                        pv = load_i8(sp, (gb * 8 + t) * 8)
-                        m0 = madd16(mode, m0, pv, bcast_i32(bs, (c0 * nb + b) * 8 + t))
-                        m1 = madd16(mode, m1, pv, bcast_i32(bs, (c1 * nb + b) * 8 + t))
-                        m2 = madd16(mode, m2, pv, bcast_i32(bs, (c2 * nb + b) * 8 + t))
-                        m3 = madd16(mode, m3, pv, bcast_i32(bs, (c3 * nb + b) * 8 + t))
                     dv = load_f32x8(dw, gb * 8)
-                    a0 = fma_sv(a0, i_sub(s0_, i_shl(m0, 2)), dv, xd[c0, b])
-                    a1 = fma_sv(a1, i_sub(s1_, i_shl(m1, 2)), dv, xd[c1, b])
-                    a2 = fma_sv(a2, i_sub(s2_, i_shl(m2, 2)), dv, xd[c2, b])
-                    a3 = fma_sv(a3, i_sub(s3_, i_shl(m3, 2)), dv, xd[c3, b])
+                    mv = load_f32x8(dm, gb * 8)
+                    s0, s1, s2, s3, m0, m1, m2, m3 = half(qt, sc, sp, bs, xf, gb, b, 0, nb, k, c0, c1, c2, c3)
+                    if by_halves:
+                        a0, e0 = step(a0, e0, s0, m0, dv, mv, xd[c0, b])
+                        a1, e1 = step(a1, e1, s1, m1, dv, mv, xd[c1, b])
+                        a2, e2 = step(a2, e2, s2, m2, dv, mv, xd[c2, b])
+                        a3, e3 = step(a3, e3, s3, m3, dv, mv, xd[c3, b])
+                        s0, s1, s2, s3, m0, m1, m2, m3 = half(qt, sc, sp, bs, xf, gb, b, 1, nb, k, c0, c1, c2, c3)
+                    else:
+                        u0, u1, u2, u3, v0, v1, v2, v3 = half(qt, sc, sp, bs, xf, gb, b, 1, nb, k, c0, c1, c2, c3)
+                        s0, s1, s2, s3 = i_add(s0, u0), i_add(s1, u1), i_add(s2, u2), i_add(s3, u3)
+                        m0, m1, m2, m3 = i_add(m0, v0), i_add(m1, v1), i_add(m2, v2), i_add(m3, v3)
+                    a0, e0 = step(a0, e0, s0, m0, dv, mv, xd[c0, b])
+                    a1, e1 = step(a1, e1, s1, m1, dv, mv, xd[c1, b])
+                    a2, e2 = step(a2, e2, s2, m2, dv, mv, xd[c2, b])
+                    a3, e3 = step(a3, e3, s3, m3, dv, mv, xd[c3, b])
+                if repacked:
+                    a0, a1, a2, a3 = f_sub(a0, e0), f_sub(a1, e1), f_sub(a2, e2), f_sub(a3, e3)
                 i = r0 + 8 * g
                 for q in range(8):
                     out[c0, i + q] = f_lane(a0, q)
