@@ -11,13 +11,14 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..intrinsics import (VNNI, dot_us16, f_zero16, fmadd_iv, half_f, load_b64, load_i16, scale16, unpack_q45x2,
+from ..intrinsics import (KVALUES_IQ4NL, VNNI, dot_us16, f_zero16, fmadd_iv, half_f, load_b64, load_i16, scale16, unpack_q45x2,
                           dot_ss, f4_make, reduce4, f4_zero, fma4_i, fma_s, hsum_i, f4_lane, dot_us, f16_to_f32, f_zero,
                           fmadd_i, hsum_f, i_zero, load_b32, load_f32x8, load_i8,
                           ld_u32, i_sub, load_f32x4, f4_scale, i_shl, fmadd_im, store_f32x4, bcast_b4, bcast_i32, madd16,
                           i_add, i_mul, fmadd_v, f_scale, f_sub, f_lane, fma_sv, stream_halves, stream_row, tiled_min_step)
 
 from .blocks import _block_scales, _k4_scales
+from ..i_quants import iq4_xs_scale
 from ..k_quants import q3_K_scale, q3_K_scales
 
 
@@ -504,17 +505,22 @@ def q4_K_rows8(mode):
     return q4_K_gemm_rows8
 
 
+_IQ4_GRID_U = np.array([v + 128 for v in KVALUES_IQ4NL], np.uint32)   # IQ4_NL's grid + 128, unsigned
+
+
 @numba.njit(**_NB)
-def _repack_k16(w, r0, ng, nb, q2):
-    """Q3_K (q2 False) or Q2_K (q2 True) rows r0 .. r0 + 8 * ng regrouped by 8 rows for dot products
-    whose lanes are rows; both have 16 sub-blocks of 16 quants a super-block.
+def _repack_k16(w, r0, ng, nb, kind):
+    """Q3_K (kind 0), Q2_K (1) or IQ4_XS (2) rows r0 .. r0 + 8 * ng regrouped by 8 rows for dot
+    products whose lanes are rows, each super-block as 16 sub-blocks of 16 quants (IQ4_XS: each of its
+    32-element sub-blocks as two, its scale twice).
 
     qt (bytes) [group, block, sub-block s, chunk e, row, 4]: quants 4e..4e+3 of sub-block s as
-    unsigned bytes (Q3_K: q + 4 in 0..7, the low two bits | the hmask bit << 2; Q2_K: 0..3); sc
-    [group, block, s, row] the scales (Q3_K: - 32); sp [group, block, pair t, row] i16 pairs of what
-    multiplies the activation's 16-element sums (Q3_K: its scales, for the offset -4 * sc * bsum;
-    Q2_K: its mins); dw, dm [group, block, row] d and (Q2_K) dmin as float32."""
-    bsz = 84 if q2 else 110
+    unsigned bytes (Q3_K: q + 4 in 0..7, the low two bits | the hmask bit << 2; Q2_K: 0..3; IQ4_XS:
+    the grid value + 128); sc [group, block, s, row] the scales (Q3_K, IQ4_XS: - 32); sp [group,
+    block, pair t, row] i16 pairs of what multiplies the activation's 16-element sums (Q3_K, IQ4_XS:
+    the scales, for the offsets -4 / -128 * sc * bsum; Q2_K: its mins); dw, dm [group, block, row]
+    d and (Q2_K) dmin as float32."""
+    bsz = 84 if kind == 1 else 110 if kind == 0 else 136
     rb = w.shape[1]
     wf = w.reshape(-1)
     qt = np.empty(ng * nb * 2048, np.uint8)
@@ -525,34 +531,44 @@ def _repack_k16(w, r0, ng, nb, q2):
     dm = np.empty(ng * nb * 8, np.float32)
     m2 = np.uint32(0x03030303)
     m1 = np.uint32(0x01010101)
+    grid = _IQ4_GRID_U
     for g in range(ng):
         for b in range(nb):
             gb = g * nb + b
             for r in range(8):
                 o = (r0 + 8 * g + r) * rb + b * bsz
-                if q2:
+                z = np.uint32(0)
+                s0, s1, s2, s3 = q3_K_scales(wf, o) if kind == 0 else (z, z, z, z)
+                if kind == 1:
                     dw[gb * 8 + r] = f16_to_f32(wf, o + 80)
                     dm[gb * 8 + r] = f16_to_f32(wf, o + 82)
                 else:
-                    dw[gb * 8 + r] = f16_to_f32(wf, o + 108)
-                    s0, s1, s2, s3 = q3_K_scales(wf, o)
+                    dw[gb * 8 + r] = f16_to_f32(wf, o + (108 if kind == 0 else 0))
                 for t in range(8):
-                    if q2:
+                    if kind == 1:
                         a, c = np.int32(wf[o + 2 * t]) & 15, np.int32(wf[o + 2 * t + 1]) & 15
                         pa, pc = np.int32(wf[o + 2 * t]) >> 4, np.int32(wf[o + 2 * t + 1]) >> 4
-                    else:
+                    elif kind == 0:
                         a, c = q3_K_scale(s0, s1, s2, s3, 2 * t), q3_K_scale(s0, s1, s2, s3, 2 * t + 1)
                         pa, pc = a, c
+                    else:
+                        a = c = pa = pc = iq4_xs_scale(wf, o, t)
                     sc[(gb * 16 + 2 * t) * 8 + r] = a
                     sc[(gb * 16 + 2 * t + 1) * 8 + r] = c
                     sp[(gb * 8 + t) * 8 + r] = (pa & 0xFFFF) | (pc << 16)
                 for sb in range(16):
                     j, i = sb // 8, (sb // 2) % 4
                     for e in range(4):
-                        l0 = 16 * (sb % 2) + 4 * e
-                        low = (ld_u32(wf, o + (16 if q2 else 32) + 32 * j + l0) >> np.uint32(2 * i)) & m2
-                        if not q2:
-                            low |= ((ld_u32(wf, o + l0) >> np.uint32(4 * j + i)) & m1) << np.uint32(2)
+                        if kind == 2:   # bytes 4e..4e+3 of sub-block sb // 2, nibble sb % 2, through the grid
+                            u = ld_u32(wf, o + 8 + 16 * (sb // 2) + 4 * e) >> np.uint32(4 * (sb % 2))
+                            low = (grid[u & 15] | (grid[(u >> np.uint32(8)) & 15] << np.uint32(8))
+                                   | (grid[(u >> np.uint32(16)) & 15] << np.uint32(16))
+                                   | (grid[(u >> np.uint32(24)) & 15] << np.uint32(24)))
+                        else:
+                            l0 = 16 * (sb % 2) + 4 * e
+                            low = (ld_u32(wf, o + (16 if kind == 1 else 32) + 32 * j + l0) >> np.uint32(2 * i)) & m2
+                            if kind == 0:
+                                low |= ((ld_u32(wf, o + l0) >> np.uint32(4 * j + i)) & m1) << np.uint32(2)
                         q32[((gb * 16 + sb) * 4 + e) * 8 + r] = low
     return qt, sc, sp, dw, dm
 
@@ -577,21 +593,23 @@ K16_Q3_TILED = 0     # Q3_K, ggml's tiled matmul: out = fma(f32(S - 4 * M) * d_w
 K16_Q2_REPACKED = 1  # Q2_K, llama.cpp's repacked gemm / gemv (AVX-512, rows % 8 == 0): see q2_K below
 K16_Q2_TILED = 2     # Q2_K, ggml's tiled matmul: r = f32(S) * d_w, r = fma(-dmin, f32(M), r), out = fma(r, d_x, out)
 K16_Q2_GEMV = 3      # Q2_K, llama.cpp's repacked gemv for every column (its mul_mat_id: the gemv per token)
+K16_IQ4_XS_TILED = 4  # IQ4_XS, ggml's tiled matmul: out = fma(f32(S - 128 * M) * d_w, d_x, out) (M: sc * bsum);
+                      # VNNI only (AVX2's pmaddubsw saturates on grid values + 128)
 
 
 def k16_rows8(mode, order):
-    """Prompt products of the K-quants with 16-element sub-blocks (Q3_K, Q2_K) in one of the float
+    """Prompt products of the K-quants with 16-element sub-blocks (Q3_K, Q2_K; IQ4_XS as such) in one of the float
     orders above, 8 rows at once in the lanes: the rows regrouped once per call (`_repack_k16`),
     each sub-block's 8 rows' dots from vpdpbusd with the activation's 4-byte runs broadcast, times
     its scale lanes (S), the mins or offsets by vpdpwssd on i16 pairs (M), the float steps lane-wise,
     4 columns per weight load (the last four ending at the last column). `k_quants`' per-row code
     did one output at a time with a horizontal sum each (K = 2048, 64 columns, AMD EPYC Zen 5: Q3_K
-    27.5, Q2_K 20.1 GFLOP/s).
+    27.5, Q2_K 20.1, IQ4_XS 74.7 GFLOP/s).
 
     Q2_K repacked: llama.cpp's gemm (columns [0, n - n % 4) when n > 3) takes per half super-block
     acc = fma(f32(S_h), d_w * d_x, acc), accm = fma(f32(M_h), dmin * d_x, accm); its gemv (the other
     columns) the same once per super-block with S = S_0 + S_1, M = M_0 + M_1; out = acc - accm."""
-    q2 = order != K16_Q3_TILED
+    kind = 0 if order == K16_Q3_TILED else 2 if order == K16_IQ4_XS_TILED else 1
     repacked = order == K16_Q2_REPACKED or order == K16_Q2_GEMV
 
     @numba.njit(inline="always")
@@ -628,6 +646,8 @@ def k16_rows8(mode, order):
         """One output group's float step (8 rows) for S and M."""
         if order == K16_Q3_TILED:
             return fma_sv(acc, i_sub(s, i_shl(m, 2)), dv, dx), accm
+        if order == K16_IQ4_XS_TILED:
+            return fma_sv(acc, i_sub(s, i_shl(m, 7)), dv, dx), accm
         if order == K16_Q2_TILED:   # (mv: -dmin)
             return tiled_min_step(acc, s, dv, m, mv, dx), accm
         return fmadd_v(acc, s, f_scale(dv, dx)), fmadd_v(accm, m, f_scale(mv, dx))
@@ -642,7 +662,7 @@ def k16_rows8(mode, order):
         ng = (r1 - r0) // 8
         if ng == 0 or n == 0:
             return
-        qt, sc, sp, dw, dm = _repack_k16(w, r0, ng, nb, q2)
+        qt, sc, sp, dw, dm = _repack_k16(w, r0, ng, nb, kind)
         if order == K16_Q2_TILED:
             dm = -dm
         bs = _bsum16_i16_pairs(xb, nb)
