@@ -135,18 +135,6 @@ def kernels(mode: int) -> dict:
             acc = fma_s(f32(hsum_i(xs_lanes(w, o, xq, xo + b * 256))) * f16_to_f32(w, o), xd[b], acc)
         return acc
 
-    iq4_xs_tiled_rows8 = repack.k16_rows8(mode, repack.K16_IQ4_XS_TILED)
-    lanes = mode == VNNI   # (AVX2's pmaddubsw would saturate on the grid values + 128: 241 * 127 * 2)
-
-    @numba.njit(**_NB)
-    def iq4_xs_matmat(w, xp, out, r0, r1):
-        """From 8 columns the tiled order, 8 rows in lanes (`repack.k16_rows8`, AVX-512 VNNI) for the
-        whole groups of 8 rows and row by row for the rest; below 8 columns vec_dot's order, row by row."""
-        r8 = r0 + (r1 - r0) // 8 * 8 if lanes and xp[0].shape[0] >= 8 else r0
-        if r8 > r0:
-            iq4_xs_tiled_rows8(w, xp, out, r0, r8)
-        iq4_xs_rows_matmat(w, xp, out, r8, r1)
-
     @numba.njit(**_NB)
     def iq4_xs_rows_matmat(w, xp, out, r0, r1):
         """vec_dot per output below 8 columns, ggml's tiled matmul from 8 (IQ4_XS is never repacked)."""
@@ -163,6 +151,11 @@ def kernels(mode: int) -> dict:
                     out[c, i] = xs_tiled(wf, i * rb, nb, xf, c * k, xd[c])
                 else:
                     out[c, i] = xs_dot(wf, i * rb, nb, xf, c * k, xd[c])
+
+    # from 8 columns the tiled order with 8 rows in lanes (`repack.k16_rows8`) on AVX-512 VNNI (AVX2's
+    # pmaddubsw would saturate on the grid values + 128: 241 * 127 * 2)
+    iq4_xs_matmat = repack.tiled_from8(repack.k16_rows8(mode, repack.K16_IQ4_XS_TILED), iq4_xs_rows_matmat,
+                                       mode == VNNI)
 
     @numba.njit(**_NB)
     def iq4_xs_id(w, xp, out, r0, r1, rows):

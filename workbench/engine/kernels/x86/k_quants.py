@@ -330,17 +330,8 @@ def kernels(mode: int) -> dict:
                 c += 4 if four else 1
         return matmat
 
-    q5_K_rows_matmat = make_k4_matmat(True, 176)
-    q5_K_tiled_rows8 = repack.q4_K_gemv_rows8(mode, q5=True)
-
-    @numba.njit(**_NB)
-    def q5_K_matmat(w, xp, out, r0, r1):
-        """From 8 columns the tiled order, 8 rows in lanes (`repack.q4_K_gemv_rows8` with q5) for the whole
-        groups of 8 rows and row by row for the rest; below 8 columns vec_dot's order, row by row."""
-        r8 = r0 + (r1 - r0) // 8 * 8 if xp[0].shape[0] >= 8 else r0
-        if r8 > r0:
-            q5_K_tiled_rows8(w, xp, out, r0, r8)
-        q5_K_rows_matmat(w, xp, out, r8, r1)
+    # from 8 columns the tiled order with 8 rows in lanes (`repack.q4_K_gemv_rows8` with q5)
+    q5_K_matmat = repack.tiled_from8(repack.q4_K_gemv_rows8(mode, q5=True), make_k4_matmat(True, 176))
     q4_K_plain_matmat = make_k4_matmat(False, 144)
 
     # Q6_K matmat in llama.cpp's orders: fewer than 8 columns -> ggml_vec_dot_q6_K_q8_K per column (f32x8
@@ -603,17 +594,6 @@ def kernels(mode: int) -> dict:
             acc = fma_s(f32(hsum_i(q3_K_lanes(wf, o, xq, xo + b * 256))) * f16_to_f32(wf, o + 108), xd[b], acc)
         return acc
 
-    q3_K_tiled_rows8 = repack.k16_rows8(mode, repack.K16_Q3_TILED)
-
-    @numba.njit(**_NB)
-    def q3_K_matmat(w, xp, out, r0, r1):
-        """From 8 columns the tiled order, 8 rows in lanes (`repack.k16_rows8`) for the whole
-        groups of 8 rows and row by row for the rest; below 8 columns vec_dot's order, row by row."""
-        r8 = r0 + (r1 - r0) // 8 * 8 if xp[0].shape[0] >= 8 else r0
-        if r8 > r0:
-            q3_K_tiled_rows8(w, xp, out, r0, r8)
-        q3_K_rows_matmat(w, xp, out, r8, r1)
-
     @numba.njit(**_NB)
     def q3_K_rows_matmat(w, xp, out, r0, r1):
         """vec_dot per output below 8 columns, ggml's tiled matmul from 8 (Q3_K is never repacked)."""
@@ -630,6 +610,9 @@ def kernels(mode: int) -> dict:
                     out[c, i] = q3_K_tiled(wf, i * rb, nb, xf, c * k, xd[c])
                 else:
                     out[c, i] = q3_K_dot(wf, i * rb, nb, xf, c * k, xd[c])
+
+    # from 8 columns the tiled order with 8 rows in lanes (`repack.k16_rows8`)
+    q3_K_matmat = repack.tiled_from8(repack.k16_rows8(mode, repack.K16_Q3_TILED), q3_K_rows_matmat)
 
     @numba.njit(**_NB)
     def q3_K_id(w, xp, out, r0, r1, rows):

@@ -509,7 +509,7 @@ _IQ4_GRID_U = np.array([v + 128 for v in KVALUES_IQ4NL], np.uint32)   # IQ4_NL's
 
 
 @numba.njit(**_NB)
-def _repack_k16(w, r0, ng, nb, kind):
+def _repack_k16(w, r0, ng, nb, kind, dm_sign):
     """Q3_K (kind 0), Q2_K (1) or IQ4_XS (2) rows r0 .. r0 + 8 * ng regrouped by 8 rows for dot
     products whose lanes are rows, each super-block as 16 sub-blocks of 16 quants (IQ4_XS: each of its
     32-element sub-blocks as two, its scale twice).
@@ -519,7 +519,7 @@ def _repack_k16(w, r0, ng, nb, kind):
     the grid value + 128); sc [group, block, s, row] the scales (Q3_K, IQ4_XS: - 32); sp [group,
     block, pair t, row] i16 pairs of what multiplies the activation's 16-element sums (Q3_K, IQ4_XS:
     the scales, for the offsets -4 / -128 * sc * bsum; Q2_K: its mins); dw, dm [group, block, row]
-    d and (Q2_K) dmin as float32."""
+    d and (Q2_K) dmin times dm_sign (-1: the tiled step's -dmin, exact) as float32."""
     bsz = 84 if kind == 1 else 110 if kind == 0 else 136
     rb = w.shape[1]
     wf = w.reshape(-1)
@@ -541,7 +541,7 @@ def _repack_k16(w, r0, ng, nb, kind):
                 s0, s1, s2, s3 = q3_K_scales(wf, o) if kind == 0 else (z, z, z, z)
                 if kind == 1:
                     dw[gb * 8 + r] = f16_to_f32(wf, o + 80)
-                    dm[gb * 8 + r] = f16_to_f32(wf, o + 82)
+                    dm[gb * 8 + r] = dm_sign * f16_to_f32(wf, o + 82)
                 else:
                     dw[gb * 8 + r] = f16_to_f32(wf, o + (108 if kind == 0 else 0))
                 for t in range(8):
@@ -586,6 +586,20 @@ def _bsum16_i16_pairs(xb, nb):
                 s1 = np.uint32(np.int32(xb[c, b * 16 + 2 * t + 1]) & 0xFFFF)
                 out[(c * nb + b) * 8 + t] = s0 | (s1 << np.uint32(16))
     return out.view(np.int32)
+
+
+def tiled_from8(lanes, rows, on: bool = True):
+    """A prompt product that runs `lanes` (8 rows at once in the vector lanes, whole groups of 8
+    rows) from 8 columns on and `rows` (one row at a time) for the rows after the last whole group
+    and below 8 columns: the types whose order is ggml's tiled matmul from 8 columns and vec_dot
+    below (the same float order either way from 8). on False: `rows` alone."""
+    @numba.njit(**_NB)
+    def matmat(w, xp, out, r0, r1):
+        r8 = r0 + (r1 - r0) // 8 * 8 if on and xp[0].shape[0] >= 8 else r0
+        if r8 > r0:
+            lanes(w, xp, out, r0, r8)
+        rows(w, xp, out, r8, r1)
+    return matmat
 
 
 #: the float orders `k16_rows8` follows, per output and super-block (S, M exact integers)
@@ -662,9 +676,7 @@ def k16_rows8(mode, order):
         ng = (r1 - r0) // 8
         if ng == 0 or n == 0:
             return
-        qt, sc, sp, dw, dm = _repack_k16(w, r0, ng, nb, kind)
-        if order == K16_Q2_TILED:
-            dm = -dm
+        qt, sc, sp, dw, dm = _repack_k16(w, r0, ng, nb, kind, f32(-1.0 if order == K16_Q2_TILED else 1.0))
         bs = _bsum16_i16_pairs(xb, nb)
         xf = xq.reshape(-1)
         n_gemm = n - n % 4 if order == K16_Q2_REPACKED else 0   # (the repacked gemm's columns; the rest: its gemv)
