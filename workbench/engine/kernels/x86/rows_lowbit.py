@@ -20,7 +20,8 @@ untouched: rows are read in their GGUF block layout.
     latency); Q2_K (AVX2, or rows % 8 != 0), Q3_K and IQ4_XS one row at a time with cheaper integer
     work: sub-block scales as one i16x16 vector picked by constant shuffles, Q2_K's q * scale by a
     vpshufb table and vpdpbusd (VNNI), Q3_K's unsigned quants with the offset removed from the i16
-    pair sums.  IQ4_NL's vec_dot order (rows % 8 != 0) stays the per-row kernel.
+    pair sums; on AVX-512 VNNI two 32-weight vectors per zmm register (`q2_lanes512`,
+    `q3_lanes512`, `xs_lanes512`).  IQ4_NL's vec_dot order (rows % 8 != 0) stays the per-row kernel.
 
 Rows past the last whole group go through the per-row kernel (same float order).  ``kernels``
 returns the new matvec functions; the matmat functions are the family modules'.
@@ -34,35 +35,19 @@ from numba import types
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
-from ..intrinsics import (VNNI, _V16B, _V16S, _V32B, _V8I, _check_array, _fn, _i16, _i32, _mode, _ptr, _BYTES,
+from ..intrinsics import (VNNI, _V16B, _V16I, _V16S, _V32B, _V64B, _V8I, _both_halves, _bits, _check_array, _fn,
+                          _fold16, _i16, _i32, _i64, _mode, _ptr, _scale_words, _word_ops, _BYTES,
                           b_and, b_or, b_shl, b_shr, dot_ss, dot_us, f16_to_f32, f_sub, f_scale, f_zero,
                           fmadd_i, fmadd_v, hsum_f, i_add, i_zero, load_b32, load_i8, load_nib,
                           lut_iq4nl, madd_sv, KVALUES_IQ4NL, q2_mins_lanes, v16s, v32b, v8i, group_steps,
                           step_groups, stream_halves, stream_row)
-from ..intrinsics import gather_f16x8, ld_u32, store_f32x8, store_i32x8
+from ..intrinsics import gather_f16x8, store_f32x8, store_i32x8
 
 from ..jitcache import JIT as _NB
 f32 = np.float32
 
 
 # ============================================================================= primitives
-@numba.njit(inline="always")
-def q3_K_scales(w, o):
-    """k_quants.q3_K_scales (the 16 6-bit Q3_K scales + 32 as the bytes of 4 uint32, ggml's kmask
-    unpacking) with unchecked 32-bit loads: Numba's indexing of single bytes kept a negative-index
-    check per byte in the loop."""
-    a0 = ld_u32(w, o + 96)
-    a1 = ld_u32(w, o + 100)
-    a2 = ld_u32(w, o + 104)
-    k1 = np.uint32(0x03030303)
-    k2 = np.uint32(0x0F0F0F0F)
-    s0 = (a0 & k2) | ((a2 & k1) << np.uint32(4))
-    s1 = (a1 & k2) | (((a2 >> np.uint32(2)) & k1) << np.uint32(4))
-    s2 = ((a0 >> np.uint32(4)) & k2) | (((a2 >> np.uint32(4)) & k1) << np.uint32(4))
-    s3 = ((a1 >> np.uint32(4)) & k2) | (((a2 >> np.uint32(6)) & k1) << np.uint32(4))
-    return s0, s1, s2, s3
-
-
 @intrinsic
 def madd_svs(typingctx, mode, acc, a, b, sv, i0, i1):
     """acc + per i32 lane, elements 0-15 of a.b weighted by lane i0 of the i16x16 ``sv`` and elements
@@ -102,18 +87,28 @@ def q2_scales(typingctx, a, off):
 
 
 @intrinsic
-def q3_scales_m32(typingctx, u0, u1, u2, u3):
-    """i16x16 of the 16 Q3_K scales minus 32 from q3_K_scales' four words (byte s % 4 of word s // 4)."""
-    sig = v16s(u0, u1, u2, u3)
+def q3_scales_m32(typingctx, a, off):
+    """i16x16 of the 16 Q3_K scales minus 32 of the super-block at byte ``off`` (`k_quants.q3_K_scales`,
+    ggml's kmask unpacking) in vector registers: the low nibbles of bytes 96-103 then their high
+    nibbles, each with two bits of the word at 104 shifted by 0, 2, 4, 6 per group of four."""
+    _check_array(a, _BYTES)
+    sig = v16s(a, off)
 
     def cg(context, builder, sig, args):
-        v = ir.Constant(ir.VectorType(_i32, 4), None)
-        for j, x in enumerate(args):
-            w = x.type.width
-            x = builder.trunc(x, _i32) if w > 32 else builder.zext(x, _i32) if w < 32 else x
-            v = builder.insert_element(v, x, ir.Constant(_i32, j))
-        s = builder.zext(builder.bitcast(v, _V16B), _V16S)
-        return builder.sub(s, ir.Constant(_V16S, [32] * 16))
+        V2Q, V4I = ir.VectorType(_i64, 2), ir.VectorType(_i32, 4)
+        lo8 = builder.load(_ptr(context, builder, sig.args[0], args[0], builder.add(args[1], ir.Constant(args[1].type, 96)),
+                                _i64), align=1)
+        hi4 = builder.load(_ptr(context, builder, sig.args[0], args[0], builder.add(args[1], ir.Constant(args[1].type, 104)),
+                                _i32), align=1)
+        lo = builder.insert_element(ir.Constant(V2Q, None), lo8, ir.Constant(_i32, 0))
+        lo = builder.lshr(builder.shuffle_vector(lo, lo, ir.Constant(ir.VectorType(_i32, 2), [0, 0])),
+                          ir.Constant(V2Q, [0, 4]))
+        lo = builder.and_(builder.bitcast(lo, _V16B), ir.Constant(_V16B, [15] * 16))
+        hi = builder.insert_element(ir.Constant(V4I, None), hi4, ir.Constant(_i32, 0))
+        hi = builder.lshr(builder.shuffle_vector(hi, hi, ir.Constant(V4I, [0] * 4)), ir.Constant(V4I, [0, 2, 4, 6]))
+        hi = builder.shl(builder.and_(builder.bitcast(hi, _V16B), ir.Constant(_V16B, [3] * 16)),
+                         ir.Constant(_V16B, [4] * 16))
+        return builder.sub(builder.zext(builder.or_(lo, hi), _V16S), ir.Constant(_V16S, [32] * 16))
 
     return sig, cg
 
@@ -174,42 +169,6 @@ def lut_iq4nl_u(typingctx, v):
 
 
 @intrinsic
-def q2_tables(typingctx, a, off, half):
-    """vpshufb tables of the scaled Q2_K quants of half ``half`` (0/1, compile-time) of the super-block
-    whose 16 scale bytes are at ``off``: bytes 4i..4i+3 of the low 128 bits = sc[8 half + 2i] * (0, 1,
-    2, 3), of the high 128 bits = sc[8 half + 2i + 1] * (0, 1, 2, 3).  q * sc <= 45 fits a byte, so a
-    quarter's 32 products q * sc come from one vpshufb (index q + 4i) and vpdpbusd dots them with the
-    activations: per i32 lane the same integer as pmaddubsw(q, x) then pmaddwd by the scale."""
-    _check_array(a, _BYTES)
-    if not isinstance(half, types.IntegerLiteral):
-        raise TypingError("q2_tables' half must be a compile-time int")
-    h = half.literal_value
-    sig = v32b(a, off, half)
-
-    def cg(context, builder, sig, args):
-        raw = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], _V16B), align=1)
-        sc = builder.and_(raw, ir.Constant(_V16B, [15] * 16))
-        idx = [8 * h + 2 * (p // 4) for p in range(16)] + [8 * h + 2 * (p // 4) + 1 for p in range(16)]
-        rep = builder.shuffle_vector(sc, sc, ir.Constant(ir.VectorType(_i32, 32), idx))
-        one = builder.and_(rep, ir.Constant(_V32B, [0, 255, 0, 255] * 8))
-        two = builder.and_(builder.add(rep, rep), ir.Constant(_V32B, [0, 0, 255, 255] * 8))
-        return builder.add(one, two)
-
-    return sig, cg
-
-
-@intrinsic
-def pshufb(typingctx, table, idx):
-    """vpshufb: byte j of each 128-bit half = the table half's byte idx[j] (idx < 16)."""
-    sig = v32b(table, idx)
-
-    def cg(context, builder, sig, args):
-        return builder.call(_fn(builder, "llvm.x86.avx2.pshuf.b", _V32B, [_V32B, _V32B]), [args[0], args[1]])
-
-    return sig, cg
-
-
-@intrinsic
 def madd_off(typingctx, mode, acc, a, b, o16, oi, sv, i0, i1):
     """acc + per i32 lane, pairs of (pmaddubsw(a, b) - o16[oi:oi + 16]) weighted by lane i0 of the
     i16x16 ``sv`` (elements 0-15) and i1 (elements 16-31): unsigned quants a with their offset
@@ -233,6 +192,142 @@ def madd_off(typingctx, mode, acc, a, b, o16, oi, sv, i0, i1):
         return builder.add(acc, builder.call(_fn(builder, "llvm.x86.avx2.pmadd.wd", _V8I, [_V16S, _V16S]), [p16, sc]))
 
     return sig, cg
+
+
+# ----------------------------------------------------------------------------- 512-bit lanes
+# The one-token products of Q2_K, Q3_K and IQ4_XS on AVX-512 VNNI, two 32-weight vectors per zmm
+# register (as `k4_lanes512` / `q6_K_lanes512` for Q4_K / Q6_K): every instruction of the integer
+# work does two of the ymm code's, and folding the halves at the end gives the same i32 lanes
+# (lane l: weights 4l..4l+3 of every 32-weight vector; IQ4_XS: of every sub-block) -- integers,
+# so the float steps after them are untouched. The ymm code was compute-bound at 22-23 GB/s for
+# all three from the L2 and from memory alike (kernels_bench K = 2048, AMD EPYC Zen 5, one core).
+def _pshufb512(builder, table, idx):
+    return builder.call(_fn(builder, "llvm.x86.avx512.pshuf.b.512", _V64B, [_V64B, _V64B]), [table, idx])
+
+
+@intrinsic
+def q2_lanes512(typingctx, a, o, xq, xo):
+    """i32x8: the scaled part of the Q2_K super-block at byte o of a against xq[xo..+256] in the
+    lanes of the ymm `q2_lanes` (exact). Per half, two quarters a zmm register: the 32 quant bytes
+    in both halves shifted by 2i and 2i + 2, q * sc (<= 45, a byte) by one vpshufb from the half's
+    64-byte table (byte 4i + v of 128-bit lane L: sc[8 half + 2i + L % 2] * v, the sub-blocks of
+    each lane) and one vpdpbusd against 64 consecutive activations: per i32 lane the integer of
+    pmaddubsw(q, x) then pmaddwd by the scale."""
+    _check_array(a, _BYTES)
+    _check_array(xq, _BYTES)
+    sig = v8i(a, o, xq, xo)
+
+    def cg(context, builder, sig, args):
+        wa, o, xa, xo = args
+        at, _mub, _dpw = _word_ops(context, builder, o)
+        dp = _fn(builder, "llvm.x86.avx512.vpdpbusd.512", _V16I, [_V16I, _V64B, _V64B])
+        sc = builder.and_(at(wa, sig.args[0], o, 0, _V16B), ir.Constant(_V16B, [15] * 16))
+        acc = ir.Constant(_V16I, [0] * 16)
+        for h in range(2):
+            idx = [8 * h + 2 * (p // 4) + L % 2 for L in range(4) for p in range(16)]
+            rep = builder.shuffle_vector(sc, sc, ir.Constant(ir.VectorType(_i32, 64), idx))
+            one = builder.and_(rep, ir.Constant(_V64B, [0, 255, 0, 255] * 16))
+            two = builder.and_(builder.add(rep, rep), ir.Constant(_V64B, [0, 0, 255, 255] * 16))
+            table = builder.add(one, two)                  # byte 4i + v of lane L: sc[8h + 2i + L % 2] * v
+            raw = _both_halves(builder, at, wa, sig.args[0], o, 16 + 32 * h)
+            for p in range(2):
+                q = _bits(builder, raw, (4 * p, 4 * p + 2), 3)
+                q = builder.or_(q, ir.Constant(_V64B, [8 * p] * 32 + [8 * p + 4] * 32))
+                x = at(xa, sig.args[2], xo, 128 * h + 64 * p, _V64B)
+                acc = builder.call(dp, [acc, _pshufb512(builder, table, q), x])
+        return _fold16(builder, acc)
+
+    return sig, cg
+
+
+@intrinsic
+def q3_lanes512(typingctx, a, o, xq, xo, sv, o16):
+    """i32x8: the Q3_K super-block at byte o of a against xq[xo..+256] in the lanes of the ymm
+    `q3_lanes` (exact); sv: its scales - 32 (`q3_scales_m32`), o16: 4 x each activation pair's
+    sum (`_pair_offsets(xq, 4)`). Two quarters a zmm register: the low bits and the high bit
+    shifted per half (into bit 2: + 4), pmaddubsw of the unsigned quants, the offset pairs
+    subtracted, one vpdpwssd by four sub-blocks' scales."""
+    _check_array(a, _BYTES)
+    _check_array(xq, _BYTES)
+    _check_array(o16, (types.int16,))
+    sig = v8i(a, o, xq, xo, sv, o16)
+
+    def cg(context, builder, sig, args):
+        wa, o, xa, xo, sv, oa = args
+        at, mub, dpw = _word_ops(context, builder, o)
+        hm = _both_halves(builder, at, wa, sig.args[0], o, 0)
+        v8q = ir.VectorType(_i64, 8)
+        acc = ir.Constant(_V16I, [0] * 16)
+        for h in range(2):
+            raw = _both_halves(builder, at, wa, sig.args[0], o, 32 + 32 * h)
+            for p in range(2):
+                q = _bits(builder, raw, (4 * p, 4 * p + 2), 3)
+                k = 4 * h + 2 * p          # the high bits of this quarter (k + 1: the next) -> bit 2
+                if k >= 2:
+                    hb = builder.lshr(hm, ir.Constant(v8q, [k - 2] * 4 + [k - 1] * 4))
+                else:
+                    hb = builder.shl(hm, ir.Constant(v8q, [2 - k] * 4 + [1 - k] * 4))
+                q = builder.or_(q, builder.and_(builder.bitcast(hb, _V64B), ir.Constant(_V64B, [4] * 64)))
+                x = at(xa, sig.args[2], xo, 128 * h + 64 * p, _V64B)
+                xi = builder.sdiv(builder.add(xo, ir.Constant(xo.type, 128 * h + 64 * p)), ir.Constant(xo.type, 2))
+                off = builder.load(_ptr(context, builder, sig.args[5], oa, xi, ir.VectorType(_i16, 32)), align=2)
+                p16 = builder.sub(builder.call(mub, [q, x]), off)
+                acc = builder.call(dpw, [acc, p16, _scale_words(builder, sv, 8 * h + 4 * p)])
+        return _fold16(builder, acc)
+
+    return sig, cg
+
+
+@intrinsic
+def xs_lanes512(typingctx, a, o, xr, xo, sv):
+    """i32x8: the IQ4_XS super-block at byte o of a against the regrouped activations xr[xo..+256]
+    (`_xs_regroup`) in the lanes of the ymm `xs_lanes` (exact); sv: `iq4_xs_scales`. Four
+    sub-blocks a zmm register: 64 quant bytes, their low nibbles (each sub-block's weights 0-15)
+    and high ones (16-31); the sign trick as ggml's (|q| by one vpshufb, the activations negated
+    where the nibble is below 8, IQ4_NL's negative half), pmaddubsw, one vpdpwssd by the four
+    scales; lanes 0-3 from the low nibbles' vectors, 4-7 from the high ones'."""
+    _check_array(a, _BYTES)
+    _check_array(xr, _BYTES)
+    sig = v8i(a, o, xr, xo, sv)
+
+    def cg(context, builder, sig, args):
+        wa, o, xa, xo, sv = args
+        at, mub, dpw = _word_ops(context, builder, o)
+        absv = ir.Constant(_V64B, [abs(v) for v in KVALUES_IQ4NL] * 4)
+        m15, eight = ir.Constant(_V64B, [15] * 64), ir.Constant(_V64B, [8] * 64)
+        zero = ir.Constant(_V64B, [0] * 64)
+        accs = [ir.Constant(_V16I, [0] * 16), ir.Constant(_V16I, [0] * 16)]
+        for g in range(2):
+            raw = at(wa, sig.args[0], o, 8 + 64 * g, _V64B)
+            for part in range(2):
+                nib = builder.and_(raw if part == 0 else builder.lshr(raw, ir.Constant(_V64B, [4] * 64)), m15)
+                x = at(xa, sig.args[2], xo, 128 * g + 64 * part, _V64B)
+                sx = builder.select(builder.icmp_unsigned("<", nib, eight), builder.sub(zero, x), x)
+                p16 = builder.call(mub, [_pshufb512(builder, absv, nib), sx])
+                accs[part] = builder.call(dpw, [accs[part], p16, _scale_words(builder, sv, 4 * g)])
+
+        def quarter_sums(acc):   # i32x4: dword l summed over the four 128-bit lanes
+            v8 = _fold16(builder, acc)
+            v4 = ir.VectorType(_i32, 4)
+            return builder.add(builder.shuffle_vector(v8, v8, ir.Constant(v4, [0, 1, 2, 3])),
+                               builder.shuffle_vector(v8, v8, ir.Constant(v4, [4, 5, 6, 7])))
+        lo, hi = quarter_sums(accs[0]), quarter_sums(accs[1])
+        return builder.shuffle_vector(lo, hi, ir.Constant(_V8I, list(range(8))))
+
+    return sig, cg
+
+
+@numba.njit(**_NB)
+def _xs_regroup(xq):
+    """int8 [k]: per 128 activations (four IQ4_XS sub-blocks), the first 16 of each sub-block, then
+    the last 16 of each: the order of `xs_lanes512`'s low- and high-nibble vectors."""
+    out = np.empty_like(xq)
+    for g in range(xq.shape[0] // 128):
+        for j in range(4):
+            for e in range(16):
+                out[128 * g + 16 * j + e] = xq[128 * g + 32 * j + e]
+                out[128 * g + 64 + 16 * j + e] = xq[128 * g + 32 * j + 16 + e]
+    return out
 
 
 @numba.njit(**_NB)
@@ -427,27 +522,12 @@ def kernels(mode: int, per_row: dict) -> dict:
         return madd_sv(mode, acc, b_and(b_shr(raw, 2 * i), 3), load_b32(xq, xo + 32 * i), sv, j0, j1)
 
     @numba.njit(inline="always")
-    def q2_quarter_t(acc, raw, xq, xo, t, i):
-        return dot_us(mode, acc, pshufb(t, b_or(b_and(b_shr(raw, 2 * i), 3), 4 * i)), load_b32(xq, xo + 32 * i))
-
-    @numba.njit(inline="always")
     def q2_lanes(wf, o, xq, xo):
         """i32x8 of the scaled part of the Q2_K super-block at o: the lanes of k_quants.q2_K_half(0) +
-        q2_K_half(1) (exact).  VNNI: q * sc by table lookup (q2_tables), one vpdpbusd per 32 quants;
+        q2_K_half(1) (exact).  VNNI: q * sc by table lookup, two quarters per vpdpbusd (q2_lanes512);
         AVX2: pmaddubsw then pmaddwd by scales picked from one i16x16 vector."""
         if mode == VNNI:
-            raw = load_b32(wf, o + 16)
-            t = q2_tables(wf, o, 0)
-            a = q2_quarter_t(i_zero(), raw, xq, xo, t, 0)
-            a = q2_quarter_t(a, raw, xq, xo, t, 1)
-            a = q2_quarter_t(a, raw, xq, xo, t, 2)
-            a = q2_quarter_t(a, raw, xq, xo, t, 3)
-            raw = load_b32(wf, o + 48)
-            t = q2_tables(wf, o, 1)
-            c = q2_quarter_t(i_zero(), raw, xq, xo + 128, t, 0)
-            c = q2_quarter_t(c, raw, xq, xo + 128, t, 1)
-            c = q2_quarter_t(c, raw, xq, xo + 128, t, 2)
-            return i_add(a, q2_quarter_t(c, raw, xq, xo + 128, t, 3))
+            return q2_lanes512(wf, o, xq, xo)
         sv = q2_scales(wf, o)
         raw = load_b32(wf, o + 16)
         a = q2_quarter(i_zero(), raw, xq, xo, sv, 0, 0, 1)
@@ -534,8 +614,9 @@ def kernels(mode: int, per_row: dict) -> dict:
     @numba.njit(inline="always")
     def q3_lanes(wf, o, xq, xo, x4):
         """The i32x8 lanes of k_quants.q3_K_lanes (exact), scales as one i16x16 vector."""
-        u0, u1, u2, u3 = q3_K_scales(wf, o)
-        sv = q3_scales_m32(u0, u1, u2, u3)
+        sv = q3_scales_m32(wf, o)
+        if mode == VNNI:
+            return q3_lanes512(wf, o, xq, xo, sv, x4)
         hm = load_b32(wf, o)
         raw = load_b32(wf, o + 32)
         a = q3_quarter(i_zero(), raw, hm, xq, xo, x4, sv, 0, 0, 0, 1)
@@ -575,6 +656,8 @@ def kernels(mode: int, per_row: dict) -> dict:
         """The i32x8 lanes of i_quants.xs_lanes (exact): sign trick, pmaddubsw, then pmaddwd by the
         sub-block scale (ggml's order of integer operations), scales as one i16x16 vector."""
         sv = iq4_xs_scales(wf, o)
+        if mode == VNNI:   # xq: the activations regrouped by _xs_regroup
+            return xs_lanes512(wf, o, xq, xo, sv)
         a = xs_sub(i_zero(), wf, o, xq, xo, sv, 0)
         a = xs_sub(a, wf, o, xq, xo, sv, 1)
         a = xs_sub(a, wf, o, xq, xo, sv, 2)
@@ -588,6 +671,8 @@ def kernels(mode: int, per_row: dict) -> dict:
     def iq4_xs_vec1(w, xp, out, r0, r1):
         """ggml_vec_dot_iq4_xs_q8_K's order (i_quants.xs_dot), one row at a time (see q2_K_vec1)."""
         xq, xd, _ = xp
+        if mode == VNNI:
+            xq = _xs_regroup(xq)
         nb = xd.shape[0]
         rb = w.shape[1]
         wf = w.reshape(-1)
