@@ -392,6 +392,23 @@ def test_q3_K_bit_exact(path, n):
     np.testing.assert_array_equal(v, emulate_q3_K(w, xp[0], xp[1])[0])
 
 
+@pytest.mark.parametrize("rows", [16, 40, 56])
+@pytest.mark.parametrize("n", [8, 13])
+def test_q3_K_and_iq4_xs_prompts_in_16_row_groups(path, rows, n):
+    """From 8 columns the tiled order; on AVX-512 VNNI whole groups of 16 rows run in zmm lanes
+    (`repack.k16_rows16`), a last 8 in ymm lanes, the rest per row: every split gives the same bits."""
+    X = activations(n)
+    for t, w, emu in ((K.Q3_K, q3_K_weights(rows, KDIM), emulate_q3_K),
+                      (K.IQ4_XS, iq4_xs_weights(rows, KDIM), emulate_iq4_xs)):
+        xp = K.prepare(t, X)
+        ref = emu(w, xp[0], xp[1], tiled=True)
+        for cuts in ((0, rows), (0, 3, rows)) + (((0, 16, 24, rows),) if rows > 24 else ()):
+            out = np.full((n, rows), np.nan, f32)
+            for a, b in zip(cuts, cuts[1:]):
+                K.matmat(t, w, xp, out, a, b)
+            np.testing.assert_array_equal(out, ref, err_msg=f"{t} {cuts}")
+
+
 def test_q3_K_dequantize_matches_gguf_py():
     w = q3_K_weights(5, 512)
     np.testing.assert_array_equal(K.dequantize_rows(K.Q3_K, w, 0, 5), gq.dequantize(w, T.Q3_K))

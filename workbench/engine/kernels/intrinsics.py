@@ -213,6 +213,76 @@ def dot_us16(typingctx, acc, a, b):
     return sig, cg
 
 
+# ----------------------------------------------------------------------------- 16 rows in zmm lanes
+# The prompt products of Q3_K and IQ4_XS on AVX-512 VNNI keep 16 weight rows in the lanes of a zmm
+# register (`repack.k16_rows16`): each instruction of the ymm kernel's (8 rows) does twice the work.
+@intrinsic
+def i_zero16(typingctx):
+    sig = v16i()
+    return sig, lambda context, builder, sig, args: ir.Constant(_V16I, [0] * 16)
+
+
+@intrinsic
+def sub_dot16(typingctx, s, w, wo, xa, xo, sv):
+    """s + sv * (16 rows' dot products of one 16-element sub-block): four vpdpbusd of the rows'
+    unsigned 4-byte chunks at w[wo + 64e] (dword r: row r) against the activation bytes
+    xa[xo + 4e..+4] broadcast, times the rows' scales sv (i32x16, exact)."""
+    _check_array(w, _BYTES)
+    _check_array(xa, _BYTES)
+    sig = v16i(s, w, wo, xa, xo, sv)
+
+    def cg(context, builder, sig, args):
+        s, wa, wo, xa, xo, sv = args
+        dp = _fn(builder, "llvm.x86.avx512.vpdpbusd.512", _V16I, [_V16I, _V64B, _V64B])
+        d = ir.Constant(_V16I, [0] * 16)
+        for e in range(4):
+            q = builder.load(_ptr(context, builder, sig.args[1], wa, builder.add(wo, ir.Constant(wo.type, 64 * e)),
+                                  _V64B), align=1)
+            x = builder.load(_ptr(context, builder, sig.args[3], xa, builder.add(xo, ir.Constant(xo.type, 4 * e)),
+                                  _i32), align=1)
+            d = builder.call(dp, [d, q, builder.bitcast(_splat(builder, x, _V16I), _V64B)])
+        return builder.add(s, builder.mul(d, sv))
+
+    return sig, cg
+
+
+@intrinsic
+def madd_bcast16(typingctx, m, pv, bs, off):
+    """m + vpdpwssd(pv, bs[off] in every dword): per lane lo16(pv) * lo16(b) + hi16(pv) * hi16(b),
+    pv the rows' i16 pairs (i32x16), bs an int32 array of i16 pairs."""
+    _check_array(bs, (types.int32,))
+    sig = v16i(m, pv, bs, off)
+
+    def cg(context, builder, sig, args):
+        v32s = ir.VectorType(_i16, 32)
+        b = builder.load(_ptr(context, builder, sig.args[2], args[2], args[3], _i32), align=4)
+        f = _fn(builder, "llvm.x86.avx512.vpdpwssd.512", _V16I, [_V16I, v32s, v32s])
+        return builder.call(f, [args[0], builder.bitcast(args[1], v32s),
+                                builder.bitcast(_splat(builder, b, _V16I), v32s)])
+
+    return sig, cg
+
+
+@intrinsic
+def offset_step16(typingctx, acc, s, m, shift, dv, dx):
+    """acc + (f32(s - (m << shift)) * dv) * dx per lane, the product rounded, the rest fused (f32x16
+    acc, dv; i32x16 s, m; a compile-time shift; scalar dx): ggml's tiled matmul step of Q3_K
+    (shift 2) and IQ4_XS (7), lane-wise."""
+    if not isinstance(shift, types.IntegerLiteral):
+        raise TypingError("offset_step16: shift must be a compile-time int")
+    sh = shift.literal_value
+    sig = v16f(acc, s, m, shift, dv, types.float32)
+
+    def cg(context, builder, sig, args):
+        acc, s, m, _sh, dv, dx = args
+        v = builder.sub(s, builder.shl(m, ir.Constant(_V16I, [sh] * 16)))
+        t = builder.fmul(builder.sitofp(v, _V16F), dv)
+        f = _fn(builder, "llvm.fma.v16f32", _V16F, [_V16F, _V16F, _V16F])
+        return builder.call(f, [t, _splat(builder, dx, _V16F), acc])
+
+    return sig, cg
+
+
 def _fma_int(name: str, vt: VecType, doc: str):
     """An intrinsic `name(acc, v, s)`: acc + f32(v) * s per lane, fused, in the float vector type
     vt (v the int32 lanes of the same count, s a vector of vt)."""

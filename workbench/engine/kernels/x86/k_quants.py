@@ -612,7 +612,8 @@ def kernels(mode: int) -> dict:
                     out[c, i] = q3_K_dot(wf, i * rb, nb, xf, c * k, xd[c])
 
     # from 8 columns the tiled order with 8 rows in lanes (`repack.k16_rows8`)
-    q3_K_matmat = repack.tiled_from8(repack.k16_rows8(mode, repack.K16_Q3_TILED), q3_K_rows_matmat)
+    q3_K_matmat = repack.tiled_from8(repack.k16_rows8(mode, repack.K16_Q3_TILED), q3_K_rows_matmat,
+                                     wide=repack.k16_rows16(repack.K16_Q3_TILED) if mode == VNNI else None)
 
     @numba.njit(**_NB)
     def q3_K_id(w, xp, out, r0, r1, rows):

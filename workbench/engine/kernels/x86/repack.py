@@ -12,6 +12,7 @@ import numba
 import numpy as np
 
 from ..intrinsics import (KVALUES_IQ4NL, VNNI, dot_us16, f_zero16, fmadd_iv, half_f, load_b64, load_i16, scale16, unpack_q45x2,
+                          i_zero16, load_f32x16, madd_bcast16, offset_step16, sub_dot16,
                           dot_ss, f4_make, reduce4, f4_zero, fma4_i, fma_s, hsum_i, f4_lane, dot_us, f16_to_f32, f_zero,
                           fmadd_i, hsum_f, i_zero, load_b32, load_f32x8, load_i8,
                           ld_u32, i_sub, load_f32x4, f4_scale, i_shl, fmadd_im, store_f32x4, bcast_b4, bcast_i32, madd16,
@@ -509,10 +510,10 @@ _IQ4_GRID_U = np.array([v + 128 for v in KVALUES_IQ4NL], np.uint32)   # IQ4_NL's
 
 
 @numba.njit(**_NB)
-def _repack_k16(w, r0, ng, nb, kind, dm_sign):
-    """Q3_K (kind 0), Q2_K (1) or IQ4_XS (2) rows r0 .. r0 + 8 * ng regrouped by 8 rows for dot
-    products whose lanes are rows, each super-block as 16 sub-blocks of 16 quants (IQ4_XS: each of its
-    32-element sub-blocks as two, its scale twice).
+def _repack_k16(w, r0, ng, nb, kind, dm_sign, G=8):
+    """Q3_K (kind 0), Q2_K (1) or IQ4_XS (2) rows r0 .. r0 + G * ng regrouped by G rows (8: a ymm
+    register's lanes, 16: a zmm register's) for dot products whose lanes are rows, each super-block as
+    16 sub-blocks of 16 quants (IQ4_XS: each of its 32-element sub-blocks as two, its scale twice).
 
     qt (bytes) [group, block, sub-block s, chunk e, row, 4]: quants 4e..4e+3 of sub-block s as
     unsigned bytes (Q3_K: q + 4 in 0..7, the low two bits | the hmask bit << 2; Q2_K: 0..3; IQ4_XS:
@@ -523,27 +524,27 @@ def _repack_k16(w, r0, ng, nb, kind, dm_sign):
     bsz = 84 if kind == 1 else 110 if kind == 0 else 136
     rb = w.shape[1]
     wf = w.reshape(-1)
-    qt = np.empty(ng * nb * 2048, np.uint8)
+    qt = np.empty(ng * nb * 256 * G, np.uint8)
     q32 = qt.view(np.uint32)
-    sc = np.empty(ng * nb * 128, np.int32)
-    sp = np.empty(ng * nb * 64, np.int32)
-    dw = np.empty(ng * nb * 8, np.float32)
-    dm = np.empty(ng * nb * 8, np.float32)
+    sc = np.empty(ng * nb * 16 * G, np.int32)
+    sp = np.empty(ng * nb * 8 * G, np.int32)
+    dw = np.empty(ng * nb * G, np.float32)
+    dm = np.empty(ng * nb * G, np.float32)
     m2 = np.uint32(0x03030303)
     m1 = np.uint32(0x01010101)
     grid = _IQ4_GRID_U
     for g in range(ng):
         for b in range(nb):
             gb = g * nb + b
-            for r in range(8):
-                o = (r0 + 8 * g + r) * rb + b * bsz
+            for r in range(G):
+                o = (r0 + G * g + r) * rb + b * bsz
                 z = np.uint32(0)
                 s0, s1, s2, s3 = q3_K_scales(wf, o) if kind == 0 else (z, z, z, z)
                 if kind == 1:
-                    dw[gb * 8 + r] = f16_to_f32(wf, o + 80)
-                    dm[gb * 8 + r] = dm_sign * f16_to_f32(wf, o + 82)
+                    dw[gb * G + r] = f16_to_f32(wf, o + 80)
+                    dm[gb * G + r] = dm_sign * f16_to_f32(wf, o + 82)
                 else:
-                    dw[gb * 8 + r] = f16_to_f32(wf, o + (108 if kind == 0 else 0))
+                    dw[gb * G + r] = f16_to_f32(wf, o + (108 if kind == 0 else 0))
                 for t in range(8):
                     if kind == 1:
                         a, c = np.int32(wf[o + 2 * t]) & 15, np.int32(wf[o + 2 * t + 1]) & 15
@@ -553,9 +554,9 @@ def _repack_k16(w, r0, ng, nb, kind, dm_sign):
                         pa, pc = a, c
                     else:
                         a = c = pa = pc = iq4_xs_scale(wf, o, t)
-                    sc[(gb * 16 + 2 * t) * 8 + r] = a
-                    sc[(gb * 16 + 2 * t + 1) * 8 + r] = c
-                    sp[(gb * 8 + t) * 8 + r] = (pa & 0xFFFF) | (pc << 16)
+                    sc[(gb * 16 + 2 * t) * G + r] = a
+                    sc[(gb * 16 + 2 * t + 1) * G + r] = c
+                    sp[(gb * 8 + t) * G + r] = (pa & 0xFFFF) | (pc << 16)
                 for sb in range(16):
                     j, i = sb // 8, (sb // 2) % 4
                     for e in range(4):
@@ -569,7 +570,7 @@ def _repack_k16(w, r0, ng, nb, kind, dm_sign):
                             low = (ld_u32(wf, o + (16 if kind == 1 else 32) + 32 * j + l0) >> np.uint32(2 * i)) & m2
                             if kind == 0:
                                 low |= ((ld_u32(wf, o + l0) >> np.uint32(4 * j + i)) & m1) << np.uint32(2)
-                        q32[((gb * 16 + sb) * 4 + e) * 8 + r] = low
+                        q32[((gb * 16 + sb) * 4 + e) * G + r] = low
     return qt, sc, sp, dw, dm
 
 
@@ -588,16 +589,25 @@ def _bsum16_i16_pairs(xb, nb):
     return out.view(np.int32)
 
 
-def tiled_from8(lanes, rows, on: bool = True):
+def tiled_from8(lanes, rows, on: bool = True, wide=None):
     """A prompt product that runs `lanes` (8 rows at once in the vector lanes, whole groups of 8
     rows) from 8 columns on and `rows` (one row at a time) for the rows after the last whole group
     and below 8 columns: the types whose order is ggml's tiled matmul from 8 columns and vec_dot
-    below (the same float order either way from 8). on False: `rows` alone."""
+    below (the same float order either way from 8). on False: `rows` alone. wide: a kernel of
+    whole groups of 16 rows (zmm lanes), run first, `lanes` for a last group of 8."""
+    has_wide = wide is not None
+    if wide is None:
+        wide = lanes
+
     @numba.njit(**_NB)
     def matmat(w, xp, out, r0, r1):
-        r8 = r0 + (r1 - r0) // 8 * 8 if on and xp[0].shape[0] >= 8 else r0
-        if r8 > r0:
-            lanes(w, xp, out, r0, r8)
+        tiled = on and xp[0].shape[0] >= 8
+        r16 = r0 + (r1 - r0) // 16 * 16 if tiled and has_wide else r0
+        r8 = r16 + (r1 - r16) // 8 * 8 if tiled else r0
+        if r16 > r0:
+            wide(w, xp, out, r0, r16)
+        if r8 > r16:
+            lanes(w, xp, out, r16, r8)
         rows(w, xp, out, r8, r1)
     return matmat
 
@@ -712,6 +722,66 @@ def k16_rows8(mode, order):
                     a0, a1, a2, a3 = f_sub(a0, e0), f_sub(a1, e1), f_sub(a2, e2), f_sub(a3, e3)
                 i = r0 + 8 * g
                 for q in range(8):
+                    out[c0, i + q] = f_lane(a0, q)
+                    out[c1, i + q] = f_lane(a1, q)
+                    out[c2, i + q] = f_lane(a2, q)
+                    out[c3, i + q] = f_lane(a3, q)
+
+    return fn
+
+
+def k16_rows16(order):
+    """The prompt products of Q3_K and IQ4_XS in ggml's tiled order (`K16_Q3_TILED`,
+    `K16_IQ4_XS_TILED`) with 16 rows at once in the lanes of a zmm register, AVX-512 VNNI: the
+    `k16_rows8` kernel's steps, each instruction over twice the rows (rows regrouped by 16, one
+    vpdpbusd per 4-weight chunk of 16 rows, the scales' multiply, the offsets' vpdpwssd and the
+    float step lane-wise). Whole groups of 16 rows; `tiled_from8` gives a last 8 to `k16_rows8`."""
+    kind = 0 if order == K16_Q3_TILED else 2
+    shift = 2 if order == K16_Q3_TILED else 7
+
+    @numba.njit(**_NB)
+    def fn(w, xp, out, r0, r1):
+        """Every column (at least 4) of rows r0..r1-1 ((r1 - r0) % 16 == 0)."""
+        xq, xd, xb = xp
+        n = xq.shape[0]
+        nb = xd.shape[1]
+        k = xq.shape[1]
+        ng = (r1 - r0) // 16
+        if ng == 0 or n == 0:
+            return
+        qt, sc, sp, dw, _ = _repack_k16(w, r0, ng, nb, kind, f32(1.0), 16)
+        bs = _bsum16_i16_pairs(xb, nb)
+        xf = xq.reshape(-1)
+        for g in range(ng):
+            for t4 in range((n + 3) // 4):
+                c0 = min(4 * t4, n - 4)    # (the last four end at the last column)
+                c1, c2, c3 = c0 + 1, c0 + 2, c0 + 3
+                a0 = f_zero16(); a1 = f_zero16(); a2 = f_zero16(); a3 = f_zero16()
+                for b in range(nb):
+                    gb = g * nb + b
+                    s0 = i_zero16(); s1 = i_zero16(); s2 = i_zero16(); s3 = i_zero16()
+                    m0 = i_zero16(); m1 = i_zero16(); m2 = i_zero16(); m3 = i_zero16()
+                    for sb in range(16):
+                        wo = (gb * 16 + sb) * 256
+                        xo = b * 256 + 16 * sb
+                        sv = load_i16(sc, (gb * 16 + sb) * 16)
+                        s0 = sub_dot16(s0, qt, wo, xf, c0 * k + xo, sv)
+                        s1 = sub_dot16(s1, qt, wo, xf, c1 * k + xo, sv)
+                        s2 = sub_dot16(s2, qt, wo, xf, c2 * k + xo, sv)
+                        s3 = sub_dot16(s3, qt, wo, xf, c3 * k + xo, sv)
+                    for t in range(8):
+                        pv = load_i16(sp, (gb * 8 + t) * 16)
+                        m0 = madd_bcast16(m0, pv, bs, (c0 * nb + b) * 8 + t)
+                        m1 = madd_bcast16(m1, pv, bs, (c1 * nb + b) * 8 + t)
+                        m2 = madd_bcast16(m2, pv, bs, (c2 * nb + b) * 8 + t)
+                        m3 = madd_bcast16(m3, pv, bs, (c3 * nb + b) * 8 + t)
+                    dv = load_f32x16(dw, gb * 16)
+                    a0 = offset_step16(a0, s0, m0, shift, dv, xd[c0, b])
+                    a1 = offset_step16(a1, s1, m1, shift, dv, xd[c1, b])
+                    a2 = offset_step16(a2, s2, m2, shift, dv, xd[c2, b])
+                    a3 = offset_step16(a3, s3, m3, shift, dv, xd[c3, b])
+                i = r0 + 16 * g
+                for q in range(16):
                     out[c0, i + q] = f_lane(a0, q)
                     out[c1, i + q] = f_lane(a1, q)
                     out[c2, i + q] = f_lane(a2, q)
