@@ -283,6 +283,56 @@ def offset_step16(typingctx, acc, s, m, shift, dv, dx):
     return sig, cg
 
 
+@intrinsic
+def k16_unsigned(typingctx, w, o, t, kind):
+    """The 256 quants of the Q3_K (kind 0), Q2_K (1) or IQ4_XS (2, compile-time) super-block at
+    byte o of w as unsigned bytes in their natural order into t[0:256] (Q3_K: q + 4, the low bits
+    | the hmask bit << 2; Q2_K: 0..3; IQ4_XS: the grid value + 128): the rows' side of
+    `repack._repack_k16` in 32-byte vectors (AVX2 and up) instead of 4 quants at a time."""
+    _check_array(w, _BYTES)
+    _check_array(t, _BYTES)
+    if not isinstance(kind, types.IntegerLiteral) or kind.literal_value not in (0, 1, 2):
+        raise TypingError("k16_unsigned: kind must be a compile-time 0, 1 or 2")
+    kd = kind.literal_value
+    sig = types.void(w, o, t, kind)
+
+    def cg(context, builder, sig, args):
+        wa, o, ta = args[0], args[1], args[2]
+        V4Q = ir.VectorType(_i64, 4)
+
+        def ld(off, ty):
+            return builder.load(_ptr(context, builder, sig.args[0], wa, builder.add(o, ir.Constant(o.type, off)), ty),
+                                align=1)
+
+        def st(off, v):
+            builder.store(v, _ptr(context, builder, sig.args[2], ta, ir.Constant(o.type, off), _V32B), align=1)
+
+        def bits(v, shifts, mask):   # bytes of (v >> shift) & mask, the shift per 128-bit half
+            sh = builder.lshr(builder.bitcast(v, V4Q), ir.Constant(V4Q, [shifts[0]] * 2 + [shifts[1]] * 2))
+            return builder.and_(builder.bitcast(sh, _V32B), ir.Constant(_V32B, [mask] * 32))
+
+        if kd == 2:
+            table = ir.Constant(_V32B, [(x + 128) & 0xFF for x in KVALUES_IQ4NL] * 2)
+            pshufb = _fn(builder, "llvm.x86.avx2.pshuf.b", _V32B, [_V32B, _V32B])
+            for j in range(8):
+                raw = ld(8 + 16 * j, _V16B)
+                both = builder.shuffle_vector(raw, raw, ir.Constant(ir.VectorType(_i32, 32), list(range(16)) * 2))
+                st(32 * j, builder.call(pshufb, [table, bits(both, (0, 4), 15)]))
+            return context.get_dummy_value()
+        hm = ld(0, _V32B) if kd == 0 else None
+        for h in range(2):
+            raw = ld((32 if kd == 0 else 16) + 32 * h, _V32B)
+            for i in range(4):
+                q = bits(raw, (2 * i, 2 * i), 3)
+                if kd == 0:
+                    hb = bits(hm, (4 * h + i, 4 * h + i), 1)
+                    q = builder.or_(q, builder.shl(hb, ir.Constant(_V32B, [2] * 32)))
+                st(128 * h + 32 * i, q)
+        return context.get_dummy_value()
+
+    return sig, cg
+
+
 def _fma_int(name: str, vt: VecType, doc: str):
     """An intrinsic `name(acc, v, s)`: acc + f32(v) * s per lane, fused, in the float vector type
     vt (v the int32 lanes of the same count, s a vector of vt)."""

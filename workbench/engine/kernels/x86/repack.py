@@ -11,7 +11,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..intrinsics import (KVALUES_IQ4NL, VNNI, dot_us16, f_zero16, fmadd_iv, half_f, load_b64, load_i16, scale16, unpack_q45x2,
+from ..intrinsics import (VNNI, dot_us16, k16_unsigned, f_zero16, fmadd_iv, half_f, load_b64, load_i16, scale16, unpack_q45x2,
                           i_zero16, load_f32x16, madd_bcast16, offset_step16, sub_dot16,
                           dot_ss, f4_make, reduce4, f4_zero, fma4_i, fma_s, hsum_i, f4_lane, dot_us, f16_to_f32, f_zero,
                           fmadd_i, hsum_f, i_zero, load_b32, load_f32x8, load_i8,
@@ -506,9 +506,6 @@ def q4_K_rows8(mode):
     return q4_K_gemm_rows8
 
 
-_IQ4_GRID_U = np.array([v + 128 for v in KVALUES_IQ4NL], np.uint32)   # IQ4_NL's grid + 128, unsigned
-
-
 @numba.njit(**_NB)
 def _repack_k16(w, r0, ng, nb, kind, dm_sign, G=8):
     """Q3_K (kind 0), Q2_K (1) or IQ4_XS (2) rows r0 .. r0 + G * ng regrouped by G rows (8: a ymm
@@ -530,9 +527,8 @@ def _repack_k16(w, r0, ng, nb, kind, dm_sign, G=8):
     sp = np.empty(ng * nb * 8 * G, np.int32)
     dw = np.empty(ng * nb * G, np.float32)
     dm = np.empty(ng * nb * G, np.float32)
-    m2 = np.uint32(0x03030303)
-    m1 = np.uint32(0x01010101)
-    grid = _IQ4_GRID_U
+    tb = np.empty(256, np.uint8)
+    t32 = tb.view(np.uint32)
     for g in range(ng):
         for b in range(nb):
             gb = g * nb + b
@@ -557,20 +553,16 @@ def _repack_k16(w, r0, ng, nb, kind, dm_sign, G=8):
                     sc[(gb * 16 + 2 * t) * G + r] = a
                     sc[(gb * 16 + 2 * t + 1) * G + r] = c
                     sp[(gb * 8 + t) * G + r] = (pa & 0xFFFF) | (pc << 16)
-                for sb in range(16):
-                    j, i = sb // 8, (sb // 2) % 4
-                    for e in range(4):
-                        if kind == 2:   # bytes 4e..4e+3 of sub-block sb // 2, nibble sb % 2, through the grid
-                            u = ld_u32(wf, o + 8 + 16 * (sb // 2) + 4 * e) >> np.uint32(4 * (sb % 2))
-                            low = (grid[u & 15] | (grid[(u >> np.uint32(8)) & 15] << np.uint32(8))
-                                   | (grid[(u >> np.uint32(16)) & 15] << np.uint32(16))
-                                   | (grid[(u >> np.uint32(24)) & 15] << np.uint32(24)))
-                        else:
-                            l0 = 16 * (sb % 2) + 4 * e
-                            low = (ld_u32(wf, o + (16 if kind == 1 else 32) + 32 * j + l0) >> np.uint32(2 * i)) & m2
-                            if kind == 0:
-                                low |= ((ld_u32(wf, o + l0) >> np.uint32(4 * j + i)) & m1) << np.uint32(2)
-                        q32[((gb * 16 + sb) * 4 + e) * G + r] = low
+                # the row's quants in natural order (4 per uint32: sub-block sb's chunk e is word
+                # 4 sb + e), each word to its place among the group's rows
+                if kind == 0:
+                    k16_unsigned(wf, o, tb, 0)
+                elif kind == 1:
+                    k16_unsigned(wf, o, tb, 1)
+                else:
+                    k16_unsigned(wf, o, tb, 2)
+                for c in range(64):
+                    q32[(gb * 64 + c) * G + r] = t32[c]
     return qt, sc, sp, dw, dm
 
 
@@ -749,16 +741,18 @@ def k16_rows16(order):
         ng = (r1 - r0) // 16
         if ng == 0 or n == 0:
             return
-        qt, sc, sp, dw, _ = _repack_k16(w, r0, ng, nb, kind, f32(1.0), 16)
         bs = _bsum16_i16_pairs(xb, nb)
         xf = xq.reshape(-1)
         for g in range(ng):
+            # each group regrouped just before its products (~64 KB at K = 2048, in the caches; the
+            # whole range at once went out to memory and back)
+            qt, sc, sp, dw, _ = _repack_k16(w, r0 + 16 * g, 1, nb, kind, f32(1.0), 16)
             for t4 in range((n + 3) // 4):
                 c0 = min(4 * t4, n - 4)    # (the last four end at the last column)
                 c1, c2, c3 = c0 + 1, c0 + 2, c0 + 3
                 a0 = f_zero16(); a1 = f_zero16(); a2 = f_zero16(); a3 = f_zero16()
                 for b in range(nb):
-                    gb = g * nb + b
+                    gb = b
                     s0 = i_zero16(); s1 = i_zero16(); s2 = i_zero16(); s3 = i_zero16()
                     m0 = i_zero16(); m1 = i_zero16(); m2 = i_zero16(); m3 = i_zero16()
                     for sb in range(16):
