@@ -79,11 +79,12 @@ def test_matmat_bit_exact(path, t, n):
     np.testing.assert_array_equal(out, emulate(t, w, xp, n))
 
 
-@pytest.mark.parametrize("rows", [16, 13])
+@pytest.mark.parametrize("rows", [16, 13, 40])
 @pytest.mark.parametrize("n", [1, 3, 7, 8, 9, 33])
 def test_q5_K_and_plain_q4_K_follow_the_tiled_matmul(path, rows, n):
     """Q5_K (never repacked on x86) and a Q4_K weight llama.cpp does not repack (rows % 8 != 0): from 8
-    columns ggml's tiled matmul, below that vec_dot (Q4_K emulated; Q5_K's vec_dot is its matvec)."""
+    columns ggml's tiled matmul, below that vec_dot (Q4_K emulated; Q5_K's vec_dot is its matvec).
+    Q5_K on AVX-512 VNNI: whole 16-row groups in zmm lanes, a last 8 in ymm lanes, the rest per row."""
     for t in (T.Q5_K, T.Q4_K):
         w = weights(t, rows=rows)
         X = activations(n)
@@ -100,6 +101,9 @@ def test_q5_K_and_plain_q4_K_follow_the_tiled_matmul(path, rows, n):
         else:
             ref = np.stack([_matvec(t, w, X[c], rows) for c in range(n)])
         np.testing.assert_array_equal(out, ref)
+        whole = np.full((n, rows), np.nan, f32)
+        K.matmat(int(t), w, xp, whole, 0, rows)
+        np.testing.assert_array_equal(whole, ref)
 
 
 def _matvec(t, w, x, rows):

@@ -223,19 +223,23 @@ def i_zero16(typingctx):
 
 
 @intrinsic
-def sub_dot16(typingctx, s, w, wo, xa, xo, sv):
-    """s + sv * (16 rows' dot products of one 16-element sub-block): four vpdpbusd of the rows'
-    unsigned 4-byte chunks at w[wo + 64e] (dword r: row r) against the activation bytes
-    xa[xo + 4e..+4] broadcast, times the rows' scales sv (i32x16, exact)."""
+def sub_dot16(typingctx, s, w, wo, xa, xo, sv, chunks):
+    """s + sv * (16 rows' dot products of one sub-block of 4 * chunks elements, compile-time 4 or
+    8): a vpdpbusd per chunk e of the rows' unsigned 4-byte chunks at w[wo + 64e] (dword r: row r)
+    against the activation bytes xa[xo + 4e..+4] broadcast, times the rows' scales sv (i32x16,
+    exact)."""
     _check_array(w, _BYTES)
     _check_array(xa, _BYTES)
-    sig = v16i(s, w, wo, xa, xo, sv)
+    if not isinstance(chunks, types.IntegerLiteral):
+        raise TypingError("sub_dot16: chunks must be a compile-time int")
+    nch = chunks.literal_value
+    sig = v16i(s, w, wo, xa, xo, sv, chunks)
 
     def cg(context, builder, sig, args):
-        s, wa, wo, xa, xo, sv = args
+        s, wa, wo, xa, xo, sv = args[:6]
         dp = _fn(builder, "llvm.x86.avx512.vpdpbusd.512", _V16I, [_V16I, _V64B, _V64B])
         d = ir.Constant(_V16I, [0] * 16)
-        for e in range(4):
+        for e in range(nch):
             q = builder.load(_ptr(context, builder, sig.args[1], wa, builder.add(wo, ir.Constant(wo.type, 64 * e)),
                                   _V64B), align=1)
             x = builder.load(_ptr(context, builder, sig.args[3], xa, builder.add(xo, ir.Constant(xo.type, 4 * e)),
@@ -284,15 +288,16 @@ def offset_step16(typingctx, acc, s, m, shift, dv, dx):
 
 
 @intrinsic
-def k16_unsigned(typingctx, w, o, t, kind):
-    """The 256 quants of the Q3_K (kind 0), Q2_K (1) or IQ4_XS (2, compile-time) super-block at
-    byte o of w as unsigned bytes in their natural order into t[0:256] (Q3_K: q + 4, the low bits
-    | the hmask bit << 2; Q2_K: 0..3; IQ4_XS: the grid value + 128): the rows' side of
-    `repack._repack_k16` in 32-byte vectors (AVX2 and up) instead of 4 quants at a time."""
+def quants_unsigned(typingctx, w, o, t, kind):
+    """The 256 quants of the Q3_K (kind 0), Q2_K (1), IQ4_XS (2), Q4_K (3) or Q5_K (4, compile-time)
+    super-block at byte o of w as unsigned bytes in their natural order into t[0:256] (Q3_K: q + 4,
+    the low bits | the hmask bit << 2; Q2_K: 0..3; IQ4_XS: the grid value + 128; Q4_K: 0..15; Q5_K:
+    0..31 with the fifth bit): the rows' side of `repack._repack_k16` / `_repack_q4_K` in 32-byte
+    vectors (AVX2 and up) instead of 4 quants at a time."""
     _check_array(w, _BYTES)
     _check_array(t, _BYTES)
-    if not isinstance(kind, types.IntegerLiteral) or kind.literal_value not in (0, 1, 2):
-        raise TypingError("k16_unsigned: kind must be a compile-time 0, 1 or 2")
+    if not isinstance(kind, types.IntegerLiteral) or kind.literal_value not in (0, 1, 2, 3, 4):
+        raise TypingError("quants_unsigned: kind must be a compile-time 0..4")
     kd = kind.literal_value
     sig = types.void(w, o, t, kind)
 
@@ -319,6 +324,18 @@ def k16_unsigned(typingctx, w, o, t, kind):
                 both = builder.shuffle_vector(raw, raw, ir.Constant(ir.VectorType(_i32, 32), list(range(16)) * 2))
                 st(32 * j, builder.call(pshufb, [table, bits(both, (0, 4), 15)]))
             return context.get_dummy_value()
+        if kd >= 3:   # Q4_K / Q5_K: 64 quants per 32 bytes, the low nibbles then the high
+            qh = ld(16, _V32B) if kd == 4 else None
+            for p in range(4):
+                raw = ld((48 if kd == 4 else 16) + 32 * p, _V32B)
+                lo, hi = bits(raw, (0, 0), 15), bits(raw, (4, 4), 15)
+                if kd == 4:
+                    sixteen = ir.Constant(_V32B, [4] * 32)
+                    lo = builder.or_(lo, builder.shl(bits(qh, (2 * p, 2 * p), 1), sixteen))
+                    hi = builder.or_(hi, builder.shl(bits(qh, (2 * p + 1, 2 * p + 1), 1), sixteen))
+                st(64 * p, lo)
+                st(64 * p + 32, hi)
+            return context.get_dummy_value()
         hm = ld(0, _V32B) if kd == 0 else None
         for h in range(2):
             raw = ld((32 if kd == 0 else 16) + 32 * h, _V32B)
@@ -329,6 +346,22 @@ def k16_unsigned(typingctx, w, o, t, kind):
                     q = builder.or_(q, builder.shl(hb, ir.Constant(_V32B, [2] * 32)))
                 st(128 * h + 32 * i, q)
         return context.get_dummy_value()
+
+    return sig, cg
+
+
+@intrinsic
+def tiled_min_step16(typingctx, acc, s, dv, m, dmn, dx):
+    """`tiled_min_step` over 16 lanes (f32x16 acc, dv, dmn; i32x16 s, m; scalar dx): r = f32(s) * dv;
+    r = fma(dmn, f32(m), r); acc + r * dx fused."""
+    sig = v16f(acc, s, dv, m, dmn, types.float32)
+
+    def cg(context, builder, sig, args):
+        acc, s, dv, m, dmn, dx = args
+        f = _fn(builder, "llvm.fma.v16f32", _V16F, [_V16F, _V16F, _V16F])
+        r = builder.fmul(builder.sitofp(s, _V16F), dv)
+        r = builder.call(f, [dmn, builder.sitofp(m, _V16F), r])
+        return builder.call(f, [r, _splat(builder, dx, _V16F), acc])
 
     return sig, cg
 

@@ -331,7 +331,8 @@ def kernels(mode: int) -> dict:
         return matmat
 
     # from 8 columns the tiled order with 8 rows in lanes (`repack.q4_K_gemv_rows8` with q5)
-    q5_K_matmat = repack.tiled_from8(repack.q4_K_gemv_rows8(mode, q5=True), make_k4_matmat(True, 176))
+    q5_K_matmat = repack.tiled_from8(repack.q4_K_gemv_rows8(mode, q5=True), make_k4_matmat(True, 176),
+                                     wide=repack.q5_K_rows16() if mode == VNNI else None)
     q4_K_plain_matmat = make_k4_matmat(False, 144)
 
     # Q6_K matmat in llama.cpp's orders: fewer than 8 columns -> ggml_vec_dot_q6_K_q8_K per column (f32x8

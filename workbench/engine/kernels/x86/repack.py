@@ -11,8 +11,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..intrinsics import (VNNI, dot_us16, k16_unsigned, f_zero16, fmadd_iv, half_f, load_b64, load_i16, scale16, unpack_q45x2,
-                          i_zero16, load_f32x16, madd_bcast16, offset_step16, sub_dot16,
+from ..intrinsics import (VNNI, dot_us16, quants_unsigned, f_zero16, fmadd_iv, half_f, load_b64, load_i16, scale16, unpack_q45x2,
+                          i_zero16, load_f32x16, madd_bcast16, offset_step16, sub_dot16, tiled_min_step16,
                           dot_ss, f4_make, reduce4, f4_zero, fma4_i, fma_s, hsum_i, f4_lane, dot_us, f16_to_f32, f_zero,
                           fmadd_i, hsum_f, i_zero, load_b32, load_f32x8, load_i8,
                           ld_u32, i_sub, load_f32x4, f4_scale, i_shl, fmadd_im, store_f32x4, bcast_b4, bcast_i32, madd16,
@@ -356,25 +356,26 @@ def _pair_tiles(unpack, unpack2, at, shift):
 
 # ============================================================================= Q4_K rows in lanes
 @numba.njit(inline="always")
-def _k4_row_fields(w, wf, o, gb, r, sc, mn, dw, dm, dm_sign):
+def _k4_row_fields(w, wf, o, gb, r, sc, mn, dw, dm, dm_sign, G=8):
     """Row r's fields of the Q4_K / Q5_K super-block at byte o into lane r of its group's
     regrouped arrays (`_repack_q4_K`): d, dmin (times dm_sign: -1 gives the tiled step's -dmin,
     exact), the 8 scales, the mins as i16 pairs."""
-    dw[gb * 8 + r] = f16_to_f32(w, o)
-    dm[gb * 8 + r] = dm_sign * f16_to_f32(w, o + 2)
+    dw[gb * G + r] = f16_to_f32(w, o)
+    dm[gb * G + r] = dm_sign * f16_to_f32(w, o + 2)
     sl, sh, ml, mh = _k4_scales(wf, o + 4)
     for j in range(4):
-        sc[(gb * 8 + j) * 8 + r] = np.int32((sl >> np.uint32(8 * j)) & np.uint32(0xFF))
-        sc[(gb * 8 + 4 + j) * 8 + r] = np.int32((sh >> np.uint32(8 * j)) & np.uint32(0xFF))
-    mn[(gb * 4 + 0) * 8 + r] = np.int32((ml & np.uint32(0xFF)) | ((ml & np.uint32(0xFF00)) << np.uint32(8)))
-    mn[(gb * 4 + 1) * 8 + r] = np.int32(((ml >> np.uint32(16)) & np.uint32(0xFF)) | ((ml >> np.uint32(24)) << np.uint32(16)))
-    mn[(gb * 4 + 2) * 8 + r] = np.int32((mh & np.uint32(0xFF)) | ((mh & np.uint32(0xFF00)) << np.uint32(8)))
-    mn[(gb * 4 + 3) * 8 + r] = np.int32(((mh >> np.uint32(16)) & np.uint32(0xFF)) | ((mh >> np.uint32(24)) << np.uint32(16)))
+        sc[(gb * 8 + j) * G + r] = np.int32((sl >> np.uint32(8 * j)) & np.uint32(0xFF))
+        sc[(gb * 8 + 4 + j) * G + r] = np.int32((sh >> np.uint32(8 * j)) & np.uint32(0xFF))
+    mn[(gb * 4 + 0) * G + r] = np.int32((ml & np.uint32(0xFF)) | ((ml & np.uint32(0xFF00)) << np.uint32(8)))
+    mn[(gb * 4 + 1) * G + r] = np.int32(((ml >> np.uint32(16)) & np.uint32(0xFF)) | ((ml >> np.uint32(24)) << np.uint32(16)))
+    mn[(gb * 4 + 2) * G + r] = np.int32((mh & np.uint32(0xFF)) | ((mh & np.uint32(0xFF00)) << np.uint32(8)))
+    mn[(gb * 4 + 3) * G + r] = np.int32(((mh >> np.uint32(16)) & np.uint32(0xFF)) | ((mh >> np.uint32(24)) << np.uint32(16)))
 
 
 @numba.njit(**_NB)
-def _repack_q4_K(w, r0, ng, nb, q5=False):
-    """Q4_K rows r0 .. r0 + 8 * ng regrouped by 8 rows, for dot products whose lanes are rows.
+def _repack_q4_K(w, r0, ng, nb, q5=False, G=8):
+    """Q4_K rows r0 .. r0 + G * ng regrouped by G rows (8 or 16: a ymm or zmm register's lanes), for
+    dot products whose lanes are rows.
 
     qt (bytes) [group, block, sub-block j, chunk e, row, 4]: quants 4e..4e+3 of sub-block j (one byte
     each); sc [group, block, j, row] scales; mn [group, block, pair p, row] = m_2p | m_2p+1 << 16;
@@ -383,37 +384,28 @@ def _repack_q4_K(w, r0, ng, nb, q5=False):
     bsz = 176 if q5 else 144
     rb = w.shape[1]
     wf = w.reshape(-1)
-    w32 = wf.view(np.uint32)  # (row bytes 144 or 176 * nb: whole words)
-    rw = rb // 4
-    qt = np.empty(ng * nb * 2048, np.uint8)
+    qt = np.empty(ng * nb * 256 * G, np.uint8)
     q32 = qt.view(np.uint32)
-    sc = np.empty(ng * nb * 64, np.int32)
-    mn = np.empty(ng * nb * 32, np.int32)
-    dw = np.empty(ng * nb * 8, np.float32)
-    dm = np.empty(ng * nb * 8, np.float32)
-    lo4 = np.uint32(0x0F0F0F0F)
-    one = np.uint32(0x01010101)
-    qs = 12 if q5 else 4      # the quants' first word in a block (Q5_K: after its 32 bytes of high bits)
+    sc = np.empty(ng * nb * 8 * G, np.int32)
+    mn = np.empty(ng * nb * 4 * G, np.int32)
+    dw = np.empty(ng * nb * G, np.float32)
+    dm = np.empty(ng * nb * G, np.float32)
+    tb = np.empty(256, np.uint8)
+    t32 = tb.view(np.uint32)
     for g in range(ng):
         for b in range(nb):
             gb = g * nb + b
-            for r in range(8):
-                _k4_row_fields(w, wf, (r0 + 8 * g + r) * rb + b * bsz, gb, r, sc, mn, dw, dm, f32(-1.0 if q5 else 1.0))
-            # quants: for each 4-byte chunk (p, e) the 8 rows' words side by side (contiguous stores;
-            # the strided loads are the rows' 32 words of the block, read once)
-            base = ((r0 + 8 * g) * rb + b * bsz) // 4
-            for p in range(4):
-                d0 = (gb * 8 + 2 * p) * 64
-                for e in range(8):
-                    for r in range(8):
-                        u = w32[base + r * rw + qs + 8 * p + e]
-                        lo, hi = u & lo4, (u >> np.uint32(4)) & lo4
-                        if q5:      # the high bits of quants 4e..4e+3 (bit j: sub-block j)
-                            h = w32[base + r * rw + 4 + e]
-                            lo |= ((h >> np.uint32(2 * p)) & one) << np.uint32(4)
-                            hi |= ((h >> np.uint32(2 * p + 1)) & one) << np.uint32(4)
-                        q32[d0 + e * 8 + r] = lo
-                        q32[d0 + 64 + e * 8 + r] = hi
+            for r in range(G):
+                o = (r0 + G * g + r) * rb + b * bsz
+                _k4_row_fields(w, wf, o, gb, r, sc, mn, dw, dm, f32(-1.0 if q5 else 1.0), G)
+                # the row's quants in natural order (sub-block j's chunk e is word 8 j + e), each
+                # word to its place among the group's rows
+                if q5:
+                    quants_unsigned(wf, o, tb, 4)
+                else:
+                    quants_unsigned(wf, o, tb, 3)
+                for c in range(64):
+                    q32[(gb * 64 + c) * G + r] = t32[c]
     return qt, sc, mn, dw, dm
 
 
@@ -556,11 +548,11 @@ def _repack_k16(w, r0, ng, nb, kind, dm_sign, G=8):
                 # the row's quants in natural order (4 per uint32: sub-block sb's chunk e is word
                 # 4 sb + e), each word to its place among the group's rows
                 if kind == 0:
-                    k16_unsigned(wf, o, tb, 0)
+                    quants_unsigned(wf, o, tb, 0)
                 elif kind == 1:
-                    k16_unsigned(wf, o, tb, 1)
+                    quants_unsigned(wf, o, tb, 1)
                 else:
-                    k16_unsigned(wf, o, tb, 2)
+                    quants_unsigned(wf, o, tb, 2)
                 for c in range(64):
                     q32[(gb * 64 + c) * G + r] = t32[c]
     return qt, sc, sp, dw, dm
@@ -759,10 +751,10 @@ def k16_rows16(order):
                         wo = (gb * 16 + sb) * 256
                         xo = b * 256 + 16 * sb
                         sv = load_i16(sc, (gb * 16 + sb) * 16)
-                        s0 = sub_dot16(s0, qt, wo, xf, c0 * k + xo, sv)
-                        s1 = sub_dot16(s1, qt, wo, xf, c1 * k + xo, sv)
-                        s2 = sub_dot16(s2, qt, wo, xf, c2 * k + xo, sv)
-                        s3 = sub_dot16(s3, qt, wo, xf, c3 * k + xo, sv)
+                        s0 = sub_dot16(s0, qt, wo, xf, c0 * k + xo, sv, 4)
+                        s1 = sub_dot16(s1, qt, wo, xf, c1 * k + xo, sv, 4)
+                        s2 = sub_dot16(s2, qt, wo, xf, c2 * k + xo, sv, 4)
+                        s3 = sub_dot16(s3, qt, wo, xf, c3 * k + xo, sv, 4)
                     for t in range(8):
                         pv = load_i16(sp, (gb * 8 + t) * 16)
                         m0 = madd_bcast16(m0, pv, bs, (c0 * nb + b) * 8 + t)
@@ -879,6 +871,63 @@ def q4_K_gemv_rows8(mode, q5=False):
             c += 4 if four else 1
 
     return gemv_rows8
+
+
+def q5_K_rows16():
+    """The Q5_K prompt product in ggml's tiled order (see `q4_K_gemv_rows8`'s q5) with 16 rows at once
+    in the lanes of a zmm register, AVX-512 VNNI: each 16-row group regrouped just before its
+    products (`_repack_q4_K`, G = 16), a 32-element sub-block's 16 rows' dots by 8 vpdpbusd with
+    the activation's 4-byte runs broadcast, times the scales, the mins by vpdpwssd, the float step
+    lane-wise; 4 columns per weight load. Whole groups of 16 rows (`tiled_from8`: a last 8 to the
+    ymm kernel)."""
+    @numba.njit(**_NB)
+    def fn(w, xp, out, r0, r1):
+        """Every column (at least 4) of rows r0..r1-1 ((r1 - r0) % 16 == 0)."""
+        xq, xd, xb = xp
+        n = xq.shape[0]
+        nb = xd.shape[1]
+        k = xq.shape[1]
+        if r1 - r0 < 16 or n == 0:
+            return
+        bs = _bsum_pairs(xb, nb)
+        xf = xq.reshape(-1)
+        for g in range((r1 - r0) // 16):
+            qt, sc, mn, dw, dm = _repack_q4_K(w, r0 + 16 * g, 1, nb, True, 16)
+            for t4 in range((n + 3) // 4):
+                c0 = min(4 * t4, n - 4)    # (the last four end at the last column)
+                c1, c2, c3 = c0 + 1, c0 + 2, c0 + 3
+                a0 = f_zero16(); a1 = f_zero16(); a2 = f_zero16(); a3 = f_zero16()
+                for b in range(nb):
+                    s0 = i_zero16(); s1 = i_zero16(); s2 = i_zero16(); s3 = i_zero16()
+                    m0 = i_zero16(); m1 = i_zero16(); m2 = i_zero16(); m3 = i_zero16()
+                    for j in range(8):
+                        wo = (b * 8 + j) * 512
+                        xo = b * 256 + 32 * j
+                        sv = load_i16(sc, (b * 8 + j) * 16)
+                        s0 = sub_dot16(s0, qt, wo, xf, c0 * k + xo, sv, 8)
+                        s1 = sub_dot16(s1, qt, wo, xf, c1 * k + xo, sv, 8)
+                        s2 = sub_dot16(s2, qt, wo, xf, c2 * k + xo, sv, 8)
+                        s3 = sub_dot16(s3, qt, wo, xf, c3 * k + xo, sv, 8)
+                    for p in range(4):
+                        pv = load_i16(mn, (b * 4 + p) * 16)
+                        m0 = madd_bcast16(m0, pv, bs, (c0 * nb + b) * 4 + p)
+                        m1 = madd_bcast16(m1, pv, bs, (c1 * nb + b) * 4 + p)
+                        m2 = madd_bcast16(m2, pv, bs, (c2 * nb + b) * 4 + p)
+                        m3 = madd_bcast16(m3, pv, bs, (c3 * nb + b) * 4 + p)
+                    dv = load_f32x16(dw, b * 16)
+                    mv = load_f32x16(dm, b * 16)
+                    a0 = tiled_min_step16(a0, s0, dv, m0, mv, xd[c0, b])
+                    a1 = tiled_min_step16(a1, s1, dv, m1, mv, xd[c1, b])
+                    a2 = tiled_min_step16(a2, s2, dv, m2, mv, xd[c2, b])
+                    a3 = tiled_min_step16(a3, s3, dv, m3, mv, xd[c3, b])
+                i = r0 + 16 * g
+                for q in range(16):
+                    out[c0, i + q] = f_lane(a0, q)
+                    out[c1, i + q] = f_lane(a1, q)
+                    out[c2, i + q] = f_lane(a2, q)
+                    out[c3, i + q] = f_lane(a3, q)
+
+    return fn
 
 
 # ============================================================================= Q6_K rows in lanes
