@@ -400,7 +400,7 @@ def test_q3_K_bit_exact(path, n):
 @pytest.mark.parametrize("n", [8, 13])
 def test_q3_K_and_iq4_xs_prompts_in_16_row_groups(path, rows, n):
     """From 8 columns the tiled order; on AVX-512 VNNI whole groups of 16 rows run in zmm lanes
-    (`repack.k16_rows16`), a last 8 in ymm lanes, the rest per row: every split gives the same bits."""
+    (`repack.rows16_tiled`), a last 8 in ymm lanes, the rest per row: every split gives the same bits."""
     X = activations(n)
     for t, w, emu in ((K.Q3_K, q3_K_weights(rows, KDIM), emulate_q3_K),
                       (K.IQ4_XS, iq4_xs_weights(rows, KDIM), emulate_iq4_xs)):

@@ -214,8 +214,8 @@ def dot_us16(typingctx, acc, a, b):
 
 
 # ----------------------------------------------------------------------------- 16 rows in zmm lanes
-# The prompt products of Q3_K and IQ4_XS on AVX-512 VNNI keep 16 weight rows in the lanes of a zmm
-# register (`repack.k16_rows16`): each instruction of the ymm kernel's (8 rows) does twice the work.
+# The prompt products of Q3_K, IQ4_XS and Q5_K on AVX-512 VNNI keep 16 weight rows in the lanes of a zmm
+# register (`repack.rows16_tiled`): each instruction of the ymm kernel's (8 rows) does twice the work.
 @intrinsic
 def i_zero16(typingctx):
     sig = v16i()

@@ -155,7 +155,7 @@ def kernels(mode: int) -> dict:
     # from 8 columns the tiled order with 8 rows in lanes (`repack.k16_rows8`) on AVX-512 VNNI (AVX2's
     # pmaddubsw would saturate on the grid values + 128: 241 * 127 * 2)
     iq4_xs_matmat = repack.tiled_from8(repack.k16_rows8(mode, repack.K16_IQ4_XS_TILED), iq4_xs_rows_matmat,
-                                       mode == VNNI, repack.k16_rows16(repack.K16_IQ4_XS_TILED) if mode == VNNI else None)
+                                       mode == VNNI, repack.rows16_tiled(repack.K16_IQ4_XS_TILED) if mode == VNNI else None)
 
     @numba.njit(**_NB)
     def iq4_xs_id(w, xp, out, r0, r1, rows):

@@ -332,7 +332,7 @@ def kernels(mode: int) -> dict:
 
     # from 8 columns the tiled order with 8 rows in lanes (`repack.q4_K_gemv_rows8` with q5)
     q5_K_matmat = repack.tiled_from8(repack.q4_K_gemv_rows8(mode, q5=True), make_k4_matmat(True, 176),
-                                     wide=repack.q5_K_rows16() if mode == VNNI else None)
+                                     wide=repack.rows16_tiled(repack.Q5_K_TILED) if mode == VNNI else None)
     q4_K_plain_matmat = make_k4_matmat(False, 144)
 
     # Q6_K matmat in llama.cpp's orders: fewer than 8 columns -> ggml_vec_dot_q6_K_q8_K per column (f32x8
@@ -614,7 +614,7 @@ def kernels(mode: int) -> dict:
 
     # from 8 columns the tiled order with 8 rows in lanes (`repack.k16_rows8`)
     q3_K_matmat = repack.tiled_from8(repack.k16_rows8(mode, repack.K16_Q3_TILED), q3_K_rows_matmat,
-                                     wide=repack.k16_rows16(repack.K16_Q3_TILED) if mode == VNNI else None)
+                                     wide=repack.rows16_tiled(repack.K16_Q3_TILED) if mode == VNNI else None)
 
     @numba.njit(**_NB)
     def q3_K_id(w, xp, out, r0, r1, rows):

@@ -603,6 +603,7 @@ K16_Q2_TILED = 2     # Q2_K, ggml's tiled matmul: r = f32(S) * d_w, r = fma(-dmi
 K16_Q2_GEMV = 3      # Q2_K, llama.cpp's repacked gemv for every column (its mul_mat_id: the gemv per token)
 K16_IQ4_XS_TILED = 4  # IQ4_XS, ggml's tiled matmul: out = fma(f32(S - 128 * M) * d_w, d_x, out) (M: sc * bsum);
                       # VNNI only (AVX2's pmaddubsw saturates on grid values + 128)
+Q5_K_TILED = 5        # Q5_K, ggml's tiled matmul: r = f32(S) * d_w, r = fma(-dmin, f32(M), r), out = fma(r, d_x, out)
 
 
 def k16_rows8(mode, order):
@@ -714,14 +715,26 @@ def k16_rows8(mode, order):
     return fn
 
 
-def k16_rows16(order):
-    """The prompt products of Q3_K and IQ4_XS in ggml's tiled order (`K16_Q3_TILED`,
-    `K16_IQ4_XS_TILED`) with 16 rows at once in the lanes of a zmm register, AVX-512 VNNI: the
-    `k16_rows8` kernel's steps, each instruction over twice the rows (rows regrouped by 16, one
-    vpdpbusd per 4-weight chunk of 16 rows, the scales' multiply, the offsets' vpdpwssd and the
-    float step lane-wise). Whole groups of 16 rows; `tiled_from8` gives a last 8 to `k16_rows8`."""
+def rows16_tiled(order):
+    """The prompt products of Q3_K, IQ4_XS and Q5_K in ggml's tiled order (`K16_Q3_TILED`,
+    `K16_IQ4_XS_TILED`, `Q5_K_TILED`) with 16 rows at once in the lanes of a zmm register, AVX-512
+    VNNI: the steps of the 8-row kernels (`k16_rows8`, `q4_K_gemv_rows8`'s q5), each instruction over
+    twice the rows. Each 16-row group is regrouped just before its products (`_repack_k16` /
+    `_repack_q4_K`, G = 16: ~64 KB at K = 2048, in the caches); a sub-block's 16 rows' dots are one
+    vpdpbusd per 4-weight chunk with the activation's bytes broadcast, times the scales; the offsets
+    (Q3_K, IQ4_XS) or mins (Q5_K) by vpdpwssd on i16 pairs; the float step lane-wise; 4 columns per
+    weight load, the last four ending at the last column. Whole groups of 16 rows (`tiled_from8`
+    gives a last 8 to the ymm kernel)."""
+    q5 = order == Q5_K_TILED
     kind = 0 if order == K16_Q3_TILED else 2
     shift = 2 if order == K16_Q3_TILED else 7
+    nsb, chunks, npairs = (8, 8, 4) if q5 else (16, 4, 8)    # sub-blocks, their 4-byte chunks, i16 pairs
+
+    @numba.njit(inline="always")
+    def step(acc, s, m, dv, mv, dx):
+        if q5:    # (mv: -dmin)
+            return tiled_min_step16(acc, s, dv, m, mv, dx)
+        return offset_step16(acc, s, m, shift, dv, dx)
 
     @numba.njit(**_NB)
     def fn(w, xp, out, r0, r1):
@@ -730,42 +743,42 @@ def k16_rows16(order):
         n = xq.shape[0]
         nb = xd.shape[1]
         k = xq.shape[1]
-        ng = (r1 - r0) // 16
-        if ng == 0 or n == 0:
+        if r1 - r0 < 16 or n == 0:
             return
-        bs = _bsum16_i16_pairs(xb, nb)
+        bs = _bsum_pairs(xb, nb) if q5 else _bsum16_i16_pairs(xb, nb)
         xf = xq.reshape(-1)
-        for g in range(ng):
-            # each group regrouped just before its products (~64 KB at K = 2048, in the caches; the
-            # whole range at once went out to memory and back)
-            qt, sc, sp, dw, _ = _repack_k16(w, r0 + 16 * g, 1, nb, kind, f32(1.0), 16)
+        for g in range((r1 - r0) // 16):
+            if q5:
+                qt, sc, sp, dw, dm = _repack_q4_K(w, r0 + 16 * g, 1, nb, True, 16)
+            else:
+                qt, sc, sp, dw, dm = _repack_k16(w, r0 + 16 * g, 1, nb, kind, f32(1.0), 16)
             for t4 in range((n + 3) // 4):
-                c0 = min(4 * t4, n - 4)    # (the last four end at the last column)
+                c0 = min(4 * t4, n - 4)
                 c1, c2, c3 = c0 + 1, c0 + 2, c0 + 3
                 a0 = f_zero16(); a1 = f_zero16(); a2 = f_zero16(); a3 = f_zero16()
                 for b in range(nb):
-                    gb = b
                     s0 = i_zero16(); s1 = i_zero16(); s2 = i_zero16(); s3 = i_zero16()
                     m0 = i_zero16(); m1 = i_zero16(); m2 = i_zero16(); m3 = i_zero16()
-                    for sb in range(16):
-                        wo = (gb * 16 + sb) * 256
-                        xo = b * 256 + 16 * sb
-                        sv = load_i16(sc, (gb * 16 + sb) * 16)
-                        s0 = sub_dot16(s0, qt, wo, xf, c0 * k + xo, sv, 4)
-                        s1 = sub_dot16(s1, qt, wo, xf, c1 * k + xo, sv, 4)
-                        s2 = sub_dot16(s2, qt, wo, xf, c2 * k + xo, sv, 4)
-                        s3 = sub_dot16(s3, qt, wo, xf, c3 * k + xo, sv, 4)
-                    for t in range(8):
-                        pv = load_i16(sp, (gb * 8 + t) * 16)
-                        m0 = madd_bcast16(m0, pv, bs, (c0 * nb + b) * 8 + t)
-                        m1 = madd_bcast16(m1, pv, bs, (c1 * nb + b) * 8 + t)
-                        m2 = madd_bcast16(m2, pv, bs, (c2 * nb + b) * 8 + t)
-                        m3 = madd_bcast16(m3, pv, bs, (c3 * nb + b) * 8 + t)
-                    dv = load_f32x16(dw, gb * 16)
-                    a0 = offset_step16(a0, s0, m0, shift, dv, xd[c0, b])
-                    a1 = offset_step16(a1, s1, m1, shift, dv, xd[c1, b])
-                    a2 = offset_step16(a2, s2, m2, shift, dv, xd[c2, b])
-                    a3 = offset_step16(a3, s3, m3, shift, dv, xd[c3, b])
+                    for j in range(nsb):
+                        wo = (b * nsb + j) * 64 * chunks
+                        xo = b * 256 + 4 * chunks * j
+                        sv = load_i16(sc, (b * nsb + j) * 16)
+                        s0 = sub_dot16(s0, qt, wo, xf, c0 * k + xo, sv, chunks)
+                        s1 = sub_dot16(s1, qt, wo, xf, c1 * k + xo, sv, chunks)
+                        s2 = sub_dot16(s2, qt, wo, xf, c2 * k + xo, sv, chunks)
+                        s3 = sub_dot16(s3, qt, wo, xf, c3 * k + xo, sv, chunks)
+                    for t in range(npairs):
+                        pv = load_i16(sp, (b * npairs + t) * 16)
+                        m0 = madd_bcast16(m0, pv, bs, (c0 * nb + b) * npairs + t)
+                        m1 = madd_bcast16(m1, pv, bs, (c1 * nb + b) * npairs + t)
+                        m2 = madd_bcast16(m2, pv, bs, (c2 * nb + b) * npairs + t)
+                        m3 = madd_bcast16(m3, pv, bs, (c3 * nb + b) * npairs + t)
+                    dv = load_f32x16(dw, b * 16)
+                    mv = load_f32x16(dm, b * 16)
+                    a0 = step(a0, s0, m0, dv, mv, xd[c0, b])
+                    a1 = step(a1, s1, m1, dv, mv, xd[c1, b])
+                    a2 = step(a2, s2, m2, dv, mv, xd[c2, b])
+                    a3 = step(a3, s3, m3, dv, mv, xd[c3, b])
                 i = r0 + 16 * g
                 for q in range(16):
                     out[c0, i + q] = f_lane(a0, q)
@@ -871,63 +884,6 @@ def q4_K_gemv_rows8(mode, q5=False):
             c += 4 if four else 1
 
     return gemv_rows8
-
-
-def q5_K_rows16():
-    """The Q5_K prompt product in ggml's tiled order (see `q4_K_gemv_rows8`'s q5) with 16 rows at once
-    in the lanes of a zmm register, AVX-512 VNNI: each 16-row group regrouped just before its
-    products (`_repack_q4_K`, G = 16), a 32-element sub-block's 16 rows' dots by 8 vpdpbusd with
-    the activation's 4-byte runs broadcast, times the scales, the mins by vpdpwssd, the float step
-    lane-wise; 4 columns per weight load. Whole groups of 16 rows (`tiled_from8`: a last 8 to the
-    ymm kernel)."""
-    @numba.njit(**_NB)
-    def fn(w, xp, out, r0, r1):
-        """Every column (at least 4) of rows r0..r1-1 ((r1 - r0) % 16 == 0)."""
-        xq, xd, xb = xp
-        n = xq.shape[0]
-        nb = xd.shape[1]
-        k = xq.shape[1]
-        if r1 - r0 < 16 or n == 0:
-            return
-        bs = _bsum_pairs(xb, nb)
-        xf = xq.reshape(-1)
-        for g in range((r1 - r0) // 16):
-            qt, sc, mn, dw, dm = _repack_q4_K(w, r0 + 16 * g, 1, nb, True, 16)
-            for t4 in range((n + 3) // 4):
-                c0 = min(4 * t4, n - 4)    # (the last four end at the last column)
-                c1, c2, c3 = c0 + 1, c0 + 2, c0 + 3
-                a0 = f_zero16(); a1 = f_zero16(); a2 = f_zero16(); a3 = f_zero16()
-                for b in range(nb):
-                    s0 = i_zero16(); s1 = i_zero16(); s2 = i_zero16(); s3 = i_zero16()
-                    m0 = i_zero16(); m1 = i_zero16(); m2 = i_zero16(); m3 = i_zero16()
-                    for j in range(8):
-                        wo = (b * 8 + j) * 512
-                        xo = b * 256 + 32 * j
-                        sv = load_i16(sc, (b * 8 + j) * 16)
-                        s0 = sub_dot16(s0, qt, wo, xf, c0 * k + xo, sv, 8)
-                        s1 = sub_dot16(s1, qt, wo, xf, c1 * k + xo, sv, 8)
-                        s2 = sub_dot16(s2, qt, wo, xf, c2 * k + xo, sv, 8)
-                        s3 = sub_dot16(s3, qt, wo, xf, c3 * k + xo, sv, 8)
-                    for p in range(4):
-                        pv = load_i16(mn, (b * 4 + p) * 16)
-                        m0 = madd_bcast16(m0, pv, bs, (c0 * nb + b) * 4 + p)
-                        m1 = madd_bcast16(m1, pv, bs, (c1 * nb + b) * 4 + p)
-                        m2 = madd_bcast16(m2, pv, bs, (c2 * nb + b) * 4 + p)
-                        m3 = madd_bcast16(m3, pv, bs, (c3 * nb + b) * 4 + p)
-                    dv = load_f32x16(dw, b * 16)
-                    mv = load_f32x16(dm, b * 16)
-                    a0 = tiled_min_step16(a0, s0, dv, m0, mv, xd[c0, b])
-                    a1 = tiled_min_step16(a1, s1, dv, m1, mv, xd[c1, b])
-                    a2 = tiled_min_step16(a2, s2, dv, m2, mv, xd[c2, b])
-                    a3 = tiled_min_step16(a3, s3, dv, m3, mv, xd[c3, b])
-                i = r0 + 16 * g
-                for q in range(16):
-                    out[c0, i + q] = f_lane(a0, q)
-                    out[c1, i + q] = f_lane(a1, q)
-                    out[c2, i + q] = f_lane(a2, q)
-                    out[c3, i + q] = f_lane(a3, q)
-
-    return fn
 
 
 # ============================================================================= Q6_K rows in lanes
