@@ -288,9 +288,9 @@ def offset_step16(typingctx, acc, s, m, shift, dv, dx):
 
 
 @intrinsic
-def quants_unsigned(typingctx, w, o, t, kind):
+def quants_unsigned(typingctx, w, o, t, to, kind):
     """The 256 quants of the Q3_K (kind 0), Q2_K (1), IQ4_XS (2), Q4_K (3) or Q5_K (4, compile-time)
-    super-block at byte o of w as unsigned bytes in their natural order into t[0:256] (Q3_K: q + 4,
+    super-block at byte o of w as unsigned bytes in their natural order into t[to:to + 256] (Q3_K: q + 4,
     the low bits | the hmask bit << 2; Q2_K: 0..3; IQ4_XS: the grid value + 128; Q4_K: 0..15; Q5_K:
     0..31 with the fifth bit): the rows' side of `repack._repack_k16` / `_repack_q4_K` in 32-byte
     vectors (AVX2 and up) instead of 4 quants at a time."""
@@ -299,10 +299,10 @@ def quants_unsigned(typingctx, w, o, t, kind):
     if not isinstance(kind, types.IntegerLiteral) or kind.literal_value not in (0, 1, 2, 3, 4):
         raise TypingError("quants_unsigned: kind must be a compile-time 0..4")
     kd = kind.literal_value
-    sig = types.void(w, o, t, kind)
+    sig = types.void(w, o, t, to, kind)
 
     def cg(context, builder, sig, args):
-        wa, o, ta = args[0], args[1], args[2]
+        wa, o, ta, to = args[0], args[1], args[2], args[3]
         V4Q = ir.VectorType(_i64, 4)
 
         def ld(off, ty):
@@ -310,7 +310,8 @@ def quants_unsigned(typingctx, w, o, t, kind):
                                 align=1)
 
         def st(off, v):
-            builder.store(v, _ptr(context, builder, sig.args[2], ta, ir.Constant(o.type, off), _V32B), align=1)
+            builder.store(v, _ptr(context, builder, sig.args[2], ta, builder.add(to, ir.Constant(to.type, off)), _V32B),
+                          align=1)
 
         def bits(v, shifts, mask):   # bytes of (v >> shift) & mask, the shift per 128-bit half
             sh = builder.lshr(builder.bitcast(v, V4Q), ir.Constant(V4Q, [shifts[0]] * 2 + [shifts[1]] * 2))
@@ -362,6 +363,43 @@ def tiled_min_step16(typingctx, acc, s, dv, m, dmn, dx):
         r = builder.fmul(builder.sitofp(s, _V16F), dv)
         r = builder.call(f, [dmn, builder.sitofp(m, _V16F), r])
         return builder.call(f, [r, _splat(builder, dx, _V16F), acc])
+
+    return sig, cg
+
+
+@intrinsic
+def transpose16(typingctx, src, so, dst, do):
+    """The 16 x 16 dwords at byte so of src (row r: 64 bytes at so + 256 r) transposed to the 1 KB at
+    byte do of dst (row c: dword c of every source row): 16 loads, four rounds of 16 two-source
+    permutes (round k swaps bit k of the row and column numbers), 16 stores."""
+    _check_array(src, _BYTES)
+    _check_array(dst, _BYTES)
+    sig = types.void(src, so, dst, do)
+
+    def cg(context, builder, sig, args):
+        sa, so, da, do = args
+        rows = [builder.load(_ptr(context, builder, sig.args[0], sa, builder.add(so, ir.Constant(so.type, 256 * r)),
+                                  _V16I), align=1) for r in range(16)]
+        V16 = ir.VectorType(_i32, 16)
+        for k in range(4):
+            m = 1 << k
+            nxt = list(rows)
+            for i in range(16):
+                if i & m:
+                    continue
+                j = i | m
+                # new row i: column c from row i (bit k of c clear) or row j's column c - m;
+                # new row j: row i's column c + m (bit k clear) or row j's column c (shuffle indices
+                # 0-15: the first vector, 16-31: the second)
+                lo = [c if not c & m else 16 + c - m for c in range(16)]
+                hi = [c + m if not c & m else 16 + c for c in range(16)]
+                nxt[i] = builder.shuffle_vector(rows[i], rows[j], ir.Constant(V16, lo))
+                nxt[j] = builder.shuffle_vector(rows[i], rows[j], ir.Constant(V16, hi))
+            rows = nxt
+        for c in range(16):
+            builder.store(rows[c], _ptr(context, builder, sig.args[2], da, builder.add(do, ir.Constant(do.type, 64 * c)),
+                                        _V16I), align=1)
+        return context.get_dummy_value()
 
     return sig, cg
 

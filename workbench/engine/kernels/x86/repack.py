@@ -11,7 +11,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..intrinsics import (VNNI, dot_us16, quants_unsigned, f_zero16, fmadd_iv, half_f, load_b64, load_i16, scale16, unpack_q45x2,
+from ..intrinsics import (VNNI, dot_us16, quants_unsigned, transpose16, f_zero16, fmadd_iv, half_f, load_b64, load_i16, scale16, unpack_q45x2,
                           i_zero16, load_f32x16, madd_bcast16, offset_step16, sub_dot16, tiled_min_step16,
                           dot_ss, f4_make, reduce4, f4_zero, fma4_i, fma_s, hsum_i, f4_lane, dot_us, f16_to_f32, f_zero,
                           fmadd_i, hsum_f, i_zero, load_b32, load_f32x8, load_i8,
@@ -372,6 +372,20 @@ def _k4_row_fields(w, wf, o, gb, r, sc, mn, dw, dm, dm_sign, G=8):
     mn[(gb * 4 + 3) * G + r] = np.int32(((mh >> np.uint32(16)) & np.uint32(0xFF)) | ((mh >> np.uint32(24)) << np.uint32(16)))
 
 
+@numba.njit(inline="always")
+def _rows_to_lanes(tb, t32, q32, qt, gb, G):
+    """A super-block's G rows of 64 words each (tb, row-major) to word c of every row side by side
+    (q32[(gb * 64 + c) * G + r]): 16 rows by four 16 x 16 transposes in zmm registers, 8 one word
+    at a time."""
+    if G == 16:
+        for blk in range(4):
+            transpose16(tb, 64 * blk, qt, (gb * 64 + 16 * blk) * 64)
+    else:
+        for r in range(G):
+            for c in range(64):
+                q32[(gb * 64 + c) * G + r] = t32[64 * r + c]
+
+
 @numba.njit(**_NB)
 def _repack_q4_K(w, r0, ng, nb, q5=False, G=8):
     """Q4_K rows r0 .. r0 + G * ng regrouped by G rows (8 or 16: a ymm or zmm register's lanes), for
@@ -390,7 +404,7 @@ def _repack_q4_K(w, r0, ng, nb, q5=False, G=8):
     mn = np.empty(ng * nb * 4 * G, np.int32)
     dw = np.empty(ng * nb * G, np.float32)
     dm = np.empty(ng * nb * G, np.float32)
-    tb = np.empty(256, np.uint8)
+    tb = np.empty(256 * G, np.uint8)
     t32 = tb.view(np.uint32)
     for g in range(ng):
         for b in range(nb):
@@ -398,14 +412,12 @@ def _repack_q4_K(w, r0, ng, nb, q5=False, G=8):
             for r in range(G):
                 o = (r0 + G * g + r) * rb + b * bsz
                 _k4_row_fields(w, wf, o, gb, r, sc, mn, dw, dm, f32(-1.0 if q5 else 1.0), G)
-                # the row's quants in natural order (sub-block j's chunk e is word 8 j + e), each
-                # word to its place among the group's rows
+                # the row's quants in natural order (sub-block j's chunk e is word 8 j + e of 64)
                 if q5:
-                    quants_unsigned(wf, o, tb, 4)
+                    quants_unsigned(wf, o, tb, 256 * r, 4)
                 else:
-                    quants_unsigned(wf, o, tb, 3)
-                for c in range(64):
-                    q32[(gb * 64 + c) * G + r] = t32[c]
+                    quants_unsigned(wf, o, tb, 256 * r, 3)
+            _rows_to_lanes(tb, t32, q32, qt, gb, G)
     return qt, sc, mn, dw, dm
 
 
@@ -519,7 +531,7 @@ def _repack_k16(w, r0, ng, nb, kind, dm_sign, G=8):
     sp = np.empty(ng * nb * 8 * G, np.int32)
     dw = np.empty(ng * nb * G, np.float32)
     dm = np.empty(ng * nb * G, np.float32)
-    tb = np.empty(256, np.uint8)
+    tb = np.empty(256 * G, np.uint8)
     t32 = tb.view(np.uint32)
     for g in range(ng):
         for b in range(nb):
@@ -546,15 +558,14 @@ def _repack_k16(w, r0, ng, nb, kind, dm_sign, G=8):
                     sc[(gb * 16 + 2 * t + 1) * G + r] = c
                     sp[(gb * 8 + t) * G + r] = (pa & 0xFFFF) | (pc << 16)
                 # the row's quants in natural order (4 per uint32: sub-block sb's chunk e is word
-                # 4 sb + e), each word to its place among the group's rows
+                # 4 sb + e of the row's 64)
                 if kind == 0:
-                    quants_unsigned(wf, o, tb, 0)
+                    quants_unsigned(wf, o, tb, 256 * r, 0)
                 elif kind == 1:
-                    quants_unsigned(wf, o, tb, 1)
+                    quants_unsigned(wf, o, tb, 256 * r, 1)
                 else:
-                    quants_unsigned(wf, o, tb, 2)
-                for c in range(64):
-                    q32[(gb * 64 + c) * G + r] = t32[c]
+                    quants_unsigned(wf, o, tb, 256 * r, 2)
+            _rows_to_lanes(tb, t32, q32, qt, gb, G)
     return qt, sc, sp, dw, dm
 
 
