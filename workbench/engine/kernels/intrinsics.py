@@ -368,37 +368,61 @@ def tiled_min_step16(typingctx, acc, s, dv, m, dmn, dx):
 
 
 @intrinsic
-def transpose16(typingctx, src, so, dst, do):
-    """The 16 x 16 dwords at byte so of src (row r: 64 bytes at so + 256 r) transposed to the 1 KB at
-    byte do of dst (row c: dword c of every source row): 16 loads, four rounds of 16 two-source
-    permutes (round k swaps bit k of the row and column numbers), 16 stores."""
+def transpose_words(typingctx, src, so, dst, do, first, count, n):
+    """The n x n dwords (n = 8 or 16) at byte so of src (row r: 4n bytes at so + 256 r) transposed:
+    rows first .. first + count - 1 of the result (row c: dword c of every source row) to the bytes
+    at do of dst, 4n each (all compile-time ints but the offsets): n loads, log2(n) rounds of n
+    two-source permutes (round k swaps bit k of the row and column numbers), the stores."""
     _check_array(src, _BYTES)
     _check_array(dst, _BYTES)
-    sig = types.void(src, so, dst, do)
+    for v in (first, count, n):
+        if not isinstance(v, types.IntegerLiteral):
+            raise TypingError("transpose_words: first, count and n must be compile-time ints")
+    c0, nc, nn = first.literal_value, count.literal_value, n.literal_value
+    if nn not in (8, 16):
+        raise TypingError("transpose_words: n must be 8 or 16")
+    sig = types.void(src, so, dst, do, first, count, n)
 
     def cg(context, builder, sig, args):
-        sa, so, da, do = args
+        sa, so, da, do = args[:4]
+        V = ir.VectorType(_i32, nn)
         rows = [builder.load(_ptr(context, builder, sig.args[0], sa, builder.add(so, ir.Constant(so.type, 256 * r)),
-                                  _V16I), align=1) for r in range(16)]
-        V16 = ir.VectorType(_i32, 16)
-        for k in range(4):
+                                  V), align=1) for r in range(nn)]
+        for k in range(nn.bit_length() - 1):
             m = 1 << k
             nxt = list(rows)
-            for i in range(16):
+            for i in range(nn):
                 if i & m:
                     continue
                 j = i | m
                 # new row i: column c from row i (bit k of c clear) or row j's column c - m;
                 # new row j: row i's column c + m (bit k clear) or row j's column c (shuffle indices
-                # 0-15: the first vector, 16-31: the second)
-                lo = [c if not c & m else 16 + c - m for c in range(16)]
-                hi = [c + m if not c & m else 16 + c for c in range(16)]
-                nxt[i] = builder.shuffle_vector(rows[i], rows[j], ir.Constant(V16, lo))
-                nxt[j] = builder.shuffle_vector(rows[i], rows[j], ir.Constant(V16, hi))
+                # 0..n-1: the first vector, n..2n-1: the second)
+                lo = [c if not c & m else nn + c - m for c in range(nn)]
+                hi = [c + m if not c & m else nn + c for c in range(nn)]
+                nxt[i] = builder.shuffle_vector(rows[i], rows[j], ir.Constant(V, lo))
+                nxt[j] = builder.shuffle_vector(rows[i], rows[j], ir.Constant(V, hi))
             rows = nxt
-        for c in range(16):
-            builder.store(rows[c], _ptr(context, builder, sig.args[2], da, builder.add(do, ir.Constant(do.type, 64 * c)),
-                                        _V16I), align=1)
+        for c in range(c0, c0 + nc):
+            builder.store(rows[c], _ptr(context, builder, sig.args[2], da,
+                                        builder.add(do, ir.Constant(do.type, 4 * nn * (c - c0))), V), align=1)
+        return context.get_dummy_value()
+
+    return sig, cg
+
+
+@intrinsic
+def store_fields16(typingctx, t, to, sv, pv):
+    """A row's regrouping fields into a transpose's source row: the i16x16 sv sign-extended to 16
+    int32 at byte to of t, the i16x16 pv (8 i16 pairs) at to + 64."""
+    _check_array(t, _BYTES)
+    sig = types.void(t, to, sv, pv)
+
+    def cg(context, builder, sig, args):
+        ta, to, sv, pv = args
+        builder.store(builder.sext(sv, _V16I), _ptr(context, builder, sig.args[0], ta, to, _V16I), align=1)
+        builder.store(pv, _ptr(context, builder, sig.args[0], ta, builder.add(to, ir.Constant(to.type, 64)), _V16S),
+                      align=1)
         return context.get_dummy_value()
 
     return sig, cg

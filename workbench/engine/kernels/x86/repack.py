@@ -11,7 +11,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..intrinsics import (VNNI, dot_us16, quants_unsigned, transpose16, f_zero16, fmadd_iv, half_f, load_b64, load_i16, scale16, unpack_q45x2,
+from ..intrinsics import (VNNI, dot_us16, quants_unsigned, store_fields16, transpose_words, f_zero16, fmadd_iv, half_f, load_b64, load_i16, scale16, unpack_q45x2,
                           i_zero16, load_f32x16, madd_bcast16, offset_step16, sub_dot16, tiled_min_step16,
                           dot_ss, f4_make, reduce4, f4_zero, fma4_i, fma_s, hsum_i, f4_lane, dot_us, f16_to_f32, f_zero,
                           fmadd_i, hsum_f, i_zero, load_b32, load_f32x8, load_i8,
@@ -19,6 +19,7 @@ from ..intrinsics import (VNNI, dot_us16, quants_unsigned, transpose16, f_zero16
                           i_add, i_mul, fmadd_v, f_scale, f_sub, f_lane, fma_sv, stream_halves, stream_row, tiled_min_step)
 
 from .blocks import _block_scales, _k4_scales
+from .rows_lowbit import iq4_xs_scales, pairs_of, q2_mins, q2_scales, q3_scales_m32
 from ..i_quants import iq4_xs_scale
 from ..k_quants import q3_K_scale, q3_K_scales
 
@@ -356,34 +357,32 @@ def _pair_tiles(unpack, unpack2, at, shift):
 
 # ============================================================================= Q4_K rows in lanes
 @numba.njit(inline="always")
-def _k4_row_fields(w, wf, o, gb, r, sc, mn, dw, dm, dm_sign, G=8):
-    """Row r's fields of the Q4_K / Q5_K super-block at byte o into lane r of its group's
-    regrouped arrays (`_repack_q4_K`): d, dmin (times dm_sign: -1 gives the tiled step's -dmin,
-    exact), the 8 scales, the mins as i16 pairs."""
-    dw[gb * G + r] = f16_to_f32(w, o)
-    dm[gb * G + r] = dm_sign * f16_to_f32(w, o + 2)
+def _k4_row_fields(w, wf, o, sc, s0, ss, mn, m0, ms, dw, dm, di, dm_sign):
+    """The fields of the Q4_K / Q5_K super-block at byte o for `_repack_q4_K`: d, dmin (times
+    dm_sign: -1 gives the tiled step's -dmin, exact) at dw[di] / dm[di], scale j at sc[s0 + j * ss],
+    the mins as i16 pairs, pair p at mn[m0 + p * ms]."""
+    dw[di] = f16_to_f32(w, o)
+    dm[di] = dm_sign * f16_to_f32(w, o + 2)
     sl, sh, ml, mh = _k4_scales(wf, o + 4)
     for j in range(4):
-        sc[(gb * 8 + j) * G + r] = np.int32((sl >> np.uint32(8 * j)) & np.uint32(0xFF))
-        sc[(gb * 8 + 4 + j) * G + r] = np.int32((sh >> np.uint32(8 * j)) & np.uint32(0xFF))
-    mn[(gb * 4 + 0) * G + r] = np.int32((ml & np.uint32(0xFF)) | ((ml & np.uint32(0xFF00)) << np.uint32(8)))
-    mn[(gb * 4 + 1) * G + r] = np.int32(((ml >> np.uint32(16)) & np.uint32(0xFF)) | ((ml >> np.uint32(24)) << np.uint32(16)))
-    mn[(gb * 4 + 2) * G + r] = np.int32((mh & np.uint32(0xFF)) | ((mh & np.uint32(0xFF00)) << np.uint32(8)))
-    mn[(gb * 4 + 3) * G + r] = np.int32(((mh >> np.uint32(16)) & np.uint32(0xFF)) | ((mh >> np.uint32(24)) << np.uint32(16)))
+        sc[s0 + j * ss] = np.int32((sl >> np.uint32(8 * j)) & np.uint32(0xFF))
+        sc[s0 + (4 + j) * ss] = np.int32((sh >> np.uint32(8 * j)) & np.uint32(0xFF))
+    mn[m0] = np.int32((ml & np.uint32(0xFF)) | ((ml & np.uint32(0xFF00)) << np.uint32(8)))
+    mn[m0 + ms] = np.int32(((ml >> np.uint32(16)) & np.uint32(0xFF)) | ((ml >> np.uint32(24)) << np.uint32(16)))
+    mn[m0 + 2 * ms] = np.int32((mh & np.uint32(0xFF)) | ((mh & np.uint32(0xFF00)) << np.uint32(8)))
+    mn[m0 + 3 * ms] = np.int32(((mh >> np.uint32(16)) & np.uint32(0xFF)) | ((mh >> np.uint32(24)) << np.uint32(16)))
 
 
 @numba.njit(inline="always")
-def _rows_to_lanes(tb, t32, q32, qt, gb, G):
+def _rows_to_lanes(tb, qt, gb, G):
     """A super-block's G rows of 64 words each (tb, row-major) to word c of every row side by side
-    (q32[(gb * 64 + c) * G + r]): 16 rows by four 16 x 16 transposes in zmm registers, 8 one word
-    at a time."""
+    (words (gb * 64 + c) * G + r of qt): 64 / G transposes of G x G words in registers."""
     if G == 16:
         for blk in range(4):
-            transpose16(tb, 64 * blk, qt, (gb * 64 + 16 * blk) * 64)
+            transpose_words(tb, 64 * blk, qt, (gb * 64 + 16 * blk) * 64, 0, 16, 16)
     else:
-        for r in range(G):
-            for c in range(64):
-                q32[(gb * 64 + c) * G + r] = t32[64 * r + c]
+        for blk in range(8):
+            transpose_words(tb, 32 * blk, qt, (gb * 64 + 8 * blk) * 32, 0, 8, 8)
 
 
 @numba.njit(**_NB)
@@ -399,25 +398,35 @@ def _repack_q4_K(w, r0, ng, nb, q5=False, G=8):
     rb = w.shape[1]
     wf = w.reshape(-1)
     qt = np.empty(ng * nb * 256 * G, np.uint8)
-    q32 = qt.view(np.uint32)
     sc = np.empty(ng * nb * 8 * G, np.int32)
     mn = np.empty(ng * nb * 4 * G, np.int32)
     dw = np.empty(ng * nb * G, np.float32)
     dm = np.empty(ng * nb * G, np.float32)
+    fb = np.empty(256 * G, np.uint8)     # (G == 16: each row's scales and pairs, then transposed)
+    f32w = fb.view(np.int32)
+    scb = sc.view(np.uint8)
+    mnb = mn.view(np.uint8)
     tb = np.empty(256 * G, np.uint8)
-    t32 = tb.view(np.uint32)
     for g in range(ng):
         for b in range(nb):
             gb = g * nb + b
             for r in range(G):
                 o = (r0 + G * g + r) * rb + b * bsz
-                _k4_row_fields(w, wf, o, gb, r, sc, mn, dw, dm, f32(-1.0 if q5 else 1.0), G)
+                if G == 16:   # the row's 8 scales and 4 pairs side by side, the 16 rows transposed below
+                    _k4_row_fields(w, wf, o, f32w, 64 * r, 1, f32w, 64 * r + 8, 1, dw, dm, gb * G + r,
+                                   f32(-1.0 if q5 else 1.0))
+                else:
+                    _k4_row_fields(w, wf, o, sc, gb * 8 * G + r, G, mn, gb * 4 * G + r, G, dw, dm, gb * G + r,
+                                   f32(-1.0 if q5 else 1.0))
                 # the row's quants in natural order (sub-block j's chunk e is word 8 j + e of 64)
                 if q5:
                     quants_unsigned(wf, o, tb, 256 * r, 4)
                 else:
                     quants_unsigned(wf, o, tb, 256 * r, 3)
-            _rows_to_lanes(tb, t32, q32, qt, gb, G)
+            if G == 16:
+                transpose_words(fb, 0, scb, gb * 512, 0, 8, 16)
+                transpose_words(fb, 0, mnb, gb * 256, 8, 4, 16)
+            _rows_to_lanes(tb, qt, gb, G)
     return qt, sc, mn, dw, dm
 
 
@@ -526,37 +535,35 @@ def _repack_k16(w, r0, ng, nb, kind, dm_sign, G=8):
     rb = w.shape[1]
     wf = w.reshape(-1)
     qt = np.empty(ng * nb * 256 * G, np.uint8)
-    q32 = qt.view(np.uint32)
     sc = np.empty(ng * nb * 16 * G, np.int32)
     sp = np.empty(ng * nb * 8 * G, np.int32)
     dw = np.empty(ng * nb * G, np.float32)
     dm = np.empty(ng * nb * G, np.float32)
+    fb = np.empty(256 * G, np.uint8)     # (G == 16: each row's scales and pairs, then transposed)
+    scb = sc.view(np.uint8)
+    spb = sp.view(np.uint8)
     tb = np.empty(256 * G, np.uint8)
-    t32 = tb.view(np.uint32)
     for g in range(ng):
         for b in range(nb):
             gb = g * nb + b
             for r in range(G):
                 o = (r0 + G * g + r) * rb + b * bsz
-                z = np.uint32(0)
-                s0, s1, s2, s3 = q3_K_scales(wf, o) if kind == 0 else (z, z, z, z)
                 if kind == 1:
                     dw[gb * G + r] = f16_to_f32(wf, o + 80)
                     dm[gb * G + r] = dm_sign * f16_to_f32(wf, o + 82)
                 else:
                     dw[gb * G + r] = f16_to_f32(wf, o + (108 if kind == 0 else 0))
-                for t in range(8):
-                    if kind == 1:
-                        a, c = np.int32(wf[o + 2 * t]) & 15, np.int32(wf[o + 2 * t + 1]) & 15
-                        pa, pc = np.int32(wf[o + 2 * t]) >> 4, np.int32(wf[o + 2 * t + 1]) >> 4
-                    elif kind == 0:
-                        a, c = q3_K_scale(s0, s1, s2, s3, 2 * t), q3_K_scale(s0, s1, s2, s3, 2 * t + 1)
-                        pa, pc = a, c
+                if G == 16:   # scales and pairs as vectors, the 16 rows transposed below
+                    if kind == 0:
+                        sv = q3_scales_m32(wf, o)
+                        store_fields16(fb, 256 * r, sv, sv)
+                    elif kind == 1:
+                        store_fields16(fb, 256 * r, q2_scales(wf, o), q2_mins(wf, o))
                     else:
-                        a = c = pa = pc = iq4_xs_scale(wf, o, t)
-                    sc[(gb * 16 + 2 * t) * G + r] = a
-                    sc[(gb * 16 + 2 * t + 1) * G + r] = c
-                    sp[(gb * 8 + t) * G + r] = (pa & 0xFFFF) | (pc << 16)
+                        sv = pairs_of(iq4_xs_scales(wf, o))
+                        store_fields16(fb, 256 * r, sv, sv)
+                else:
+                    _k16_row_fields(wf, o, gb, r, sc, sp, kind, G)
                 # the row's quants in natural order (4 per uint32: sub-block sb's chunk e is word
                 # 4 sb + e of the row's 64)
                 if kind == 0:
@@ -565,8 +572,30 @@ def _repack_k16(w, r0, ng, nb, kind, dm_sign, G=8):
                     quants_unsigned(wf, o, tb, 256 * r, 1)
                 else:
                     quants_unsigned(wf, o, tb, 256 * r, 2)
-            _rows_to_lanes(tb, t32, q32, qt, gb, G)
+            if G == 16:
+                transpose_words(fb, 0, scb, gb * 1024, 0, 16, 16)
+                transpose_words(fb, 64, spb, gb * 512, 0, 8, 16)
+            _rows_to_lanes(tb, qt, gb, G)
     return qt, sc, sp, dw, dm
+
+
+@numba.njit(inline="always")
+def _k16_row_fields(wf, o, gb, r, sc, sp, kind, G):
+    """Row r's scales and pairs of `_repack_k16` one at a time (groups of 8 rows)."""
+    z = np.uint32(0)
+    s0, s1, s2, s3 = q3_K_scales(wf, o) if kind == 0 else (z, z, z, z)
+    for t in range(8):
+        if kind == 1:
+            a, c = np.int32(wf[o + 2 * t]) & 15, np.int32(wf[o + 2 * t + 1]) & 15
+            pa, pc = np.int32(wf[o + 2 * t]) >> 4, np.int32(wf[o + 2 * t + 1]) >> 4
+        elif kind == 0:
+            a, c = q3_K_scale(s0, s1, s2, s3, 2 * t), q3_K_scale(s0, s1, s2, s3, 2 * t + 1)
+            pa, pc = a, c
+        else:
+            a = c = pa = pc = iq4_xs_scale(wf, o, t)
+        sc[(gb * 16 + 2 * t) * G + r] = a
+        sc[(gb * 16 + 2 * t + 1) * G + r] = c
+        sp[(gb * 8 + t) * G + r] = (pa & 0xFFFF) | (pc << 16)
 
 
 @numba.njit(**_NB)
