@@ -19,7 +19,7 @@ from ..intrinsics import (VNNI, dot_us16, quants_unsigned, store_fields16, trans
                           i_add, i_mul, fmadd_v, f_scale, f_sub, f_lane, fma_sv, stream_halves, stream_row, tiled_min_step)
 
 from .blocks import _block_scales, _k4_scales
-from .rows_lowbit import iq4_xs_scales, pairs_of, q2_mins, q2_scales, q3_scales_m32
+from .rows_lowbit import iq4_xs_scales, pairs_of, q3_scales_m32
 from ..i_quants import iq4_xs_scale
 from ..k_quants import q3_K_scale, q3_K_scales
 
@@ -553,15 +553,9 @@ def _repack_k16(w, r0, ng, nb, kind, dm_sign, G=8):
                     dm[gb * G + r] = dm_sign * f16_to_f32(wf, o + 82)
                 else:
                     dw[gb * G + r] = f16_to_f32(wf, o + (108 if kind == 0 else 0))
-                if G == 16:   # scales and pairs as vectors, the 16 rows transposed below
-                    if kind == 0:
-                        sv = q3_scales_m32(wf, o)
-                        store_fields16(fb, 256 * r, sv, sv)
-                    elif kind == 1:
-                        store_fields16(fb, 256 * r, q2_scales(wf, o), q2_mins(wf, o))
-                    else:
-                        sv = pairs_of(iq4_xs_scales(wf, o))
-                        store_fields16(fb, 256 * r, sv, sv)
+                if G == 16 and kind != 1:   # scales and pairs as vectors, the 16 rows transposed below
+                    sv = q3_scales_m32(wf, o) if kind == 0 else pairs_of(iq4_xs_scales(wf, o))
+                    store_fields16(fb, 256 * r, sv, sv)
                 else:
                     _k16_row_fields(wf, o, gb, r, sc, sp, kind, G)
                 # the row's quants in natural order (4 per uint32: sub-block sb's chunk e is word
@@ -572,7 +566,7 @@ def _repack_k16(w, r0, ng, nb, kind, dm_sign, G=8):
                     quants_unsigned(wf, o, tb, 256 * r, 1)
                 else:
                     quants_unsigned(wf, o, tb, 256 * r, 2)
-            if G == 16:
+            if G == 16 and kind != 1:
                 transpose_words(fb, 0, scb, gb * 1024, 0, 16, 16)
                 transpose_words(fb, 64, spb, gb * 512, 0, 8, 16)
             _rows_to_lanes(tb, qt, gb, G)

@@ -149,19 +149,6 @@ def pairs_of(typingctx, v):
 
 
 @intrinsic
-def q2_mins(typingctx, a, off):
-    """i16x16 of the 16 Q2_K sub-block mins (high nibbles of the 16 bytes at ``off``)."""
-    _check_array(a, _BYTES)
-    sig = v16s(a, off)
-
-    def cg(context, builder, sig, args):
-        raw = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], _V16B), align=1)
-        return builder.zext(builder.lshr(raw, ir.Constant(_V16B, [4] * 16)), _V16S)
-
-    return sig, cg
-
-
-@intrinsic
 def load_2x16(typingctx, a, off0, off1):
     """32 bytes: the 16 at byte off0 of a uint8 array in the low half, the 16 at off1 in the high half
     (vinserti128): the same block of two rows in one vector."""
