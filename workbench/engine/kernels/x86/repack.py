@@ -11,8 +11,9 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..intrinsics import (VNNI, dot_us16, quants_unsigned, store_fields16, transpose_words, f_zero16, fmadd_iv, half_f, load_b64, load_i16, scale16, unpack_q45x2,
+from ..intrinsics import (VNNI, dot_us16, f_zero16, fmadd_iv, half_f, load_b64, load_i16, scale16, unpack_q45x2,
                           i_zero16, load_f32x16, madd_bcast16, offset_step16, sub_dot16, tiled_min_step16,
+                          quants_unsigned, store_fields16, transpose_words,
                           dot_ss, f4_make, reduce4, f4_zero, fma4_i, fma_s, hsum_i, f4_lane, dot_us, f16_to_f32, f_zero,
                           fmadd_i, hsum_f, i_zero, load_b32, load_f32x8, load_i8,
                           ld_u32, i_sub, load_f32x4, f4_scale, i_shl, fmadd_im, store_f32x4, bcast_b4, bcast_i32, madd16,
