@@ -216,6 +216,8 @@ def dot_us16(typingctx, acc, a, b):
 # ----------------------------------------------------------------------------- 16 rows in zmm lanes
 # The prompt products of Q3_K, IQ4_XS and Q5_K on AVX-512 VNNI keep 16 weight rows in the lanes of a zmm
 # register (`repack.rows16_tiled`): each instruction of the ymm kernel's (8 rows) does twice the work.
+# The rows' regrouping into lanes (`quants_unsigned`, `transpose_words`, `store_fields16`) serves
+# the 8-row kernels too.
 @intrinsic
 def i_zero16(typingctx):
     sig = v16i()
@@ -330,10 +332,10 @@ def quants_unsigned(typingctx, w, o, t, to, kind):
             for p in range(4):
                 raw = ld((48 if kd == 4 else 16) + 32 * p, _V32B)
                 lo, hi = bits(raw, (0, 0), 15), bits(raw, (4, 4), 15)
-                if kd == 4:
-                    sixteen = ir.Constant(_V32B, [4] * 32)
-                    lo = builder.or_(lo, builder.shl(bits(qh, (2 * p, 2 * p), 1), sixteen))
-                    hi = builder.or_(hi, builder.shl(bits(qh, (2 * p + 1, 2 * p + 1), 1), sixteen))
+                if kd == 4:   # the fifth bits (bit 2p of qh: the low nibbles', 2p + 1: the high ones') as + 16
+                    four = ir.Constant(_V32B, [4] * 32)
+                    lo = builder.or_(lo, builder.shl(bits(qh, (2 * p, 2 * p), 1), four))
+                    hi = builder.or_(hi, builder.shl(bits(qh, (2 * p + 1, 2 * p + 1), 1), four))
                 st(64 * p, lo)
                 st(64 * p + 32, hi)
             return context.get_dummy_value()
