@@ -354,22 +354,6 @@ def quants_unsigned(typingctx, w, o, t, to, kind):
 
 
 @intrinsic
-def tiled_min_step16(typingctx, acc, s, dv, m, dmn, dx):
-    """`tiled_min_step` over 16 lanes (f32x16 acc, dv, dmn; i32x16 s, m; scalar dx): r = f32(s) * dv;
-    r = fma(dmn, f32(m), r); acc + r * dx fused."""
-    sig = v16f(acc, s, dv, m, dmn, types.float32)
-
-    def cg(context, builder, sig, args):
-        acc, s, dv, m, dmn, dx = args
-        f = _fn(builder, "llvm.fma.v16f32", _V16F, [_V16F, _V16F, _V16F])
-        r = builder.fmul(builder.sitofp(s, _V16F), dv)
-        r = builder.call(f, [dmn, builder.sitofp(m, _V16F), r])
-        return builder.call(f, [r, _splat(builder, dx, _V16F), acc])
-
-    return sig, cg
-
-
-@intrinsic
 def transpose_words(typingctx, src, so, dst, do, first, count, n):
     """The n x n dwords (n = 8 or 16) at byte so of src (row r: 4n bytes at so + 256 r) transposed:
     rows first .. first + count - 1 of the result (row c: dword c of every source row) to the bytes
@@ -1511,16 +1495,18 @@ def fma_sv(typingctx, acc, v, dv, s):
 @intrinsic
 def tiled_min_step(typingctx, acc, s, dv, m, dmn, dx):
     """ggml's tiled matmul step of a type with mins, lane-wise (each lane an output row): r = f32(s)
-    * dv; r = fma(dmn, f32(m), r) (dmn = -dmin); acc + r * dx fused (i32x8 s, m; f32x8 acc, dv, dmn;
-    scalar dx) -- `k_quants`' k4_tiled per lane."""
-    sig = v8f(acc, s, dv, m, dmn, types.float32)
+    * dv; r = fma(dmn, f32(m), r) (dmn = -dmin); acc + r * dx fused (acc, dv, dmn f32x8 with i32x8
+    s, m, or all 16 lanes wide; scalar dx) -- `k_quants`' k4_tiled per lane."""
+    vt = _f32_vec(acc, dv, dmn)
+    sig = vt(acc, s, dv, m, dmn, types.float32)
 
     def cg(context, builder, sig, args):
         acc, s, dv, m, dmn, dx = args
-        f = _fn(builder, "llvm.fma.v8f32", _V8F, [_V8F, _V8F, _V8F])
-        r = builder.fmul(builder.sitofp(s, _V8F), dv)
-        r = builder.call(f, [dmn, builder.sitofp(m, _V8F), r])
-        return builder.call(f, [r, _splat(builder, dx, _V8F), acc])
+        V = _LL[vt.kind]
+        f = _fn(builder, f"llvm.fma.v{V.count}f32", V, [V, V, V])
+        r = builder.fmul(builder.sitofp(s, V), dv)
+        r = builder.call(f, [dmn, builder.sitofp(m, V), r])
+        return builder.call(f, [r, _splat(builder, dx, V), acc])
 
     return sig, cg
 

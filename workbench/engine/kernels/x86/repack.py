@@ -12,7 +12,7 @@ import numba
 import numpy as np
 
 from ..intrinsics import (VNNI, dot_us16, f_zero16, fmadd_iv, half_f, load_b64, load_i16, scale16, unpack_q45x2,
-                          i_zero16, load_f32x16, madd_bcast16, offset_step16, sub_dot16, tiled_min_step16,
+                          i_zero16, load_f32x16, madd_bcast16, offset_step16, sub_dot16,
                           quants_unsigned, store_fields16, transpose_words,
                           dot_ss, f4_make, reduce4, f4_zero, fma4_i, fma_s, hsum_i, f4_lane, dot_us, f16_to_f32, f_zero,
                           fmadd_i, hsum_f, i_zero, load_b32, load_f32x8, load_i8,
@@ -768,7 +768,7 @@ def rows16_tiled(order):
     @numba.njit(inline="always")
     def step(acc, s, m, dv, mv, dx):
         if q5:    # (mv: -dmin)
-            return tiled_min_step16(acc, s, dv, m, mv, dx)
+            return tiled_min_step(acc, s, dv, m, mv, dx)
         return offset_step16(acc, s, m, shift, dv, dx)
 
     @numba.njit(**_NB)
