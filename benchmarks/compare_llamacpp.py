@@ -363,6 +363,9 @@ def build_report(args, facts, bw, lcpp, numa, notes, version, local: dict | None
             parts.append(f"load cold {ld['cold_s']:.2f} s ({ld['cold_method']}), warm {ld['warm_s']:.2f} s")
         elif ld.get("warm_s") is not None:
             parts.append(f"load warm {ld['warm_s']:.2f} s (cold: {ld['cold_method']})")
+        if (ld.get("compile_wait_s") or 0) > 0.2:
+            parts.append(f"the first load {ld['first_load_s']:.2f} s, {ld['compile_wait_s']:.1f} s of it waiting "
+                         "for kernels to compile (first start)")
         if tt.get("ok"):
             parts.append(f"time to first token of a fresh process {tt['wall_s']:.2f} s ({tt.get('method', '')})")
         lines.append("numawb start-up: " + "; ".join(parts) + ".")

@@ -58,11 +58,17 @@ def test_gemv_integer_extremes(path):
     x8 = w.copy()
     k4_x8.repack_rows(x8, 0, rows)
     gemv = k4_x8.gemv_x8(MODES[path])
+    gemm = k4_x8.gemv_x8_cols(MODES[path], gemm=True)
     for extreme in (True, False):
         xp = K.prepare(Q4_K, _x(k, 5, extreme))
         out = np.full(rows, np.nan, f32)
         gemv(x8, xp, out, 0, rows)
         np.testing.assert_array_equal(out, emulate_q4_K(w, xp[0][None], xp[1][None], 0)[0])
+        # the prompt's 4-column tiles (two groups in zmm lanes on AVX-512 VNNI) and one column more
+        X = K.prepare(Q4_K, np.stack([_x(k, 5 + j, extreme) for j in range(5)]))
+        out = np.full((5, rows), np.nan, f32)
+        gemm(x8, X, out, 0, rows)
+        np.testing.assert_array_equal(out, emulate_q4_K(w, X[0], X[1], 4))
 
 
 @pytest.mark.parametrize("path", [p for p in SIMD_PATHS if p in MODES])
@@ -78,7 +84,7 @@ def test_columns_kernel_is_the_gemv_per_column(path, n):
     x8 = w.copy()
     k4_x8.repack_rows(x8, 0, rows)
     cols = k4_x8.gemv_x8_cols(MODES[path])
-    for r0, r1 in [(0, rows), (3, 37), (8, 16), (13, 14)]:
+    for r0, r1 in [(0, rows), (3, 37), (8, 40), (0, 16), (8, 16), (13, 14)]:
         out = np.full((n, rows), np.nan, f32)
         cols(x8, xp, out, r0, r1)
         np.testing.assert_array_equal(out[:, r0:r1], ref[:, r0:r1], err_msg=f"rows {r0}..{r1}")
@@ -99,7 +105,9 @@ def test_dense_prompt_kernel_is_the_gemm_order(path, n):
     x8 = w.copy()
     k4_x8.repack_rows(x8, 0, rows)
     gemm = k4_x8.gemv_x8_cols(MODES[path], gemm=True)
-    for r0, r1 in [(0, rows), (3, 37), (8, 16), (13, 14)]:
+    # AVX-512 VNNI takes two groups at a time (16 rows in zmm lanes): pairs from group 0 and from
+    # group 1, a last odd group alone, one pair exactly, ranges that cut both groups of a pair
+    for r0, r1 in [(0, rows), (3, 37), (8, 40), (0, 16), (8, 16), (13, 14)]:
         out = np.full((n, rows), np.nan, f32)
         gemm(x8, xp, out, r0, r1)
         np.testing.assert_array_equal(out[:, r0:r1], ref[:, r0:r1], err_msg=f"rows {r0}..{r1}")

@@ -229,6 +229,7 @@ class Engine:
                  rt: Runtime, load_seconds: float):
         self.gguf, self.cfg, self.tokenizer, self.model, self.rt = gguf, cfg, tokenizer, model, rt
         self.load_seconds = load_seconds
+        self.compile_wait_seconds = 0.0
         self.lock = threading.RLock()  # one generation / switch at a time
         self.placement = Placement()
         self._sessions: weakref.WeakSet[Session] = weakref.WeakSet()
@@ -309,7 +310,9 @@ class Engine:
             plan.check()
             layout = execute_weights(plan, pool, progress, hugetlb_kb=placement.hugepages_kb)
             layout.load(path, {name: (t.path or path, t.offset) for name, t in g.tensors.items()}, progress)
+            t_wait = time.perf_counter()
             compiling.join()
+            compile_wait = time.perf_counter() - t_wait
             # Q4_K weights into llama.cpp's repacked layout, in place (kernels of the layout were
             # compiled with the model's own)
             packed = packing.apply(layout, pool, {}, packing.wanted(g.tensors, len(pool.workers)), progress)
@@ -322,6 +325,9 @@ class Engine:
                 pool.close()
             raise
         eng = cls(g, cfg, tokenizer, model, rt, time.perf_counter() - t0)
+        # the part of the load spent waiting for kernels still compiling after the weights were
+        # read (a first start; ~0 with the kernels in the disk cache): load times are told apart
+        eng.compile_wait_seconds = compile_wait
         if cfg.n_expert:
             rt.routing = RoutingStats(cfg.n_layer, cfg.n_expert,
                                       bytes_by_node=lambda name, e: eng.plan.expert_read_bytes(name, e),

@@ -59,9 +59,10 @@ PACKED_LAYOUTS = {Q4_K: Q4_K_X8, Q5_0: Q5_0_X2, Q8_0: Q8_0_X2, Q4_0: Q4_0_X8, IQ
 #: products and prompt tiles and the F16 products on zmm registers on AVX-512; 5: dense Q4_K
 #: matrices in the x8 layout, Q5_0 in row pairs on AVX-512 VNNI; 6: Q8_0 in row pairs there; 7: the
 #: pairs' leaner steps (GFNI nibbles, scales in an xmm), Q4_K / Q5_K / Q6_K dots on zmm registers;
-#: 8: Q4_0 and IQ4_NL matrices in 8-row groups on AVX-512 VNNI): what the advisor measured of them
-#: before (`advisor.engine_cal`, cached per machine) is measured again
-SPEED_REVISION = 8
+#: 8: Q4_0 and IQ4_NL matrices in 8-row groups on AVX-512 VNNI; 9: the x8 layout's prompt tiles two
+#: groups in zmm lanes): what the advisor measured of them before (`advisor.engine_cal`, cached per
+#: machine) is measured again
+SPEED_REVISION = 9
 
 SUPPORTED_TYPES: dict[int, str] = {
     F32: "F32", F16: "F16", BF16: "BF16", Q8_0: "Q8_0", Q4_0: "Q4_0", Q4_1: "Q4_1",

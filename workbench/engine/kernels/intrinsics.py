@@ -800,14 +800,15 @@ def load_bits16(typingctx, a, off):
 def _bytes_binop(opname):
     @intrinsic
     def op(typingctx, a, b):
-        if a != v32b:
-            raise TypingError("expected an i8x32 vector")
-        sig = v32b(a, b)
+        """a OP b per byte (i8x32, or i8x64 for the 16-lane kernels; b a vector of a's type or a scalar)."""
+        if a not in (v32b, v64b):
+            raise TypingError("expected an i8x32 or i8x64 vector")
+        sig = a(a, b)
 
         def cg(context, builder, sig, args):
             rhs = args[1]
-            if sig.args[1] != v32b:  # scalar: splat (runtime values allowed)
-                rhs = _splat(builder, builder.trunc(rhs, _i8) if rhs.type.width > 8 else rhs, _V32B)
+            if sig.args[1] != sig.args[0]:  # scalar: splat (runtime values allowed)
+                rhs = _splat(builder, builder.trunc(rhs, _i8) if rhs.type.width > 8 else rhs, _LL[sig.args[0].kind])
             return getattr(builder, opname)(args[0], rhs)
 
         return sig, cg
@@ -1031,10 +1032,35 @@ def f_add(typingctx, a, b):
     return sig, lambda context, builder, sig, args: builder.fadd(args[0], args[1])
 
 
+def _i32_vec(*vs):
+    """The vector type of int32 arguments that must agree (i32x8 or i32x16)."""
+    if any(v != vs[0] for v in vs) or vs[0] not in (v8i, v16i):
+        raise TypingError(f"expected i32x8 or i32x16 operands of one width, got {vs}")
+    return vs[0]
+
+
 @intrinsic
 def i_add(typingctx, a, b):
-    sig = v8i(a, b)
+    """a + b (i32x8 or i32x16)."""
+    sig = _i32_vec(a, b)(a, b)
     return sig, lambda context, builder, sig, args: builder.add(args[0], args[1])
+
+
+@intrinsic
+def concat(typingctx, a, b):
+    """a in the low half, b in the high half of a vector twice as wide (i32x8 -> i32x16, f32x8 ->
+    f32x16, i8x32 -> i8x64): two 8-row groups side by side as 16 lanes (`k4_x8`'s gemm). A load
+    operand becomes a vinserti64x4 / vinsertf64x4 from memory."""
+    wide = {v8i: v16i, v8f: v16f, v32b: v64b}
+    if a != b or a not in wide:
+        raise TypingError(f"concat: expected two i32x8, f32x8 or i8x32 vectors, got {a}, {b}")
+    sig = wide[a](a, b)
+
+    def cg(context, builder, sig, args):
+        n = _LL[sig.args[0].kind].count
+        return builder.shuffle_vector(args[0], args[1], ir.Constant(ir.VectorType(_i32, 2 * n), list(range(2 * n))))
+
+    return sig, cg
 
 
 @intrinsic
@@ -1419,18 +1445,23 @@ def store_i32x8(typingctx, a, off, v):
     return sig, cg
 
 
-@intrinsic
-def bcast_b4(typingctx, a, off):
-    """The 4 bytes at byte ``off`` of a uint8/int8 array repeated in all 8 dwords (a broadcast load:
-    an embedded-broadcast operand of vpdpbusd on AVX-512)."""
-    _check_array(a, _BYTES)
-    sig = v32b(a, off)
+def _bcast_b4(name: str, vt: VecType, lanes: ir.VectorType, doc: str):
+    """An intrinsic `name(a, off)`: the 4 bytes at byte ``off`` of a uint8/int8 array repeated in every
+    dword of a byte vector vt (a broadcast load: an embedded-broadcast operand of vpdpbusd on AVX-512)."""
+    def bcast(typingctx, a, off):
+        _check_array(a, _BYTES)
 
-    def cg(context, builder, sig, args):
-        v = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], _i32), align=1)
-        return builder.bitcast(_splat(builder, v, _V8I), _V32B)
+        def cg(context, builder, sig, args):
+            v = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], _i32), align=1)
+            return builder.bitcast(_splat(builder, v, lanes), _LL[vt.kind])
+        return vt(a, off), cg
+    bcast.__name__ = bcast.__qualname__ = name
+    bcast.__doc__ = doc
+    return intrinsic(bcast)
 
-    return sig, cg
+
+bcast_b4 = _bcast_b4("bcast_b4", v32b, _V8I, "The 4 bytes at byte ``off`` in all 8 dwords of an i8x32.")
+bcast_b4_16 = _bcast_b4("bcast_b4_16", v64b, _V16I, "The 4 bytes at byte ``off`` in all 16 dwords of an i8x64.")
 
 
 @intrinsic
@@ -1463,7 +1494,8 @@ def madd16(typingctx, mode, acc, a, b):
 
 @intrinsic
 def i_mul(typingctx, a, b):
-    sig = v8i(a, b)
+    """a * b (i32x8 or i32x16)."""
+    sig = _i32_vec(a, b)(a, b)
     return sig, lambda context, builder, sig, args: builder.mul(args[0], args[1])
 
 
@@ -1513,14 +1545,15 @@ def tiled_min_step(typingctx, acc, s, dv, m, dmn, dx):
 
 @intrinsic
 def f_scale(typingctx, v, s):
-    """v * s per lane (f32x8, each product rounded once)."""
-    sig = v8f(v, types.float32)
-    return sig, lambda context, builder, sig, args: builder.fmul(args[0], _splat(builder, args[1], _V8F))
+    """v * s per lane (f32x8 or f32x16, each product rounded once)."""
+    sig = _f32_vec(v)(v, types.float32)
+    return sig, lambda context, builder, sig, args: builder.fmul(args[0], _splat(builder, args[1], _LL[sig.args[0].kind]))
 
 
 @intrinsic
 def f_sub(typingctx, a, b):
-    sig = v8f(a, b)
+    """a - b (f32x8 or f32x16)."""
+    sig = _f32_vec(a, b)(a, b)
     return sig, lambda context, builder, sig, args: builder.fsub(args[0], args[1])
 
 
@@ -1577,11 +1610,11 @@ def lut_iq4nl(typingctx, v):
 
 @intrinsic
 def i_muls(typingctx, v, s):
-    """v * s per i32 lane (s an integer scalar; exact for these kernels' ranges)."""
-    sig = v8i(v, s)
+    """v * s per i32 lane (i32x8 or i32x16; s an integer scalar; exact for these kernels' ranges)."""
+    sig = _i32_vec(v)(v, s)
 
     def cg(context, builder, sig, args):
-        return builder.mul(args[0], _splat(builder, _to_i32(builder, args[1]), _V8I))
+        return builder.mul(args[0], _splat(builder, _to_i32(builder, args[1]), _LL[sig.args[0].kind]))
 
     return sig, cg
 

@@ -25,9 +25,10 @@ import numpy as np
 from llvmlite import ir
 from numba.extending import intrinsic
 
-from ..intrinsics import (_BYTES, _V8I, _splat, _vector_load, _to_i32, b_and, b_shr, bcast_b4, bcast_i32, dot_us, f_lane, f_scale,
-                          f_sub, f_zero, fmadd_v, i_add, i_mul, i_zero, load_b32, prefetch, prime_streams,
-                          PREFETCH_NEAR, stream_halves, v8i)
+from ..intrinsics import (_BYTES, _i32_vec, _splat, _vector_load, _to_i32, VNNI, b_and, b_shr, bcast_b4,
+                          bcast_b4_16, bcast_i32, concat, dot_us, dot_us16, f_lane, f_scale, f_sub, f_zero, f_zero16,
+                          fmadd_iv, fmadd_v, i_add, i_mul, i_muls, i_zero, i_zero16, load_b32, prefetch,
+                          prime_streams, PREFETCH_NEAR, stream_halves, v8i)
 from ..jitcache import JIT as _NB
 from .k4_rows import f16x8_pairs
 
@@ -46,20 +47,21 @@ load_u32x8 = _vector_load("load_u32x8", v8i, _BYTES, "8 little-endian dwords at 
 
 @intrinsic
 def srl_and(typingctx, v, n, mask):
-    """(v >> n) & mask per i32 lane (n, mask: integer scalars)."""
-    sig = v8i(v, n, mask)
+    """(v >> n) & mask per i32 lane (i32x8 or i32x16; n, mask: integer scalars)."""
+    sig = _i32_vec(v)(v, n, mask)
 
     def cg(context, builder, sig, args):
-        n, mask = (_splat(builder, _to_i32(builder, a), _V8I) for a in args[1:])
+        n, mask = (_splat(builder, _to_i32(builder, a), args[0].type) for a in args[1:])
         return builder.and_(builder.lshr(args[0], n), mask)
     return sig, cg
 
 
 @intrinsic
 def or_shl4(typingctx, a, b):
-    """a | (b << 4) per i32 lane."""
-    sig = v8i(a, b)
-    return sig, lambda context, builder, sig, args: builder.or_(args[0], builder.shl(args[1], ir.Constant(_V8I, [4] * 8)))
+    """a | (b << 4) per i32 lane (i32x8 or i32x16)."""
+    sig = _i32_vec(a, b)(a, b)
+    return sig, lambda context, builder, sig, args: builder.or_(
+        args[0], builder.shl(args[1], ir.Constant(args[1].type, [4] * args[1].type.count)))
 
 
 def group_order(rb: int) -> np.ndarray:
@@ -233,6 +235,122 @@ def gemv_x8(mode: int):
     return fn
 
 
+def _tile(mode: int, gemm: bool, wide: bool):
+    """``tile(wf, xf, xd, bs, out, c, g, r0, r1, rb, nb, k, four)``: out[c..c+3] (c only when not
+    ``four``) for the rows of 8-row group g (ymm lanes), or of groups g and g + 1 side by side
+    (``wide``: 16 rows in zmm lanes, AVX-512 VNNI), that lie in [r0, r1). Every lane runs the
+    8-row steps of its own row, so both widths give the same bits: a zmm vpdpbusd is the two
+    groups' ymm ones, the integer sums stay exact, the float steps are lane-wise."""
+    scale_min = _scale_min()
+    lanes = 16 if wide else 8
+    izero, fzero, fma = (i_zero16, f_zero16, fmadd_iv) if wide else (i_zero, f_zero, fmadd_v)
+
+    if wide:
+        @numba.njit(inline="always")
+        def ld(wf, o, o8):
+            return concat(load_b32(wf, o), load_b32(wf, o + o8))
+
+        @numba.njit(inline="always")
+        def ld_u(wf, o, o8):
+            return concat(load_u32x8(wf, o), load_u32x8(wf, o + o8))
+
+        @numba.njit(inline="always")
+        def scales(wf, o, o8):
+            da, dma = f16x8_pairs(wf, o, 4)
+            db, dmb = f16x8_pairs(wf, o + o8, 4)
+            return concat(da, db), concat(dma, dmb)
+
+        @numba.njit(inline="always")
+        def sub(e, o, lo, hi, xf, xo):
+            return dot_us16(e, lo, bcast_b4_16(xf, xo)), dot_us16(o, hi, bcast_b4_16(xf, xo + 32))
+    else:
+        @numba.njit(inline="always")
+        def ld(wf, o, o8):
+            return load_b32(wf, o)
+
+        @numba.njit(inline="always")
+        def ld_u(wf, o, o8):
+            return load_u32x8(wf, o)
+
+        @numba.njit(inline="always")
+        def scales(wf, o, o8):
+            return f16x8_pairs(wf, o, 4)
+
+        @numba.njit(inline="always")
+        def sub(e, o, lo, hi, xf, xo):
+            return dot_us(mode, e, lo, bcast_b4(xf, xo)), dot_us(mode, o, hi, bcast_b4(xf, xo + 32))
+
+    @numba.njit(inline="always")
+    def sums(s, m, e, o, sce, sco, mne, mno, bs, bo):
+        return (i_add(s, i_add(i_mul(e, sce), i_mul(o, sco))),
+                i_add(m, i_add(i_muls(mne, bs[bo]), i_muls(mno, bs[bo + 1]))))
+
+    @numba.njit(inline="always")
+    def put(out, c, g, r0, r1, acc, accm):
+        r = f_sub(acc, accm)
+        for q in range(lanes):
+            if r0 <= 8 * g + q < r1:
+                out[c, 8 * g + q] = f_lane(r, q)
+
+    @numba.njit(inline="always")
+    def tile(wf, xf, xd, bs, out, c, g, r0, r1, rb, nb, k, four):
+        a0 = fzero(); a1 = fzero(); a2 = fzero(); a3 = fzero()
+        m0 = fzero(); m1 = fzero(); m2 = fzero(); m3 = fzero()
+        base = 8 * g * rb
+        o8 = 8 * rb   # the next group's record of the same super-block
+        for b in range(nb):
+            o = base + b * GROUP
+            u0, u1, u2 = ld_u(wf, o + 32, o8), ld_u(wf, o + 64, o8), ld_u(wf, o + 96, o8)
+            d, dm = scales(wf, o, o8)
+            S0 = izero(); S1 = izero(); S2 = izero(); S3 = izero()
+            M0 = izero(); M1 = izero(); M2 = izero(); M3 = izero()
+            for p in range(4):
+                e0 = izero(); e1 = izero(); e2 = izero(); e3 = izero()
+                d0 = izero(); d1 = izero(); d2 = izero(); d3 = izero()
+                xo = c * k + b * 256 + 64 * p
+                for ch in range(8):
+                    raw = ld(wf, o + 128 + p * 256 + ch * 32, o8)
+                    lo = b_and(raw, 15)
+                    hi = b_shr(raw, 4)
+                    e0, d0 = sub(e0, d0, lo, hi, xf, xo + 4 * ch)
+                    if four:
+                        e1, d1 = sub(e1, d1, lo, hi, xf, xo + k + 4 * ch)
+                        e2, d2 = sub(e2, d2, lo, hi, xf, xo + 2 * k + 4 * ch)
+                        e3, d3 = sub(e3, d3, lo, hi, xf, xo + 3 * k + 4 * ch)
+                sce, mne = scale_min(u0, u1, u2, 2 * p)
+                sco, mno = scale_min(u0, u1, u2, 2 * p + 1)
+                bo = (c * nb + b) * 8 + 2 * p
+                if gemm and four:   # the gemm's FMAs on this pair's sums
+                    S0, M0 = sums(izero(), izero(), e0, d0, sce, sco, mne, mno, bs, bo)
+                    S1, M1 = sums(izero(), izero(), e1, d1, sce, sco, mne, mno, bs, bo + nb * 8)
+                    S2, M2 = sums(izero(), izero(), e2, d2, sce, sco, mne, mno, bs, bo + nb * 16)
+                    S3, M3 = sums(izero(), izero(), e3, d3, sce, sco, mne, mno, bs, bo + nb * 24)
+                    a0 = fma(a0, S0, f_scale(d, xd[c, b])); m0 = fma(m0, M0, f_scale(dm, xd[c, b]))
+                    a1 = fma(a1, S1, f_scale(d, xd[c + 1, b])); m1 = fma(m1, M1, f_scale(dm, xd[c + 1, b]))
+                    a2 = fma(a2, S2, f_scale(d, xd[c + 2, b])); m2 = fma(m2, M2, f_scale(dm, xd[c + 2, b]))
+                    a3 = fma(a3, S3, f_scale(d, xd[c + 3, b])); m3 = fma(m3, M3, f_scale(dm, xd[c + 3, b]))
+                    continue
+                S0, M0 = sums(S0, M0, e0, d0, sce, sco, mne, mno, bs, bo)
+                if four:
+                    S1, M1 = sums(S1, M1, e1, d1, sce, sco, mne, mno, bs, bo + nb * 8)
+                    S2, M2 = sums(S2, M2, e2, d2, sce, sco, mne, mno, bs, bo + nb * 16)
+                    S3, M3 = sums(S3, M3, e3, d3, sce, sco, mne, mno, bs, bo + nb * 24)
+            if gemm and four:
+                continue
+            a0 = fma(a0, S0, f_scale(d, xd[c, b])); m0 = fma(m0, M0, f_scale(dm, xd[c, b]))
+            if four:
+                a1 = fma(a1, S1, f_scale(d, xd[c + 1, b])); m1 = fma(m1, M1, f_scale(dm, xd[c + 1, b]))
+                a2 = fma(a2, S2, f_scale(d, xd[c + 2, b])); m2 = fma(m2, M2, f_scale(dm, xd[c + 2, b]))
+                a3 = fma(a3, S3, f_scale(d, xd[c + 3, b])); m3 = fma(m3, M3, f_scale(dm, xd[c + 3, b]))
+        put(out, c, g, r0, r1, a0, m0)
+        if four:
+            put(out, c + 1, g, r0, r1, a1, m1)
+            put(out, c + 2, g, r0, r1, a2, m2)
+            put(out, c + 3, g, r0, r1, a3, m3)
+
+    return tile
+
+
 def gemv_x8_cols(mode: int, gemm: bool = False):
     """``fn(w, xp, out, r0, r1)``: out[c, r0:r1] for every column c of the 2-D prepared xp, over the
     x8 layout, 4 columns per weight load. Per output the arithmetic is the one-column gemv's
@@ -241,24 +359,15 @@ def gemv_x8_cols(mode: int, gemm: bool = False):
     gemm: a dense weight's product (llama.cpp's repacked mul_mat): the tiles of 4 columns in
     ggml_gemm_q4_K_8x8_q8_K's order (one FMA per pair of sub-blocks on its exact integer sums, for
     the scaled and the min parts, as `q4_K_gemm_rows8` on the file's layout), the last n % 4
-    columns (all of them when n < 4) in the gemv's."""
-    scale_min = _scale_min()
+    columns (all of them when n < 4) in the gemv's.
 
-    @numba.njit(inline="always")
-    def sub(e, o, lo, hi, xf, xo):
-        return dot_us(mode, e, lo, bcast_b4(xf, xo)), dot_us(mode, o, hi, bcast_b4(xf, xo + 32))
-
-    @numba.njit(inline="always")
-    def sums(s, m, e, o, sce, sco, mne, mno, bs, bo):
-        return (i_add(s, i_add(i_mul(e, sce), i_mul(o, sco))),
-                i_add(m, i_add(i_mul(mne, bcast_i32(bs, bo)), i_mul(mno, bcast_i32(bs, bo + 1)))))
-
-    @numba.njit(inline="always")
-    def put(out, c, g, r0, r1, acc, accm):
-        r = f_sub(acc, accm)
-        for q in range(8):
-            if r0 <= 8 * g + q < r1:
-                out[c, 8 * g + q] = f_lane(r, q)
+    On AVX-512 VNNI the 4-column tiles take two groups at once (16 rows in zmm lanes, `_tile`),
+    a last odd group and single columns one group in ymm lanes. Intel Xeon host (family 6 model
+    207), one core, K = 2048: see `benchmarks/kernels_bench.py --types Q4_K_x8`."""
+    tile8 = _tile(mode, gemm, False)
+    wide = mode == VNNI
+    tile_w = _tile(mode, gemm, True) if wide else tile8
+    step = 2 if wide else 1
 
     @numba.njit(**_NB)
     def fn(w, xp, out, r0, r1):
@@ -270,62 +379,18 @@ def gemv_x8_cols(mode: int, gemm: bool = False):
         wf = w.reshape(-1)
         xf = xq.reshape(-1).view(np.uint8)
         bs = _pair_sums(xb, nb).reshape(-1)
+        g1 = (r1 + 7) // 8
         c = 0
         while c < n:
             four = c + 4 <= n
-            for g in range(r0 // 8, (r1 + 7) // 8):
-                a0 = f_zero(); a1 = f_zero(); a2 = f_zero(); a3 = f_zero()
-                m0 = f_zero(); m1 = f_zero(); m2 = f_zero(); m3 = f_zero()
-                base = 8 * g * rb
-                for b in range(nb):
-                    o = base + b * GROUP
-                    u0, u1, u2 = load_u32x8(wf, o + 32), load_u32x8(wf, o + 64), load_u32x8(wf, o + 96)
-                    d, dm = f16x8_pairs(wf, o, 4)
-                    S0 = i_zero(); S1 = i_zero(); S2 = i_zero(); S3 = i_zero()
-                    M0 = i_zero(); M1 = i_zero(); M2 = i_zero(); M3 = i_zero()
-                    for p in range(4):
-                        e0 = i_zero(); e1 = i_zero(); e2 = i_zero(); e3 = i_zero()
-                        d0 = i_zero(); d1 = i_zero(); d2 = i_zero(); d3 = i_zero()
-                        xo = c * k + b * 256 + 64 * p
-                        for ch in range(8):
-                            raw = load_b32(wf, o + 128 + p * 256 + ch * 32)
-                            lo = b_and(raw, 15)
-                            hi = b_shr(raw, 4)
-                            e0, d0 = sub(e0, d0, lo, hi, xf, xo + 4 * ch)
-                            if four:
-                                e1, d1 = sub(e1, d1, lo, hi, xf, xo + k + 4 * ch)
-                                e2, d2 = sub(e2, d2, lo, hi, xf, xo + 2 * k + 4 * ch)
-                                e3, d3 = sub(e3, d3, lo, hi, xf, xo + 3 * k + 4 * ch)
-                        sce, mne = scale_min(u0, u1, u2, 2 * p)
-                        sco, mno = scale_min(u0, u1, u2, 2 * p + 1)
-                        bo = (c * nb + b) * 8 + 2 * p
-                        if gemm and four:   # the gemm's FMAs on this pair's sums
-                            S0, M0 = sums(i_zero(), i_zero(), e0, d0, sce, sco, mne, mno, bs, bo)
-                            S1, M1 = sums(i_zero(), i_zero(), e1, d1, sce, sco, mne, mno, bs, bo + nb * 8)
-                            S2, M2 = sums(i_zero(), i_zero(), e2, d2, sce, sco, mne, mno, bs, bo + nb * 16)
-                            S3, M3 = sums(i_zero(), i_zero(), e3, d3, sce, sco, mne, mno, bs, bo + nb * 24)
-                            a0 = fmadd_v(a0, S0, f_scale(d, xd[c, b])); m0 = fmadd_v(m0, M0, f_scale(dm, xd[c, b]))
-                            a1 = fmadd_v(a1, S1, f_scale(d, xd[c + 1, b])); m1 = fmadd_v(m1, M1, f_scale(dm, xd[c + 1, b]))
-                            a2 = fmadd_v(a2, S2, f_scale(d, xd[c + 2, b])); m2 = fmadd_v(m2, M2, f_scale(dm, xd[c + 2, b]))
-                            a3 = fmadd_v(a3, S3, f_scale(d, xd[c + 3, b])); m3 = fmadd_v(m3, M3, f_scale(dm, xd[c + 3, b]))
-                            continue
-                        S0, M0 = sums(S0, M0, e0, d0, sce, sco, mne, mno, bs, bo)
-                        if four:
-                            S1, M1 = sums(S1, M1, e1, d1, sce, sco, mne, mno, bs, bo + nb * 8)
-                            S2, M2 = sums(S2, M2, e2, d2, sce, sco, mne, mno, bs, bo + nb * 16)
-                            S3, M3 = sums(S3, M3, e3, d3, sce, sco, mne, mno, bs, bo + nb * 24)
-                    if gemm and four:
-                        continue
-                    a0 = fmadd_v(a0, S0, f_scale(d, xd[c, b])); m0 = fmadd_v(m0, M0, f_scale(dm, xd[c, b]))
-                    if four:
-                        a1 = fmadd_v(a1, S1, f_scale(d, xd[c + 1, b])); m1 = fmadd_v(m1, M1, f_scale(dm, xd[c + 1, b]))
-                        a2 = fmadd_v(a2, S2, f_scale(d, xd[c + 2, b])); m2 = fmadd_v(m2, M2, f_scale(dm, xd[c + 2, b]))
-                        a3 = fmadd_v(a3, S3, f_scale(d, xd[c + 3, b])); m3 = fmadd_v(m3, M3, f_scale(dm, xd[c + 3, b]))
-                put(out, c, g, r0, r1, a0, m0)
-                if four:
-                    put(out, c + 1, g, r0, r1, a1, m1)
-                    put(out, c + 2, g, r0, r1, a2, m2)
-                    put(out, c + 3, g, r0, r1, a3, m3)
+            g = r0 // 8
+            if four:
+                while g + step <= g1:
+                    tile_w(wf, xf, xd, bs, out, c, g, r0, r1, rb, nb, k, True)
+                    g += step
+            while g < g1:
+                tile8(wf, xf, xd, bs, out, c, g, r0, r1, rb, nb, k, four)
+                g += 1
             c += 4 if four else 1
 
     return fn
