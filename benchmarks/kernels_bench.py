@@ -35,6 +35,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from workbench.engine import kernels as K  # noqa: E402
+from compare_llamacpp import llc_bytes  # noqa: E402  (the last-level cache's size, sysfs)
 
 ONE_CORE_GBS = 30.0
 FILE_TYPE = {packed: file for file, packed in K.PACKED_LAYOUTS.items()}   # the engine's layouts
@@ -59,24 +60,6 @@ def make_matrix(t: int, rows: int, k: int, rng) -> np.ndarray:
     for off in SCALE_OFFSETS[name]:
         w[..., off:off + 2] = np.array([0.01], np.float16).view(np.uint8)
     return w.reshape(rows, -1)
-
-
-def llc_mb() -> float:
-    """Size of the last-level cache in MB (0 when unknown), from sysfs."""
-    best = 0.0
-    base = "/sys/devices/system/cpu/cpu0/cache"
-    try:
-        for d in os.listdir(base):
-            try:
-                with open(os.path.join(base, d, "size")) as f:
-                    v = f.read().strip()
-            except OSError:
-                continue
-            mult = {"K": 1e-3 * 1.024, "M": 1.048576, "G": 1073.741824}.get(v[-1:], 1e-6)
-            best = max(best, float(v.rstrip("KMG")) * mult)
-    except (OSError, ValueError):
-        pass
-    return best
 
 
 def weights(t: int, rows: int, k: int, rng) -> np.ndarray:
@@ -128,7 +111,7 @@ def main() -> None:
     if unknown:
         ap.error(f"unknown type {unknown[0]!r}; known: {', '.join(sorted(names))}")
     types = [names[s] for s in args.types.split(",")]
-    mb = args.mb if args.mb else max(256.0, 4 * llc_mb())
+    mb = args.mb if args.mb else max(256.0, 4 * llc_bytes() / 1e6)
     paths = args.paths.split(",")
     k = args.k
     x = rng.standard_normal(k, dtype=np.float32)

@@ -163,3 +163,21 @@ def test_compare_judges_decode_by_the_issue_targets():
     assert "at 1 thread: 92% of the bandwidth limit" in report and "target >= 90%: met" in report
     assert "at 2 threads: 84% of the bandwidth limit" in report and "target >= 85%: not met" in report
     assert "Targets met: 4 of 6." in report
+
+
+def test_compare_sets_decode_beside_a_read_of_the_models_own_size(tmp_path):
+    """A model-sized read next to the 1 GiB probe (a large last-level cache serves part of every
+    token): its ratio to the probe and numawb's decode share of it (100 MB x 150 t/s = 15 GB/s of
+    a 20 GB/s read: 75 %); the last-level cache's size from sysfs."""
+    cmp = compare_module()
+    numa = {("tg128", 1): {"avg_ts": 150.0}, ("tg128", 2): {"avg_ts": 300.0}}
+    note = cmp.cache_note({1: 20.0, 2: 40.0}, {1: 10.0, 2: 32.0}, numa, 100e6, 300 * 2**20)
+    assert "(100 MB" in note and "last-level cache 300 MiB" in note
+    assert "1t 20.0 GB/s (2.00x the 1 GiB probe, numawb's tg128 at 75 % of it)" in note
+    assert "2t 40.0 GB/s (1.25x the 1 GiB probe, numawb's tg128 at 75 % of it)" in note
+    assert cmp.cache_note({}, {}, numa, 100e6, 0) is None
+    for i, size in enumerate(["48K", "2048K", "300M"]):
+        (tmp_path / f"index{i}").mkdir()
+        (tmp_path / f"index{i}" / "size").write_text(size + "\n")
+    assert cmp.llc_bytes(str(tmp_path)) == 300 * 2**20
+    assert cmp.llc_bytes(str(tmp_path / "missing")) == 0
