@@ -159,15 +159,15 @@ def bandwidth_probe(threads: list[int], gib: float = 1.0, reps: int = 7) -> dict
 
 
 def cache_note(at_size: dict[int, float], bw: dict[int, float], numa: dict, bpt: float,
-               llc_bytes: int) -> str | None:
+               llc_bytes: int, test: str = "tg128") -> str | None:
     """What a read of the model's own per-token bytes, again and again as decode reads them, gives
     beside the 1 GiB probe, and numawb's decode against it. A last-level cache near the model's size
     (the Intel Xeon host's VM reports 300 MiB) serves part of every token: a decode share above 100 %
     of the 1 GiB probe measures that, and this read shows how much of it the machine allows."""
     parts = []
     for t in sorted(at_size):
-        nb = numa.get(("tg128", t))
-        share = f", numawb's tg128 at {100 * bpt * nb['avg_ts'] / (at_size[t] * 1e9):.0f} % of it" if nb else ""
+        nb = numa.get((test, t))
+        share = f", numawb's {test} at {100 * bpt * nb['avg_ts'] / (at_size[t] * 1e9):.0f} % of it" if nb else ""
         parts.append(f"{t}t {at_size[t]:.1f} GB/s ({at_size[t] / bw[t]:.2f}x the 1 GiB probe{share})")
     if not parts:
         return None
@@ -541,7 +541,7 @@ def main() -> int:
     except OSError:
         pass
 
-    note = cache_note(at_size, bw, numa, facts["bytes_per_token"], llc_bytes())
+    note = cache_note(at_size, bw, numa, facts["bytes_per_token"], llc_bytes(), tg)
     if note:
         notes.append(note)
     local = {key: statistics.mean(v) for key, v in near.items()}

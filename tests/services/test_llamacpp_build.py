@@ -176,6 +176,8 @@ def test_compare_sets_decode_beside_a_read_of_the_models_own_size(tmp_path):
     assert "1t 20.0 GB/s (2.00x the 1 GiB probe, numawb's tg128 at 75 % of it)" in note
     assert "2t 40.0 GB/s (1.25x the 1 GiB probe, numawb's tg128 at 75 % of it)" in note
     assert cmp.cache_note({}, {}, numa, 100e6, 0) is None
+    assert "numawb's tg16 at 75 %" in cmp.cache_note({1: 20.0}, {1: 10.0}, {("tg16", 1): {"avg_ts": 150.0}},
+                                                     100e6, 0, "tg16")
     for i, size in enumerate(["48K", "2048K", "300M"]):
         (tmp_path / f"index{i}").mkdir()
         (tmp_path / f"index{i}" / "size").write_text(size + "\n")
