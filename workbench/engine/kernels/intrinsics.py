@@ -440,7 +440,6 @@ def _fma_int(name: str, vt: VecType, doc: str):
     return intrinsic(fma)
 
 
-fmadd_iv = _fma_int("fmadd_iv", v16f, "acc + f32(v) * s per lane (f32x16, fused; s an f32x16).")
 
 
 @intrinsic
@@ -1512,12 +1511,16 @@ def i_mul(typingctx, a, b):
 
 @intrinsic
 def fmadd_v(typingctx, acc, v, s):
-    """acc + f32(v) * s (f32x8, fused; s an f32x8 of per-lane scales)."""
-    sig = v8f(acc, v, s)
+    """acc + f32(v) * s (f32x8 with i32x8 v, or f32x16 with i32x16 v; fused; s the per-lane scales)."""
+    vt = _f32_vec(acc, s)
+    if v != {v8f: v8i, v16f: v16i}[vt]:
+        raise TypingError(f"fmadd_v: the int32 lanes must match {vt}, got {v}")
+    sig = vt(acc, v, s)
 
     def cg(context, builder, sig, args):
-        f = _fn(builder, "llvm.fma.v8f32", _V8F, [_V8F, _V8F, _V8F])
-        return builder.call(f, [builder.sitofp(args[1], _V8F), args[2], args[0]])
+        V = _LL[vt.kind]
+        f = _fn(builder, f"llvm.fma.v{V.count}f32", V, [V, V, V])
+        return builder.call(f, [builder.sitofp(args[1], V), args[2], args[0]])
 
     return sig, cg
 

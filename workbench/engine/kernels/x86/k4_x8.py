@@ -27,7 +27,7 @@ from numba.extending import intrinsic
 
 from ..intrinsics import (_BYTES, _i32_vec, _splat, _vector_load, _to_i32, VNNI, b_and, b_shr, bcast_b4,
                           bcast_b4_16, bcast_i32, concat, dot_us, dot_us16, f_lane, f_scale, f_sub, f_zero, f_zero16,
-                          fmadd_iv, fmadd_v, i_add, i_mul, i_muls, i_zero, i_zero16, load_b32, prefetch,
+                          fmadd_v, i_add, i_mul, i_muls, i_zero, i_zero16, load_b32, prefetch,
                           prime_streams, PREFETCH_NEAR, stream_halves, v8i)
 from ..jitcache import JIT as _NB
 from .k4_rows import f16x8_pairs
@@ -243,7 +243,7 @@ def _tile(mode: int, gemm: bool, wide: bool):
     groups' ymm ones, the integer sums stay exact, the float steps are lane-wise."""
     scale_min = _scale_min()
     lanes = 16 if wide else 8
-    izero, fzero, fma = (i_zero16, f_zero16, fmadd_iv) if wide else (i_zero, f_zero, fmadd_v)
+    izero, fzero = (i_zero16, f_zero16) if wide else (i_zero, f_zero)
 
     if wide:
         @numba.njit(inline="always")
@@ -325,10 +325,10 @@ def _tile(mode: int, gemm: bool, wide: bool):
                     S1, M1 = sums(izero(), izero(), e1, d1, sce, sco, mne, mno, bs, bo + nb * 8)
                     S2, M2 = sums(izero(), izero(), e2, d2, sce, sco, mne, mno, bs, bo + nb * 16)
                     S3, M3 = sums(izero(), izero(), e3, d3, sce, sco, mne, mno, bs, bo + nb * 24)
-                    a0 = fma(a0, S0, f_scale(d, xd[c, b])); m0 = fma(m0, M0, f_scale(dm, xd[c, b]))
-                    a1 = fma(a1, S1, f_scale(d, xd[c + 1, b])); m1 = fma(m1, M1, f_scale(dm, xd[c + 1, b]))
-                    a2 = fma(a2, S2, f_scale(d, xd[c + 2, b])); m2 = fma(m2, M2, f_scale(dm, xd[c + 2, b]))
-                    a3 = fma(a3, S3, f_scale(d, xd[c + 3, b])); m3 = fma(m3, M3, f_scale(dm, xd[c + 3, b]))
+                    a0 = fmadd_v(a0, S0, f_scale(d, xd[c, b])); m0 = fmadd_v(m0, M0, f_scale(dm, xd[c, b]))
+                    a1 = fmadd_v(a1, S1, f_scale(d, xd[c + 1, b])); m1 = fmadd_v(m1, M1, f_scale(dm, xd[c + 1, b]))
+                    a2 = fmadd_v(a2, S2, f_scale(d, xd[c + 2, b])); m2 = fmadd_v(m2, M2, f_scale(dm, xd[c + 2, b]))
+                    a3 = fmadd_v(a3, S3, f_scale(d, xd[c + 3, b])); m3 = fmadd_v(m3, M3, f_scale(dm, xd[c + 3, b]))
                     continue
                 S0, M0 = sums(S0, M0, e0, d0, sce, sco, mne, mno, bs, bo)
                 if four:
@@ -337,11 +337,11 @@ def _tile(mode: int, gemm: bool, wide: bool):
                     S3, M3 = sums(S3, M3, e3, d3, sce, sco, mne, mno, bs, bo + nb * 24)
             if gemm and four:
                 continue
-            a0 = fma(a0, S0, f_scale(d, xd[c, b])); m0 = fma(m0, M0, f_scale(dm, xd[c, b]))
+            a0 = fmadd_v(a0, S0, f_scale(d, xd[c, b])); m0 = fmadd_v(m0, M0, f_scale(dm, xd[c, b]))
             if four:
-                a1 = fma(a1, S1, f_scale(d, xd[c + 1, b])); m1 = fma(m1, M1, f_scale(dm, xd[c + 1, b]))
-                a2 = fma(a2, S2, f_scale(d, xd[c + 2, b])); m2 = fma(m2, M2, f_scale(dm, xd[c + 2, b]))
-                a3 = fma(a3, S3, f_scale(d, xd[c + 3, b])); m3 = fma(m3, M3, f_scale(dm, xd[c + 3, b]))
+                a1 = fmadd_v(a1, S1, f_scale(d, xd[c + 1, b])); m1 = fmadd_v(m1, M1, f_scale(dm, xd[c + 1, b]))
+                a2 = fmadd_v(a2, S2, f_scale(d, xd[c + 2, b])); m2 = fmadd_v(m2, M2, f_scale(dm, xd[c + 2, b]))
+                a3 = fmadd_v(a3, S3, f_scale(d, xd[c + 3, b])); m3 = fmadd_v(m3, M3, f_scale(dm, xd[c + 3, b]))
         put(out, c, g, r0, r1, a0, m0)
         if four:
             put(out, c + 1, g, r0, r1, a1, m1)

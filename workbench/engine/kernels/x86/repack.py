@@ -11,7 +11,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..intrinsics import (VNNI, dot_us16, f_zero16, fmadd_iv, half_f, load_b64, load_i16, scale16, unpack_q45x2,
+from ..intrinsics import (VNNI, dot_us16, f_zero16, half_f, load_b64, load_i16, scale16, unpack_q45x2,
                           i_zero16, load_f32x16, madd_bcast16, offset_step16, sub_dot16,
                           quants_unsigned, store_fields16, transpose_words,
                           dot_ss, f4_make, reduce4, f4_zero, fma4_i, fma_s, hsum_i, f4_lane, dot_us, f16_to_f32, f_zero,
@@ -224,7 +224,7 @@ def _pair_step(acc, u, xt, xo, mt, mo, sx, so, d, p):
     """One row's block against columns 2p and 2p + 1 of a tile: the lanes of column 2p in the low
     half, 2p + 1 in the high half, each half what `col1` does for its column."""
     lanes = dot_us16(load_i16(mt, mo + 16 * p), u, load_b64(xt, xo + 64 * p))
-    return fmadd_iv(acc, lanes, scale16(sx, so + 16 * p, d))
+    return fmadd_v(acc, lanes, scale16(sx, so + 16 * p, d))
 
 
 @numba.njit(inline="always")
