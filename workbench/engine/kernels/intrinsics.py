@@ -224,10 +224,11 @@ def i_zero16(typingctx):
     return sig, lambda context, builder, sig, args: ir.Constant(_V16I, [0] * 16)
 
 
-# `sub_dot16`'s dots alternate between this many accumulators (added at the end: exact in int32):
-# vpdpbusd's latency (5 cycles on Intel) held a sub-block's chain of 8 dots per column. Intel Xeon
-# host (family 6 model 207), Q5_K, K = 2048, 512 columns, five alternating runs of kernels_bench:
-# 256-270 -> 287-300 GFLOP/s.
+# `sub_dot16`'s dots alternate between this many accumulators (added at the end: exact in int32), so
+# a sub-block's 8 dots per column are two dependency chains, not one (the reason is inferred: no
+# performance counters in these VMs). Intel Xeon host (family 6 model 207), Q5_K (8 chunks),
+# K = 2048, 512 columns, five alternating runs of kernels_bench: 256-270 -> 287-300 GFLOP/s; Q3_K
+# (4 chunks) 245-255 against 238-260, no change measured.
 SUB_DOT_CHAINS = 2
 
 

@@ -767,8 +767,10 @@ def rows16_tiled(order):
     # IQ4_XS: a 32-element sub-block's two 16-element halves (one scale, stored twice) taken as one
     # sub-block of 8 chunks: one multiply by the scales per 8 dots, and two dot chains of 4 in
     # `sub_dot16` (exact either way: sc * (a + b) = sc * a + sc * b in int32). Intel Xeon host
-    # (family 6 model 207), K = 2048, 512 columns, side by side in one process: 230-245 -> 259-272
-    # GFLOP/s (with one chain per sub-block the halving alone had changed nothing, there or on AMD)
+    # (family 6 model 207), K = 2048, 512 columns: both forms side by side in one process, 230-245 ->
+    # 259-272 GFLOP/s; kernels_bench, five alternating runs against the code before, 323-355 ->
+    # 336-395 (a faster hour). With one chain per sub-block the halving alone changed nothing, there
+    # or on AMD.
     ssc = 1
     if order == K16_IQ4_XS_TILED:
         nsb, chunks, ssc = 8, 8, 2
