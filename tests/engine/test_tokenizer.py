@@ -24,6 +24,7 @@ from workbench.engine.tokenizer import (
     split_gpt2,
     split_llama3,
     split_qwen2,
+    split_starcoder,
 )
 
 DATA = Path(__file__).parents[1] / "data"
@@ -451,7 +452,24 @@ def test_split_default_chain():
     assert split_default("x=12345, y") == ["x", "=", "123", "45", ",", " y"]
 
 
-@pytest.mark.parametrize("splitter", [split_gpt2, split_llama3, split_qwen2, split_default])
+# StarCoder's pre-tokenizer (SmolLM's `smollm`): regexes \p{N} then GPT-2's; the splits are the ones
+# SmolLM2-135M-Instruct's tokens show under llama.cpp ("Hello world! 123" -> Hello|Ġworld|!|Ġ|1|2|3,
+# "  multiple   spaces" -> Ġ|Ġmultiple|ĠĠ|Ġspaces)
+@pytest.mark.parametrize("text,expected", [
+    ("Hello world! 123", ["Hello", " world", "!", " ", "1", "2", "3"]),
+    ("  multiple   spaces", [" ", " multiple", "  ", " spaces"]),
+    ("The capital of France is", ["The", " capital", " of", " France", " is"]),
+    ("Café déjà vu.", ["Café", " déjà", " vu", "."]),
+    ("v1.25x", ["v", "1", ".", "2", "5", "x"]),
+    ("I'm 42's", ["I", "'m", " ", "4", "2", "'s"]),
+    ("x\n\n  y", ["x", "\n\n ", " y"]),
+    ("٣٤ ok", ["٣", "٤", " ok"]),  # Arabic-Indic digits are \p{N} too
+])
+def test_split_starcoder(text, expected):
+    assert split_starcoder(text) == expected
+
+
+@pytest.mark.parametrize("splitter", [split_gpt2, split_llama3, split_qwen2, split_default, split_starcoder])
 def test_split_concatenates(splitter):
     import random
 
@@ -462,6 +480,82 @@ def test_split_concatenates(splitter):
         parts = splitter(s)
         assert "".join(parts) == s
         assert all(parts)
+
+
+def _write_bpe_gguf(path, pre: str, merges: list[str], extra: list[str], control: list[str]) -> None:
+    """A GGUF file holding only a GPT-2 BPE vocabulary (no tensors), as SmolLM's header has it."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    tokens = list(BC) + extra + control
+    w.add_string("tokenizer.ggml.model", "gpt2")
+    w.add_string("tokenizer.ggml.pre", pre)
+    w.add_array("tokenizer.ggml.tokens", tokens)
+    w.add_array("tokenizer.ggml.token_type", [1] * (256 + len(extra)) + [3] * len(control))
+    w.add_array("tokenizer.ggml.merges", merges)
+    w.add_uint32("tokenizer.ggml.bos_token_id", 256 + len(extra))
+    w.add_uint32("tokenizer.ggml.eos_token_id", 256 + len(extra) + 1)
+    w.add_bool("tokenizer.ggml.add_bos_token", False)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_smollm_gguf_tokenizes_as_llama_cpp(tmp_path):
+    """A file with tokenizer.ggml.pre = "smollm" (SmolLM2's) loads and splits every digit apart,
+    where the GPT-2 pre-tokenizer keeps " 123" one word; the rest follows the GPT-2 regex."""
+    from workbench.engine.gguf_file import read_gguf
+
+    merges = ["H e", "l l", "He ll", "Hell o", f"{SP} w", "o r", f"{SP}w or", "l d", f"{SP}wor ld",
+              f"{SP} 1", "2 3", f"{SP}1 23"]
+    extra = ["He", "ll", "Hell", "Hello", f"{SP}w", "or", f"{SP}wor", "ld", f"{SP}world",
+             f"{SP}1", "23", f"{SP}123"]
+    control = ["<|im_start|>", "<|im_end|>"]
+    for pre in ("smollm", "gpt2"):
+        _write_bpe_gguf(tmp_path / f"{pre}.gguf", pre, merges, extra, control)
+    smol = Tokenizer.from_metadata(read_gguf(tmp_path / "smollm.gguf").metadata)
+    gpt2 = Tokenizer.from_metadata(read_gguf(tmp_path / "gpt2.gguf").metadata)
+    assert smol.pre == "smollm" and smol.add_bos is False
+    text = "Hello world! 123"
+    assert ids_to_texts(smol, smol.encode(text)) == ["Hello", f"{SP}world", "!", SP, "1", "2", "3"]
+    assert ids_to_texts(gpt2, gpt2.encode(text)) == ["Hello", f"{SP}world", "!", f"{SP}123"]
+    assert smol.decode(smol.encode(text)) == text
+    # ChatML's markers are single control tokens when special text is parsed, and <|im_end|> ends
+    # a generation
+    im_end = smol.token_id("<|im_end|>")
+    assert smol.encode("<|im_start|>Hello<|im_end|>", parse_special=True) == [
+        smol.token_id("<|im_start|>"), smol.token_id("Hello"), im_end]
+    assert im_end in smol.eot_ids
+
+
+# digit merges show where the pre-tokenizer cut " 1234": each digit alone (StarCoder's, Qwen2's),
+# threes (Llama 3's), one word with its space (GPT-2's)
+DIGIT_MERGES = ["1 2", "2 3", "3 4", f"{SP} 1"]
+DIGIT_EXTRA = ["12", "23", "34", f"{SP}1"]
+
+
+@pytest.mark.parametrize("pre,expected", [
+    # names llama.cpp maps onto a regex numawb has
+    ("smollm", ["a", SP, "1", "2", "3", "4"]),
+    ("starcoder", ["a", SP, "1", "2", "3", "4"]),
+    ("command-r", ["a", SP, "1", "2", "3", "4"]),
+    ("refact", ["a", SP, "1", "2", "3", "4"]),
+    ("solar-open", ["a", SP, "1", "2", "3", "4"]),
+    ("f2llmv2", ["a", SP, "1", "2", "3", "4"]),
+    ("jina-v5-nano", ["a", SP, "12", "3", "4"]),
+    ("glm4", ["a", SP, "12", "3", "4"]),
+    ("gpt2", ["a", SP, "12", "34"]),
+])
+def test_pre_tokenizer_aliases(pre, expected):
+    tok = Tokenizer.from_metadata(bpe_md(pre, DIGIT_MERGES, DIGIT_EXTRA))
+    assert ids_to_texts(tok, tok.encode("a 1234", add_bos=False)) == expected
+
+
+def test_glm4_has_no_default_bos():
+    # llama.cpp: chatglm-bpe / glm4 drop the gpt2 default BOS (11) unless the file names one
+    assert Tokenizer.from_metadata(bpe_md("glm4", [], [])).bos_id is None
+    assert Tokenizer.from_metadata(bpe_md("gpt2", [], [])).bos_id == 11
 
 
 def test_add_bos_semantics():

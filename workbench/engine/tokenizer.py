@@ -68,20 +68,34 @@ _C_ISSPACE = " \t\n\v\f\r"  # C isspace() in the "C" locale
 
 SUPPORTED_MODELS = ("llama", "gpt2")
 
-# pre-tokenizer name -> (split kind, flags); flags mirror llama.cpp's load()
+# pre-tokenizer name -> (split kind, flags); the names, kinds and flags are llama-vocab.cpp load()'s
+# (a pre-tokenizer whose regex numawb has is listed; the others are refused with the list).
+# Flags: ignore_merges, add_bos (model defaults), clean_spaces=False (detokenizing keeps " ." etc.)
 _PRE_TABLE: dict[str, tuple[str, dict[str, Any]]] = {}
 for _n in ("default",):
     _PRE_TABLE[_n] = ("default", {})
-for _n in ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"):
+for _n in ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
+           "jina-v5-nano"):
     _PRE_TABLE[_n] = ("llama3", {"ignore_merges": True, "add_bos": True})
 for _n in ("dbrx", "smaug-bpe"):
     _PRE_TABLE[_n] = ("llama3", {})
-for _n in ("qwen2", "deepseek-r1-qwen", "kormo", "megrez", "stablelm2", "hunyuan"):
+for _n in ("glm4", "chatglm-bpe"):  # the Llama-3 regex, no default BOS
+    _PRE_TABLE[_n] = ("llama3", {"no_bos": True})
+for _n in ("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "hunyuan", "solar-open"):
+    _PRE_TABLE[_n] = ("qwen2", {"clean_spaces": False})
+for _n in ("megrez", "stablelm2"):  # the Qwen2 regex, llama.cpp keeps clean_spaces for these
     _PRE_TABLE[_n] = ("qwen2", {})
 for _n in ("gpt-2", "gpt2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es", "jina-v2-de",
-           "a.x-4.0", "mellum", "modern-bert", "mpt", "olmo", "jais", "trillion", "granite-docling",
-           "exaone4", "jina-v1-en", "jina-v2-code", "roberta-bpe"):
+           "a.x-4.0", "mellum", "modern-bert", "mpt", "olmo", "jais", "exaone4", "jina-v1-en",
+           "jina-v2-code", "roberta-bpe"):
     _PRE_TABLE[_n] = ("gpt2", {})
+for _n in ("trillion", "granite-docling"):
+    _PRE_TABLE[_n] = ("gpt2", {"clean_spaces": False})
+# StarCoder's: every digit alone, then the GPT-2 regex (SmolLM / SmolLM2 among them)
+for _n in ("starcoder", "refact", "codeshell", "exaone", "minerva-7b", "mellum2"):
+    _PRE_TABLE[_n] = ("starcoder", {})
+for _n in ("smollm", "command-r"):
+    _PRE_TABLE[_n] = ("starcoder", {"clean_spaces": False})
 SUPPORTED_PRE = tuple(sorted(_PRE_TABLE))
 
 # token texts that llama.cpp treats as end-of-generation (llama-vocab.cpp load())
@@ -402,7 +416,19 @@ def split_default(text: str) -> list[str]:
     return out
 
 
-_SPLITTERS = {"default": split_default, "gpt2": split_gpt2, "llama3": split_llama3, "qwen2": split_qwen2}
+def split_starcoder(text: str) -> list[str]:
+    """StarCoder / SmolLM: ``\\p{N}`` (each digit its own word), then the GPT-2 regex on the rest."""
+    out: list[str] = []
+    for w in _split_runs([text], _is_default_number):
+        if _is_default_number(w[0]):
+            out.extend(w)
+        else:
+            out.extend(split_gpt2(w))
+    return out
+
+
+_SPLITTERS = {"default": split_default, "gpt2": split_gpt2, "llama3": split_llama3, "qwen2": split_qwen2,
+              "starcoder": split_starcoder}
 
 
 # --------------------------------------------------------------------------
@@ -502,7 +528,9 @@ class Tokenizer:
             self._ignore_merges = bool(flags.get("ignore_merges", False))
             if flags.get("add_bos"):
                 d_add_bos = True
-            if kind == "qwen2":
+            if flags.get("no_bos"):
+                ids["bos"] = None
+            if flags.get("clean_spaces") is False:
                 clean_spaces = False
             if merges is None:
                 raise ValueError("gpt2 tokenizer needs tokenizer.ggml.merges, which is missing")
@@ -515,7 +543,7 @@ class Tokenizer:
             self._bpe_ranks = ranks
         self.clean_spaces = clean_spaces
         for k in list(ids):
-            if ids[k] >= n:
+            if ids[k] is not None and ids[k] >= n:
                 ids[k] = None
         for k, v in (special_ids or {}).items():
             if v is None:
