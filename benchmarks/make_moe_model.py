@@ -2,11 +2,20 @@
 
     python3 benchmarks/make_moe_model.py [--out PATH] [--layers 8] [--experts 128] [--used 8]
     python3 benchmarks/make_moe_model.py --dense [--layers 6] [--type Q4_0]
+    python3 benchmarks/make_moe_model.py --shape r1|v3-attn [--type Q4_K]
 
 ``--dense``: a dense llama-style model of Q4_K matrices instead (n_embd 2048, FFN 5632, 16 query /
 4 KV heads of 128, tied embeddings: 153 MB, all of it read per token), the shape of the Q4_K
 matrices of a 1-3B Llama-family model at Q4_K_M. ``--type``: the weights' type (Q4_K by default;
 Q4_0 as Google's QAT Gemma files, IQ4_NL, Q8_0, ...), in the file's name too.
+
+``--shape r1``: the seeds' DeepSeek-R1 depth and routing at narrow widths (deepseek2: 61 blocks of which
+3 dense, 256 experts of FFN 256 in 8 groups of which 4 are used, 8 routed + 1 shared, sigmoid gating
+with exp_probs_b, weights normalised and scaled by 2.5, q-LoRA 256, MLA with kv_lora 128 / rope 32 /
+nope 32 / v 32, 8 heads, n_embd 256): every per-block and per-expert step of R1, ~1.7 GB.
+``--shape v3-attn``: V3's attention widths (n_embd 2048, 16 heads, q_lora 1536, kv_lora 512, rope 64,
+nope 128, v 128) over 4 blocks (1 dense) of 32 experts of FFN 512, 8 used + 1 shared: attention at
+depth is the work.
 
 Default: qwen3moe, n_embd 1024, 8 layers, 128 experts of which 8 are routed per token, expert FFN
 768 (Qwen3-30B-A3B's expert width), 16 query / 4 KV heads of 64, Q4_K weights: about 1.2 GB, of
@@ -24,12 +33,30 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
 
-def default_path(layers: int, experts: int, used: int, dense: bool = False, qtype: str = "Q4_K") -> str:
+def default_path(layers: int, experts: int, used: int, dense: bool = False, qtype: str = "Q4_K",
+                 shape: str = "") -> str:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     t = qtype.lower()
-    name = f"llama-synth-L{layers}-2048x5632-{t}.gguf" if dense else \
-        f"qwen3moe-synth-L{layers}-E{experts}x{used}-{t}.gguf"
+    if shape:
+        name = f"deepseek2-synth-{shape}-{t}.gguf"
+    else:
+        name = f"llama-synth-L{layers}-2048x5632-{t}.gguf" if dense else \
+            f"qwen3moe-synth-L{layers}-E{experts}x{used}-{t}.gguf"
     return os.path.join(base, "numawb", "bench-models", name)
+
+
+# the seeds' shapes as TinySpec fields (deepseek2, llama.cpp's current MLA layout)
+SHAPES = {
+    "r1": dict(arch="deepseek2", n_embd=256, n_head=8, n_head_kv=1, head_dim=64, n_rot=32, head_dim_v_mla=32,
+               q_lora_rank=256, kv_lora_rank=128, n_ff=512, n_ff_exp=256, n_layer=61, n_layer_dense_lead=3,
+               n_ctx=65536, n_expert=256, n_expert_used=8, n_expert_shared=1, gating=2, probs_bias=True,
+               n_groups=8, n_group_used=4, weights_norm=True, weights_scale=2.5, seed=3),
+    "v3-attn": dict(arch="deepseek2", n_embd=2048, n_head=16, n_head_kv=1, head_dim=192, n_rot=64,
+                    head_dim_v_mla=128, q_lora_rank=1536, kv_lora_rank=512, n_ff=2048, n_ff_exp=512, n_layer=4,
+                    n_layer_dense_lead=1, n_ctx=65536, n_expert=32, n_expert_used=8, n_expert_shared=1,
+                    gating=2, probs_bias=True, n_groups=4, n_group_used=2, weights_norm=True,
+                    weights_scale=2.5, seed=4),
+}
 
 
 def main() -> int:
@@ -42,16 +69,19 @@ def main() -> int:
     ap.add_argument("--used", type=int, default=8)
     ap.add_argument("--dense", action="store_true", help="a dense Q4_K model instead (see above)")
     ap.add_argument("--type", default="Q4_K", help="the weight matrices' type (default Q4_K)")
+    ap.add_argument("--shape", choices=sorted(SHAPES), help="a deepseek2 file of the seeds' shape (see above)")
     ap.add_argument("--out")
     args = ap.parse_args()
     qtype = T.__members__.get(args.type.upper())
     if qtype is None:
         ap.error(f"unknown type {args.type!r}; e.g. Q4_K, Q4_0, IQ4_NL, Q8_0")
     layers = args.layers or (6 if args.dense else 8)
-    path = args.out or default_path(layers, args.experts, args.used, args.dense, qtype.name)
+    path = args.out or default_path(layers, args.experts, args.used, args.dense, qtype.name, args.shape or "")
     if not os.path.exists(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        if args.dense:
+        if args.shape:
+            spec = TinySpec(qtype=qtype, **SHAPES[args.shape])
+        elif args.dense:
             spec = TinySpec(arch="llama", qtype=qtype, n_embd=2048, n_head=16, n_head_kv=4, head_dim=128,
                             n_ff=5632, n_layer=layers, n_ctx=4096, tied=True, seed=2)
         else:

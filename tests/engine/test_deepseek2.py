@@ -79,7 +79,7 @@ def test_mla_cache_holds_latent_and_rotary_key_only(tmp_path):
     try:
         s = eng.new_session(128)
         assert isinstance(s.kv, MLACache)
-        per_token = (spec.kv_lora_rank + spec.n_rot) * 2  # f16
+        per_token = (2 * spec.kv_lora_rank + spec.n_rot) * 2  # f16 rows and the latent transposed
         assert s.kv.nbytes == spec.n_layer * slots_per_worker(128, 1) * per_token
         # a per-head cache would hold n_head x (key + value) per token
         assert per_token < spec.n_head * (spec.head_dim + spec.head_dim_v_mla) * 2

@@ -23,8 +23,7 @@ import numpy as np
 from typing import Callable
 
 from . import kernels
-from .crew import (C_HI, C_OWNER, C_SPAN, C_TASK, NO_LIMIT, T_HI, T_OUT, T_OUTROW, T_ROWLEN, T_ROWS, T_TYPE, T_W,
-                   T_XROW, TASK_FIELDS, CrewError, Job, Table)
+from .crew import CrewError, Job
 # the cache owns its slot layout; slot_position and store_f16 are used by the compiled kernels here
 from .kv_cache import KVCache, filled_slots, owner_slots, slot_position, store_f16  # noqa: F401
 from .ops import ggml_expf, softmax_group_sum
@@ -307,33 +306,6 @@ def token_window(pos0: int, window: int) -> tuple[int, int]:
     return start, (start // 64 * 64 if SKIP_SLID_VALUES else 0)
 
 
-def _head_rows(mats: list[np.ndarray], which: list[int], heads: int, rows: list[int]) -> Table:
-    """A crew job of F16 matvecs: for each listed matrix i (uint8 [rows, bytes]) and head h, row h
-    of the prepared input times the matrix's first rows[i] rows into row h of output i; one
-    shared chunk per task."""
-    n = len(which) * heads
-    tasks = np.zeros((n, TASK_FIELDS), dtype=np.int64)
-    if n:
-        m = np.repeat(np.array(which, dtype=np.int64), heads)
-        tasks[:, T_TYPE] = F16
-        tasks[:, T_W] = np.array([mats[i].ctypes.data for i in which], dtype=np.int64).repeat(heads)
-        tasks[:, T_ROWS] = np.array([mats[i].shape[0] for i in which], dtype=np.int64).repeat(heads)
-        tasks[:, T_ROWLEN] = np.array([mats[i].shape[1] for i in which], dtype=np.int64).repeat(heads)
-        tasks[:, T_OUT] = m
-        tasks[:, T_XROW] = np.tile(np.arange(heads, dtype=np.int64), len(which))
-        tasks[:, T_OUTROW] = tasks[:, T_XROW]
-        tasks[:, T_HI] = NO_LIMIT
-    chunks = np.zeros((n, 5), dtype=np.int64)
-    chunks[:, C_TASK] = np.arange(n)
-    chunks[:, C_HI] = np.array([rows[i] for i in which], dtype=np.int64).repeat(heads)
-    chunks[:, C_OWNER] = -1
-    chunks[:, C_SPAN] = 1
-    t = Table(tasks, chunks)
-    t.n_owned = 0
-    t.keep = mats  # the matrices stay alive while the job runs
-    return t
-
-
 class AttentionPaths:
     """Attention as the Runtime runs it: the general path (scores, softmax and values spread over
     the workers in Python hand-offs, by key owner and query rows) and the compiled paths (one
@@ -343,44 +315,22 @@ class AttentionPaths:
     def mla_attention(self, q: np.ndarray, rows: np.ndarray, kv, il: int, pos0: int, scale: float) -> np.ndarray:
         """Multi-head latent attention with the absorption (llama.cpp's MQA form): q [n, n_head,
         kv_lora + n_rot] against the cache's rows [latent, rotary key], values = the latent.
-        Stores `rows` [n, kv_lora + n_rot] at pos0.. first; returns [n, n_head, kv_lora]."""
+        Stores `rows` [n, kv_lora + n_rot] at pos0.. first; returns [n, n_head, kv_lora].
+
+        A decoded token is `KVCache`'s one-token attention with one KV head (the cache keeps the
+        latent transposed beside the rows): the scores' chunks split the positions and the weighted
+        sum's the latent dimensions, every head's query row sharing each read, so each cache byte
+        is read once a token whatever the workers (the heads split between workers read it once
+        per worker)."""
         n = q.shape[0]
-        kv.store(il, rows, pos0)
         if n == 1 and self._crewing:
-            return self._mla_token(q, kv, il, pos0, scale)
+            lora = kv.kv_lora
+            return self._attend_token(q, rows.reshape(1, 1, -1), rows[:, :lora].reshape(1, 1, lora), kv, il, pos0,
+                                      0, scale)
+        kv.store(il, rows, pos0)
         view = kv.attention_view(il, pos0 + n)
         return self.attention(q, rows.reshape(n, 1, -1), rows.reshape(n, 1, -1), view, il, pos0, 0, scale,
                               compiled=False)
-
-    def _mla_token(self, q: np.ndarray, kv, il: int, pos0: int, scale: float) -> np.ndarray:
-        """One token's MLA attention with the crew: the general path's steps for one query row
-        per head (f16 queries, one vec_dot per key, softmax_stats per owner, merged max/sum,
-        f16 probabilities, one vec_dot per latent dimension over the owner's slots), the head
-        rows of each product dealt to the workers as crew chunks."""
-        H = q.shape[1]
-        lora, no, cap = kv.kv_lora, kv.n_workers, kv.cap
-        xq = kernels.prepare(F16, np.ascontiguousarray(q[0]))
-        n_slots = [filled_slots(pos0 + 1, o, no) for o in range(no)]
-        owners = [o for o in range(no) if n_slots[o]]
-        scores = [np.empty((1, H, max(ns, 1)), dtype=np.float32) for ns in n_slots]
-        mxs = np.full((no, 1, H), -np.inf, dtype=np.float32)
-        sms = np.zeros((no, 1, H), dtype=np.float64)
-        keys = [kv.k[il][o].view(np.uint8) for o in range(no)]
-        self._crew.run(_head_rows(keys, owners, H, n_slots), xq, xq, [scores[o][0] for o in range(no)])
-        for o in owners:
-            softmax_stats(scores[o], o, no, n_slots[o], pos0, H, 0, scale, mxs[o], sms[o], 0)
-        big_m = np.empty((1, H), dtype=np.float32)
-        inv_l = np.empty((1, H), dtype=np.float32)
-        merge_stats(mxs, sms, big_m, inv_l)
-        outs = np.zeros((no, H, lora), dtype=np.float32)
-        for o in owners:  # llama.cpp sums over whole 64-slot steps (masked slots: probability 0)
-            kp = min(-(-n_slots[o] // 64) * 64, cap)
-            probs = probabilities(scores[o], n_slots[o], kp, big_m, inv_l)
-            xp = kernels.prepare(F16, probs.reshape(H, kp))
-            vt = np.ascontiguousarray(kv.k[il][o][:kp, :lora].T).view(np.uint8)
-            self._crew.run(_head_rows([vt], [0], H, [lora]), xp, xp, [outs[o]])
-        out = outs[0] if no == 1 else outs.sum(axis=0)
-        return out.reshape(1, H, lora)
 
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, kv: KVCache, il: int, pos0: int,
                   window: int, scale: float, compiled: bool = True) -> np.ndarray:
@@ -500,7 +450,7 @@ class AttentionPaths:
         no = kv.n_workers
         if no == 1:
             out, ok = one_token_attention(crew.lead)(
-                crew.ctl, crew.n_workers, keys, values, q[0], k[0], v[0], kv.k[il][0], kv.v[il][0],
+                crew.ctl, crew.n_workers, keys, values, q[0], k[0], v[0], kv.keys3(il, 0), kv.v[il][0],
                 pos0, window, scale, start, base, kv.cap)
         else:
             owner, slot = (int(a[0]) for a in owner_slots(np.array([pos0]), no))
@@ -508,7 +458,8 @@ class AttentionPaths:
             lo = np.array([filled_slots(start, o, no) for o in range(no)], dtype=np.int64)
             lo64 = lo // 64 * 64 if SKIP_SLID_VALUES else np.zeros_like(lo)
             out, ok = owners_token_attention(crew.lead)(
-                crew.ctl, crew.n_workers, keys, values, q[0], k[0], v[0], tuple(kv.k[il]), tuple(kv.v[il]),
+                crew.ctl, crew.n_workers, keys, values, q[0], k[0], v[0],
+                tuple(kv.keys3(il, o) for o in range(no)), tuple(kv.v[il]),
                 pos0, owner, slot, window, scale, ns, lo, lo64, kv.cap)
         if not ok:
             crew.stop()

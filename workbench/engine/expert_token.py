@@ -19,7 +19,7 @@ import numba
 import numpy as np
 
 from . import kernels, ops
-from .crew import C_TASK, NO_LIMIT, STEALABLE, T_OUTOFF, T_XROW, prep_families
+from .crew import C_TASK, NO_LIMIT, STEALABLE, T_OUTOFF, T_XROW, ahead, prep_families
 from .gating import _route, gate
 
 from .kernels.jitcache import JIT as _NB
@@ -164,3 +164,39 @@ def routed_runner(lead: Callable, experts: Callable) -> Callable:
     _ROUTED[key] = fn
     return fn
 
+
+
+_SHARED: dict = {}
+
+
+def shared_runner(routed: Callable, dense: Callable) -> Callable:
+    """A decoded token's FFN with shared experts (DeepSeek's ffn_*_shexp) in one compiled call: the
+    routed FFN (`routed_runner`), then the shared experts' gated FFN (`dense_token.dense_runner`),
+    their outputs added in f32 (llama.cpp's ggml_add(moe_out, ffn_shexp), the Python path's
+    `out + s`). In a dense layer (routed_on False) only `dense` runs, on the layer's own FFN: the
+    same function for every layer of the model, so its token compiles into one call."""
+    key = (routed, dense)
+    fn = _SHARED.get(key)
+    if fn is not None:
+        return fn
+
+    @numba.njit(**_NB)
+    def fn(ctl, n_workers, h, routed_on, r_head, d_first, d_head, r_out, d_out, out):
+        """h [1, n_embd] -> out [1, n_embd]; False if a worker failed."""
+        if routed_on:
+            if not routed(ctl, n_workers, h, *r_head):
+                return False
+            ahead(ctl, d_first)
+        if not dense(ctl, n_workers, h, *d_head):
+            return False
+        n = out.shape[1]
+        if routed_on:
+            for j in range(n):
+                out[0, j] = r_out[0, j] + d_out[0, j]
+        else:
+            for j in range(n):
+                out[0, j] = d_out[0, j]
+        return True
+
+    _SHARED[key] = fn
+    return fn

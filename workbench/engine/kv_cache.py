@@ -80,8 +80,8 @@ def slots_per_worker(n_ctx: int, n_workers: int) -> int:
 
 
 def kv_bytes_per_layer_per_worker(cfg: ModelConfig, n_ctx: int, n_workers: int) -> int:
-    if cfg.kv_lora_rank:  # MLA: one latent + rotary key row per position
-        return slots_per_worker(n_ctx, n_workers) * (cfg.kv_lora_rank + cfg.rope_dims) * 2
+    if cfg.kv_lora_rank:  # MLA: one latent + rotary key row per position, and the latent transposed
+        return slots_per_worker(n_ctx, n_workers) * (2 * cfg.kv_lora_rank + cfg.rope_dims) * 2
     return slots_per_worker(n_ctx, n_workers) * cfg.n_head_kv * (cfg.head_dim + cfg.head_dim_v) * 2
 
 
@@ -136,6 +136,10 @@ class KVCache:
     @property
     def nbytes(self) -> int:
         return sum(a.nbytes for layer in self.k + self.v for a in layer)
+
+    def keys3(self, il: int, owner: int) -> np.ndarray:
+        """Owner's keys of layer il [kv_head, slot, head_dim] (as `MLACache.keys3`)."""
+        return self.k[il][owner]
 
     def store(self, il: int, k: np.ndarray, v: np.ndarray, pos0: int) -> None:
         """Write [n, kv_heads, head_dim] float32 K/V at positions pos0.. (rounded to f16)."""
@@ -197,22 +201,15 @@ class _HeadsView:
 
 class MLAView:
     """One layer of an MLA cache seen as a one-head (MQA) K/V cache: keys are the stored rows
-    (latent + rotary key), values the latent transposed into a scratch copy for this step, as
-    llama.cpp's non-flash attention does (ggml_cont(ggml_transpose(view of K))). Nothing is
-    stored through it: `store` is a no-op (the caller stored the rows already)."""
+    (latent + rotary key), values the transposed latent the cache keeps beside them (llama.cpp
+    makes that copy at every step: ggml_cont(ggml_transpose(view of K))). Nothing is stored
+    through it: `store` is a no-op (the caller stored the rows already)."""
 
     def __init__(self, cache: "MLACache", il: int, n_positions: int):
         self.cfg = _HeadsView(1, cache.kv_lora)
         self.n_workers, self.owner_workers, self.cap = cache.n_workers, cache.owner_workers, cache.cap
-        self.k_bytes: dict[int, list[list[np.ndarray]]] = {il: [[k.view(np.uint8)] for k in cache.k[il]]}
-        vs = []
-        for o, lat in enumerate(cache.k[il]):
-            ns = filled_slots(n_positions, o, cache.n_workers)
-            kp = min(-(-ns // 64) * 64, cache.cap)  # the attention reads values up to this slot
-            # only the slots the values product reads (its rows are read up to kp, never further)
-            vt = np.ascontiguousarray(lat[:kp, :cache.kv_lora].T)
-            vs.append([vt.view(np.uint8)])
-        self.v_bytes = {il: vs}
+        self.k_bytes = {il: cache.k_bytes[il]}
+        self.v_bytes = {il: cache.v_bytes[il]}
 
     def store(self, il: int, k: np.ndarray, v: np.ndarray, pos0: int) -> None:
         pass
@@ -221,7 +218,15 @@ class MLAView:
 class MLACache:
     """Multi-head latent attention cache (DeepSeek 2/3): per position what llama.cpp stores, the
     normalised latent (kv_lora_rank) followed by the roped key part (n_rot), f16 -- not per-head
-    keys and values. Positions are dealt to owners in blocks like `KVCache` (first touch per node).
+    keys and values -- and the latent once more, transposed ([latent dim, slot], as `KVCache`'s
+    values), which the attention's weighted sum reads row by row. llama.cpp's non-flash attention
+    makes that transposed copy of the whole latent at every step of every layer; kept here it costs
+    kv_lora x 2 bytes per position more memory and no copy. Positions are dealt to owners in
+    blocks like `KVCache` (first touch per node), both parts of an owner's slots in its region.
+
+    `k[il][o]` [slot, latent + rotary] and `v[il][o]` [1, latent, slot] (uint16 f16 bits);
+    `k_bytes` / `v_bytes` [layer][owner][kv head]: the byte matrices the F16 kernels read, as
+    `KVCache` has them, so a decoded token's attention is `KVCache`'s one-KV-head attention.
     """
 
     def __init__(self, cfg: ModelConfig, n_ctx: int, n_workers: int = 1, region: KVRegionFn | None = None,
@@ -231,30 +236,47 @@ class MLACache:
         self.n_workers = n_workers
         self.owner_workers = owner_workers or [[o] for o in range(n_workers)]
         self.n = 0
-        self.kv_lora = cfg.kv_lora_rank
+        self.kv_lora = lora = cfg.kv_lora_rank
         self.width = cfg.kv_lora_rank + cfg.rope_dims
         self.cap = cap = slots_per_worker(n_ctx, n_workers)
-        nb = cap * self.width * 2
-        # [layer][owner]: rows [slot, latent + rotary key] as f16 bits
+        kb, vb = cap * self.width * 2, cap * lora * 2
         self.k: list[list[np.ndarray]] = []
+        self.v: list[list[np.ndarray]] = []
         for il in range(cfg.n_layer):
-            self.k.append([(region(il, w, nb) if region else np.zeros(nb, dtype=np.uint8))[:nb]
-                           .view(np.uint16).reshape(cap, self.width) for w in range(n_workers)])
+            ks, vs = [], []
+            for w in range(n_workers):
+                raw = (region(il, w, kb + vb) if region else np.zeros(kb + vb, dtype=np.uint8))[:kb + vb]
+                ks.append(raw[:kb].view(np.uint16).reshape(cap, self.width))
+                vs.append(raw[kb:].view(np.uint16).reshape(1, lora, cap))
+            self.k.append(ks)
+            self.v.append(vs)
+        self.k_bytes = [[[k.view(np.uint8).reshape(1, cap, -1)[0]] for k in layer] for layer in self.k]
+        self.v_bytes = [[[v[0].view(np.uint8)] for v in layer] for layer in self.v]
         self.jobs: dict = {}
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for layer in self.k for a in layer)
+        return sum(a.nbytes for layer in self.k + self.v for a in layer)
+
+    def keys3(self, il: int, owner: int) -> np.ndarray:
+        """Owner's rows of layer il as one-KV-head keys [1, slot, latent + rotary]."""
+        return self.k[il][owner].reshape(1, self.cap, self.width)
 
     def store(self, il: int, rows: np.ndarray, pos0: int) -> None:
-        """Write [n, kv_lora_rank + n_rot] float32 rows at positions pos0.. (rounded to f16)."""
+        """Write [n, kv_lora_rank + n_rot] float32 rows at positions pos0.. (rounded to f16), the
+        latent also down the transposed part's columns."""
         n = rows.shape[0]
         r16 = np.ascontiguousarray(rows, dtype=np.float32).astype(np.float16).view(np.uint16)
+        if self.n_workers == 1:
+            self.k[il][0][pos0:pos0 + n] = r16
+            self.v[il][0][0, :, pos0:pos0 + n] = r16[:, :self.kv_lora].T
+            return
         owners, slots = owner_slots(np.arange(pos0, pos0 + n), self.n_workers)
         for w in range(self.n_workers):
             sel = owners == w
             if sel.any():
                 self.k[il][w][slots[sel]] = r16[sel]
+                self.v[il][w][0][:, slots[sel]] = r16[sel, :self.kv_lora].T
 
     def attention_view(self, il: int, n_positions: int) -> MLAView:
         return MLAView(self, il, n_positions)
@@ -278,6 +300,7 @@ class MLACache:
             for w in range(self.n_workers):
                 sel = do == w
                 self.k[il][w][ds[sel]] = full[sel]
+                self.v[il][w][0][:, ds[sel]] = full[sel, :self.kv_lora].T
         self.n = n
 
 

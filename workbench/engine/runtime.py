@@ -35,7 +35,8 @@ from .crew import (C_OWNER, C_SPAN, C_TASK, CHUNK_FIELDS, STEALABLE, T_OUT, T_OU
                    CrewError, Job, Table, link, product_runner, product_runner_mixed)
 from .attention import SKIP_SLID_VALUES, one_token_attention, token_window
 from .dense_token import dense_runner
-from .expert_token import GELU, SILU, expert_runner, fixed_format, routed_runner
+from .expert_token import GELU, SILU, compose, expert_runner, fixed_format, routed_runner, shared_runner
+from .mla_token import mla_block_runner
 from .token_attention import block_runner
 from .token_layer import layer_runner, list_address, token_runner, typed_layers
 from .gating import Gating
@@ -296,6 +297,28 @@ class AttentionSpec:
 
 
 @dataclass(frozen=True)
+class MLASpec:
+    """A layer's multi-head latent attention (DeepSeek 2/3) as `Runtime.layer_token` / `token_layers`
+    take it: `first` the products of the normed input (q_a or q, then kv_a_mqa), `q_a_norm` and
+    `q_b` the q-LoRA's ("" without), `kv_norm` the latent's norm, `k_b` / `v_b` the per-head 3-D
+    tensors, `output`; n_head, nope (the query's non-rotary width), score scale, norm epsilon, NEOX
+    RoPE. No sliding window (`window` 0)."""
+    first: tuple[str, str]
+    q_a_norm: str
+    q_b: str
+    kv_norm: str
+    k_b: str
+    v_b: str
+    output: str
+    n_head: int
+    nope: int
+    scale: float
+    eps: float
+    neox: bool
+    window: int = 0
+
+
+@dataclass(frozen=True)
 class RoutedSpec:
     """A layer's routed FFN as `Runtime.routed_token` / `layer_token` take it (gate None: `up` is a
     fused gate_up tensor)."""
@@ -314,6 +337,17 @@ class DenseSpec:
     up: str
     down: str
     activation: str = "silu"
+
+
+@dataclass(frozen=True)
+class SharedSpec:
+    """A layer's FFN in a model with shared experts (DeepSeek): the routed experts (None in a dense
+    layer) and then `dense` (the shared experts' gated FFN, or the dense layer's), their outputs
+    added. A dense layer's call takes `template`'s routed arguments without running them, so every
+    layer of the model has one argument type (one typed list, one compiled token)."""
+    routed: RoutedSpec | None
+    template: RoutedSpec
+    dense: DenseSpec
 
 
 @dataclass
@@ -825,6 +859,8 @@ class Runtime(AttentionPaths):
         cache; None when that layer has no such call (float weights, a cache split between nodes)."""
         if kv.n_workers != 1:
             return None
+        if isinstance(spec, MLASpec):
+            return self._mla_parts(spec, kv, il)
         per_kv = self._tparts.get(kv)
         if per_kv is None:
             per_kv = self._tparts[kv] = {}
@@ -1221,8 +1257,82 @@ class Runtime(AttentionPaths):
         self._rparts[key] = _Cached(crew.lead, ready)
         return ready
 
-    def _ffn_parts(self, spec: "RoutedSpec | DenseSpec") -> "_TokenParts | None":
+    def _ffn_parts(self, spec: "RoutedSpec | DenseSpec | SharedSpec") -> "_TokenParts | None":
+        if isinstance(spec, SharedSpec):
+            return self._shared_parts(spec)
         return self._routed_parts(spec) if isinstance(spec, RoutedSpec) else self._dense_parts(spec)
+
+    def _shared_parts(self, spec: SharedSpec) -> "_TokenParts | None":
+        """`expert_token.shared_runner` of `spec`: the routed FFN's parts (the template's, not run,
+        in a dense layer) and the dense FFN's, their outputs added; None when either has no call."""
+        r = self._routed_parts(spec.routed or spec.template)
+        d = self._dense_parts(spec.dense)
+        if r is None or d is None:
+            return None
+        out = np.empty_like(d.o)
+        on = spec.routed is not None
+        return _TokenParts(shared_runner(r.fn, d.fn), d.n_in, (on, r.head, d.first, d.head, r.o, d.o, out), (), (), (),
+                           out, r.routing if on else (), first=r.first if on else d.first, last=d.last)
+
+    def _sub_job(self, name: str) -> tuple:
+        """One token's per-head products of a 3-D tensor (MLA's attn_k_b / attn_v_b: sub-matrix i
+        times input row i into output row i) as a crew job (tasks, chunks, owned), made once per
+        layout: `sub_products`' tasks for every head."""
+        w = self.weights[name]
+        m = self.n_sub(name)
+        t3, c3, width = self._expert_table((name,), [w], [0], [w.rows // m])
+        heads = np.arange(m, dtype=np.int64)
+        tasks, chunks = compose(t3, c3, width, heads, heads)
+        return tasks, chunks, chunks.shape[0] | STEALABLE
+
+    def _mla_parts(self, spec: MLASpec, kv, il: int) -> "_TokenParts | None":
+        """The compiled MLA sub-layer (`mla_token.mla_block_runner`) of `spec` on layer il of a
+        one-owner latent cache, with its job tables and scratch, made once per layout and cache;
+        None when a product has no compiled path (float weights)."""
+        per_kv = self._tparts.setdefault(kv, {})
+        crew = self._crew
+        key = ("mla", spec.output, il)
+        parts = per_kv.get(key)
+        if parts is not None and parts.lead is crew.lead:
+            return parts.ready
+        ready = None
+        g1, g_out = self._group(spec.first), self._group((spec.output,))
+        g_qb = self._group((spec.q_b,)) if spec.q_b else None
+        run1, run_out = self._token_runner(g1), self._token_runner(g_out)
+        run_qb = self._token_runner(g_qb) if g_qb is not None else run1
+        preps = [kernels.preparer(self.weights[n].ggml_type, floats=True) for n in (spec.k_b, spec.v_b)]
+        if None not in (run1, run_out, run_qb, *preps):
+            H, lora = spec.n_head, kv.kv_lora
+            j1 = (g1.job.tasks, g1.job.chunks, g1.job.n_owned)
+            qa = np.empty(g1.rows[0], dtype=np.float32)
+            ckv = np.empty(g1.rows[1], dtype=np.float32)
+            if g_qb is not None:
+                jqb = (g_qb.job.tasks, g_qb.job.chunks, g_qb.job.n_owned)
+                q = np.empty(g_qb.rows[0], dtype=np.float32)
+                qa_norm = self.f32(spec.q_a_norm)
+            else:
+                jqb, q, qa_norm = j1, qa, _EMPTY
+            jkb, jvb = self._sub_job(spec.k_b), self._sub_job(spec.v_b)
+            keys, values = self._token_jobs(kv, il, H)
+            jo = (g_out.job.tasks, g_out.job.chunks, g_out.job.n_owned)
+            chain = [j1] + ([jqb] if g_qb is not None else []) + [jkb, keys, values, jvb, jo]
+            for before, after in zip(chain, chain[1:]):
+                link(before, after)
+            width = kv.width
+            o = np.empty((1, g_out.rows[0]), dtype=np.float32)
+            dv = self.weights[spec.v_b].rows // H
+            ready = _TokenParts(
+                mla_block_runner(run1, run_qb, crew.lead, preps[0], preps[1], one_token_attention(crew.lead), run_out),
+                g1.ne0,
+                (j1, qa, ckv, qa_norm, float(spec.eps), jqb, q, jkb, np.empty((H, spec.nope), dtype=np.float32),
+                 np.empty((H, lora), dtype=np.float32)),
+                (bool(spec.neox), int(spec.nope), self.f32(spec.kv_norm), keys, values, kv.keys3(il, 0), kv.v[il][0],
+                 np.empty((H, width), dtype=np.float32), np.empty((1, width), dtype=np.float32),
+                 np.empty((1, lora), dtype=np.float32)),
+                (0, float(spec.scale)), (kv.cap, jvb, np.empty((H, dv), dtype=np.float32), jo, o[0]), o,
+                first=chain[0], last=chain[-1])
+        per_kv[key] = _Cached(crew.lead, ready)
+        return ready
 
     def layer_token(self, x: np.ndarray, h: np.ndarray, attention: "AttentionSpec", kv: KVCache, il: int,
                     pos0: int, rope: np.ndarray, ffn_norm: np.ndarray, ffn: "RoutedSpec | DenseSpec",

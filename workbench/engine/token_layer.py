@@ -185,6 +185,7 @@ def token_runner(attn: Callable, ffn: Callable, layers_type: types.Type, out: Ca
         layers = _borrowed(layers_at, layers_type)
         row = written[0] % journal.shape[0]
         n = len(layers)
+        routed = 0   # the journal's row of the next routed layer (a dense layer journals nothing)
         for i in range(n):
             (a_head, a_mid, window, scale, a_tail, o, ffn_norm, f_args, f_out, next_norm, eps, h_next,
              ids, a_post, f_post, rope_i, _a_first, f_first) = _item(layers, i)
@@ -195,8 +196,10 @@ def token_runner(attn: Callable, ffn: Callable, layers_type: types.Type, out: Ca
                          a_tail, o, ffn_norm, f_args, f_out, next_norm, eps, h_next, a_post, f_post, f_first,
                          next_first):
                 return False, h
-            for j in range(ids.shape[0]):
-                journal[row, i, j] = ids[j]
+            if ids.shape[0]:
+                for j in range(ids.shape[0]):
+                    journal[row, routed, j] = ids[j]
+                routed += 1
             h = h_next
         written[0] += 1
         return True, h

@@ -278,11 +278,11 @@ def q8_families() -> np.ndarray:
     return fam
 
 
-def preparer(ggml_type: int):
-    """The compiled 2-D activation preparation of a quantized type (None for float types), for
-    compiled callers: X float32 [n, k] -> tuple of 2-D arrays, as `prepare` gives."""
+def preparer(ggml_type: int, floats: bool = False):
+    """The compiled 2-D activation preparation of a quantized type (None for float types unless
+    `floats`), for compiled callers: X float32 [n, k] -> tuple of 2-D arrays, as `prepare` gives."""
     fn = _PREPARE[ggml_type]
-    return fn if ggml_type not in (F32, F16, BF16) else None
+    return fn if floats or ggml_type not in (F32, F16, BF16) else None
 
 
 def matvec_kernels(types: Iterable[int] | None = None) -> dict:

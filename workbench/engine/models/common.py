@@ -17,7 +17,7 @@ from .. import ops
 from ..config import ModelConfig
 from ..gguf_file import ModelLoadError
 from ..kv_cache import KVCache
-from ..runtime import AttentionSpec, DenseSpec, RoutedSpec, Runtime
+from ..runtime import AttentionSpec, DenseSpec, MLASpec, RoutedSpec, Runtime, SharedSpec
 
 _EMPTY = np.zeros(0, dtype=np.float32)
 
@@ -296,7 +296,12 @@ class Decoder:
         on its latent cache): the one-token layer calls and batched decoding build on it."""
         return cls.attention is Decoder.attention
 
-    def token_ffn(self, il: int) -> DenseSpec | RoutedSpec | None:
+    def token_attention(self, il: int) -> AttentionSpec | MLASpec | None:
+        """Layer il's attention as the runtime's one-token layer calls take it; None: no such call
+        (this class's attention, or a family's own with a spec of its own: DeepSeek's `MLASpec`)."""
+        return self.attention_spec(il) if self.shares_attention() else None
+
+    def token_ffn(self, il: int) -> DenseSpec | RoutedSpec | SharedSpec | None:
         """Layer il's FFN as the runtime's one-token layer calls take it; None: no such call."""
         p = f"blk.{il}."
         return DenseSpec(p + "ffn_gate.weight", p + "ffn_up.weight", p + "ffn_down.weight", self.activation)
@@ -357,11 +362,12 @@ class Decoder:
         step = self._steps.get(il)
         if step is None:
             rt, p = self.rt, f"blk.{il}."
-            ffn = self.token_ffn(il) if self.shares_attention() else None
+            attn = self.token_attention(il)
+            ffn = self.token_ffn(il) if attn is not None else None
             post = (rt.f32(p + "post_attention_norm.weight"), rt.f32(p + "post_ffw_norm.weight")) \
                 if self.post_norms else (_EMPTY, _EMPTY)
             step = self._steps[il] = False if ffn is None else (
-                self.attention_spec(il), il - self.layers.start, rt.f32(p + "ffn_norm.weight"), ffn,
+                attn, il - self.layers.start, rt.f32(p + "ffn_norm.weight"), ffn,
                 rt.f32(self._next_norm(il)), self.cfg.norm_eps, *post,
                 self._rope_bases().index(self.cfg.layer_rope_base(il)))
         return step

@@ -23,7 +23,7 @@ import numpy as np
 from .. import ops
 from ..config import ModelConfig
 from ..gguf_file import ModelLoadError
-from ..runtime import Runtime
+from ..runtime import MLASpec, Runtime
 from .moe import MoEDecoder
 
 RECONVERT = "re-convert it with a current llama.cpp (convert_hf_to_gguf.py) to get attn_k_b/attn_v_b"
@@ -96,6 +96,16 @@ class DeepSeek2(MoEDecoder):
         else:
             out["blk.0.attn_q.weight"] = (c.n_embd, c.n_head * c.head_dim_k_mla)
         return out
+
+    def token_attention(self, il: int) -> MLASpec:
+        """Layer il's MLA for the one-token layer calls (`mla_token`): `attention`'s steps."""
+        c, p = self.cfg, f"blk.{il}."
+        lora = bool(c.q_lora_rank)
+        return MLASpec((p + ("attn_q_a.weight" if lora else "attn_q.weight"), p + "attn_kv_a_mqa.weight"),
+                       p + "attn_q_a_norm.weight" if lora else "", p + "attn_q_b.weight" if lora else "",
+                       p + "attn_kv_a_norm.weight", p + "attn_k_b.weight", p + "attn_v_b.weight",
+                       p + "attn_output.weight", c.n_head, c.head_dim_k_mla - c.rope_dims, float(c.attn_scale),
+                       float(c.norm_eps), bool(c.rope_neox))
 
     def attention(self, il: int, h: np.ndarray, kv, pos0: int, positions: np.ndarray, ropes: dict) -> np.ndarray:
         c, rt = self.cfg, self.rt

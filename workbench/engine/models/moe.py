@@ -15,7 +15,7 @@ from ..config import ModelConfig
 from ..gating import SIGMOID, SOFTMAX, Gating, gate, route
 from ..gguf_file import ModelLoadError
 from ..kv_cache import KVCache
-from ..runtime import DenseSpec, RoutedSpec, Runtime
+from ..runtime import DenseSpec, RoutedSpec, Runtime, SharedSpec
 from .common import Decoder
 
 
@@ -35,6 +35,7 @@ class MoEDecoder(Decoder):
             cfg.n_ff_exp = cfg.n_ff
         self._gatings: dict[int, Gating] = {}
         self._routed: dict[int, RoutedSpec | None] = {}
+        self._shared_template: RoutedSpec | bool | None = None   # token_ffn's, made once
         super().__init__(cfg, rt)
 
     # -- structure -------------------------------------------------------------------
@@ -131,16 +132,36 @@ class MoEDecoder(Decoder):
             p = f"blk.{il}."
             spec = None
             if self.is_moe_layer(il) and not self.rt.has(p + "ffn_up_shexp.weight"):
-                fused = self.fused_gate_up(il)
-                spec = RoutedSpec(p + "ffn_gate_inp.weight", self.gating(il), None if fused else p + "ffn_gate_exps.weight",
-                                  p + ("ffn_gate_up_exps.weight" if fused else "ffn_up_exps.weight"),
-                                  p + "ffn_down_exps.weight", self.activation)
+                spec = self._routed_of(il)
             self._routed[il] = spec
         return self._routed[il]
 
-    def token_ffn(self, il: int) -> RoutedSpec | DenseSpec | None:
-        """A routed layer's `routed_spec` (None with shared experts), a dense layer's gated FFN."""
-        return self.routed_spec(il) if self.is_moe_layer(il) else super().token_ffn(il)
+    def _routed_of(self, il: int) -> RoutedSpec:
+        """Layer il's routed experts alone (without its shared experts, if any)."""
+        p = f"blk.{il}."
+        fused = self.fused_gate_up(il)
+        return RoutedSpec(p + "ffn_gate_inp.weight", self.gating(il), None if fused else p + "ffn_gate_exps.weight",
+                          p + ("ffn_gate_up_exps.weight" if fused else "ffn_up_exps.weight"),
+                          p + "ffn_down_exps.weight", self.activation)
+
+    def token_ffn(self, il: int) -> RoutedSpec | DenseSpec | SharedSpec | None:
+        """A routed layer's `routed_spec`, a dense layer's gated FFN; in a model with shared
+        experts every layer's `SharedSpec` (routed + shared, or dense), so that all its layers
+        take one compiled call."""
+        if self._shared_template is None:
+            moe = [il_ for il_ in self.layers if self.is_moe_layer(il_)]
+            shared = any(self.rt.has(f"blk.{il_}.ffn_up_shexp.weight") for il_ in moe)
+            self._shared_template = self._routed_of(moe[0]) if shared else False
+        if self._shared_template is False:
+            return self.routed_spec(il) if self.is_moe_layer(il) else super().token_ffn(il)
+        p = f"blk.{il}."
+        if self.is_moe_layer(il):
+            if not self.rt.has(p + "ffn_up_shexp.weight"):
+                return None
+            dense = DenseSpec(p + "ffn_gate_shexp.weight", p + "ffn_up_shexp.weight", p + "ffn_down_shexp.weight",
+                              self.activation)
+            return SharedSpec(self._routed_of(il), self._shared_template, dense)
+        return SharedSpec(None, self._shared_template, super().token_ffn(il))
 
     def _layer(self, il: int, x: np.ndarray, h: np.ndarray, kv: KVCache, pos0: int, positions: np.ndarray,
                ropes: dict, logit_rows: slice | None) -> tuple[np.ndarray, np.ndarray]:
