@@ -12,6 +12,13 @@ import pytest
 from gguf_factory import TinySpec, write_tiny_model
 
 
+@pytest.fixture(autouse=True)
+def _no_pulled_models(tmp_path_factory, monkeypatch) -> None:
+    """No test sees a model the host fetched with `numawb pull` (the app and the server would take
+    it when no model is named): $XDG_DATA_HOME points at an empty folder."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path_factory.getbasetemp() / "xdg-data"))
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> str:
     """A 2-layer Q8_0 llama-architecture model (512-token context)."""

@@ -49,6 +49,7 @@ from .screens.themes import Palette, load_themes
 
 Recorder = Callable[[str, dict], None]
 STREAM_HZ = 25  # UI updates per second while a reply streams
+COMPLETION_NOTE = "completion mode: this model has no chat template; it continues your text"
 
 
 # ---- messages from worker threads -----------------------------------------
@@ -309,6 +310,7 @@ class WorkbenchApp(App[int]):
         self.settings = settings or load_settings(settings_file)
         self.persist = persist
         self.model_path = model
+        self.model_note = ""  # which model "no -m" chose (or why it cannot chat), over the chat
         self.placement_req = placement or Placement()
         self.simulate, self.autoload = simulate, autoload
         self.recorder = recorder
@@ -446,6 +448,11 @@ class WorkbenchApp(App[int]):
         if self.loading:
             self.notify("a model is already loading", severity="warning")
             return False
+        self.model_note = ""
+        if path is None and not self.ray_address:  # no -m: the pulled instruct model, else the base model
+            from .models_store import default_model
+            chosen = default_model()  # looks in the models folder; never fetches
+            path, self.model_note = chosen.path, chosen.note
         self.loading = True
         panel = self.query_one(LoadPanel)
         panel.display = True
@@ -530,6 +537,8 @@ class WorkbenchApp(App[int]):
                 await self.chat_pane.start_reply(m.content, "restored")
         self.chat_pane.set_status(f"{os.path.basename(eng.path)} · {eng.cfg.arch} · {eng.n_params / 1e6:,.0f}M params "
                                   f"· {fmt_bytes(eng.weight_bytes)} · loaded in {msg.seconds:.2f} s")
+        can_chat = getattr(eng.chat_format, "can_chat", True)  # False: no chat template, completion mode
+        self.chat_pane.set_mode(can_chat, self.model_note or ("" if can_chat else COMPLETION_NOTE))
         self.notify(f"loaded {os.path.basename(eng.path)} in {msg.seconds:.2f} s", title="model")
         if self.model_path and os.path.abspath(self.model_path) == os.path.abspath(eng.path):
             self.settings.last_model = eng.path

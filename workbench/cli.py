@@ -147,6 +147,9 @@ class CommandLine:
         add_probe_arguments(sub.add_parser("probe", help="measure node-to-node memory bandwidth and latency"))
         add_advise_arguments(sub.add_parser("advise", help="predict every placement mode for a model, "
                                                            "recommend one"))
+        from .models_store import add_arguments as _pull_args  # numawb pull [NAME]: fetch an instruct model
+        _pull_args(sub.add_parser("pull", help="fetch an instruct model (SmolLM2-135M-Instruct) for the app "
+                                               "and serve"))
 
         self.parser = ap
         self.commands: dict[str, argparse.ArgumentParser] = dict(sub.choices)
@@ -543,6 +546,9 @@ def run(args: argparse.Namespace) -> int:
             return run_probe(args) if args.cmd == "probe" else run_advise(args)
         except ValueError as e:
             raise UserError(str(e)) from None
+    if args.cmd == "pull":
+        from .models_store import main as pull_main
+        return pull_main(args)
     return cmd_app(args)
 
 

@@ -39,8 +39,15 @@ class Reply(Vertical):
         stats.set_class(error, "-error")
 
 
+CHAT_PLACEHOLDER = "Message (Enter sends · Esc stops · ctrl+r regenerates)"
+COMPLETION_PLACEHOLDER = "Text for the model to continue (Enter sends · Esc stops · ctrl+r regenerates)"
+
+
 class ChatPane(Vertical):
-    """Conversation log (follows new text only while scrolled to the bottom) and prompt input."""
+    """Conversation log (follows new text only while scrolled to the bottom) and prompt input.
+
+    In completion mode (a model without a chat template) the title and the prompt say so: what is
+    sent is text the model continues, not a turn it answers."""
 
     class Submitted(Message):
         def __init__(self, text: str) -> None:
@@ -49,8 +56,9 @@ class ChatPane(Vertical):
 
     def compose(self) -> ComposeResult:
         yield VerticalScroll(id="chat-log")
+        yield Static("", id="chat-note", markup=False)
         yield Static("", id="chat-status")
-        yield Input(placeholder="Message (Enter sends · Esc stops · ctrl+r regenerates)", id="prompt")
+        yield Input(placeholder=CHAT_PLACEHOLDER, id="prompt")
 
     def on_mount(self) -> None:
         self.border_title = "chat"
@@ -97,3 +105,17 @@ class ChatPane(Vertical):
 
     def set_status(self, text: str) -> None:
         self.query_one("#chat-status", Static).update(text)
+
+    @property
+    def completion(self) -> bool:
+        """Whether the pane is in completion mode (set by `set_mode`)."""
+        return self.border_title == "completion"
+
+    def set_mode(self, chat: bool, note: str = "") -> None:
+        """Chat (the model answers turns) or completion mode (it continues the text), and a
+        one-line note about the model in use (hidden when empty)."""
+        self.border_title = "chat" if chat else "completion"
+        self.prompt.placeholder = CHAT_PLACEHOLDER if chat else COMPLETION_PLACEHOLDER
+        line = self.query_one("#chat-note", Static)
+        line.update(note)
+        line.set_class(bool(note), "-shown")

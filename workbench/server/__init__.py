@@ -38,4 +38,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     """Load the model, start the scheduler and serve until SIGTERM/SIGINT; 0 on a clean stop."""
     from .run import serve
+    from ..models_store import use_default_model
+    use_default_model(args)  # no -m: the pulled instruct model, else the base model (one line says which)
     return serve(args)
