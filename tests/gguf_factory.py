@@ -78,6 +78,7 @@ class TinySpec:
     eos_id: int = 1               # tokenizer.ggml.eos_token_id
     unused_tokens: int = 0        # unused tokens after the vocabulary (296 rows: whole 8-row groups)
     types: tuple = ()             # (tensor name, type) pairs: those tensors in another type (a mixed file)
+    chat_template: str | None = None  # tokenizer.chat_template (None: a base model's file, none)
 
 
 def _deepseek2_layers(spec: TinySpec, mat, vec, experts) -> None:
@@ -209,6 +210,8 @@ def write_tiny_model(path: str | os.PathLike, spec: TinySpec, split_max_tensors:
     w.add_uint32("tokenizer.ggml.unknown_token_id", 3)
     w.add_bool("tokenizer.ggml.add_bos_token", True)
     w.add_bool("tokenizer.ggml.add_space_prefix", a != "gemma3")
+    if spec.chat_template is not None:
+        w.add_string("tokenizer.chat_template", spec.chat_template)
 
     ref: dict[str, np.ndarray] = {}
 

@@ -80,3 +80,50 @@ async def test_no_model_named_and_none_pulled_runs_the_base_model_labelled(tiny_
         assert seen == [None]  # Engine.load's own default: nothing fetched, nothing looked up online
         assert note(app) == ms.BASE_MODEL_NOTE
         assert "does not chat" in note(app) and "`numawb pull`" in note(app)
+
+
+TURNS = ("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'model' if m.role == 'assistant' else 'user' }}"
+         "\n{{ m.content | trim }}<end_of_turn>\n{% endfor %}"
+         "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+
+
+@aio
+async def test_a_model_without_chat_template_runs_in_completion_mode(tiny_model, warm_kernels):
+    from workbench.app import COMPLETION_NOTE
+    from workbench.screens.chat import COMPLETION_PLACEHOLDER
+    app = make_app(tiny_model)  # the shared tiny model's file has no chat template
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.engine is not None and not app.loading)
+        pane = app.chat_pane
+        assert pane.completion and pane.border_title == "completion"
+        assert pane.prompt.placeholder == COMPLETION_PLACEHOLDER and note(app) == COMPLETION_NOTE
+        assert await app.send_message("the cat sat")
+        await until(pilot, lambda: not app.generating and len(app.chat.messages) == 2)
+        reply = app.chat.messages[1].content
+        assert reply and pane.last_reply().text == reply
+        # the prompt was the text itself, no turn markers: the reply continues it
+        tok = app.engine.tokenizer
+        app.chat.messages.append(ms_message("user", "on the mat"))
+        ids = app.chat.prompt_tokens()
+        assert tok.token_id("<start_of_turn>") not in ids
+        assert tok.decode(ids) == "the cat sat" + ("" if reply[:1].isspace() else " ") + reply + \
+            ("" if reply[-1:].isspace() else " ") + "on the mat"
+
+
+@aio
+async def test_a_model_with_a_chat_template_chats(tmp_path, warm_kernels):
+    from gguf_factory import TinySpec, write_tiny_model
+    from workbench.screens.chat import CHAT_PLACEHOLDER
+    path = tmp_path / "tiny-instruct.gguf"
+    write_tiny_model(path, TinySpec(n_ctx=512, chat_template=TURNS))
+    app = make_app(str(path))
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.engine is not None and not app.loading)
+        pane = app.chat_pane
+        assert not pane.completion and pane.border_title == "chat"
+        assert pane.prompt.placeholder == CHAT_PLACEHOLDER and note(app) == ""
+
+
+def ms_message(role: str, content: str):
+    from workbench.engine.chat import Message
+    return Message(role, content)

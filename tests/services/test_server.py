@@ -23,6 +23,7 @@ openai = pytest.importorskip("openai")
 from workbench.engine import Chat, Engine, SamplingParams, TokenEvent, default_model_path  # noqa: E402
 from workbench.engine.batch import Scheduler  # noqa: E402
 from workbench.engine.engine import Placement  # noqa: E402
+from workbench.engine.chat import ChatFormatter  # noqa: E402
 from workbench.server.app import ServerState  # noqa: E402
 from workbench.server.run import BackgroundServer  # noqa: E402
 
@@ -30,9 +31,22 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SLOT_CTX = 1024
 
 
+# Gemma's turns, as Gemma 3 270M *instruct*'s template writes them: the default model is the base
+# one, whose file has no chat template, so the chat endpoint is exercised with these (a model
+# without any template is refused: test_chat_without_a_chat_template_is_a_clear_400)
+GEMMA_TURNS = (
+    "{{ bos_token }}{% for m in messages %}"
+    "<start_of_turn>{{ 'model' if m.role == 'assistant' else 'user' }}\n"
+    "{{ m.content | trim }}<end_of_turn>\n{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+
+
 @pytest.fixture(scope="module")
 def eng():
     e = Engine.load(default_model_path(), placement=Placement(threads=2))
+    assert not e.chat_format.can_chat  # the base model's file: no chat template
+    e.chat_format = ChatFormatter(GEMMA_TURNS, e.cfg.arch, set(), e.chat_format.bos, e.chat_format.eos)
     yield e
     e.close()
 
@@ -246,6 +260,30 @@ def test_client_mistakes_get_openai_errors(srv):
     with pytest.raises(openai.BadRequestError):
         c.completions.create(model=srv.state.model_id, prompt="x", temperature=-3)
     _until(lambda: srv.state.scheduler.running == 0 and srv.state.scheduler.queued == 0)
+
+
+def test_chat_without_a_chat_template_is_a_clear_400(eng):
+    """The base model as its file is (no chat template): /v1/chat/completions answers 400 with a
+    clear OpenAI-style error and invents no turns; /v1/completions serves it."""
+    s = _serve(eng, n_parallel=1, n_ctx=256)
+    turns = eng.chat_format
+    eng.chat_format = ChatFormatter(None, eng.cfg.arch, set(), turns.bos, turns.eos)
+    try:
+        msgs = [{"role": "user", "content": "Name three colours."}]
+        res = _post(s, "/v1/chat/completions", {"messages": msgs, "max_tokens": 4})
+        _err(res, 400, "messages", "no_chat_template")
+        message = res[1]["error"]["message"]
+        assert "no chat template" in message and "/v1/completions" in message
+        with pytest.raises(openai.BadRequestError, match="no chat template"):
+            _client(s).chat.completions.create(model=s.state.model_id, messages=msgs, max_tokens=4, stream=True)
+        r = _client(s).completions.create(model=s.state.model_id, prompt="Name three colours.", max_tokens=4,
+                                          temperature=0)
+        assert 0 < r.usage.completion_tokens <= 4
+        assert s.state.scheduler.running == 0
+    finally:
+        eng.chat_format = turns
+        s.stop()
+        s.state.scheduler.close(timeout=0)
 
 
 def test_api_key_on_every_request(eng):

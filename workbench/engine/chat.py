@@ -1,4 +1,4 @@
-"""Chat prompt formatting: the file's Jinja2 template, or the architecture's turn format."""
+"""Chat prompt formatting: the file's Jinja2 template; without one, completion mode (no invented turns)."""
 
 from __future__ import annotations
 
@@ -22,56 +22,50 @@ def _raise(msg: str) -> None:
     raise ChatTemplateError(f"chat template error: {msg}")
 
 
-# Standard turn formats for files without `tokenizer.chat_template`.
-_BUILTIN = {
-    "gemma": (
-        "{{ bos_token }}{% for m in messages %}"
-        "{% if m.role == 'system' %}{% set sys = m.content %}{% endif %}{% endfor %}"
-        "{% for m in messages if m.role != 'system' %}"
-        "<start_of_turn>{{ 'model' if m.role == 'assistant' else 'user' }}\n"
-        "{% if loop.first and sys is defined %}{{ sys }}\n\n{% endif %}"
-        "{{ m.content | trim }}<end_of_turn>\n{% endfor %}"
-        "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
-    ),
-    "chatml": (
-        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-    ),
-    "llama3": (
-        "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n"
-        "{{ m.content | trim }}<|eot_id|>{% endfor %}"
-        "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
-    ),
-    "llama2": (
-        "{% for m in messages %}{% if m.role == 'user' %}{{ bos_token }}[INST] {{ m.content | trim }} [/INST]"
-        "{% elif m.role == 'assistant' %} {{ m.content | trim }} {{ eos_token }}"
-        "{% else %}{{ bos_token }}[INST] <<SYS>>\n{{ m.content }}\n<</SYS>>\n\n[/INST]{% endif %}{% endfor %}"
-    ),
-}
-
-
-def builtin_format(arch: str, vocab: set[str]) -> str:
-    if arch.startswith("gemma"):
-        return "gemma"
-    if "<|im_start|>" in vocab:
-        return "chatml"
-    if "<|start_header_id|>" in vocab:
-        return "llama3"
-    return "llama2"
+def completion_text(messages: list[Message]) -> str:
+    """A conversation as the text a model without a chat template continues: the messages in
+    order, a space between two that would otherwise run together (the reply that follows is the
+    model's continuation)."""
+    out = ""
+    for m in messages:
+        c = m.content
+        if not c:
+            continue
+        if out and not out[-1].isspace() and not c[0].isspace():
+            out += " "
+        out += c
+    return out
 
 
 class ChatFormatter:
+    """The file's chat template (``tokenizer.chat_template``), rendered as llama.cpp's Jinja does.
+
+    A file without one is a model not trained to follow turns (a base model): no turn format is
+    invented for it (``can_chat`` False, ``source`` "none"); `render` gives the conversation as
+    plain text to continue (completion mode) and the server refuses chat requests."""
+
     def __init__(self, template: str | None, arch: str, vocab: set[str], bos: str, eos: str):
-        self.source = "file" if template else builtin_format(arch, vocab)
+        self.source = "file" if template else "none"
+        self.bos, self.eos = bos, eos
+        self._tpl = None
+        if not template:
+            return
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise
         try:
-            self._tpl = env.from_string(template or _BUILTIN[self.source])
+            self._tpl = env.from_string(template)
         except TemplateError as e:
             raise ChatTemplateError(f"chat template does not parse: {e}") from None
-        self.bos, self.eos = bos, eos
+
+    @property
+    def can_chat(self) -> bool:
+        """Whether the file has a chat template (else completion mode)."""
+        return self._tpl is not None
 
     def render(self, messages: list[Message], add_generation_prompt: bool = True) -> str:
+        """The prompt text: the template applied, or without one the text to continue."""
+        if self._tpl is None:
+            return completion_text(messages)
         try:
             return self._tpl.render(
                 messages=[{"role": m.role, "content": m.content} for m in messages],

@@ -226,6 +226,9 @@ def create_app(state: ServerState) -> Starlette:
         g = api.parse_common(body)
         messages = api.parse_messages(body)
         _check_model(state, g)
+        if not getattr(state.engine.chat_format, "can_chat", True):  # a base model: no turns invented
+            raise ApiError(400, f"model '{state.model_id}' has no chat template (it completes text, it does not "
+                                "chat); use /v1/completions", param="messages", code="no_chat_template")
         try:
             ids = chat_prompt(state.engine, messages)
         except ChatTemplateError as e:
