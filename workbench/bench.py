@@ -34,6 +34,8 @@ from typing import Sequence
 
 import numpy as np
 
+from .options import add_model_path
+
 FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1",
               10: "Q2_K", 11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M",
               16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K", 32: "BF16"}
@@ -553,7 +555,7 @@ def format_markdown(rep: BenchReport) -> str:
         moe = f", routed experts {tr['experts_used']} of {tr['experts']}" if tr.get("experts") else ""
         out.append(f"active weights per token: {fmt_size(int(tr['active_bytes_per_token']))} of a "
                    f"{fmt_size(tr['file_bytes'])} file{moe}; KV cache {tr['kv_bytes_per_position'] / 1024:.1f} KiB "
-                   "per position" + (" (MLA latent + rotary key)" if tr.get("mla") else ""))
+                   "per position" + (" (MLA latent + rotary key, and the latent transposed)" if tr.get("mla") else ""))
     if ld.get("cold_s") is not None:
         out.append(f"load: cold page cache {ld['cold_s']:.2f} s ({ld['cold_method']}), "
                    f"warm {ld['warm_s']:.2f} s" + _first_start_note(ld))
@@ -588,7 +590,7 @@ def format_csv(rep: BenchReport) -> str:
 
 # ----------------------------------------------------------------------------- cli
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-m", "--model", metavar="PATH", help="GGUF model file (default: Gemma 3 270M Q4_K_M)")
+    add_model_path(p)
     p.add_argument("-t", "--threads", default=None, metavar="N[,N...]",
                    help="thread counts (default: 1,all cores)")
     p.add_argument("-p", "--n-prompt", default="512", metavar="N[,N...]", help="prompt lengths (0: none)")

@@ -11,9 +11,10 @@ Per decoded token the engine reads every weight matrix once (a row split over th
   of their bytes (the average over tokens); shared experts (``*_shexp``) are read fully;
 * the KV cache: every cached position of every layer (f16 keys and values, like llama.cpp's default
   cache type): ``n_head_kv * (key_length + value_length) * 2`` bytes per position per layer, or for
-  MLA (``deepseek2`` with ``attention.kv_lora_rank``) the compressed latent plus the rope part,
-  ``(kv_lora_rank + rope dims) * 2`` (files in the older layout with ``attn_kv_b`` cache full
-  heads and count as dense); sliding-window layers (Gemma 3) read at most their window.
+  MLA (``deepseek2`` with ``attention.kv_lora_rank``) the compressed latent plus the rope part and
+  the latent transposed (numawb's `MLACache`), ``(2 * kv_lora_rank + rope dims) * 2`` (files in
+  the older layout with ``attn_kv_b`` cache full heads and count as dense); sliding-window layers
+  (Gemma 3) read at most their window.
 """
 from __future__ import annotations
 
@@ -199,6 +200,7 @@ class ModelCost:
     kv_window: list[int]                 # per layer: 0 = every position, else sliding window
     kv_bytes_per_layer_position: list[int]
     attn_flops_per_key: int              # per token, per cached position, all layers
+    llama_kv_bytes_per_position: int = 0  # what llama.cpp's f16 cache holds (MLA: no transposed latent)
     expert_count: int = 0
     expert_used_count: int = 0
     mla: bool = False
@@ -302,8 +304,9 @@ def model_cost(path_or_header: str | os.PathLike[str] | Header) -> ModelCost:
     mla = arch in ("deepseek2", "deepseek3", "kimi_k2") and kv_lora > 0 and (
         any(name.endswith("attn_k_b.weight") for name in h.tensors) or max(n_head_kv) == 1)
     if mla:
-        # llama.cpp caches the latent c^KV and the rope part k^R per position per layer
-        per_layer_pos = [(kv_lora + n_rot) * 2] * n_layer
+        # llama.cpp caches the latent c^KV and the rope part k^R per position per layer; numawb
+        # keeps the latent once more, transposed, for the values' product (kv_cache.MLACache)
+        per_layer_pos = [(2 * kv_lora + n_rot) * 2] * n_layer
         # absorbed MLA attention: multi-query over the latent, key kv_lora+rope, value kv_lora
         attn_per_key = sum(2 * hd * ((kv_lora + n_rot) + kv_lora) for hd in n_head)
     else:
@@ -336,7 +339,7 @@ def model_cost(path_or_header: str | os.PathLike[str] | Header) -> ModelCost:
         path=h.path, arch=arch, name=name, tensors=tensors, read_fraction=frac, n_layer=n_layer,
         n_ctx_train=_int(h.key("context_length"), 4096), kv_bytes_per_position=sum(per_layer_pos),
         kv_window=kv_window, kv_bytes_per_layer_position=per_layer_pos, attn_flops_per_key=attn_per_key,
-        expert_count=n_exp, expert_used_count=n_used, mla=mla, notes=notes,
+        llama_kv_bytes_per_position=sum(per_layer_pos) - (n_layer * kv_lora * 2 if mla else 0), expert_count=n_exp, expert_used_count=n_used, mla=mla, notes=notes,
         header_bytes=h.header_bytes, file_size=h.file_size)
 
 
