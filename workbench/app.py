@@ -7,27 +7,24 @@ that report back with messages. The dashboard is fed by one snapshot source: liv
 that talks to the engine. It receives a ready ``Placement`` and never reads the command line
 (``workbench.cli`` is the front door).
 
-Beside the chat it can serve the loaded model (``serve=PORT``, ``numawb --serve``: an
-``AppServer`` runs ``workbench.server`` on its own thread, the telemetry lists its requests) and
-predict placements with ``workbench.advisor`` in a worker (F9; F10: another file's header).
+Beside the chat it can serve the loaded model (``serve=PORT``, ``numawb --serve``: a
+``workbench.server.http.AppServer`` serves it on its own thread, the telemetry lists its requests)
+and predict placements with ``workbench.advisor`` in a worker (F9; F10: another file's header).
+The messages its workers post are in ``workbench.messages``.
 """
 from __future__ import annotations
 
 import dataclasses
-import functools
-import inspect
 import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from rich.text import Text
 from textual import on, work
-from textual.app import App, ScreenStackError, SystemCommand
-from textual.css.query import NoMatches
+from textual.app import App, SystemCommand
 from textual.binding import Binding
-from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Input
@@ -46,120 +43,15 @@ from .screens.dashboard import AdviceView, Controls, Dashboard, LoadPanel
 from .screens.dialogs import ErrorScreen, HelpScreen, OpenModelScreen, SamplingScreen
 from .screens.main import MainScreen
 from .screens.themes import Palette, load_themes
+from .messages import (AdviceProgress, AdviceReady, LoadFailed, Loaded, LoadProgress, PreparingDecode, ReplayEvent,
+                       ReplyDone, ReplyFailed, SnapshotReady, Switched, SwitchRefused, from_worker)
+
+if TYPE_CHECKING:
+    from .server.http import AppServer
 
 Recorder = Callable[[str, dict], None]
 STREAM_HZ = 25  # UI updates per second while a reply streams
 COMPLETION_NOTE = "completion mode: this model has no chat template; it continues your text"
-
-
-# ---- messages from worker threads -----------------------------------------
-
-class WorkerMessage(Message):
-    """A message a worker thread (load, switch, sampler, replay, reply, advice) posts to the app.
-
-    One can be posted just before the app exits and be dispatched while Textual takes the screens
-    down, when the widgets its handler updates are gone: every handler is wrapped by
-    `from_worker` (a test checks each subclass's handler is)."""
-
-
-_UI_GONE = (NoMatches, ScreenStackError, IndexError)
-
-
-def from_worker(handler: Callable) -> Callable:
-    """Wrap the app's handler of a `WorkerMessage`: the handler runs in full (a finished reply is
-    still saved to the history), but a widget it updates that is already gone because the app is
-    exiting ends it quietly. While the app runs, the same error is a bug and raises."""
-
-    @functools.wraps(handler)
-    async def run(self: App, msg: Message) -> None:
-        try:
-            result = handler(self, msg)
-            if inspect.isawaitable(result):
-                await result
-        except _UI_GONE:
-            if self.is_running:
-                raise
-
-    run.from_worker = True  # type: ignore[attr-defined]
-    return run
-
-
-class LoadProgress(WorkerMessage):
-    def __init__(self, event: ProgressEvent, what: str) -> None:
-        super().__init__()
-        self.event, self.what = event, what
-
-
-class Loaded(WorkerMessage):
-    def __init__(self, engine: Any, chat: Chat, seconds: float) -> None:
-        super().__init__()
-        self.engine, self.chat, self.seconds = engine, chat, seconds
-
-
-class PreparingDecode(WorkerMessage):
-    """The decoded tokens' call is compiling (on) or done (off): a first start."""
-
-    def __init__(self, on: bool) -> None:
-        super().__init__()
-        self.on = on
-
-
-class LoadFailed(WorkerMessage):
-    def __init__(self, path: str, error: str) -> None:
-        super().__init__()
-        self.path, self.error = path, error
-
-
-class Switched(WorkerMessage):
-    def __init__(self, reports: list[SwitchReport], seconds: float) -> None:
-        super().__init__()
-        self.reports, self.seconds = reports, seconds
-
-
-class SwitchRefused(WorkerMessage):
-    def __init__(self, error: str) -> None:
-        super().__init__()
-        self.error = error
-
-
-class SnapshotReady(WorkerMessage):
-    def __init__(self, snapshot: Snapshot) -> None:
-        super().__init__()
-        self.snapshot = snapshot
-
-
-class ReplayEvent(WorkerMessage):
-    """A recorded chat turn, switch or load, played back (see ``workbench.replay``)."""
-
-    def __init__(self, kind: str, data: dict) -> None:
-        super().__init__()
-        self.kind, self.data = kind, data
-
-
-class AdviceProgress(WorkerMessage):
-    def __init__(self, text: str) -> None:
-        super().__init__()
-        self.text = text
-
-
-class AdviceReady(WorkerMessage):
-    """Advice for the loaded model (``what_if``: for another file's header, shown beside it)."""
-
-    def __init__(self, view: AdviceView | None, what_if: str = "", error: str = "") -> None:
-        super().__init__()
-        self.view, self.what_if, self.error = view, what_if, error
-
-
-class ReplyDone(WorkerMessage):
-    def __init__(self, stats: Any, placement: str) -> None:
-        super().__init__()
-        self.stats, self.placement = stats, placement
-
-
-class ReplyFailed(WorkerMessage):
-    def __init__(self, error: str) -> None:
-        super().__init__()
-        self.error = error
 
 
 def stats_line(stats: Any, placement: str) -> str:
@@ -185,66 +77,6 @@ def current_candidate(advice: Any, weights: str, kv: str, threads: int, policy: 
         if (c.weights, c.kv) == (weights, kv) or f"{weights}/{kv}" in c.same_as:
             return c
     return None
-
-
-class AppServer:
-    """``numawb --serve``: the OpenAI-compatible server (``workbench.server``) over the app's
-    loaded engine, on its own thread: a ``Scheduler`` batches the requests, uvicorn serves them.
-    The engine's lock interleaves its passes with the app's own chat and placement switches."""
-
-    def __init__(self, engine: Any, port: int, host: str = "127.0.0.1", n_parallel: int = 4,
-                 n_ctx: int = 2048) -> None:
-        import uvicorn
-        from .engine.batch import Scheduler
-        from .server.app import ServerState, create_app
-        self.host, self.port = host, port
-        self.scheduler = Scheduler(engine, n_parallel, n_ctx)
-        self.state = ServerState(engine, self.scheduler)
-        config = uvicorn.Config(create_app(self.state), host=host, port=port, log_level="warning",
-                                lifespan="off", access_log=False, timeout_graceful_shutdown=2)
-        self.server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._run, name="numawb-server", daemon=True)
-
-    def _run(self) -> None:
-        try:
-            self.server.run()
-        except SystemExit:  # uvicorn exits when it cannot bind
-            pass
-
-    def start(self, timeout: float = 10.0) -> None:
-        """Listen; raises OSError (one line) when the port cannot be had."""
-        self._thread.start()
-        end = time.monotonic() + timeout
-        while not self.server.started and self._thread.is_alive() and time.monotonic() < end:
-            time.sleep(0.02)
-        if not self.server.started:
-            self.stop()
-            raise OSError(f"could not listen on {self.host}:{self.port} (in use, or not an address here)")
-        if self.port == 0:  # an ephemeral port: the one the socket got
-            self.port = self.server.servers[0].sockets[0].getsockname()[1]
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    @property
-    def label(self) -> str:
-        """What the dashboard's serving panel is titled with."""
-        s = self.scheduler
-        return f"serving {self.state.model_id} on {self.url} · {s.n_parallel} slots × {s.n_ctx} tokens"
-
-    def active(self) -> list:
-        """The scheduler's thread-safe snapshot of its requests (``ActiveRequest``)."""
-        return self.state.active()
-
-    def stop(self) -> None:
-        """Stop listening, cancel what runs (the engine stays loaded)."""
-        self.state.shutting_down = True
-        self.scheduler.stop_accepting()
-        self.server.should_exit = True
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
-        self.scheduler.close(timeout=0)
 
 
 def placement_text(eng: Any) -> str:
@@ -1074,6 +906,7 @@ class WorkbenchApp(App[int]):
             return False
         if self.server is not None:
             return True
+        from .server.http import AppServer
         try:
             srv = AppServer(self.engine, port, n_parallel=self.serve_slots, n_ctx=self.settings.n_ctx)
             srv.start()

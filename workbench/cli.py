@@ -1,5 +1,6 @@
-"""The `numawb` command line, the front door: it parses the request, builds the Placement, and
-starts a command or the app (the app never imports this module).
+"""The `numawb` command line, the front door: it parses the request, builds the Placement (with
+``workbench.options``, which the services share), and starts a command or the app (nothing below
+imports this module).
 
 Every option works before or after the subcommand (``numawb -t 2 generate -p hi`` and
 ``numawb generate -t 2 -p hi`` are the same request) or is refused with one line: an option
@@ -16,7 +17,8 @@ import threading
 from typing import Any, Sequence
 
 from .errors import EXIT_USER_ERROR, UserError, format_error, is_user_error
-from .numa.modes import KV_MODE_HELP, WEIGHT_MODE_HELP
+from .options import (add_model, add_sampling, build_placement, load_engine, print_completion, sampling_params,
+                      system_knobs)
 
 #: subcommands that load a model and take every model/placement option
 MODEL_COMMANDS = ("generate", "perplexity", "placement")
@@ -50,38 +52,6 @@ class _Refuse(argparse.Action):
         parser.refuse(f"{option_string} {self.where}")
 
 
-def _add_model(p: argparse.ArgumentParser) -> None:
-    """The model and placement options, shared by the app and the model commands."""
-    p.add_argument("-m", "--model", metavar="PATH", help="GGUF model file (default: Gemma 3 270M Q4_K_M)")
-    p.add_argument("-t", "--threads", metavar="N", help="worker threads (default: all cores given)")
-    p.add_argument("--weights", default="none", metavar="MODE",
-                   help="weight placement: " + WEIGHT_MODE_HELP + " (default: none)")
-    p.add_argument("--kv", default="first-touch", metavar="MODE",
-                   help="KV cache placement: " + KV_MODE_HELP + " (default: first-touch)")
-    p.add_argument("--numa", default="distribute", choices=["distribute", "isolate"],
-                   help="worker spread: over all nodes, or on one node (default: distribute)")
-    p.add_argument("--cpus", metavar="LIST", help="pin workers to these CPUs, e.g. 0-7,16-23")
-    p.add_argument("--smt", action="store_true", help="use SMT siblings too (default: physical cores only)")
-    p.add_argument("--hugepages", choices=["2M", "1G"],
-                   help="explicit hugetlbfs pages for weights and KV (checked per node before allocating; "
-                        "released at exit). Default: transparent huge pages")
-    p.add_argument("--no-numa-balancing", action="store_true",
-                   help="turn the kernel's automatic NUMA balancing off for this run (root; restored at exit)")
-    p.add_argument("--drop-caches", action="store_true",
-                   help="drop the page cache before loading, for a cold load (root)")
-
-
-def _add_sampling(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate")
-    p.add_argument("--temp", type=float, default=0.8, help="temperature; 0 is greedy")
-    p.add_argument("--top-k", type=int, default=40)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--min-p", type=float, default=0.05)
-    p.add_argument("--repeat-penalty", type=float, default=1.0)
-    p.add_argument("-s", "--seed", type=int, default=None)
-    p.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size in tokens")
-
-
 def _option_actions(p: argparse.ArgumentParser) -> list[argparse.Action]:
     return [a for a in p._actions if a.option_strings and a.dest not in ("help", argparse.SUPPRESS)]
 
@@ -110,27 +80,27 @@ class CommandLine:
         ap.add_argument("--serve", nargs="?", const=8080, type=int, metavar="PORT",
                         help="also serve the loaded model (OpenAI API) on 127.0.0.1:PORT (default 8080; 0: any "
                              "free port) and show its requests in the dashboard")
-        _add_model(ap)
+        add_model(ap)
         from .cluster.cli import add_ray_argument as _ray_args
         _ray_args(ap)  # the app over a Ray cluster too (shared with the commands that take --ray)
         sub = ap.add_subparsers(dest="cmd", metavar="COMMAND")
 
         g = sub.add_parser("generate", help="complete a prompt")
-        _add_model(g)
+        add_model(g)
         g.add_argument("-p", "--prompt", required=True)
-        _add_sampling(g)
+        add_sampling(g)
         g.add_argument("--ignore-eos", action="store_true",
                        help="keep generating past end-of-generation tokens (as llama.cpp's --ignore-eos)")
         g.add_argument("--json", action="store_true", help="print one JSON object")
 
         pp = sub.add_parser("perplexity", help="llama-perplexity's estimate over a text file")
-        _add_model(pp)
+        add_model(pp)
         pp.add_argument("-f", "--file", required=True)
         pp.add_argument("--ctx", "-c", type=int, default=512)
         pp.add_argument("--json", action="store_true")
 
         pl = sub.add_parser("placement", help="load, place, generate a little, and prove where pages and threads are")
-        _add_model(pl)
+        add_model(pl)
         pl.add_argument("-p", "--prompt", default="The capital of France is")
         pl.add_argument("-n", "--n-predict", type=int, default=8)
         pl.add_argument("--json", action="store_true")
@@ -218,76 +188,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return CommandLine().parse(argv)
 
 
-def _count(text: Any, flag: str) -> int | None:
-    """A positive whole number given as ``flag`` (None when not given)."""
-    if text is None:
-        return None
-    try:
-        n = int(str(text).strip())
-    except ValueError:
-        raise UserError(f"{flag} must be a whole number >= 1 (got {text!r})") from None
-    if n < 1:
-        raise UserError(f"{flag} must be >= 1 (got {n})")
-    return n
-
-
-def build_placement(args: argparse.Namespace):
-    """The Placement the engine and the app receive, checked: mode names, threads, CPU list."""
-    from .engine.engine import Placement
-    from .numa.modes import parse_kv, parse_weights
-    from .numa.topology import parse_cpulist
-    weights = parse_weights(args.weights)
-    kv = parse_kv(args.kv)
-    if kv.startswith("node:"):
-        from .numa.topology import load_topology
-        parse_kv(kv, load_topology().node_ids)
-    threads = _count(args.threads, "-t")
-    try:
-        cpus = parse_cpulist(args.cpus) if args.cpus else None
-    except ValueError:
-        raise UserError(f"--cpus {args.cpus!r} is not a CPU list like 0-7,16") from None
-    return Placement(weights=weights, kv=kv, threads=threads, policy=args.numa, cpus=cpus, smt=args.smt,
-                     hugepages_kb={"2M": 2048, "1G": 1 << 20}.get(args.hugepages or ""))
-
-
-_guards: list = []  # kept alive for the process: restore system settings at exit
-
-
-def _system_knobs(args: argparse.Namespace) -> None:
-    """--no-numa-balancing and --drop-caches (root), before anything is loaded."""
-    if not (getattr(args, "no_numa_balancing", False) or getattr(args, "drop_caches", False)):
-        return
-    from .numa.system import disable_numa_balancing, drop_page_cache
-    try:
-        if getattr(args, "no_numa_balancing", False):
-            _guards.append(disable_numa_balancing())
-        if getattr(args, "drop_caches", False):
-            drop_page_cache()
-    except (PermissionError, FileNotFoundError) as e:
-        raise UserError(str(e)) from None
-
-
-def _load_engine(args: argparse.Namespace, quiet: bool = False):
-    from .engine import Engine
-    from .engine.gguf_file import ModelLoadError
-
-    placement = build_placement(args)
-    _system_knobs(args)
-
-    def progress(ev) -> None:
-        if not quiet and ev.stage == "load" and ev.total and sys.stderr.isatty():
-            print(f"\rloading {ev.done / 2**20:8.1f} / {ev.total / 2**20:.1f} MiB "
-                  f"({ev.bytes_per_s / 2**20:.0f} MiB/s)", end="", file=sys.stderr)
-
-    try:
-        eng = Engine.load(args.model, placement=placement, progress=progress)
-    except (ModelLoadError, ValueError) as e:  # ValueError: a placement the machine cannot do
-        raise UserError(str(e)) from None
-    if not quiet and sys.stderr.isatty():
-        print(file=sys.stderr)
-    return eng
-
-
 def placement_json(eng: Any) -> dict[str, Any]:
     """The placement in force, as the engine received it (threads: the workers it started)."""
     p = eng.placement
@@ -296,16 +196,8 @@ def placement_json(eng: Any) -> dict[str, Any]:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from .engine import ContextFullError, DoneEvent, SamplingParams, TokenEvent
-    if args.n_predict < 0:
-        raise UserError(f"-n must be >= 0 (got {args.n_predict})")
-    params = SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                            repeat_penalty=args.repeat_penalty, seed=args.seed)
-    try:
-        params.validate()
-    except ValueError as e:
-        raise UserError(str(e)) from None
-    eng = _load_engine(args, quiet=args.json)
+    params = sampling_params(args)
+    eng = load_engine(args, quiet=args.json)
     ids = eng.tokenizer.encode(args.prompt, add_bos=None)
     if len(ids) == 0 or (len(ids) == 1 and ids[0] == eng.tokenizer.bos_id and not args.prompt):
         raise UserError("empty prompt: give some text with -p")
@@ -314,27 +206,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         compile_ = session.decoding_compile()
         if compile_ is not None:
             threading.Thread(target=compile_, name="numawb-decode-compile", daemon=True).start()
-    done = None
-    try:
-        for ev in session.generate(ids, params, args.n_predict, stop_ids=set() if args.ignore_eos else None):
-            if isinstance(ev, TokenEvent) and not args.json:
-                sys.stdout.write(ev.text)
-                sys.stdout.flush()
-            elif isinstance(ev, DoneEvent):
-                done = ev
-    except ContextFullError as e:
-        raise UserError(str(e)) from None
-    st = done.stats
-    if args.json:
-        print(json.dumps({"prompt_tokens": ids, "tokens": done.tokens, "text": done.text,
-                          "prompt_tps": st.prompt_tps, "decode_tps": st.decode_tps,
-                          "ttft": st.ttft, "stop_reason": st.stop_reason,
-                          "placement": placement_json(eng)}, ensure_ascii=False))
-    else:
-        print()
-        print(f"prompt: {st.prompt_tokens} tokens, {st.prompt_tps:.1f} t/s | "
-              f"decode: {st.decode_tokens} tokens, {st.decode_tps:.1f} t/s | ttft {st.ttft * 1000:.0f} ms")
-    return 0
+    events = session.generate(ids, params, args.n_predict, stop_ids=set() if args.ignore_eos else None)
+    return print_completion(args, ids, events, lambda: {"placement": placement_json(eng)})
 
 
 def cmd_perplexity(args: argparse.Namespace) -> int:
@@ -344,7 +217,7 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
             text = f.read()
     except OSError as e:
         raise UserError(f"{args.file}: {e.strerror}") from None
-    eng = _load_engine(args, quiet=args.json)
+    eng = load_engine(args, quiet=args.json)
 
     def progress(i: int, n: int, ppl: float) -> None:
         if not args.json:
@@ -379,7 +252,7 @@ def _caller_location(pool: Any) -> tuple[int | None, int | None]:
 def cmd_placement(args: argparse.Namespace) -> int:
     from .engine import SamplingParams
     from .numa.proof import process_numastat, prove
-    eng = _load_engine(args, quiet=True)
+    eng = load_engine(args, quiet=True)
     ids = eng.tokenizer.encode(args.prompt)
     session = eng.new_session(max(256, len(ids) + args.n_predict + 1))
     done = None
@@ -481,7 +354,7 @@ def cmd_app(args: argparse.Namespace) -> int:
         from .replay import Recording
         recording = Recording.load(args.replay)
     placement = build_placement(args)
-    _system_knobs(args)
+    system_knobs(args)
     if args.record:
         from .record import run_record
         return run_record(args.record, script=args.script, model=args.model, placement=placement,

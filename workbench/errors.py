@@ -1,17 +1,15 @@
 """User errors: the mistakes a user can make, and the one line every command prints for them.
 
 A user error ends a command with exit status 2 and a single line ``numawb: error: ...`` on
-stderr, never a traceback. ``UserError`` is raised by the command line and the app's front
-door; the NUMA layer's own ``ModeError`` (an unknown or impossible placement mode) and
-``BudgetError`` (a plan that does not fit in free memory) are user errors too.
+stderr, never a traceback. ``UserError`` is raised by the command line, the options, the
+server, the cluster and the app's front door; the NUMA layer's own ``ModeError`` (an unknown or
+impossible placement mode) and ``BudgetError`` (a plan that does not fit in free memory) are
+subclasses of it.
 
-Imports nothing heavy (no NumPy, Numba or Textual): every command, ``--help`` included,
-can use it.
+The bottom layer (docs/architecture.md): imports nothing, not even the rest of ``workbench``,
+so every layer, ``--help`` included, can use it.
 """
 from __future__ import annotations
-
-from .numa.budget import BudgetError
-from .numa.modes import ModeError
 
 #: exit status of a command that ended on a user error (argparse uses the same)
 EXIT_USER_ERROR = 2
@@ -21,8 +19,9 @@ class UserError(Exception):
     """A mistake in the user's input: reported as one line, exit status 2."""
 
 
-#: exception types whose message is meant for the user as it is
-USER_ERRORS: tuple[type[BaseException], ...] = (UserError, ModeError, BudgetError)
+#: exception types whose message is meant for the user as it is (ModeError and BudgetError
+#: subclass UserError)
+USER_ERRORS: tuple[type[BaseException], ...] = (UserError,)
 
 
 def one_line(text: str) -> str:

@@ -128,7 +128,7 @@ async def test_decode_call_is_compiled_after_the_load_before_the_first_reply(tin
 @aio
 async def test_load_progress_panel_shows_bytes_and_phase(tiny):
     from workbench.numa.layout import ProgressEvent
-    from workbench.app import LoadProgress
+    from workbench.messages import LoadProgress
     app = make_app(tiny, autoload=False)
     async with app.run_test(size=SIZE) as pilot:
         panel = app.query_one(LoadPanel)
@@ -908,7 +908,7 @@ def test_routing_heat_map_bins_many_layers_and_experts_into_the_width():
 
 def test_every_worker_message_has_a_handler_that_outlives_the_widgets():
     """A worker thread's message can be dispatched while the app exits: each has a wrapped handler."""
-    from workbench import app as app_mod
+    from workbench import messages as app_mod
     kinds = app_mod.WorkerMessage.__subclasses__()
     assert len(kinds) >= 12
     for kind in kinds:
@@ -922,7 +922,7 @@ async def test_worker_messages_dispatched_while_the_app_exits_end_quietly_and_ke
     begun to exit (not running, main screen still on the stack, its widgets pruned). Every
     worker message handled in that state ends quietly, and a finished reply is still saved."""
     from types import SimpleNamespace
-    from workbench import app as app_mod
+    from workbench import messages as app_mod
     from workbench.engine.chat import Message as Turn
     from workbench.engine.engine import Stats
     from workbench.history import ChatHistory

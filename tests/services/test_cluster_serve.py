@@ -24,7 +24,7 @@ from workbench.engine.batch import Scheduler  # noqa: E402
 from workbench.engine.engine import DoneEvent, Engine, Placement  # noqa: E402
 from workbench.engine.generation import Picker  # noqa: E402
 from workbench.server.app import ServerState  # noqa: E402
-from workbench.server.run import BackgroundServer  # noqa: E402
+from workbench.server.http import HttpServer  # noqa: E402
 
 
 
@@ -51,8 +51,8 @@ def pipe(cluster, tiny):
     p.close()
 
 
-def _serve(pipe, n_parallel: int, max_queue: int = 8) -> BackgroundServer:
-    return BackgroundServer(ServerState(pipe, Scheduler(pipe, n_parallel, SLOT_CTX, max_queue))).start()
+def _serve(pipe, n_parallel: int, max_queue: int = 8) -> HttpServer:
+    return HttpServer(ServerState(pipe, Scheduler(pipe, n_parallel, SLOT_CTX, max_queue))).start()
 
 
 @pytest.fixture(scope="module")

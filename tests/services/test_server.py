@@ -25,7 +25,7 @@ from workbench.engine.batch import Scheduler  # noqa: E402
 from workbench.engine.engine import Placement  # noqa: E402
 from workbench.engine.chat import ChatFormatter  # noqa: E402
 from workbench.server.app import ServerState  # noqa: E402
-from workbench.server.run import BackgroundServer  # noqa: E402
+from workbench.server.http import HttpServer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SLOT_CTX = 1024
@@ -51,9 +51,9 @@ def eng():
     e.close()
 
 
-def _serve(eng, n_parallel=4, n_ctx=SLOT_CTX, max_queue=64, api_key=None) -> BackgroundServer:
+def _serve(eng, n_parallel=4, n_ctx=SLOT_CTX, max_queue=64, api_key=None) -> HttpServer:
     sch = Scheduler(eng, n_parallel, n_ctx, max_queue)
-    return BackgroundServer(ServerState(eng, sch, api_key=api_key)).start()
+    return HttpServer(ServerState(eng, sch, api_key=api_key)).start()
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""`numawb probe` and `numawb advise`: arguments and commands (registered by workbench/cli.py)."""
+"""`numawb probe` and `numawb advise`: arguments and commands (registered by workbench/cli.py; the
+model and huge-page flags from workbench/options.py, as every model command's)."""
 from __future__ import annotations
 
 import argparse
@@ -6,6 +7,7 @@ import json
 import sys
 
 from ..numa.modes import WEIGHT_MODE_HELP, parse_kv, parse_weights_list
+from ..options import add_hugepages, add_model_path, hugepages_kb
 
 
 def add_probe_arguments(p: argparse.ArgumentParser) -> None:
@@ -16,9 +18,8 @@ def add_probe_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_advise_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-m", "--model", metavar="PATH",
-                   help="GGUF file (only its header is read; a split file's first part or a partial "
-                        "download will do; default: Gemma 3 270M Q4_K_M)")
+    add_model_path(p, "GGUF file (only its header is read; a split file's first part or a partial "
+                      "download will do; default: Gemma 3 270M Q4_K_M)")
     p.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size in tokens (KV cache memory)")
     p.add_argument("-d", "--depth", type=int, default=0, help="cached positions when decoding (KV reads)")
     p.add_argument("-t", "--threads", metavar="N[,N...]", help="thread counts (default: all cores; "
@@ -28,9 +29,8 @@ def add_advise_arguments(p: argparse.ArgumentParser) -> None:
                    help="KV modes (default: first-touch, interleave and node:N of memory-only nodes)")
     p.add_argument("--topology", metavar="FIXTURE", help="predict for a fixture machine (simulated)")
     p.add_argument("--refresh", action="store_true", help="probe this machine again first")
-    p.add_argument("--hugepages", choices=["2M", "1G"],
-                   help="warn when a node has too few free explicit huge pages of this size for the "
-                        "recommended placement (what run --hugepages would need)")
+    add_hugepages(p, "warn when a node has too few free explicit huge pages of this size for the "
+                     "recommended placement (what run --hugepages would need)")
     p.add_argument("--no-measure", action="store_true",
                    help="do not measure the engine's overhead and kernels (memory traffic only)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -105,7 +105,7 @@ def run_advise(args: argparse.Namespace) -> int:
     prog = _Progress(args.quiet or args.json)
     adv = advise(args.model, topo, args.ctx_size, depth=args.depth, threads=threads, weights=weights, kvs=kvs,
                  measure=not args.no_measure, refresh=args.refresh, progress=prog,
-                 hugepages_kb={"2M": 2048, "1G": 1 << 20}.get(args.hugepages or ""))
+                 hugepages_kb=hugepages_kb(args.hugepages))
     prog.end()
     print(json.dumps(adv.to_json(), indent=2) if args.json else adv.format_table())
     return 0

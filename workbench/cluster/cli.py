@@ -5,7 +5,9 @@ import argparse
 import json
 import sys
 import time
+
 from ..errors import UserError
+from ..options import build_placement, print_completion, sampling_params
 from . import ClusterError, require_ray
 
 RAY_COMMANDS = ("generate", "bench", "placement", "serve")
@@ -22,7 +24,6 @@ def add_ray_argument(p: argparse.ArgumentParser) -> None:
 
 def _placement(args: argparse.Namespace):
     """The placement every host uses for its part (bench: one weights mode, one KV mode, one count)."""
-    from ..cli import build_placement
     if args.cmd != "bench":
         return build_placement(args)
     from ..bench import parse_int_list
@@ -56,43 +57,19 @@ def _split_line(pipe) -> str:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from ..engine import DoneEvent, SamplingParams, TokenEvent
-    if args.n_predict < 0:
-        raise UserError(f"-n must be >= 0 (got {args.n_predict})")
-    params = SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                            repeat_penalty=args.repeat_penalty, seed=args.seed)
-    try:
-        params.validate()
-    except ValueError as e:
-        raise UserError(str(e)) from None
+    params = sampling_params(args)
     if not args.prompt:
         raise UserError("empty prompt: give some text with -p")
     pipe = _pipeline(args, args.ctx_size)
     try:
         ids = pipe.tokenizer.encode(args.prompt, add_bos=None)
-        done = None
-        try:
-            for ev in pipe.generate(ids, params, args.n_predict):
-                if isinstance(ev, TokenEvent) and not args.json:
-                    sys.stdout.write(ev.text)
-                    sys.stdout.flush()
-                elif isinstance(ev, DoneEvent):
-                    done = ev
-        except ValueError as e:  # context full
-            raise UserError(str(e)) from None
-        st = done.stats
-        if args.json:
-            print(json.dumps({"prompt_tokens": ids, "tokens": done.tokens, "text": done.text,
-                              "prompt_tps": st.prompt_tps, "decode_tps": st.decode_tps, "ttft": st.ttft,
-                              "stop_reason": st.stop_reason, "hosts": pipe.describe(),
-                              "hidden_bytes_per_token": pipe.hidden_bytes_per_token()}, ensure_ascii=False))
-        else:
-            print()
-            print(f"prompt: {st.prompt_tokens} tokens, {st.prompt_tps:.1f} t/s | decode: {st.decode_tokens} "
-                  f"tokens, {st.decode_tps:.1f} t/s | ttft {st.ttft * 1000:.0f} ms | {_split_line(pipe)}")
+        events = pipe.generate(ids, params, args.n_predict, stop_ids=set() if args.ignore_eos else None)
+        return print_completion(args, ids, events,
+                                lambda: {"hosts": pipe.describe(),
+                                         "hidden_bytes_per_token": pipe.hidden_bytes_per_token()},
+                                lambda: f" | {_split_line(pipe)}")
     finally:
         pipe.close()
-    return 0
 
 
 def cmd_placement(args: argparse.Namespace) -> int:
@@ -180,9 +157,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     """`numawb serve --ray`: the OpenAI-compatible server over the pipeline; its scheduler's slots
     are request streams on every host, decoded together (one batched pass per host per token)."""
+    from ..server.config import ServeOptions
     from ..server.run import serve
     require_ray()
-    return serve(args, load=lambda total_ctx: _pipeline(args, total_ctx))
+    opts = ServeOptions.from_args(args).check()
+    return serve(_pipeline(args, opts.slot_ctx * opts.parallel), opts)
 
 
 def run_ray(args: argparse.Namespace) -> int:

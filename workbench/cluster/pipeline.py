@@ -20,6 +20,8 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from ..engine.events import ContextFullError
+from ..engine.generation import Generation, reusable_prefix
 from . import ClusterError, require_ray
 from .host import StageHost
 from .split import HostNeed, check_files, check_room, layer_bytes, split_layers
@@ -478,12 +480,7 @@ class RayPipeline:
         hosts work on consecutive batches in parallel."""
         self._check()
         seq = stream or self.default
-        common = 0
-        for a, b in zip(seq.tokens, ids):
-            if a != b:
-                break
-            common += 1
-        common = min(common, len(ids) - 1)
+        common = reusable_prefix(seq.tokens, list(ids))
         del seq.tokens[common:]
         rest = list(ids[common:])
         if common + len(rest) > seq.n_ctx:
@@ -510,8 +507,6 @@ class RayPipeline:
         """Stream a completion of `prompt` like `Session.generate` (TokenEvent..., DoneEvent),
         by the same token loop (`engine.generation.Generation`), on `stream` (default: the
         default stream)."""
-        from ..engine.engine import ContextFullError
-        from ..engine.generation import Generation
         if not prompt:
             raise ValueError("empty prompt: nothing to continue from")
         with self.lock:
@@ -522,12 +517,7 @@ class RayPipeline:
             stats = gen.stats
 
             def first() -> int:
-                common = 0
-                for a, b in zip(seq.tokens, prompt):
-                    if a != b:
-                        break
-                    common += 1
-                stats.prompt_tokens = len(prompt) - min(common, len(prompt) - 1)
+                stats.prompt_tokens = len(prompt) - reusable_prefix(seq.tokens, list(prompt))
                 tok = self.eval(list(prompt), gen.picker, seq)
                 stats.prompt_seconds = time.perf_counter() - gen.t0
                 return tok

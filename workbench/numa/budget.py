@@ -8,12 +8,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping
 
+from ..errors import UserError
+
 if TYPE_CHECKING:
     from .topology import Topology
 
 
-class BudgetError(MemoryError):
-    """The plan does not fit; ``str()`` gives need and free per node."""
+class BudgetError(UserError, MemoryError):
+    """The plan does not fit; ``str()`` gives need and free per node (a user error: one line)."""
 
     def __init__(self, message: str, need: Mapping[int, int], free: Mapping[int, int]):
         super().__init__(message)

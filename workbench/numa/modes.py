@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
+from ..errors import UserError
+
 #: weights modes, in the order menus and ``--weights all`` list them
 WEIGHT_MODES: tuple[str, ...] = ("none", "interleave", "mirror", "slice", "auto")
 #: modes that only mean something for a mixture-of-experts model (whole experts owned by nodes)
@@ -19,7 +21,7 @@ KV_MODE_HELP = "first-touch | interleave | node:N"
 POLICIES: tuple[str, ...] = ("distribute", "isolate")
 
 
-class ModeError(ValueError):
+class ModeError(UserError, ValueError):
     """An unknown or impossible placement mode; the message is one line for the user."""
 
 

@@ -5,7 +5,9 @@ scheduler (`workbench.engine.batch.Scheduler`). Starlette + uvicorn serve it; me
 Prometheus text (prometheus-client).
 
     from workbench.server import add_arguments, main       # the CLI hook (cli.py)
+    from workbench.server.run import serve                 # a loaded model, ServeOptions
     from workbench.server.app import create_app, ServerState  # the ASGI app, for embedding
+    from workbench.server.http import HttpServer, AppServer   # uvicorn in this process
 
 `ServerState.active()` is a thread-safe snapshot of the requests being served (id, tokens,
 t/s, slot, KV node), for a dashboard.
@@ -15,11 +17,12 @@ from __future__ import annotations
 
 import argparse
 
+from ..options import add_model
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The `serve` subcommand's flags (model and placement flags as every model command)."""
-    from ..cli import _add_model
-    _add_model(p)
+    add_model(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, loopback only)")
     p.add_argument("--port", type=int, default=8080, help="port to listen on (default: 8080)")
     p.add_argument("-np", "--parallel", type=int, default=4, metavar="N",
@@ -36,8 +39,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Load the model, start the scheduler and serve until SIGTERM/SIGINT; 0 on a clean stop."""
-    from .run import serve
+    """Check the flags, load the model, serve until SIGTERM/SIGINT; 0 on a clean stop."""
     from ..models_store import use_default_model
+    from ..options import load_engine
+    from .config import ServeOptions
+    from .run import serve
+    opts = ServeOptions.from_args(args).check()
     use_default_model(args)  # no -m: the pulled instruct model, else the base model (one line says which)
-    return serve(args)
+    return serve(load_engine(args), opts)
