@@ -25,7 +25,7 @@ from typing import Callable
 from . import kernels
 from .crew import CrewError, Job
 # the cache owns its slot layout; slot_position and store_f16 are used by the compiled kernels here
-from .kv_cache import KVCache, filled_slots, owner_slots, slot_position, store_f16  # noqa: F401
+from .kv_cache import BLOCK, KVCache, filled_slots, owner_slots, slot_position, store_f16  # noqa: F401
 from .ops import ggml_expf, softmax_group_sum
 from .kernels.llama_build import SOFTMAX_LANES
 
@@ -286,6 +286,37 @@ def owners_token_attention(lead):
 
 
 NO_ROWS = 1 << 62
+
+
+def owners_attention(lead):
+    """`owners_token_attention` with `one_token_attention`'s arguments (kc, vc: the owners' tuples;
+    lo: the window's first position, base unused): the owner and slot of pos0 and each owner's
+    filled, first and first-value slots are worked out here, as `Runtime._attend_token` does in
+    Python, so the compiled token calls run on a cache split between nodes too."""
+    fn = _DECODERS.get(("owners args", lead))
+    if fn is not None:
+        return fn
+    inner = owners_token_attention(lead)
+    skip = SKIP_SLID_VALUES
+
+    @nb.njit(**_JIT)
+    def attend(ctl, n_workers, keys_job, values_job, q, k, v, kcs, vcs, pos0, window, scale, lo, base, cap):
+        no = len(kcs)
+        blk = pos0 // BLOCK
+        owner, slot = blk % no, (blk // no) * BLOCK + pos0 % BLOCK
+        ns = np.empty(no, dtype=np.int64)
+        los = np.empty(no, dtype=np.int64)
+        lo64 = np.zeros(no, dtype=np.int64)
+        for o in range(no):
+            ns[o] = filled_slots(pos0 + 1, o, no)
+            los[o] = filled_slots(lo, o, no)
+            if skip:
+                lo64[o] = los[o] // 64 * 64
+        return inner(ctl, n_workers, keys_job, values_job, q, k, v, kcs, vcs, pos0, owner, slot, window, scale,
+                     ns, los, lo64, cap)
+
+    _DECODERS[("owners args", lead)] = attend
+    return attend
 
 
 SPREAD_ATTENTION = 2048  # key slots x query rows above which attention is spread over the workers

@@ -74,6 +74,28 @@ def values_slot_lines(vc: np.ndarray, slot: int, base: int) -> tuple[int, int, i
     return at + 2 * slot, rows, stride, 1
 
 
+def token_slot_lines(vc, pos0: int, base: int):
+    """`values_slot_lines` for a decoded token at pos0 of a one-owner cache (vc an array) or of a
+    cache split between owners (vc a tuple of the owners' arrays: the owner holding pos0, from
+    its slot on)."""
+    raise NotImplementedError("compiled callers only")
+
+
+@nb.extending.overload(token_slot_lines)
+def _token_slot_lines(vc, pos0, base):
+    if isinstance(vc, nb.types.BaseTuple):
+        def impl(vc, pos0, base):
+            no = len(vc)
+            blk = pos0 // BLOCK
+            slot = (blk // no) * BLOCK + pos0 % BLOCK
+            return values_slot_lines(vc[blk % no], slot, slot)
+        return impl
+
+    def impl(vc, pos0, base):
+        return values_slot_lines(vc, pos0, base)
+    return impl
+
+
 def slots_per_worker(n_ctx: int, n_workers: int) -> int:
     blocks = -(-n_ctx // BLOCK)
     return -(-blocks // n_workers) * BLOCK
@@ -94,6 +116,7 @@ def owner_slots(positions: np.ndarray, n_workers: int) -> tuple[np.ndarray, np.n
     return block % n_workers, (block // n_workers) * BLOCK + positions % BLOCK
 
 
+@nb.njit(**JIT)
 def filled_slots(n_positions: int, w: int, n_workers: int) -> int:
     """How many of worker w's slots hold positions < n_positions."""
     full, rem = divmod(n_positions, BLOCK)

@@ -33,7 +33,7 @@ from . import ops
 from .attention import AttentionPaths
 from .crew import (C_OWNER, C_SPAN, C_TASK, CHUNK_FIELDS, STEALABLE, T_OUT, T_OUTOFF, T_XROW, TASK_FIELDS, Crew,
                    CrewError, Job, Table, link, product_runner, product_runner_mixed)
-from .attention import SKIP_SLID_VALUES, one_token_attention, token_window
+from .attention import SKIP_SLID_VALUES, one_token_attention, owners_attention, token_window
 from .dense_token import dense_runner
 from .expert_token import GELU, SILU, compose, expert_runner, fixed_format, routed_runner, shared_runner
 from .mla_token import mla_block_runner
@@ -856,9 +856,9 @@ class Runtime(AttentionPaths):
     def _attention_parts(self, spec: "AttentionSpec", kv: KVCache, il: int) -> "_TokenParts | None":
         """The compiled attention sub-layer of `spec` on layer il of `kv` with every argument that
         does not change from token to token (job tables, outputs, norms), made once per layout and
-        cache; None when that layer has no such call (float weights, a cache split between nodes)."""
-        if kv.n_workers != 1:
-            return None
+        cache; None when that layer has no such call (float weights). A cache split between nodes
+        (several owners) takes `attention.owners_attention`: each owner's chunks on its node's
+        workers."""
         if isinstance(spec, MLASpec):
             return self._mla_parts(spec, kv, il)
         per_kv = self._tparts.get(kv)
@@ -884,14 +884,23 @@ class Runtime(AttentionPaths):
             chain = [(jq.tasks, jq.chunks, jq.n_owned), keys, values, (jo.tasks, jo.chunks, jo.n_owned)]
             for before, after in zip(chain, chain[1:]):
                 link(before, after)
+            attend, kc, vc = self._cache_args(kv, il)
             ready = _TokenParts(
-                block_runner(run_qkv, one_token_attention(crew.lead), run_out), g_qkv.ne0,
+                block_runner(run_qkv, attend, run_out), g_qkv.ne0,
                 ((jq.tasks, jq.chunks, jq.n_owned), q, k, v, b[0], b[1], b[2], spec.q_norm, spec.k_norm, spec.eps),
-                (spec.neox, spec.prescale, keys, values, kv.k[il][0], kv.v[il][0]),
+                (spec.neox, spec.prescale, keys, values, kc, vc),
                 (spec.window, spec.scale), (kv.cap, (jo.tasks, jo.chunks, jo.n_owned), o[0], b[3]), o,
                 first=chain[0], last=chain[-1])
         per_kv[key] = _Cached(crew.lead, ready)
         return ready
+
+    def _cache_args(self, kv, il: int) -> tuple[Callable, object, object]:
+        """The compiled one-token attention for cache `kv` and its layer il's keys and values as
+        it takes them: one owner's arrays, or the owners' tuples (a cache split between nodes)."""
+        if kv.n_workers == 1:
+            return one_token_attention(self._crew.lead), kv.keys3(il, 0), kv.v[il][0]
+        return (owners_attention(self._crew.lead), tuple(kv.keys3(il, o) for o in range(kv.n_workers)),
+                tuple(kv.v[il]))
 
     def _token_split(self, group: _Group, x: np.ndarray, finish: Callable[[int, int, int, int], None] | None,
                      outs: list[np.ndarray] | None = None, before: Before | None = None,
@@ -1286,8 +1295,9 @@ class Runtime(AttentionPaths):
         return tasks, chunks, chunks.shape[0] | STEALABLE
 
     def _mla_parts(self, spec: MLASpec, kv, il: int) -> "_TokenParts | None":
-        """The compiled MLA sub-layer (`mla_token.mla_block_runner`) of `spec` on layer il of a
-        one-owner latent cache, with its job tables and scratch, made once per layout and cache;
+        """The compiled MLA sub-layer (`mla_token.mla_block_runner`) of `spec` on layer il of the
+        latent cache (one owner or several), with its job tables and scratch, made once per layout
+        and cache;
         None when a product has no compiled path (float weights)."""
         per_kv = self._tparts.setdefault(kv, {})
         crew = self._crew
@@ -1319,14 +1329,15 @@ class Runtime(AttentionPaths):
             for before, after in zip(chain, chain[1:]):
                 link(before, after)
             width = kv.width
+            attend, kc, vc = self._cache_args(kv, il)
             o = np.empty((1, g_out.rows[0]), dtype=np.float32)
             dv = self.weights[spec.v_b].rows // H
             ready = _TokenParts(
-                mla_block_runner(run1, run_qb, crew.lead, preps[0], preps[1], one_token_attention(crew.lead), run_out),
+                mla_block_runner(run1, run_qb, crew.lead, preps[0], preps[1], attend, run_out),
                 g1.ne0,
                 (j1, qa, ckv, qa_norm, float(spec.eps), jqb, q, jkb, np.empty((H, spec.nope), dtype=np.float32),
                  np.empty((H, lora), dtype=np.float32)),
-                (bool(spec.neox), int(spec.nope), self.f32(spec.kv_norm), keys, values, kv.keys3(il, 0), kv.v[il][0],
+                (bool(spec.neox), int(spec.nope), self.f32(spec.kv_norm), keys, values, kc, vc,
                  np.empty((H, width), dtype=np.float32), np.empty((1, width), dtype=np.float32),
                  np.empty((1, lora), dtype=np.float32)),
                 (0, float(spec.scale)), (kv.cap, jvb, np.empty((H, dv), dtype=np.float32), jo, o[0]), o,

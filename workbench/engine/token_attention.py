@@ -17,7 +17,7 @@ import numpy as np
 
 from . import ops
 from .crew import ahead, write_ahead
-from .kv_cache import values_slot_lines
+from .kv_cache import token_slot_lines
 from .kernels.jitcache import JIT as _NB
 
 _BLOCKS: dict = {}
@@ -25,7 +25,8 @@ _BLOCKS: dict = {}
 
 def block_runner(qkv: Callable, attend: Callable, out: Callable) -> Callable:
     """The compiled attention sub-layer around `qkv` and `out` (crew.product_runner functions for
-    the q/k/v group and the output matrix) and `attend` (attention.one_token_attention)."""
+    the q/k/v group and the output matrix) and `attend` (attention.one_token_attention, or
+    attention.owners_attention for a cache split between nodes: kc, vc the owners' tuples)."""
     key = (qkv, attend, out)
     fn = _BLOCKS.get(key)
     if fn is not None:
@@ -38,7 +39,7 @@ def block_runner(qkv: Callable, attend: Callable, out: Callable) -> Callable:
         [n_kv, hd], [n_kv, hdv]; a bias, a norm weight or `cs` of size 0 is skipped. False when a
         worker failed."""
         t, c, n = qkv_job
-        at, rows, stride, per = values_slot_lines(vc, pos0, base)
+        at, rows, stride, per = token_slot_lines(vc, pos0, base)
         write_ahead(t, at, rows, stride, per)   # the values' store and job below touch these lines
         if not qkv(ctl, n_workers, t, c, n, h, (q.reshape(-1), k.reshape(-1), v.reshape(-1))):
             return False
