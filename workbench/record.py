@@ -7,7 +7,9 @@ Runs the app without a terminal (Textual's headless driver), plays a script, and
   ``chat.user``, ``token``, ``reply.done|error``, ``switch.start|progress|done|refused``), every
   telemetry ``snapshot`` (a ``workbench.telemetry.Snapshot`` as JSON), and the script's own
   ``step`` / ``screenshot`` / ``step.failed`` markers;
-- ``DIR/NN-<op>.svg``: a screenshot of the app after each step.
+- ``DIR/NN-<op>.svg``: a screenshot of the app after each step, its window title naming the host it
+  was taken on (``host_description``: host name, CPU, CPUs, NUMA nodes, virtual machine or not) and
+  the date, so a picture's rates can be read for what they are.
 
 ``numawb --replay DIR/events.jsonl`` plays the snapshots back in the dashboard.
 
@@ -28,6 +30,11 @@ Script format: one step per line (``#`` starts a comment), or a JSON list of
                                   (``request.done`` / ``request.error`` events), so the next screenshot
                                   shows a serving dashboard. Tokens: the sampling's n_predict.
 
+After the script, the chat replies are checked for repetition loops (a broken sampler or chat
+template makes a model repeat itself): ``chat_quality`` takes each reply's distinct 4-gram ratio
+over its token ids; the run prints it on one line (``numawb: chat replies: ...``, with a warning
+below ``LOOP_RATIO``) and records it as a ``chat.quality`` event.
+
 Telemetry ``snapshot`` events carry, for a mixture-of-experts model, the ``routing`` window
 (expert hits per layer, expert bytes read per node per token: ``workbench.telemetry.RoutingInfo``)
 and, while serving, the server's ``requests``. Advice adds ``advice.start|done|error`` events.
@@ -38,12 +45,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import platform
 import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Iterable, Sequence, TextIO
 
 from .errors import UserError
 
@@ -57,6 +66,13 @@ switch weights=interleave
 switch kv=interleave
 chat Say that again in five words.
 """
+
+#: n of the n-grams ``chat_quality`` counts
+NGRAM = 4
+#: a reply whose distinct 4-gram ratio is below this is a repetition loop: the looping replies of the
+#: README's old picture (issue 45) score 0.46-0.64 on Gemma's tokens, a sentence repeated over 48
+#: tokens 0.2-0.3, SmolLM2's greedy replies in tests/data/smollm2_golden.json 0.93-1.0
+LOOP_RATIO = 0.7
 
 OPS = ("load", "set", "chat", "switch", "view", "press", "wait", "clear", "serve", "requests")
 
@@ -102,6 +118,117 @@ def parse_script(text: str) -> list[Step]:
             if not n.isdigit() or int(n) < 1:
                 raise ValueError(f"requests: expected a count >= 1 first, got {s.arg!r}")
     return steps
+
+
+def distinct_ngram_ratio(items: Sequence[Any], n: int = NGRAM) -> float:
+    """Distinct n-grams over all n-grams of ``items`` (token ids, words): 1.0 when no n-gram
+    repeats, about period/length for a loop; 1.0 for a sequence too short to hold an n-gram."""
+    grams = [tuple(items[i:i + n]) for i in range(len(items) - n + 1)]
+    return len(set(grams)) / len(grams) if grams else 1.0
+
+
+def reply_tokens(events: Iterable[dict[str, Any]]) -> list[list[int]]:
+    """The token ids of each chat reply in a recording's events: the ``token`` events after a
+    ``chat.user``, up to its ``reply.done`` or ``reply.error``."""
+    replies: list[list[int]] = []
+    cur: list[int] | None = None
+    for e in events:
+        kind = e.get("kind")
+        if kind == "chat.user":
+            cur = []
+        elif kind == "token" and cur is not None:
+            cur.append(int(e["data"]["token"]))
+        elif kind in ("reply.done", "reply.error") and cur is not None:
+            replies.append(cur)
+            cur = None
+    return replies
+
+
+@dataclass(frozen=True)
+class ChatQuality:
+    """Each recorded reply's distinct n-gram ratio, and which are loops."""
+
+    ratios: tuple[float, ...]
+    lengths: tuple[int, ...]
+    n: int = NGRAM
+    threshold: float = LOOP_RATIO
+
+    @property
+    def loops(self) -> list[int]:
+        """Indices of the replies below the threshold."""
+        return [i for i, r in enumerate(self.ratios) if r < self.threshold]
+
+    @property
+    def min_ratio(self) -> float | None:
+        return min(self.ratios) if self.ratios else None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"n": self.n, "threshold": self.threshold, "ratios": [round(r, 3) for r in self.ratios],
+                "tokens": list(self.lengths), "loops": self.loops}
+
+    def line(self) -> str:
+        if not self.ratios:
+            return "chat replies: none recorded"
+        each = ", ".join(f"{r:.2f}" for r in self.ratios)
+        text = (f"chat replies: distinct {self.n}-gram ratio {each} "
+                f"({len(self.ratios)} repl{'y' if len(self.ratios) == 1 else 'ies'}, loop below {self.threshold})")
+        if self.loops:
+            which = ", ".join(str(i + 1) for i in self.loops)
+            text += (f"; replies {which} look like repetition loops" if len(self.loops) > 1
+                     else f"; reply {which} looks like a repetition loop")
+        return text
+
+
+def chat_quality(events: Iterable[dict[str, Any]], n: int = NGRAM, threshold: float = LOOP_RATIO) -> ChatQuality:
+    """The distinct ``n``-gram ratio of every chat reply of a recording (its events, as
+    ``events.jsonl`` holds them): a broken sampler or template shows as a ratio below ``threshold``."""
+    replies = reply_tokens(events)
+    return ChatQuality(tuple(distinct_ngram_ratio(r, n) for r in replies), tuple(len(r) for r in replies),
+                       n, threshold)
+
+
+def read_events(path: str | Path) -> list[dict[str, Any]]:
+    """The events of an ``events.jsonl`` (lines that are not JSON objects are skipped)."""
+    out = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(e, dict):
+            out.append(e)
+    return out
+
+
+def host_description() -> str:
+    """One line naming this machine for a screenshot: host name, CPU model, CPUs usable, NUMA nodes
+    and, when /proc/cpuinfo lists the ``hypervisor`` flag, that it is a virtual machine."""
+    cpu, vm = "", False
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if not cpu and line.startswith("model name"):
+                    cpu = " ".join(line.partition(":")[2].split())
+                elif line.startswith("flags") and " hypervisor" in line:
+                    vm = True
+                if cpu and line.startswith("flags"):
+                    break
+    except OSError:
+        pass
+    try:
+        nodes = sum(1 for n in os.listdir("/sys/devices/system/node") if n.startswith("node") and n[4:].isdigit())
+    except OSError:
+        nodes = 0
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 0
+    parts = [platform.node() or "unknown host", cpu or platform.machine(), f"{cpus} CPU{'s' * (cpus != 1)}"]
+    if nodes:
+        parts.append(f"{nodes} NUMA node{'s' * (nodes != 1)}")
+    if vm:
+        parts.append("virtual machine")
+    return " · ".join(parts)
 
 
 class ScriptedClients:
@@ -272,6 +399,7 @@ async def _drive(app: Any, steps: list[Step], out: Path, rec: Recorder, model: s
                  size: tuple[int, int], timeout: float) -> list[str]:
     from .screens.dialogs import ErrorScreen
     failures: list[str] = []
+    host = f"recorded {time.strftime('%Y-%m-%d')} on {host_description()}"
     async with app.run_test(size=size) as pilot:
         await pilot.pause(0.2)
         for i, step in enumerate(steps, 1):
@@ -286,7 +414,7 @@ async def _drive(app: Any, steps: list[Step], out: Path, rec: Recorder, model: s
                 app.source.sample_now()
             await pilot.pause(0.5)
             name = f"{i:02d}-{step.op}.svg"
-            app.save_screenshot(name, str(out))
+            (out / name).write_text(app.export_screenshot(title=f"{app.title} — {host}"), encoding="utf-8")
             rec("screenshot", {"index": i, "file": name})
             if isinstance(app.screen, ErrorScreen):
                 app.pop_screen()
@@ -315,12 +443,17 @@ def run_record(out_dir: str, script: str | None = None, model: str | None = None
     app = WorkbenchApp(model, placement=placement, simulate=simulate, autoload=False, persist=False,
                        settings=Settings(), recorder=rec, serve=serve)
     app.scripted_clients = ScriptedClients(rec)
+    quality = None
     try:
         failures = asyncio.run(_drive(app, steps, out, rec, model, size, timeout))
+        quality = chat_quality(read_events(rec.path))
+        rec("chat.quality", quality.as_dict())
     finally:
         rec.close()
     shots = len(list(out.glob("*.svg")))
     print(f"numawb: recorded {rec.count} events to {rec.path} and {shots} screenshots in {out}", file=sys.stderr)
+    if quality is not None and quality.ratios:
+        print(f"numawb: {quality.line()}", file=sys.stderr)
     for f in failures:
         print(f"numawb: {f}", file=sys.stderr)
     return 1 if failures else 0
