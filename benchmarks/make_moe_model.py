@@ -11,8 +11,8 @@ Q4_0 as Google's QAT Gemma files, IQ4_NL, Q8_0, ...), in the file's name too.
 
 ``--shape r1``: the seeds' DeepSeek-R1 depth and routing at narrow widths (deepseek2: 61 blocks of which
 3 dense, 256 experts of FFN 256 in 8 groups of which 4 are used, 8 routed + 1 shared, sigmoid gating
-with exp_probs_b, weights normalised and scaled by 2.5, q-LoRA 256, MLA with kv_lora 128 / rope 32 /
-nope 32 / v 32, 8 heads, n_embd 256): every per-block and per-expert step of R1, ~1.7 GB.
+with exp_probs_b, weights normalised and scaled by 2.5, q-LoRA 256, MLA with kv_lora 128 / rope 64
+(R1's) / nope 64 / v 32, 8 heads, n_embd 256): every per-block and per-expert step of R1, ~1.7 GB.
 ``--shape v3-attn``: V3's attention widths (n_embd 2048, 16 heads, q_lora 1536, kv_lora 512, rope 64,
 nope 128, v 128) over 4 blocks (1 dense) of 32 experts of FFN 512, 8 used + 1 shared: attention at
 depth is the work.
@@ -47,7 +47,7 @@ def default_path(layers: int, experts: int, used: int, dense: bool = False, qtyp
 
 # the seeds' shapes as TinySpec fields (deepseek2, llama.cpp's current MLA layout)
 SHAPES = {
-    "r1": dict(arch="deepseek2", n_embd=256, n_head=8, n_head_kv=1, head_dim=64, n_rot=32, head_dim_v_mla=32,
+    "r1": dict(arch="deepseek2", n_embd=256, n_head=8, n_head_kv=1, head_dim=128, n_rot=64, head_dim_v_mla=32,
                q_lora_rank=256, kv_lora_rank=128, n_ff=512, n_ff_exp=256, n_layer=61, n_layer_dense_lead=3,
                n_ctx=65536, n_expert=256, n_expert_used=8, n_expert_shared=1, gating=2, probs_bias=True,
                n_groups=8, n_group_used=4, weights_norm=True, weights_scale=2.5, seed=3),

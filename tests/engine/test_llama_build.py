@@ -94,7 +94,7 @@ def check_f16_heads(wide: bool) -> None:
     from workbench.engine import kernels as K
     rng = np.random.default_rng(11)
     for rows, k, nh in ((40, 256, 4), (33, 1024, 8), (21, 128, 6), (17, 96, 4), (9, 40, 4), (12, 2048, 4),
-                        (7, 1088, 5), (10, 64, 1)):
+                        (7, 1088, 5), (10, 64, 1), (13, 160, 8), (11, 576, 6), (5, 200, 9)):
         w16 = rng.standard_normal((rows, k)).astype(np.float16)
         xs, os_ = k + 24, rows + 3   # inputs and outputs apart by more than their length
         x = rng.standard_normal(nh * xs).astype(np.float16).astype(np.float32)

@@ -122,10 +122,28 @@ def _prefetch_row(w, o, k):
         prefetch(w, o + b)
 
 
-def _heads(dot4, dot2, dot1, unit: int, max_k: int):
+@numba.njit(inline="always")
+def _tails4(w, o, x, xo, xs, j, k, v0, v1, v2, v3):
+    """`_tail16` of 4 inputs (at x[xo], x[xo + xs], ...) over the same row, their four float64
+    chains interleaved: each input's leftovers are added in its own order, as ggml's loop, but the
+    four sums' adds overlap instead of waiting on each other (a 160-wide MLA key row's 32 leftovers
+    were a quarter of R1's decode at 512 positions)."""
+    s0 = np.float64(v0); s1 = np.float64(v1); s2 = np.float64(v2); s3 = np.float64(v3)
+    while j < k:
+        wj = f16_to_f32(w, o + j * 2)
+        s0 += np.float64(wj * x[xo + j])
+        s1 += np.float64(wj * x[xo + xs + j])
+        s2 += np.float64(wj * x[xo + 2 * xs + j])
+        s3 += np.float64(wj * x[xo + 3 * xs + j])
+        j += 1
+    return f32(s0), f32(s1), f32(s2), f32(s3)
+
+
+def _heads(dot4, dot2, dot1, unit: int, max_k: int, any_k: bool = False):
     """`kernels.f16_heads` over `dot4` (one row against 4 inputs), `dot2` (against 2) and `dot1`
     (the matvec's dot), all prefetching the row at their argument `pf` (>= 0) as they go; groups
-    of 4 inputs for rows of at most `max_k` values, pairs for longer ones.
+    of 4 inputs for rows of at most `max_k` values (a multiple of `unit`, or any length with
+    `any_k`: dot4 takes the leftovers), pairs for longer ones.
 
     Rows read from memory (a global layer's keys at depth 4096, cold after the token's weights
     went through the caches) are prefetched `HEADS_PREFETCH` bytes ahead in step with the dot: all
@@ -138,7 +156,7 @@ def _heads(dot4, dot2, dot1, unit: int, max_k: int):
         ahead = max(1, HEADS_PREFETCH // (2 * k))
         for i in range(r0, min(r0 + ahead, r1)):   # (intrinsics.prime_streams)
             _prefetch_row(w, i * rb, k)
-        if k % unit or k > max_k:
+        if (k % unit and not any_k) or k > max_k:
             p2 = nh // 2 * 2
             for h in range(0, p2, 2):   # pairs of inputs (the first brings the rows in)
                 for i in range(r0, r1):
@@ -262,12 +280,16 @@ def _orders512():
             c0, c1, c2, c3 = acc4(c0, c1, c2, c3, w0, w1, w2, w3, x, xo + 2 * xs + j)
             d0, d1, d2, d3 = acc4(d0, d1, d2, d3, w0, w1, w2, w3, x, xo + 3 * xs + j)
             j += 64
-        out[oo] = _tail16(w, o, x, xo, n, k, hsum16(f_add(f_add(a0, a2), f_add(a1, a3))))
-        out[oo + os] = _tail16(w, o, x, xo + xs, n, k, hsum16(f_add(f_add(b0, b2), f_add(b1, b3))))
-        out[oo + 2 * os] = _tail16(w, o, x, xo + 2 * xs, n, k, hsum16(f_add(f_add(c0, c2), f_add(c1, c3))))
-        out[oo + 3 * os] = _tail16(w, o, x, xo + 3 * xs, n, k, hsum16(f_add(f_add(d0, d2), f_add(d1, d3))))
+        r0, r1, r2, r3 = _tails4(w, o, x, xo, xs, n, k, hsum16(f_add(f_add(a0, a2), f_add(a1, a3))),
+                                 hsum16(f_add(f_add(b0, b2), f_add(b1, b3))),
+                                 hsum16(f_add(f_add(c0, c2), f_add(c1, c3))),
+                                 hsum16(f_add(f_add(d0, d2), f_add(d1, d3))))
+        out[oo] = r0
+        out[oo + os] = r1
+        out[oo + 2 * os] = r2
+        out[oo + 3 * os] = r3
 
-    f16_heads = _heads(dot16_heads4, dot16_pair, dot16_pf, 64, HEADS_MAX_K)
+    f16_heads = _heads(dot16_heads4, dot16_pair, dot16_pf, 64, HEADS_MAX_K, any_k=True)
 
     # F32 in ggml's AVX-512 orders (the structure of F16's, products rounded by the FMAs): one column
     # = ggml_vec_dot_f32 (4 accumulators x 16 lanes over steps of 64, (0+2)+(1+3), GCC's
