@@ -359,3 +359,20 @@ def test_routing_window_and_node_bytes_match_a_brute_force_count():
     assert snap.step_imbalance == pytest.approx(sum(ratios) / len(ratios))
     stats.clear()
     assert stats.snapshot().window == 0 and stats.snapshot().node_bytes == {}
+
+
+def test_top_k_keeps_the_largest_in_order_with_ties_to_the_lower_index():
+    """gating._best (ggml_argsort_top_k's selection): the k largest, largest first, ties by lower
+    index, masked (-inf) groups last: against a sort by (value down, index up), over many ties."""
+    from workbench.engine.gating import _best
+    rng = np.random.default_rng(3)
+    for trial in range(400):
+        n = int(rng.integers(2, 300))
+        k = int(rng.integers(1, min(n, 10) + 1))
+        v = (rng.integers(-3, 4, n) if trial % 2 else rng.standard_normal(n)).astype(np.float32)
+        if trial % 5 == 0:
+            v[rng.integers(0, n, n // 3)] = -np.inf
+        got = np.empty(k, dtype=np.int64)
+        _best(v, k, got)
+        want = sorted(range(n), key=lambda j: (-float(v[j]), j))[:k]
+        assert got.tolist() == want

@@ -67,15 +67,25 @@ def sigmoid_rows(x: np.ndarray) -> np.ndarray:
 
 @nb.njit(**_JIT)
 def _best(v: np.ndarray, k: int, out: np.ndarray) -> None:
-    """Indices of the k largest of v, largest first (ggml_argsort_top_k; ties: lower index)."""
-    taken = np.zeros(v.shape[0], dtype=np.bool_)
-    for i in range(k):
-        b = -1
-        for j in range(v.shape[0]):
-            if not taken[j] and (b < 0 or v[j] > v[b]):
-                b = j
-        taken[b] = True
-        out[i] = b
+    """Indices of the k largest of v, largest first (ggml_argsort_top_k; ties: lower index).
+
+    One pass keeping the best k in order (value down, index up): an element displaces the last
+    only when strictly larger, and goes in after every one it does not beat, so ties keep the lower
+    index ahead. k passes over 256 experts (R1's router) took ~2 us a layer of a decoded token."""
+    n = 0
+    for j in range(v.shape[0]):
+        x = v[j]
+        if n == k:
+            if not x > v[out[k - 1]]:
+                continue
+            p = k - 1
+        else:
+            p = n
+            n += 1
+        while p > 0 and x > v[out[p - 1]]:
+            out[p] = out[p - 1]
+            p -= 1
+        out[p] = j
 
 
 @nb.njit(**_JIT)

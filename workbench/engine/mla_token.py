@@ -20,7 +20,8 @@ import numba
 import numpy as np
 
 from . import ops
-from .crew import NO_LIMIT, ahead
+from .crew import NO_LIMIT, ahead, write_ahead
+from .kv_cache import token_slot_lines
 from .kernels.jitcache import JIT as _NB
 
 _BLOCKS: dict = {}
@@ -46,6 +47,10 @@ def mla_block_runner(first: Callable, q_b: Callable, lead: Callable, prep_kb: Ca
         [n_head, kv_lora], qcat [n_head, kv_lora + rot], krow [1, kv_lora + rot], lat [1, kv_lora],
         vb_out [n_head, v_head]: scratch. False when a worker failed."""
         t, c, n = a_job
+        # the latent goes down a column of the transposed part: a cold line per latent dimension,
+        # asked for (prefetchw) while the first products stream, as `block_runner` does its values'
+        at, rows, stride, per = token_slot_lines(vc, pos0, base)
+        write_ahead(t, at, rows, stride, per)
         if not first(ctl, n_workers, t, c, n, h, (qa, ckv)):
             return False
         if qa_norm.shape[0]:
