@@ -19,7 +19,7 @@ import numba
 import numpy as np
 
 from . import kernels, ops
-from .crew import C_TASK, NO_LIMIT, STEALABLE, T_OUTOFF, T_XROW, ahead, prep_families
+from .crew import C_TASK, NO_LIMIT, STEALABLE, T_OUTOFF, T_W, T_XROW, ahead, prep_families
 from .gating import _route, gate
 
 from .kernels.jitcache import JIT as _NB
@@ -27,26 +27,35 @@ SILU, GELU = 0, 1
 
 
 @numba.njit(**_NB)
-def compose(t3: np.ndarray, c3: np.ndarray, width: np.ndarray, ids: np.ndarray, rows: np.ndarray
-            ) -> tuple[np.ndarray, np.ndarray]:
+def compose(t3: np.ndarray, c3: np.ndarray, width: np.ndarray, ids: np.ndarray, rows: np.ndarray,
+            waddr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """One job's (tasks, chunks) for slots i = 0..k-1: expert ids[i]'s tasks reading prepared input
-    row rows[i] and writing output row i (offset i * the task's output width)."""
+    row rows[i] and writing output row i (offset i * the task's output width).
+
+    Compact tables (`Runtime._token_table`; waddr [n_sub, tasks] not empty): t3, c3 and width hold
+    one sub-matrix's rows, the same for all but the weight address, which comes from waddr: a
+    token reads a few lines per routed expert, where the full tables (29 fields a task) were cold
+    lines a task -- R1's 256 experts a layer x 58 layers, evicted by each token's weights."""
     k = ids.shape[0]
     n_t, n_c = t3.shape[1], c3.shape[1]
+    compact = waddr.shape[0] > 0
     tasks = np.empty((k * n_t, t3.shape[2]), dtype=np.int64)
     chunks = np.empty((k * n_c, c3.shape[2]), dtype=np.int64)
     for i in range(k):
         e = ids[i]
+        te = 0 if compact else e
         for t in range(n_t):
             r = i * n_t + t
             for f in range(t3.shape[2]):
-                tasks[r, f] = t3[e, t, f]
-            tasks[r, T_OUTOFF] += i * width[e, t]
+                tasks[r, f] = t3[te, t, f]
+            if compact:
+                tasks[r, T_W] = waddr[e, t]
+            tasks[r, T_OUTOFF] += i * width[te, t]
             tasks[r, T_XROW] = rows[i]
         for c in range(n_c):
             r = i * n_c + c
             for f in range(c3.shape[2]):
-                chunks[r, f] = c3[e, c, f]
+                chunks[r, f] = c3[te, c, f]
             chunks[r, C_TASK] += i * n_t
     return tasks, chunks
 
@@ -98,8 +107,8 @@ def expert_runner(lead: Callable, prep_gu: Callable, prep_down: Callable, n_gu: 
             return ok, gu[:, :n_ff], gu[:, n_ff:]
 
     @numba.njit(**_NB)
-    def fn(ctl, n_workers, x, ids, wts, gu_t3, gu_c3, gu_w, d_t3, d_c3, d_w, g, u, act, d, out, n_ff, kind,
-           gelu_table):
+    def fn(ctl, n_workers, x, ids, wts, gu_t3, gu_c3, gu_w, gu_wa, d_t3, d_c3, d_w, d_wa, g, u, act, d, out, n_ff,
+           kind, gelu_table):
         """x [1, n_embd] -> out [n_embd]; g, u, act, d: scratch of k * (width) floats; False if a
         worker failed."""
         k = ids.shape[0]
@@ -108,7 +117,7 @@ def expert_runner(lead: Callable, prep_gu: Callable, prep_down: Callable, n_gu: 
         xa = prep_gu(x, ka)
         xb = prep_gu(x, kb) if kb >= 0 else xa
         zeros = np.zeros(k, dtype=np.int64)
-        tasks, chunks = compose(gu_t3, gu_c3, gu_w, ids, zeros)
+        tasks, chunks = compose(gu_t3, gu_c3, gu_w, ids, zeros, gu_wa)
         ok, g2, u2 = gate_up(ctl, n_workers, tasks, chunks, xa, xb, g, u, n_ff)
         if not ok:
             return False
@@ -118,7 +127,7 @@ def expert_runner(lead: Callable, prep_gu: Callable, prep_down: Callable, n_gu: 
         else:
             ops.silu_mul(g2, u2, a2)
         xd = prep_down(a2, kd)
-        tasks, chunks = compose(d_t3, d_c3, d_w, ids, np.arange(k))
+        tasks, chunks = compose(d_t3, d_c3, d_w, ids, np.arange(k), d_wa)
         if not lead(ctl, n_workers, tasks, chunks, chunks.shape[0] | STEALABLE, xd, xd, (d,), 0, NO_LIMIT, 0):
             return False
         n_embd = out.shape[0]
@@ -148,7 +157,8 @@ def routed_runner(lead: Callable, experts: Callable) -> Callable:
 
     @numba.njit(**_NB)
     def fn(ctl, n_workers, h, r_tasks, r_chunks, r_owned, logits, kind, k, bias, n_groups, n_group_used, norm,
-           scale, ids, wts, gu_t3, gu_c3, gu_w, d_t3, d_c3, d_w, g, u, act, d, out, n_ff, act_kind, gelu_table):
+           scale, ids, wts, gu_t3, gu_c3, gu_w, gu_wa, d_t3, d_c3, d_w, d_wa, g, u, act, d, out, n_ff, act_kind,
+           gelu_table):
         """h [1, n_embd] -> out [n_embd]; the routed experts and their weights into ids, wts [k]."""
         xr = (h[0],)
         if not lead(ctl, n_workers, r_tasks, r_chunks, r_owned, xr, xr, (logits,), 0, NO_LIMIT, 0):
@@ -158,8 +168,8 @@ def routed_runner(lead: Callable, experts: Callable) -> Callable:
         for i in range(k):
             ids[i] = id2[0, i]
             wts[i] = w2[0, i]
-        return experts(ctl, n_workers, h, ids, wts, gu_t3, gu_c3, gu_w, d_t3, d_c3, d_w, g, u, act, d, out, n_ff,
-                       act_kind, gelu_table)
+        return experts(ctl, n_workers, h, ids, wts, gu_t3, gu_c3, gu_w, gu_wa, d_t3, d_c3, d_w, d_wa, g, u, act, d,
+                       out, n_ff, act_kind, gelu_table)
 
     _ROUTED[key] = fn
     return fn

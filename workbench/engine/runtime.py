@@ -31,7 +31,7 @@ from .kernels.jitcache import JIT
 from . import kernels
 from . import ops
 from .attention import AttentionPaths
-from .crew import (C_OWNER, C_SPAN, C_TASK, CHUNK_FIELDS, STEALABLE, T_OUT, T_OUTOFF, T_XROW, TASK_FIELDS, Crew,
+from .crew import (C_OWNER, C_SPAN, C_TASK, CHUNK_FIELDS, STEALABLE, T_OUT, T_OUTOFF, T_W, T_XROW, TASK_FIELDS, Crew,
                    CrewError, Job, Table, link, product_runner, product_runner_mixed)
 from .attention import SKIP_SLID_VALUES, one_token_attention, owners_attention, token_window
 from .dense_token import dense_runner
@@ -53,6 +53,7 @@ _NO_TASKS = np.zeros((0, TASK_FIELDS), dtype=np.int64)
 _NO_CHUNKS = np.zeros((0, CHUNK_FIELDS), dtype=np.int64)
 _NO_JOB = (_NO_TASKS, _NO_CHUNKS, 0)
 _NO_IDS = np.zeros(0, dtype=np.int64)
+_NO_WADDR = np.zeros((0, 0), dtype=np.int64)   # `compose`'s full tables: no compact addresses
 CHUNK_BYTES = 1 << 20  # smallest chunk of rows dealt to the workers, in weight bytes
 CHUNK_ALIGN = 64  # rows
 # one-token products go through the crew (workers waiting in compiled code) in chunks of at
@@ -1146,8 +1147,8 @@ class Runtime(AttentionPaths):
             else:
                 n_sub = self.n_sub(up)
                 pidx = [0] * len(names_gu) if len(set(fams[:-1])) == 1 else [0, 1]   # (a gate and an up apart)
-                gu = self._expert_table(names_gu, ws_gu, pidx, [w.rows // n_sub for w in ws_gu])
-                dn = self._expert_table((down,), [wd], [0], [wd.rows // n_sub])
+                gu = self._token_table(names_gu, ws_gu, pidx, [w.rows // n_sub for w in ws_gu])
+                dn = self._token_table((down,), [wd], [0], [wd.rows // n_sub])
                 if mixed:
                     prep_gu = prep_d = kernels.activations.quantize_q8_0_or_K
                 else:
@@ -1174,11 +1175,11 @@ class Runtime(AttentionPaths):
         if entry is None:
             return None
         crew = self._crew
-        _lead, runner, (gu_t3, gu_c3, gu_w), (d_t3, d_c3, d_w), _r, _n = entry
+        _lead, runner, gu, dn, _r, _n = entry
         g, u, act, d, out, n_ff = self._token_scratch(entry, ids.shape[0], gate is None)
         if not runner(crew.ctl, crew.n_workers, np.ascontiguousarray(x, dtype=np.float32),
                       np.ascontiguousarray(ids, dtype=np.int64), np.ascontiguousarray(weights, dtype=np.float32),
-                      gu_t3, gu_c3, gu_w, d_t3, d_c3, d_w, g, u, act, d, out[0], n_ff,
+                      *gu, *dn, g, u, act, d, out[0], n_ff,
                       GELU if activation == "gelu" else SILU, ops.GELU_F16):
             crew.stop()
             raise CrewError("a worker failed during an expert product")
@@ -1223,7 +1224,7 @@ class Runtime(AttentionPaths):
         if entry is not None:
             if rgroup.job is None:
                 rgroup.job = self._crew_job(rgroup)
-            _lead, runner, (gu_t3, gu_c3, gu_w), (d_t3, d_c3, d_w), _r, _n = entry
+            _lead, runner, gu, dn, _r, _n = entry
             g_ = spec.gating
             k = g_.k
             g, u, act, d, out, n_ff = self._token_scratch(entry, k, spec.gate is None)
@@ -1235,7 +1236,7 @@ class Runtime(AttentionPaths):
             ready = _TokenParts(
                 routed_runner(crew.lead, runner), rgroup.ne0,
                 (job.tasks, job.chunks, job.n_owned, logits, g_.kind, k, g_.bias, g_.n_groups, g_.n_group_used,
-                 g_.norm, g_.scale, ids, wts, gu_t3, gu_c3, gu_w, d_t3, d_c3, d_w, g, u, act, d, out[0], n_ff,
+                 g_.norm, g_.scale, ids, wts, *gu, *dn, g, u, act, d, out[0], n_ff,
                  GELU if spec.activation == "gelu" else SILU, ops.GELU_F16),
                 (), (), (), out, (ids, names), first=(job.tasks, job.chunks, job.n_owned))
         self._rparts[key] = _Cached(crew.lead, ready)
@@ -1289,9 +1290,8 @@ class Runtime(AttentionPaths):
         layout: `sub_products`' tasks for every head."""
         w = self.weights[name]
         m = self.n_sub(name)
-        t3, c3, width = self._expert_table((name,), [w], [0], [w.rows // m])
         heads = np.arange(m, dtype=np.int64)
-        tasks, chunks = compose(t3, c3, width, heads, heads)
+        tasks, chunks = compose(*self._expert_table((name,), [w], [0], [w.rows // m]), heads, heads, _NO_WADDR)
         return tasks, chunks, chunks.shape[0] | STEALABLE
 
     def _mla_parts(self, spec: MLASpec, kv, il: int) -> "_TokenParts | None":
@@ -1607,6 +1607,25 @@ class Runtime(AttentionPaths):
                 c3[e, :len(c)] = c
             width = np.array(per, dtype=np.int64)[t3[:, :, T_OUT]]
             table = self._eblocks[key] = (t3, c3, width)
+        return table
+
+    def _token_table(self, names: tuple[str, ...], ws: list, pidx: list[int], per: list[int]
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """`_expert_table` as one token's `expert_token.compose` reads it: when the sub-matrices'
+        task and chunk rows differ only in the weight address (each worker the same rows of every
+        expert), compact -- one sub-matrix's rows and every sub-matrix's addresses [n_sub, tasks]
+        -- else the full tables and no addresses (a placement that gives experts to nodes)."""
+        key = ("token",) + tuple(names)
+        table = self._eblocks.get(key)
+        if table is None:
+            t3, c3, width = self._expert_table(names, ws, pidx, per)
+            rest = np.delete(t3, T_W, axis=2)
+            if (rest == rest[:1]).all() and (c3 == c3[:1]).all() and (width == width[:1]).all():
+                table = (np.ascontiguousarray(t3[:1]), np.ascontiguousarray(c3[:1]), np.ascontiguousarray(width[:1]),
+                         np.ascontiguousarray(t3[:, :, T_W]))
+            else:
+                table = (t3, c3, width, np.zeros((0, t3.shape[1]), dtype=np.int64))
+            self._eblocks[key] = table
         return table
 
     def _expert_crew(self, names, ws, pidx, per, xps, groups, outs) -> None:
