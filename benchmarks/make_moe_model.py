@@ -1,6 +1,6 @@
 """Write a synthetic mixture-of-experts GGUF file of realistic shape, for speed comparisons.
 
-    python3 benchmarks/make_moe_model.py [--out PATH] [--layers 8] [--experts 128] [--used 8]
+    python3 benchmarks/make_moe_model.py [--out PATH] [--layers 8] [--experts 128] [--used 8] [--ffn 768]
     python3 benchmarks/make_moe_model.py --dense [--layers 6] [--type Q4_0]
     python3 benchmarks/make_moe_model.py --shape r1|v3-attn [--type Q4_K]
 
@@ -34,14 +34,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
 
 def default_path(layers: int, experts: int, used: int, dense: bool = False, qtype: str = "Q4_K",
-                 shape: str = "") -> str:
+                 shape: str = "", ffn: int = 768) -> str:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     t = qtype.lower()
     if shape:
         name = f"deepseek2-synth-{shape}-{t}.gguf"
     else:
         name = f"llama-synth-L{layers}-2048x5632-{t}.gguf" if dense else \
-            f"qwen3moe-synth-L{layers}-E{experts}x{used}-{t}.gguf"
+            f"qwen3moe-synth-L{layers}-E{experts}x{used}{'' if ffn == 768 else f'-F{ffn}'}-{t}.gguf"
     return os.path.join(base, "numawb", "bench-models", name)
 
 
@@ -67,6 +67,7 @@ def main() -> int:
     ap.add_argument("--layers", type=int)
     ap.add_argument("--experts", type=int, default=128)
     ap.add_argument("--used", type=int, default=8)
+    ap.add_argument("--ffn", type=int, default=768, help="an expert's FFN width (qwen3moe; default 768)")
     ap.add_argument("--dense", action="store_true", help="a dense Q4_K model instead (see above)")
     ap.add_argument("--type", default="Q4_K", help="the weight matrices' type (default Q4_K)")
     ap.add_argument("--shape", choices=sorted(SHAPES), help="a deepseek2 file of the seeds' shape (see above)")
@@ -76,7 +77,8 @@ def main() -> int:
     if qtype is None:
         ap.error(f"unknown type {args.type!r}; e.g. Q4_K, Q4_0, IQ4_NL, Q8_0")
     layers = args.layers or (6 if args.dense else 8)
-    path = args.out or default_path(layers, args.experts, args.used, args.dense, qtype.name, args.shape or "")
+    path = args.out or default_path(layers, args.experts, args.used, args.dense, qtype.name, args.shape or "",
+                                    args.ffn)
     if not os.path.exists(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         if args.shape:
@@ -86,7 +88,7 @@ def main() -> int:
                             n_ff=5632, n_layer=layers, n_ctx=4096, tied=True, seed=2)
         else:
             spec = TinySpec(arch="qwen3moe", qtype=qtype, n_embd=1024, n_head=16, n_head_kv=4, head_dim=64,
-                            n_ff=768, n_ff_exp=768, n_layer=layers, n_ctx=8192, n_expert=args.experts,
+                            n_ff=args.ffn, n_ff_exp=args.ffn, n_layer=layers, n_ctx=8192, n_expert=args.experts,
                             n_expert_used=args.used, seed=1)
         tmp = path + ".part"
         write_tiny_model(tmp, spec, reference=False)

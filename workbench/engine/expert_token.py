@@ -210,3 +210,106 @@ def shared_runner(routed: Callable, dense: Callable) -> Callable:
 
     _SHARED[key] = fn
     return fn
+
+
+@numba.njit(**_NB)
+def concat_jobs(t_a, c_a, n_a, t_b, c_b, n_b):
+    """Tasks and chunks of job a then job b as one job: every owned chunk first (a's, then b's,
+    each worker's pieces still in order), then the shared ones; b's chunks renumbered past a's
+    tasks. n_a, n_b: owned counts (their STEALABLE bits ignored)."""
+    ta, tb = t_a.shape[0], t_b.shape[0]
+    oa, ob = n_a & (STEALABLE - 1), n_b & (STEALABLE - 1)
+    tasks = np.empty((ta + tb, t_a.shape[1]), dtype=np.int64)
+    tasks[:ta] = t_a
+    tasks[ta:] = t_b
+    chunks = np.empty((c_a.shape[0] + c_b.shape[0], c_a.shape[1]), dtype=np.int64)
+    r = 0
+    for src, lo, hi, shift in ((c_a, 0, oa, 0), (c_b, 0, ob, ta), (c_a, oa, c_a.shape[0], 0),
+                               (c_b, ob, c_b.shape[0], ta)):
+        for c in range(lo, hi):
+            for f in range(src.shape[1]):
+                chunks[r, f] = src[c, f]
+            chunks[r, C_TASK] += shift
+            r += 1
+    return tasks, chunks, oa + ob
+
+
+_FUSED: dict = {}
+
+
+def shared_fused_runner(lead: Callable, prep_x: Callable, prep_act: Callable) -> Callable:
+    """`shared_runner`'s FFN in three crew jobs instead of five: (1) the router and the shared
+    experts' gate/up together (both read the normed input: the router its floats, gate/up its
+    `prep_x` quantization), (2) the routed experts' gate/up, (3) the routed experts' down and the
+    shared experts' down together (each on its own activation's `prep_act` quantization). Every
+    output row is the same kernel call on the same input as in the separate jobs, and the sums are
+    the same f32 steps in the same order (the weighted slots, then + the shared experts), so the
+    bits are `shared_runner`'s; a token hands off to the workers two times fewer per layer. A
+    dense layer (routed_on False) runs its gate/up as job (1) and its down as job (3). prep_x,
+    prep_act: (x, family) -> prepared, as `expert_runner`'s (`fixed_format`, or the per-family
+    quantizer of a file mixing Q8_0 and Q8_K activations).
+
+    Tables (`Runtime._fused_parts`): j1 the router's tasks (prepared input 0: the floats; output
+    0) then gate/up's (input 1; outputs 1, 2); sd the down tasks (input 1; output 1)."""
+    key = (lead, prep_x, prep_act)
+    fn = _FUSED.get(key)
+    if fn is not None:
+        return fn
+
+    @numba.njit(**_NB)
+    def fn(ctl, n_workers, h, routed_on, j1, logits, kind, k, bias, n_groups, n_group_used, norm, scale, ids, wts,
+           gu_t3, gu_c3, gu_w, gu_wa, d_t3, d_c3, d_w, d_wa, sd, g, u, act, d, gs, us, acts, ds, out, n_ff,
+           act_kind, gelu_table, fam_x, fam_a):
+        """h [1, n_embd] -> out [1, n_embd]; the routed experts and their weights into ids, wts [k].
+        g, u, act: [k * n_ff]; d [k * n_embd]; gs, us, acts [1, shared FFN]; ds [n_embd]; fam_x,
+        fam_a: the activation formats (`kernels.q8_family`) of the gate/up and down products."""
+        xq = prep_x(h, fam_x)
+        xr = (h[0],)
+        t1, c1, o1 = j1
+        if not lead(ctl, n_workers, t1, c1, o1, xr, xq, (logits, gs[0], us[0]), 0, NO_LIMIT, 0):
+            return False
+        td, cd, od = sd
+        if not routed_on:
+            ahead(ctl, sd)
+        if act_kind == GELU:
+            ops.gelu_mul(gs, us, acts, gelu_table)
+        else:
+            ops.silu_mul(gs, us, acts)
+        xs = prep_act(acts, fam_a)
+        n_embd = out.shape[1]
+        if not routed_on:
+            if not lead(ctl, n_workers, td, cd, od, xs, xs, (d, ds), 0, NO_LIMIT, 0):
+                return False
+            for j in range(n_embd):
+                out[0, j] = ds[j]
+            return True
+        probs = gate(logits.reshape(1, -1), kind)
+        id2, w2 = _route(probs, k, bias, n_groups, n_group_used, norm, scale)
+        for i in range(k):
+            ids[i] = id2[0, i]
+            wts[i] = w2[0, i]
+        zeros = np.zeros(k, dtype=np.int64)
+        tasks, chunks = compose(gu_t3, gu_c3, gu_w, ids, zeros, gu_wa)
+        if not lead(ctl, n_workers, tasks, chunks, chunks.shape[0] | STEALABLE, xq, xq, (g, u), 0, NO_LIMIT, 0):
+            return False
+        g2, u2, a2 = g.reshape(k, n_ff), u.reshape(k, n_ff), act.reshape(k, n_ff)
+        if act_kind == GELU:
+            ops.gelu_mul(g2, u2, a2, gelu_table)
+        else:
+            ops.silu_mul(g2, u2, a2)
+        xd = prep_act(a2, fam_a)
+        tasks, chunks = compose(d_t3, d_c3, d_w, ids, np.arange(k), d_wa)
+        tasks, chunks, n_own = concat_jobs(tasks, chunks, chunks.shape[0], td, cd, od)
+        if not lead(ctl, n_workers, tasks, chunks, n_own | STEALABLE, xd, xs, (d, ds), 0, NO_LIMIT, 0):
+            return False
+        for j in range(n_embd):
+            out[0, j] = d[j] * wts[0]
+        for i in range(1, k):
+            for j in range(n_embd):
+                out[0, j] = out[0, j] + d[i * n_embd + j] * wts[i]
+        for j in range(n_embd):
+            out[0, j] = out[0, j] + ds[j]
+        return True
+
+    _FUSED[key] = fn
+    return fn

@@ -31,11 +31,12 @@ from .kernels.jitcache import JIT
 from . import kernels
 from . import ops
 from .attention import AttentionPaths
-from .crew import (C_OWNER, C_SPAN, C_TASK, CHUNK_FIELDS, STEALABLE, T_OUT, T_OUTOFF, T_W, T_XROW, TASK_FIELDS, Crew,
-                   CrewError, Job, Table, link, product_runner, product_runner_mixed)
+from .crew import (C_OWNER, C_SPAN, C_TASK, CHUNK_FIELDS, STEALABLE, T_OUT, T_OUTOFF, T_PREP, T_W, T_XROW, TASK_FIELDS,
+                   Crew, CrewError, Job, Table, link, product_runner, product_runner_mixed)
 from .attention import SKIP_SLID_VALUES, one_token_attention, owners_attention, token_window
 from .dense_token import dense_runner
-from .expert_token import GELU, SILU, compose, expert_runner, fixed_format, routed_runner, shared_runner
+from .expert_token import (GELU, SILU, compose, concat_jobs, expert_runner, fixed_format, routed_runner,
+                           shared_fused_runner, shared_runner)
 from .mla_token import mla_block_runner
 from .token_attention import block_runner
 from .token_layer import layer_runner, list_address, token_runner, typed_layers
@@ -1273,8 +1274,12 @@ class Runtime(AttentionPaths):
         return self._routed_parts(spec) if isinstance(spec, RoutedSpec) else self._dense_parts(spec)
 
     def _shared_parts(self, spec: SharedSpec) -> "_TokenParts | None":
-        """`expert_token.shared_runner` of `spec`: the routed FFN's parts (the template's, not run,
-        in a dense layer) and the dense FFN's, their outputs added; None when either has no call."""
+        """`expert_token.shared_fused_runner` of `spec` where its jobs can be merged, else
+        `shared_runner`: the routed FFN's parts (the template's, not run, in a dense layer) and the
+        dense FFN's, their outputs added; None when either has no call."""
+        fused = self._fused_parts(spec)
+        if fused is not None:
+            return fused
         r = self._routed_parts(spec.routed or spec.template)
         d = self._dense_parts(spec.dense)
         if r is None or d is None:
@@ -1283,6 +1288,69 @@ class Runtime(AttentionPaths):
         on = spec.routed is not None
         return _TokenParts(shared_runner(r.fn, d.fn), d.n_in, (on, r.head, d.first, d.head, r.o, d.o, out), (), (), (),
                            out, r.routing if on else (), first=r.first if on else d.first, last=d.last)
+
+    def _fused_parts(self, spec: SharedSpec) -> "_TokenParts | None":
+        """`shared_fused_runner`'s arguments for `spec`, made once per layout: the router's job and
+        the shared (or dense) gate/up job merged, the down job's tasks reading prepared input 1
+        into output 1, the routed experts' compact tables and the scratch. None where the jobs
+        cannot share a call: fused gate/up experts, a router that is not float32, or the experts
+        and the dense FFN quantizing their inputs apart."""
+        crew = self._crew
+        t, dn = spec.routed or spec.template, spec.dense
+        key = ("fused", t.router, t.gate, t.up, t.down, dn.gate, dn.up, dn.down, spec.routed is not None)
+        cached = self._rparts.get(key)
+        if cached is not None and cached.lead is crew.lead:
+            return cached.ready
+        ready = None
+        rgroup = self._group((t.router,))
+        types_x = [self.weights[n].ggml_type for n in (t.gate, t.up, dn.gate, dn.up) if n]
+        types_a = [self.weights[n].ggml_type for n in (t.down, dn.down)]
+        entry = None
+        if (t.gate is not None and rgroup.prep_types == [kernels.F32]
+                and len({kernels.prepare_key(x) for x in types_x}) == 1
+                and len({kernels.prepare_key(x) for x in types_a}) == 1
+                and None not in (kernels.preparer(types_x[0]), kernels.preparer(types_a[0]))):
+            entry = self._token_experts(t.gate, t.up, t.down)
+        g_gu, g_d = self._group((dn.gate, dn.up)), self._group((dn.down,))
+        if entry is not None and self._token_runner(g_gu) is not None and self._token_runner(g_d) is not None:
+            if rgroup.job is None:
+                rgroup.job = self._crew_job(rgroup)
+            _lead, _runner, gu, dtab, _r, _n = entry
+            rj, gj, dj = rgroup.job, g_gu.job, g_d.job
+            tb = gj.tasks.copy()
+            tb[:, T_PREP] = 1
+            tb[:, T_OUT] += 1
+            if spec.routed is not None:
+                j1 = concat_jobs(rj.tasks.copy(), rj.chunks, rj.n_owned, tb, gj.chunks, gj.n_owned)
+                j1 = (j1[0], j1[1], j1[2] | ((rj.n_owned | gj.n_owned) & STEALABLE))
+            else:
+                j1 = (tb, gj.chunks.copy(), gj.n_owned)
+            td = dj.tasks.copy()
+            td[:, T_PREP] = 1
+            td[:, T_OUT] = 1
+            sd = (td, dj.chunks.copy(), dj.n_owned)
+            g_ = t.gating
+            k = g_.k
+            g, u, act, d, out, n_ff = self._token_scratch(entry, k, False)
+            n_sh = g_gu.rows[0]
+            ids = np.empty(k, dtype=np.int64)
+            on = spec.routed is not None
+            fam_x, fam_a = kernels.q8_family(types_x[0]), kernels.q8_family(types_a[0])
+            if self.mixed_q8 and min(fam_x, fam_a) >= 0:   # one function for every layer's formats
+                prep_x = prep_a = kernels.activations.quantize_q8_0_or_K
+            else:
+                prep_x, prep_a = fixed_format(kernels.preparer(types_x[0])), fixed_format(kernels.preparer(types_a[0]))
+            ready = _TokenParts(
+                shared_fused_runner(crew.lead, prep_x, prep_a), g_gu.ne0,
+                (on, j1, np.empty(rgroup.rows[0], dtype=np.float32), g_.kind, k, g_.bias, g_.n_groups,
+                 g_.n_group_used, g_.norm, g_.scale, ids, np.empty(k, dtype=np.float32), *gu, *dtab, sd, g, u, act,
+                 d, np.empty((1, n_sh), dtype=np.float32), np.empty((1, n_sh), dtype=np.float32),
+                 np.empty((1, n_sh), dtype=np.float32), np.empty(g_d.rows[0], dtype=np.float32), out, n_ff,
+                 GELU if t.activation == "gelu" else SILU, ops.GELU_F16, fam_x, fam_a),
+                (), (), (), out, (ids, tuple(n for n in (t.gate, t.up, t.down) if n)) if on else (),
+                first=j1, last=sd)
+        self._rparts[key] = _Cached(crew.lead, ready)
+        return ready
 
     def _sub_job(self, name: str) -> tuple:
         """One token's per-head products of a 3-D tensor (MLA's attn_k_b / attn_v_b: sub-matrix i
