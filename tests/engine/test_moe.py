@@ -111,10 +111,12 @@ def test_decode_reads_only_routed_experts(moe_file, threads, monkeypatch):
         def spy_runner(*a):
             real = make(*a)
 
-            def fn(ctl, nw, x, ids, wts, gu_t3, gu_c3, gu_w, d_t3, d_c3, d_w, *rest):
-                for t3 in (gu_t3, d_t3):
-                    read.extend(int(v) for v in t3[ids][:, :, T_W].reshape(-1) if v)
-                return real(ctl, nw, x, ids, wts, gu_t3, gu_c3, gu_w, d_t3, d_c3, d_w, *rest)
+            def fn(ctl, nw, x, ids, wts, gu_t3, gu_c3, gu_w, gu_wa, d_t3, d_c3, d_w, d_wa, *rest):
+                for t3, wa in ((gu_t3, gu_wa), (d_t3, d_wa)):
+                    # compact tables: the routed ids' weight addresses; else their full task rows
+                    addrs = wa[ids] if wa.shape[0] else t3[ids][:, :, T_W]
+                    read.extend(int(v) for v in addrs.reshape(-1) if v)
+                return real(ctl, nw, x, ids, wts, gu_t3, gu_c3, gu_w, gu_wa, d_t3, d_c3, d_w, d_wa, *rest)
             return fn
         monkeypatch.setattr(runtime, "expert_runner", spy_runner)
         eng.rt._etoken.clear()
