@@ -88,9 +88,13 @@ def test_signals_end_generation_cleanly(tmp_path, sig, code):
     import time
     path = tmp_path / "long.gguf"
     write_tiny_model(path, TinySpec(arch="llama", qtype=T.Q8_0, n_layer=1, n_ctx=1 << 16))
+    # the child starts with SIGINT at its default, as from a terminal: a test run started as a
+    # background job of a non-interactive shell (`pytest &`) has SIGINT ignored, children inherit
+    # that, and Python then installs no KeyboardInterrupt handler (generation ran on past it)
     p = subprocess.Popen([sys.executable, "-m", "workbench", "generate", "-m", str(path), "-p", "the cat",
                           "-n", "60000", "-c", "65536", "--temp", "1"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         first = p.stdout.read(1)  # generation has started
         assert first != ""
