@@ -142,6 +142,17 @@ def expert_runner(lead: Callable, prep_gu: Callable, prep_down: Callable, n_gu: 
     return fn
 
 
+@numba.njit(inline="always")
+def route_token(logits, kind, k, bias, n_groups, n_group_used, norm, scale, ids, wts) -> None:
+    """One token's router logits -> its k experts and weights (into ids, wts), by the gating
+    functions the prompt path calls."""
+    probs = gate(logits.reshape(1, -1), kind)
+    id2, w2 = _route(probs, k, bias, n_groups, n_group_used, norm, scale)
+    for i in range(k):
+        ids[i] = id2[0, i]
+        wts[i] = w2[0, i]
+
+
 _ROUTED: dict = {}
 
 
@@ -163,11 +174,7 @@ def routed_runner(lead: Callable, experts: Callable) -> Callable:
         xr = (h[0],)
         if not lead(ctl, n_workers, r_tasks, r_chunks, r_owned, xr, xr, (logits,), 0, NO_LIMIT, 0):
             return False
-        probs = gate(logits.reshape(1, -1), kind)
-        id2, w2 = _route(probs, k, bias, n_groups, n_group_used, norm, scale)
-        for i in range(k):
-            ids[i] = id2[0, i]
-            wts[i] = w2[0, i]
+        route_token(logits, kind, k, bias, n_groups, n_group_used, norm, scale, ids, wts)
         return experts(ctl, n_workers, h, ids, wts, gu_t3, gu_c3, gu_w, gu_wa, d_t3, d_c3, d_w, d_wa, g, u, act, d,
                        out, n_ff, act_kind, gelu_table)
 
@@ -283,11 +290,7 @@ def shared_fused_runner(lead: Callable, prep_x: Callable, prep_act: Callable) ->
             for j in range(n_embd):
                 out[0, j] = ds[j]
             return True
-        probs = gate(logits.reshape(1, -1), kind)
-        id2, w2 = _route(probs, k, bias, n_groups, n_group_used, norm, scale)
-        for i in range(k):
-            ids[i] = id2[0, i]
-            wts[i] = w2[0, i]
+        route_token(logits, kind, k, bias, n_groups, n_group_used, norm, scale, ids, wts)
         zeros = np.zeros(k, dtype=np.int64)
         tasks, chunks = compose(gu_t3, gu_c3, gu_w, ids, zeros, gu_wa)
         if not lead(ctl, n_workers, tasks, chunks, chunks.shape[0] | STEALABLE, xq, xq, (g, u), 0, NO_LIMIT, 0):
