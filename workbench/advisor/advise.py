@@ -7,13 +7,13 @@ from typing import Any, Callable, Sequence
 
 from ..numa.topology import Topology, load_topology
 from .checks import SystemWarning, advice_warnings, format_warnings
-from .cost import ModelCost, model_cost
+from .cost import ModelCost, model_cost, read_header
 from .predict import Candidate, EngineModel, predict, recommend
 from .probe import GB, MemoryProfile, machine_profile, save_profile
 
 GiB = 1 << 30
 Progress = Callable[[str], None]
-ENGINE_ARCHS = ("gemma3", "llama", "qwen2", "qwen3")
+ENGINE_ARCHS = ("gemma3", "llama", "qwen2", "qwen3", "qwen3moe", "deepseek2")
 
 
 @dataclass
@@ -101,11 +101,37 @@ class Advice:
                 f", memory profile {p.source}" + (f" {p.date}" if p.date else "")
                 + (f" ({p.cpu_model})" if p.cpu_model else ""))
         out = [head, prof, "", line(cols), sep] + [line(r) for r in rows] + [""]
+        out += self.format_breakdown()
         out.append(f"recommended: {self.reason}")
         out += [f"note: {n}" for n in self.notes]
         if self.warnings:
             out.append(format_warnings(self.warnings))
         return "\n".join(out)
+
+
+    def format_breakdown(self) -> list[str]:
+        """Per candidate, what a decoded token (and a prompt token) costs: bytes, FLOPs, and the
+        time of each part (lines ending with an empty one; none when nothing was broken down)."""
+        rows = [c for c in self.candidates if c.decode_breakdown]
+        if not rows:
+            return []
+        b0 = rows[0].decode_breakdown
+        head = (f"per decoded token at depth {self.depth}: weights {_size(b0['weight_bytes'])}, KV cache "
+                f"{_size(b0['kv_bytes'])}, attention {b0['attention_flops'] / 1e9:.2f} GFLOP, "
+                f"{b0['products']:.0f} matrix products, {b0['dense_blocks']:.0f} dense + {b0['moe_blocks']:.0f} MoE blocks")
+        out = [head, "",
+               "| threads | nodes | weights | kv | weights ms | of which cold starts | KV reads ms | attention ms "
+               "| fixed ms | decode ms | prompt: products ms | attention ms | fixed ms | prompt ms |",
+               "| ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for c in rows:
+            d, p = c.decode_breakdown, c.prompt_breakdown or {}
+            ms = lambda v: f"{v * 1e3:.2f}"  # noqa: E731
+            out.append(f"| {c.threads} | {','.join(map(str, c.nodes))} | {c.weights} | {c.kv} | {ms(d['weights_s'])} | "
+                       f"{ms(d['products_cold_s'])} | {ms(d['kv_s'])} | {ms(d['attention_s'])} | {ms(d['fixed_s'])} | "
+                       f"{ms(d['total_s'])} | " + (" | ".join(ms(p.get(k, 0.0)) for k in
+                                                           ("products_s", "attention_s", "fixed_s", "total_s"))
+                                                  if p else "- | - | - | -") + " |")
+        return out + [""]
 
 
 def _mode_order(mode: str) -> int:
@@ -127,6 +153,22 @@ def dominant_rows(cost: ModelCost, supported: Callable[[int], bool] | None = Non
         d = by.setdefault(t.ggml_type, {})
         d[t.shape[0]] = d.get(t.shape[0], 0.0) + t.nbytes * cost.read_fraction[t.name]
     return {ty: max(d, key=lambda k: d[k]) for ty, d in by.items()}
+
+
+def product_shapes(cost: ModelCost, supported: Callable[[int], bool] | None = None) -> dict[int, tuple[int, int]]:
+    """Per GGML type, (row length, rows) of the matrix a decoded token multiplies most often (a
+    routed expert's, else the type's most common one): the shape its cold products are measured at."""
+    count: dict[int, dict[tuple[int, int], float]] = {}
+    for t in cost.tensors:
+        f = cost.read_fraction[t.name]
+        if len(t.shape) < 2 or f <= 0 or (t.name == "token_embd.weight" and f < 1.0) \
+                or (supported is not None and not supported(t.ggml_type)):
+            continue
+        routed = t.is_expert and cost.expert_count and cost.expert_used_count
+        rows = t.shape[1] if routed and len(t.shape) == 3 else t.rows
+        d = count.setdefault(t.ggml_type, {})
+        d[(t.shape[0], rows)] = d.get((t.shape[0], rows), 0.0) + (cost.expert_used_count if routed else 1)
+    return {ty: max(d, key=lambda s: d[s]) for ty, d in count.items()}
 
 
 def resolve_topology(name: str | None) -> Topology:
@@ -177,7 +219,8 @@ def advise(path: str | os.PathLike[str] | None = None, topology: Topology | str 
             cache_state = page_cache_state(path)
         except OSError:
             cache_state = None
-    cost = model_cost(path)
+    header = read_header(path)
+    cost = model_cost(header)
     notes = list(cost.notes)
     if profile is None:
         def probe_progress(done: int, total: int, msg: str) -> None:
@@ -195,13 +238,21 @@ def advise(path: str | os.PathLike[str] | None = None, topology: Topology | str 
         if threads and max(threads) > n_cpus:
             notes.append(f"more threads than the {n_cpus} CPUs this process may use: oversubscribed workers "
                          "wait for each other, the prediction does not model it")
+        shape = None
+        if cost.arch in ENGINE_ARCHS:
+            from .twins import TwinShape
+            shape = TwinShape.from_header(header)
         if measure:
             from . import engine_cal
             from ..engine import kernels as K
+            n_dense_lead = int(header.key("leading_dense_block_count", 0) or 0)
+            bpp = cost.kv_bytes_per_layer_position[0] if cost.kv_bytes_per_layer_position else 0
             if engine_cal.ensure_engine(profile, dominant_rows(cost, K.is_supported), cost.arch, counts,
-                                        progress):
+                                        progress, shape=shape, n_dense=n_dense_lead, kv_bpp_block=bpp,
+                                        cold=product_shapes(cost, K.is_supported)):
                 save_profile(profile, topo)
-        engine = EngineModel.from_profile(profile, cost.arch, dominant_rows(cost))
+        engine = EngineModel.from_profile(profile, cost.arch, dominant_rows(cost),
+                                          structure_key=shape.key if shape else None)
         if cost.arch not in ENGINE_ARCHS:
             notes.append(f"the engine cannot run {cost.arch!r} yet: its overhead is taken from a tiny llama")
         load = float(profile.engine.get("load_average", 0.0))

@@ -125,10 +125,8 @@ def write_model(path: str, arch: str, n_layer: int, *, d: int = 64, ff: int = 12
     Tiny by default (the overhead calibration); larger shapes give a validation model."""
     import gguf
     from gguf import GGMLQuantizationType as Q
+    from .twins import add_vocab
     rng = np.random.default_rng(seed)
-    tokens = ["<pad>", "<eos>", "<bos>", "<unk>"] + [f"<0x{i:02X}>" for i in range(256)] + \
-             [f"\u2581w{i}" for i in range(40)]
-    types = [3, 3, 3, 2] + [6] * 256 + [1] * 40
     w = gguf.GGUFWriter(path, arch)
     for key, val in (("context_length", 8192), ("embedding_length", d), ("block_count", n_layer),
                      ("feed_forward_length", ff), ("attention.head_count", n_head),
@@ -139,14 +137,7 @@ def write_model(path: str, arch: str, n_layer: int, *, d: int = 64, ff: int = 12
     w.add_float32(f"{arch}.rope.freq_base", 10000.0)
     if arch == "gemma3":
         w.add_uint32(f"{arch}.attention.sliding_window", 64)
-    w.add_string("tokenizer.ggml.model", "llama")
-    w.add_string("tokenizer.ggml.pre", "default")
-    w.add_array("tokenizer.ggml.tokens", tokens)
-    w.add_array("tokenizer.ggml.scores", [0.0] * 260 + [-float(i) for i in range(40)])
-    w.add_array("tokenizer.ggml.token_type", types)
-    w.add_uint32("tokenizer.ggml.bos_token_id", 2)
-    w.add_uint32("tokenizer.ggml.eos_token_id", 1)
-    w.add_uint32("tokenizer.ggml.unknown_token_id", 3)
+    tokens = add_vocab(w)
 
     def mat(name: str, rows: int, cols: int) -> None:
         if qtype == 8:  # Q8_0: 32 int8 values behind one f16 scale per block
@@ -229,16 +220,30 @@ def measure_overhead(arch: str, threads: int) -> tuple[float, float]:
 TINY_ARCHS = ("llama", "gemma3", "qwen2", "qwen3")
 
 
+def cold_key(ggml_type: int, k: int, rows: int) -> str:
+    """Name of a cold-product measurement: ``Q4_K@256x128`` (type, row length, rows a worker)."""
+    return f"{kernel_key(ggml_type, k)}x{rows}"
+
+
 def ensure_engine(profile: MemoryProfile, types: dict[int, int], arch: str, threads: list[int],
-                  progress: Progress | None = None) -> bool:
+                  progress: Progress | None = None, *, shape=None, n_dense: int = 0, kv_bpp_block: int = 0,
+                  cold: dict[int, tuple[int, int]] | None = None) -> bool:
     """Measure what ``profile.engine`` lacks for these kernels (type -> row length), architecture
-    and thread counts; returns True when something was added (the caller saves the profile)."""
+    and thread counts; with ``shape`` (``twins.TwinShape``) also the twins' fixed and attention costs
+    (``measure_structure``), and with ``cold`` (type -> (row length, rows a product)) the cost of a
+    product on a matrix in no cache (``measure_cold``). Returns True when something was added (the
+    caller saves the profile)."""
     from ..engine import kernels as K
     eng = profile.engine
     if eng.get("kernel_path") not in (None, K.kernel_path()) or eng.get("speed_revision", 1) != K.SPEED_REVISION:
         eng.clear()  # another kernel path, or kernels since made faster: the old constants do not apply
     eng["kernel_path"] = K.kernel_path()
     eng["speed_revision"] = K.SPEED_REVISION
+    rev = engine_revision()
+    if eng.get("engine_revision") != rev:  # the engine changed: its own costs are measured again
+        for key in ("overhead", "structure", "cold"):
+            eng.pop(key, None)
+    eng["engine_revision"] = rev
     kern = eng.setdefault("kernels", {})
     over = eng.setdefault("overhead", {})
     changed = False
@@ -275,4 +280,246 @@ def ensure_engine(profile: MemoryProfile, types: dict[int, int], arch: str, thre
             progress(f"measuring the engine's per-token overhead ({tiny}, {n} thread{'s' if n > 1 else ''}) ...")
         per[str(n)] = list(measure_overhead(tiny, n))
         changed = True
+    for ty, (k, rows_total) in sorted((cold or {}).items()):
+        if ty not in K.SUPPORTED_TYPES:
+            continue
+        for n in threads:
+            rows = max(8, rows_total // n)  # a worker's share of the product
+            name = cold_key(ty, k, rows)
+            table = eng.setdefault("cold", {}).setdefault(str(n), {})
+            if name in table:
+                continue
+            if progress:
+                progress(f"measuring products on cold matrices ({name}, {n} thread{'s' if n > 1 else ''}) ...")
+            rates = kern.get(str(n), {}).get(kernel_key(ty, k)) or measure_kernel(ty, n, k)
+            table[name] = min(measure_cold(ty, n, k, rows, rates["stream_bytes_per_s"], rates["decode_bytes_per_s"])
+                              for _ in range(2))
+            changed = True
+    if shape is not None:
+        per_shape = eng.setdefault("structure", {}).setdefault(shape.key, {})
+        for n in threads:
+            if str(n) in per_shape:
+                continue
+            per_shape[str(n)] = measure_structure(shape, n, n_dense, kv_bpp_block, progress)
+            changed = True
     return changed
+
+
+# ---- products on cold small matrices -------------------------------------------------------------
+
+
+def measure_cold(ggml_type: int, threads: int, k: int, rows: int, stream_bytes_per_s: float,
+                 cache_bytes_per_s: float) -> float:
+    """Seconds one product costs a worker beyond its bytes at the streamed rate, on a matrix of
+    ``rows`` rows of length ``k`` that is in no cache (a routed expert's, or a narrow model's every
+    matrix): ``threads`` workers each run products over their own randomly ordered matrices from a
+    256 MiB pool, one after another as a token's products come, and the same number of products on
+    one matrix in the L2 cache; the difference, less the bytes' streamed-over-cached time, is the
+    start's cost (the Python loop around both cancels). Best of three passes."""
+    from ..engine import kernels as K
+    from ..engine import packing
+    from ..numa.workers import WorkerPool
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal(k).astype(np.float32)
+    xp = K.prepare(ggml_type, x)
+    rows = max(8, rows // 8 * 8)
+    row_bytes = _matrix(ggml_type, 1, k, rng).shape[1]
+    n_mat = max(64, min(4096, (256 << 20) // (row_bytes * rows)))
+    ptype = (K.packed_type(ggml_type) if packing.enabled() else None) or ggml_type
+    pools: list[np.ndarray] = [np.empty(0, np.uint8)] * threads
+    orders: list[list[np.ndarray]] = [[]] * threads
+    outs: list[np.ndarray] = [np.empty(0, np.float32)] * threads
+    with WorkerPool(threads) as pool:
+        def make(i: int) -> None:
+            r = np.random.default_rng(10 + i)
+            pools[i] = _matrix(ptype, rows * n_mat, k, r)
+            orders[i] = [pools[i][m * rows:(m + 1) * rows] for m in r.permutation(n_mat)]
+            outs[i] = np.zeros(rows, np.float32)
+        pool.run(make)
+
+        def cold(i: int) -> None:
+            out = outs[i]
+            for m in orders[i]:
+                K.matvec(ptype, m, xp, out, 0, rows)
+
+        def hot(i: int) -> None:
+            out, m0 = outs[i], orders[i][0]
+            for _ in orders[i]:
+                K.matvec(ptype, m0, xp, out, 0, rows)
+        t_cold = _bench(lambda: pool.run(cold), min_time=0.2, reps=3)
+        t_hot = _bench(lambda: pool.run(hot), min_time=0.2, reps=3)
+    nbytes = rows * row_bytes
+    extra = nbytes * (1.0 / max(stream_bytes_per_s, 1.0) - 1.0 / max(cache_bytes_per_s, 1.0))
+    return max(0.0, (t_cold - t_hot) / n_mat - max(0.0, extra))
+
+
+# ---- the engine on twins of the target's structure ----------------------------------------------------
+
+TWIN_MOE = (2, 6)      # MoE blocks of the two routing twins (one leading dense block when the target has any)
+PROMPT_TOKENS = 512    # the prompt twins' batch (bench's pp512)
+ATTN_DEPTHS = (1024, 8192)       # decode depths of the attention twin
+ATTN_PROMPT = (32, 0, 2048)      # prompt tokens, and the two depths they are evaluated after
+
+
+def _fill(session, depth: int, rng: np.random.Generator) -> None:
+    """Put ``depth`` positions of random keys and values into the session's cache (written, so
+    they are in memory like a real cache's), as if a prompt had been evaluated."""
+    kv = session.kv
+    kv.truncate(0)
+    step = 1024
+    for il in range(kv.cfg.n_layer):
+        for p in range(0, depth, step):
+            n = min(step, depth - p)
+            # small values: a flat softmax (a peaked one over random rows spends its time on
+            # subnormal exponentials, which a real cache's scores rarely give)
+            if hasattr(kv, "kv_lora"):  # MLA: latent + rotary rows
+                kv.store(il, (rng.standard_normal((n, kv.width)) * 0.05).astype(np.float32), p)
+            else:
+                c = kv.cfg
+                kv.store(il, (rng.standard_normal((n, c.n_head_kv, c.head_dim)) * 0.05).astype(np.float32),
+                         (rng.standard_normal((n, c.n_head_kv, c.head_dim_v)) * 0.05).astype(np.float32), p)
+    kv.n = depth
+    session.tokens = [280] * depth
+
+
+def _at_depth(session, depth: int) -> None:
+    """Make the session's cache hold its first ``depth`` positions again (``_fill`` wrote them;
+    ``truncate`` only ever shortens, so the count is set back)."""
+    session.kv.n = depth
+    del session.tokens[depth:]
+
+
+def _decode_at(session, depth: int, n_tokens: int, rounds: int) -> float:
+    """Lower quartile of one-token evals at ``depth`` cached positions, best round."""
+    best = float("inf")
+    for _ in range(rounds):
+        times = []
+        for i in range(n_tokens):
+            _at_depth(session, depth)
+            t0 = time.perf_counter()
+            session.eval([280 + i % 16])
+            times.append(time.perf_counter() - t0)
+        best = min(best, statistics.quantiles(times, n=4)[0] if len(times) >= 4 else min(times))
+    return best
+
+
+def _prompt_at(session, depth: int, n: int, reps: int = 3) -> float:
+    """Best seconds of evaluating ``n`` prompt tokens after ``depth`` cached positions."""
+    rng = np.random.default_rng(5)
+    ids = [int(t) for t in rng.integers(260, 300, n)]
+    best = float("inf")
+    for _ in range(reps):
+        _at_depth(session, depth)
+        t0 = time.perf_counter()
+        session.eval(ids)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _twin_times(path: str, threads: int, *, prompt: bool = True) -> tuple[float, float]:
+    """(decode seconds a token, prompt seconds a token of a PROMPT_TOKENS batch) of a twin."""
+    from ..engine import Engine
+    from ..engine.engine import Placement
+    eng = Engine.load(path, placement=Placement(threads=threads))
+    try:
+        s = eng.new_session(PROMPT_TOKENS + 64)
+        s.eval([2, 270, 271, 272])
+        dec = _decode_at(s, 4, 24, 5)
+        pp = _prompt_at(s, 0, PROMPT_TOKENS) / PROMPT_TOKENS if prompt else 0.0
+        return dec, pp
+    finally:
+        eng.close()
+
+
+def attention_blocks(bytes_per_position_block: int, depth: int, llc_bytes: int = 64 << 20) -> int:
+    """Blocks of the attention twin: enough that its cache at ``depth`` is twice a large last-level
+    cache (a real model's cache is read from memory), 2 to 16."""
+    per_block = max(1, bytes_per_position_block * depth)
+    return max(2, min(16, -(-2 * llc_bytes // per_block)))
+
+
+def _attention_times(path: str, threads: int, blocks: int) -> dict[str, float]:
+    """The attention twin (``blocks`` dense blocks): seconds a block and cached position, decoded
+    and prompted (a prompt's per query row)."""
+    from ..engine import Engine
+    from ..engine.engine import Placement
+    n_p, d0, d1 = ATTN_PROMPT
+    eng = Engine.load(path, placement=Placement(threads=threads))
+    try:
+        s = eng.new_session(max(ATTN_DEPTHS[1], d1) + n_p + 8)
+        _fill(s, max(ATTN_DEPTHS[1], d1), np.random.default_rng(4))
+        s.eval([280])  # the token program's first call
+        ts = [_decode_at(s, d, 6, 2) for d in ATTN_DEPTHS]
+        pp = [_prompt_at(s, d, n_p, 2) for d in (d0, d1)]
+    finally:
+        eng.close()
+    return {"decode_s_per_position": max(0.0, (ts[1] - ts[0]) / (blocks * (ATTN_DEPTHS[1] - ATTN_DEPTHS[0]))),
+            "prompt_s_per_position": max(0.0, (pp[1] - pp[0]) / (blocks * n_p * (d1 - d0))),
+            "attention_blocks": float(blocks)}
+
+
+def measure_structure(shape, threads: int, n_dense_target: int, kv_bytes_per_position_block: int,
+                      progress: Progress | None = None) -> dict[str, float]:
+    """The engine's fixed costs on twins of ``shape`` (``twins.TwinShape``) at ``threads``, in seconds:
+    ``base`` a token, ``dense_block`` and ``moe_block`` (at the target's experts used) a block,
+    ``expert`` each routed expert used (its share of ``moe_block``), the ``prompt_*`` of the same
+    per prompt token in a 512-token batch, and the attention twin's ``decode_s_per_position`` /
+    ``prompt_s_per_position`` (a block and a cached position; a prompt's per query row)."""
+    from .twins import write_twin
+    say = progress or (lambda m: None)
+    out: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="numawb-twin-") as d:
+        def twin(n_dense: int, n_moe: int, used: int | None = None, **kw) -> str:
+            p = os.path.join(d, f"t{n_dense}-{n_moe}-{used}-{len(kw)}.gguf")
+            write_twin(p, shape, n_dense, n_moe, used=used, **kw)
+            return p
+        plural = "s" if threads > 1 else ""
+        if shape.n_expert:
+            lead = 1 if n_dense_target else 0
+            m0, m1 = TWIN_MOE
+            say(f"measuring the engine on twins of {shape.key} ({threads} thread{plural}): routing ...")
+            a = _twin_times(twin(lead, m0), threads)
+            b = _twin_times(twin(lead, m1), threads)
+            moe = [max(0.0, (y - x) / (m1 - m0)) for x, y in zip(a, b)]
+            dense = [0.0, 0.0]
+            if lead:
+                say(f"measuring the engine on twins of {shape.key} ({threads} thread{plural}): dense blocks ...")
+                c = _twin_times(twin(lead + 2, m0), threads)
+                dense = [max(0.0, (y - x) / 2) for x, y in zip(a, c)]
+            expert = [0.0, 0.0]
+            used = shape.n_expert_used
+            if used > 1:
+                say(f"measuring the engine on twins of {shape.key} ({threads} thread{plural}): experts ...")
+                half = max(1, used // 2)
+                e = _twin_times(twin(lead, m1, used=half), threads)
+                expert = [max(0.0, (y - x) / (m1 * (used - half))) for x, y in zip(e, b)]
+            base = [max(0.0, t - lead * dn - m0 * mo) for t, dn, mo in zip(a, dense, moe)]
+        else:
+            say(f"measuring the engine on twins of {shape.key} ({threads} thread{plural}): blocks ...")
+            a = _twin_times(twin(2, 0), threads)
+            b = _twin_times(twin(8, 0), threads)
+            dense = [max(0.0, (y - x) / 6) for x, y in zip(a, b)]
+            moe, expert = [0.0, 0.0], [0.0, 0.0]
+            base = [max(0.0, t - 2 * dn) for t, dn in zip(a, dense)]
+        for i, pre in enumerate(("", "prompt_")):
+            out.update({pre + "base": base[i], pre + "dense_block": dense[i], pre + "moe_block": moe[i],
+                        pre + "expert": expert[i]})
+        say(f"measuring the engine's attention on a twin of {shape.key} ({threads} thread{plural}) ...")
+        blocks = attention_blocks(kv_bytes_per_position_block, ATTN_DEPTHS[1])
+        out.update(_attention_times(twin(blocks, 0, full_attention=True), threads, blocks))
+    return out
+
+
+def engine_revision() -> str:
+    """A hash of the engine's sources: the twins' figures are measured again when it changes."""
+    import hashlib
+    from .. import engine as pkg
+    h = hashlib.sha256()
+    root = os.path.dirname(pkg.__file__)
+    for dirpath, dirnames, files in sorted(os.walk(root)):
+        dirnames[:] = sorted(x for x in dirnames if x != "__pycache__")
+        for f in sorted(files):
+            if f.endswith(".py"):
+                with open(os.path.join(dirpath, f), "rb") as fh:
+                    h.update(f.encode() + b"\0" + fh.read())
+    return h.hexdigest()[:16]

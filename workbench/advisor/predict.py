@@ -112,6 +112,10 @@ class Candidate:
     decode_limit: str                     # what bounds decode: "memory node 0", "compute", ...
     same_as: list[str] = field(default_factory=list)
     placement_counts: dict[str, int] = field(default_factory=dict)
+    decode_breakdown: dict[str, float] = field(default_factory=dict)   # per token: bytes, FLOPs, seconds
+    llamacpp_decode_tps: float = 0.0      # fixtures: llama.cpp's cost model for the same placement
+    llamacpp_breakdown: dict[str, float] = field(default_factory=dict)
+    prompt_breakdown: dict[str, float] = field(default_factory=dict)   # per prompt token
 
     @property
     def label(self) -> str:
@@ -127,7 +131,10 @@ class Candidate:
                 "fits": self.fits, "remote_share": self.remote_share,
                 "reads_per_token": {str(i): {str(j): v for j, v in row.items()} for i, row in self.reads.items()},
                 "decode_limit": self.decode_limit, "same_as": self.same_as,
-                "placement_counts": self.placement_counts}
+                "placement_counts": self.placement_counts, "decode_breakdown": self.decode_breakdown,
+                "prompt_breakdown": self.prompt_breakdown,
+                **({"llamacpp_decode_tps": self.llamacpp_decode_tps, "llamacpp_breakdown": self.llamacpp_breakdown}
+                   if self.llamacpp_breakdown else {})}
 
 
 def _shares(rows: int, pool: PlanPool) -> dict[int, float]:
@@ -198,11 +205,16 @@ class EngineModel:
     cache_rates: dict[int, dict[int, float]] = field(default_factory=dict)   # in-cache bytes/s
     prompt_rates: dict[int, dict[int, float]] = field(default_factory=dict)  # FLOP/s
     flops_per_core: float = 0.0
+    # threads -> the twins' fixed costs and attention per position (engine_cal.measure_structure)
+    structure: dict[int, dict[str, float]] = field(default_factory=dict)
+    cold: dict[int, dict[int, float]] = field(default_factory=dict)  # threads -> type -> s a product
 
     @classmethod
-    def from_profile(cls, prof: MemoryProfile, arch: str, rows: Mapping[int, int] | None = None) -> "EngineModel":
+    def from_profile(cls, prof: MemoryProfile, arch: str, rows: Mapping[int, int] | None = None,
+                     structure_key: str | None = None) -> "EngineModel":
         """The measured constants; per type the kernel measured at ``rows[type]`` (row length)
-        when there is one, else the one at the nearest row length."""
+        when there is one, else the one at the nearest row length; the twins' costs of
+        ``structure_key`` (``twins.TwinShape.key``) when measured."""
         eng = prof.engine or {}
         ids = {v: k for k, v in TYPE_NAMES.items()}
         rows = dict(rows or {})
@@ -230,8 +242,17 @@ class EngineModel:
             dec[int(n)] = {t: float(v.get("stream_bytes_per_s", v["decode_bytes_per_s"])) for t, v in chosen.items()}
             cac[int(n)] = {t: float(v["decode_bytes_per_s"]) for t, v in chosen.items()}
             pro[int(n)] = {t: float(v["prompt_flops_per_s"]) for t, v in chosen.items()}
+        struct = {int(n): {k: float(v) for k, v in d.items()}
+                  for n, d in (eng.get("structure", {}).get(structure_key or "", {}) or {}).items()}
+        cold: dict[int, dict[int, float]] = {}
+        for n, table in eng.get("cold", {}).items():
+            for key, v in table.items():
+                name = key.partition("@")[0]
+                if name in ids:
+                    cold.setdefault(int(n), {})[ids[name]] = float(v)
         return cls(overhead={int(k): (float(v[0]), float(v[1])) for k, v in over.items()},
-                   decode_rates=dec, cache_rates=cac, prompt_rates=pro, flops_per_core=prof.flops_per_core)
+                   decode_rates=dec, cache_rates=cac, prompt_rates=pro, flops_per_core=prof.flops_per_core,
+                   structure=struct, cold=cold)
 
     @staticmethod
     def _nearest(table: Mapping[int, Any], threads: int) -> Any:
@@ -254,39 +275,111 @@ class EngineModel:
         a, b = self._nearest(self.overhead, threads)
         return a + b * n_layer
 
+    def fixed_s(self, threads: int, n_dense: int, n_moe: int, prompt: bool = False) -> float:
+        """The engine's fixed cost of a token (a prompt token: in a 512-token batch) with these
+        blocks, from the twins when measured, else the tiny models' ``a + b x layers`` (decode)."""
+        st = self._nearest(self.structure, threads)
+        if st:
+            pre = "prompt_" if prompt else ""
+            return st[pre + "base"] + n_dense * st[pre + "dense_block"] + n_moe * st[pre + "moe_block"]
+        return 0.0 if prompt else self.overhead_s(threads, n_dense + n_moe)
+
+    def attention_s_per_position(self, threads: int, prompt: bool = False) -> float:
+        """Seconds a block and cached position (a prompt's per query row) on ``threads`` workers, as
+        the attention twin measured; 0 when not measured."""
+        st = self._nearest(self.structure, threads)
+        return st.get("prompt_s_per_position" if prompt else "decode_s_per_position", 0.0) if st else 0.0
+
+    def cold_s(self, threads: int) -> dict[int, float]:
+        """Per type, what one product on a matrix in no cache costs a worker beyond its bytes."""
+        return self._nearest(self.cold, threads)
+
+
+def block_counts(cost: ModelCost) -> tuple[int, int]:
+    """(dense blocks, MoE blocks): a block is MoE when it has routed experts' tensors."""
+    moe = {t.name.split(".")[1] for t in cost.tensors if t.is_expert and t.name.startswith("blk.")}
+    return cost.n_layer - len(moe), len(moe)
+
+
+def products_per_token(cost: ModelCost) -> dict[int, float]:
+    """Matrix products a decoded token runs, by GGML type (a routed expert's tensor: one per expert
+    used; the embedding lookup none): each costs every worker a start on a matrix in no cache."""
+    out: dict[int, float] = {}
+    for t in cost.tensors:
+        f = cost.read_fraction[t.name]
+        if len(t.shape) < 2 or f <= 0 or (t.name == "token_embd.weight" and f < 1.0):
+            continue
+        n = cost.expert_used_count if (t.is_expert and cost.expert_count and cost.expert_used_count) else 1
+        out[t.ggml_type] = out.get(t.ggml_type, 0.0) + n
+    return out
+
+
+def attention_positions(cost: ModelCost, depth: float) -> float:
+    """Block-positions one token attends over at ``depth`` (sliding-window layers: their window)."""
+    return float(sum(min(depth, w) if w else depth for w in cost.kv_window))
+
 
 def _decode_time(B: Mapping[int, Mapping[int, float]], by_type: Mapping[int, Mapping[int, float]],
                  pool: PlanPool, prof: MemoryProfile, eng: EngineModel, cost: ModelCost,
-                 depth: int) -> tuple[float, str]:
-    """Seconds per decoded token and what bounds it (see the module doc: with the engine's measured
-    kernels, per type the in-cache compute time plus the exposed share of the memory time; on
-    fixtures, the larger of memory time and FLOPs over the stated FLOP/s)."""
-    worst, why = 0.0, ""
+                 depth: int, B_kv: Mapping[int, Mapping[int, float]] | None = None) -> tuple[float, str, dict[str, float]]:
+    """Seconds per decoded token, what bounds it, and the per-token breakdown (see the module doc:
+    the weights' part, the slower of memory and kernels per node; the cache's part, the slower of
+    its reads and the attention's arithmetic; the engine's fixed costs; added, as a token runs
+    them one after another). ``B``/``by_type`` are the weights' reads, ``B_kv`` the cache's."""
     per_node = {n: len(pool.node_workers(n)) for n in pool.nodes}
-    total_flops = cost.matmul_flops_per_token() + cost.attn_flops(depth)
+    B_kv = B_kv or {}
+    n_nodes = len(pool.nodes)
     sum_bytes = sum(sum(row.values()) for row in by_type.values()) or 1.0
     stream, cache = eng.decode_rate(pool.n_threads), eng.cache_rate(pool.n_threads)
+    cold = eng.cold_s(pool.n_threads)
+    prods = products_per_token(cost) if cold else {}
+    attn_pp = eng.attention_s_per_position(pool.n_threads)
+    positions = attention_positions(cost, depth)
+    attn_flops = cost.attn_flops(depth)
+    t_w, why, t_prod, t_mem_w = 0.0, "", 0.0, 0.0
+    t_kv_mem, t_attn = 0.0, 0.0
     for i, row in B.items():
         n_i = per_node[i]
         t_mem = sum(v / max(prof.bw(i, j, n_i), 1.0) for j, v in row.items())
-        if t_mem > worst:
-            worst, why = t_mem, f"memory reads of node {i}"
-        t_cmp = 0.0
+        t_cmp, t_p = 0.0, 0.0
         if stream:
             t_cmp = kernel_time(by_type[i], row, n_i, stream, cache,
                                 {j: prof.bw(i, j, n_i) for j in row}, prof.bw(i, i, n_i))
+            t_p = sum(n * cold.get(ty, 0.0) for ty, n in prods.items())
+            t_cmp += t_p
         elif eng.flops_per_core:
             share = sum(by_type[i].values()) / sum_bytes
-            t_cmp = total_flops * share / (n_i * eng.flops_per_core)
-        if t_cmp > worst:
-            worst, why = t_cmp, (f"kernels on node {i} (compute and exposed memory waits)" if stream
-                                 else f"compute on node {i}")
+            t_cmp = cost.matmul_flops_per_token() * share / (n_i * eng.flops_per_core)
+        node_t = max(t_mem, t_cmp)
+        if node_t > t_w:
+            t_w, t_prod, t_mem_w = node_t, t_p, t_mem
+            why = f"memory reads of node {i}" if t_mem >= t_cmp else (
+                f"kernels on node {i} (compute and exposed memory waits)" if stream else f"compute on node {i}")
+        kv_row = B_kv.get(i, {})
+        t_kv_mem = max(t_kv_mem, sum(v / max(prof.bw(i, j, n_i), 1.0) for j, v in kv_row.items()))
+        if attn_pp:
+            t_attn = max(t_attn, attn_pp * positions / n_nodes)
+        elif eng.flops_per_core:
+            t_attn = max(t_attn, attn_flops / n_nodes / (n_i * eng.flops_per_core))
     for j in prof.nodes:
         served = sum(row.get(j, 0.0) for row in B.values())
         cap = prof.capacity(j)
-        if served and cap and served / cap > worst:
-            worst, why = served / cap, f"node {j}'s memory (all readers together)"
-    return worst + eng.overhead_s(pool.n_threads, cost.n_layer), why
+        if served and cap and served / cap > t_w:
+            t_w, why = served / cap, f"node {j}'s memory (all readers together)"
+    n_dense, n_moe = block_counts(cost)
+    t_fixed = eng.fixed_s(pool.n_threads, n_dense, n_moe)
+    t_cache = max(t_kv_mem, t_attn)
+    total = t_w + t_cache + t_fixed
+    if t_cache > t_w:
+        why = "attention's arithmetic" if t_attn >= t_kv_mem else "KV cache reads"
+    if t_fixed > max(t_w, t_cache):
+        why = "the engine's fixed costs (blocks, experts, hand-offs)"
+    breakdown = {"weight_bytes": cost.weight_bytes_per_token, "kv_bytes": cost.kv_read_bytes(depth),
+                 "attention_flops": attn_flops, "products": float(sum(products_per_token(cost).values())),
+                 "dense_blocks": float(n_dense), "moe_blocks": float(n_moe),
+                 "weights_s": t_w, "weights_memory_s": t_mem_w, "products_cold_s": t_prod,
+                 "kv_s": t_kv_mem, "attention_s": t_attn, "fixed_s": t_fixed, "total_s": total}
+    return total, why, breakdown
 
 
 def kernel_time(types: Mapping[int, float], sources: Mapping[int, float], threads: int,
@@ -317,19 +410,23 @@ def kernel_time(types: Mapping[int, float], sources: Mapping[int, float], thread
 
 
 def _prompt_time(cost: ModelCost, by_type: Mapping[int, Mapping[int, float]], B: Mapping[int, Mapping[int, float]],
-                 pool: PlanPool, prof: MemoryProfile, eng: EngineModel, depth: int, n_prompt: int) -> float:
-    """Seconds per prompt token in a batch of ``n_prompt`` (max over nodes of compute and the
-    weights read once per batch)."""
+                 pool: PlanPool, prof: MemoryProfile, eng: EngineModel, depth: int,
+                 n_prompt: int) -> tuple[float, dict[str, float]]:
+    """Seconds per prompt token in a batch of ``n_prompt`` (the slower over nodes of the products'
+    compute and the weights read once per batch; then the attention over ``depth`` + the batch's
+    own earlier rows and the engine's fixed costs), and its breakdown."""
     per_node = {n: len(pool.node_workers(n)) for n in pool.nodes}
     wbytes = sum(sum(r.values()) for r in by_type.values()) or 1.0
-    attn = cost.attn_flops(depth + n_prompt // 2)
+    seen = depth + n_prompt / 2.0
+    attn = cost.attn_flops(seen)
+    attn_pp = eng.attention_s_per_position(pool.n_threads, prompt=True)
     flops_by_type: dict[int, float] = {}
     for t in cost.tensors:
         if len(t.shape) == 1 or (t.name == "token_embd.weight" and cost.read_fraction[t.name] < 1.0):
             continue
         flops_by_type[t.ggml_type] = flops_by_type.get(t.ggml_type, 0.0) + \
             2.0 * t.n_elements * cost.read_fraction[t.name] * cost.prompt_share(t.name, n_prompt)
-    worst = 0.0
+    worst, t_attn = 0.0, 0.0
     for i in pool.nodes:
         n_i = per_node[i]
         share = sum(by_type[i].values()) / wbytes
@@ -337,14 +434,22 @@ def _prompt_time(cost: ModelCost, by_type: Mapping[int, Mapping[int, float]], B:
         if rate:
             fallback = min(rate.values())
             t_cmp = sum(f * share / (n_i * rate.get(t, fallback)) for t, f in flops_by_type.items())
-            t_cmp += attn * share / (n_i * rate.get(1, fallback))
+            if attn_pp:
+                t_attn = max(t_attn, attn_pp * attention_positions(cost, seen) / len(pool.nodes))
+            else:
+                t_attn = max(t_attn, attn * share / (n_i * rate.get(1, fallback)))
         elif eng.flops_per_core:
-            t_cmp = (sum(flops_by_type.values()) + attn) * share / (n_i * eng.flops_per_core)
+            t_cmp = sum(flops_by_type.values()) * share / (n_i * eng.flops_per_core)
+            t_attn = max(t_attn, attn * share / (n_i * eng.flops_per_core))
         else:
-            return 0.0
+            return 0.0, {}
         t_mem = sum(v / max(prof.bw(i, j, n_i), 1.0) for j, v in B[i].items()) / n_prompt
         worst = max(worst, t_cmp, t_mem)
-    return worst
+    n_dense, n_moe = block_counts(cost)
+    t_fixed = eng.fixed_s(pool.n_threads, n_dense, n_moe, prompt=True)
+    total = worst + t_attn + t_fixed
+    return total, {"flops": sum(flops_by_type.values()), "attention_flops": attn, "products_s": worst,
+                   "attention_s": t_attn, "fixed_s": t_fixed, "total_s": total}
 
 
 def _loader_node(topology: Topology, pool: PlanPool) -> int:
@@ -411,10 +516,17 @@ def predict(cost: ModelCost, topology: Topology, profile: MemoryProfile, *, n_ct
                     mem[k] = mem.get(k, 0) + v
                 fits = all(v <= free.get(k, 0) for k, v in mem.items() if v > 0)
                 B, by_type = reads_per_token(cost, placement, kv, pool, depth, loader)
+                B_w, by_type_w = reads_per_token(cost, placement, kv, pool, 0, loader)
+                B_kv = {i: {j: v - B_w[i].get(j, 0.0) for j, v in row.items()} for i, row in B.items()}
                 total_b = sum(sum(r.values()) for r in B.values())
                 remote = sum(v for i, r in B.items() for j, v in r.items() if j != i)
-                t_dec, why = _decode_time(B, by_type, pool, profile, eng, cost, depth)
-                t_pp = _prompt_time(cost, by_type, B, pool, profile, eng, depth, n_prompt)
+                t_dec, why, dec_parts = _decode_time(B_w, by_type_w, pool, profile, eng, cost, depth, B_kv)
+                t_pp, pp_parts = _prompt_time(cost, by_type_w, B_w, pool, profile, eng, depth, n_prompt)
+                llama_t, llama_parts = 0.0, {}
+                if profile.flops_per_core and not eng.decode_rates:  # a fixture: llama.cpp's runs
+                    from .llamacpp import llamacpp_decode
+                    llama_t, llama_parts = llamacpp_decode(
+                        cost, B_w, profile, {n: len(pool.node_workers(n)) for n in pool.nodes}, depth)
                 counts: dict[str, int] = {}
                 for p in placement.values():
                     counts[p] = counts.get(p, 0) + 1
@@ -423,7 +535,9 @@ def predict(cost: ModelCost, topology: Topology, profile: MemoryProfile, *, n_ct
                               reads=B, bytes_per_token=total_b, remote_share=remote / total_b if total_b else 0.0,
                               predicted_decode_tps=1.0 / t_dec if t_dec > 0 else 0.0,
                               predicted_prompt_tps=1.0 / t_pp if t_pp > 0 else 0.0,
-                              decode_limit=why, placement_counts=counts)
+                              decode_limit=why, placement_counts=counts, decode_breakdown=dec_parts,
+                              prompt_breakdown=pp_parts, llamacpp_decode_tps=1.0 / llama_t if llama_t > 0 else 0.0,
+                              llamacpp_breakdown=llama_parts)
                 sig = (pool.n_threads, tuple(pool.nodes), tuple(sorted(mem.items())),
                        tuple((i, tuple(sorted((j, round(v)) for j, v in r.items()))) for i, r in sorted(B.items())))
                 if sig in seen:
