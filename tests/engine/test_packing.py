@@ -225,7 +225,11 @@ def test_which_tensors_are_packed(monkeypatch):
     assert packing.packable(up, _info(up, q4k, 256), 33) is None      # fewer than 8 rows a worker
     assert packing.packable(up, _info(up, q4k, 260), 1) is None       # rows not in whole groups
     assert packing.packable(up, _info(up, int(T.Q6_K), 256), 1) is None     # no packed layout
-    assert packing.packable("blk.0.attn_k_b.weight", _info("blk.0.attn_k_b.weight", q4k, 256), 1) is None
+    k_b = "blk.0.attn_k_b.weight"   # per-head weights: never repacked by llama.cpp, their type's plain id
+    with monkeypatch.context() as m:  # (whatever types an earlier test compiled)
+        m.setattr(kernels, "active_types", lambda: None)
+        assert packing.packable(k_b, _info(k_b, q4k, 256), 33) == kernels.plain_type(q4k)  # no bytes move: any split
+        assert packing.packable(k_b, _info(k_b, int(T.Q6_K), 256), 1) is None   # its kernels have no repacked order
     dense = "blk.0.attn_output.weight"   # 2-D weights: the same rules on their rows
     assert packing.packable(dense, _info(dense, q4k, 256, n_exp=0), 32) == kernels.Q4_K_X8
     assert packing.packable(dense, _info(dense, q4k, 256, n_exp=0), 33) is None
@@ -249,6 +253,8 @@ def test_which_tensors_are_packed(monkeypatch):
     assert packing.packable(q5, _info(q5, int(T.Q5_0), 256, n_exp=0), 1) == LAYOUTS.get(int(T.Q5_0))
     monkeypatch.setattr(packing, "REPACK", "0")
     assert packing.packable(up, _info(up, q4k, 256), 1) is None
+    monkeypatch.setattr(kernels, "active_types", lambda: None)
+    assert packing.packable(k_b, _info(k_b, q4k, 256), 1) == kernels.plain_type(q4k)   # exactness, not speed
 
 
 def test_packs_by_default_only_where_faster(monkeypatch):

@@ -486,6 +486,11 @@ def _build(mv: dict):
     mv_q8_0_x2 = mv.get(Q8_0_X2, mv[Q8_0])
     Q4_0_X8, IQ4_NL_X8 = kernels.Q4_0_X8, kernels.IQ4_NL_X8  # (AVX-512 VNNI only)
     mv_q4_0_x8, mv_iq4_nl_x8 = mv.get(Q4_0_X8, mv[Q4_0]), mv.get(IQ4_NL_X8, mv[IQ4_NL])
+    # 3-D mul_mat weights (MLA's attn_k_b / attn_v_b) of types llama.cpp repacks as matrices (SIMD paths)
+    Q4_0_P, Q2_K_P, Q4_K_P, IQ4_NL_P = (kernels.Q4_0_PLAIN, kernels.Q2_K_PLAIN, kernels.Q4_K_PLAIN,
+                                        kernels.IQ4_NL_PLAIN)
+    mv_q4_0_p, mv_q2_K_p = mv.get(Q4_0_P, mv[Q4_0]), mv.get(Q2_K_P, mv[Q2_K])
+    mv_q4_K_p, mv_iq4_nl_p = mv.get(Q4_K_P, mv[Q4_K]), mv.get(IQ4_NL_P, mv[IQ4_NL])
     mv_f16_heads = kernels.heads_kernel()
     i8, i32, f32, u8 = np.int8, np.int32, np.float32, np.uint8
 
@@ -540,6 +545,14 @@ def _build(mv: dict):
                 mv_q3_K(w, xp, out, lo, hi)
             elif typ == Q2_K:
                 mv_q2_K(w, xp, out, lo, hi)
+            elif typ == Q4_0_P:
+                mv_q4_0_p(w, xp, out, lo, hi)
+            elif typ == Q4_K_P:
+                mv_q4_K_p(w, xp, out, lo, hi)
+            elif typ == Q2_K_P:
+                mv_q2_K_p(w, xp, out, lo, hi)
+            elif typ == IQ4_NL_P:
+                mv_iq4_nl_p(w, xp, out, lo, hi)
 
     @numba.njit(**_NB)
     def run_chunk(tasks, t, span, lo, hi):

@@ -31,6 +31,16 @@ as fast as `k4_rows` in cache (7.3 against 7.0 GB/s) but 4.8-6.9 GB/s from memor
 7.0-7.2, and the engine decoded the synthetic Qwen3-MoE at 46-49 / 78-84 t/s (1 / 2 threads)
 packed against 61-64 / 109-110 unpacked. So by default only the AVX-512 VNNI path packs;
 `NUMAWB_REPACK=1` packs on any x86 path, `NUMAWB_REPACK=0` never.
+
+The other way round, a 3-D weight that is not a stack of experts (MLA's per-head attn_k_b /
+attn_v_b, multiplied by ggml_mul_mat) is never repacked by llama.cpp (its repack buffer takes 2-D
+matrices and 3-D experts only), while the SIMD kernels of Q4_0, IQ4_NL, Q4_K and Q2_K pick the
+repacked order by row count alone: such a weight keeps the file's bytes under its type's plain id
+(`kernels.PLAIN_TYPES`: vec_dot, tinyBLAS or the tiled matmul at any row count), on every SIMD path
+and whatever `NUMAWB_REPACK` says. A DeepSeek file quantized to Q2_K by llama-quantize has its
+attn_k_b in Q4_0 (64-wide rows): in the repacked order its products differed from llama.cpp's in
+the last bit, a router turned that into other experts, and greedy tokens parted from
+llama.cpp's (4 of 64 prompts of such a V3-style file within 32 tokens, issue 46).
 """
 from __future__ import annotations
 
@@ -64,15 +74,26 @@ def _candidate(name: str, info: TensorInfo, tied: bool = False) -> int | None:
     """Experts (3-D `*_exps`) and weight matrices (2-D); not other 3-D tensors (MLA's per-head
     k_b / v_b are multiplied per head) nor embeddings (looked up row by row), except a tied
     output matrix (`tied`: the model has no output.weight) whose layout a token's compiled call
-    can look rows up in (`kernels.dequantizer`): Gemma's Q8_0 embedding is 72 % of its token."""
+    can look rows up in (`kernels.dequantizer`): Gemma's Q8_0 embedding is 72 % of its token.
+    A 3-D weight that is not a stack of experts: its type's plain id (see the module's doc)."""
+    if len(info.shape) == 3 and not name.endswith(EXPERT_SUFFIX):
+        return kernels.plain_type(info.ggml_type)
     if not enabled():
         return None
     if "embd" in name:
         t = kernels.packed_type(info.ggml_type) if tied and name == TIED else None
         return t if t is not None and kernels.dequantizer(t) is not None else None
-    if len(info.shape) != 2 and not (len(info.shape) == 3 and name.endswith(EXPERT_SUFFIX)):
+    if len(info.shape) != 2 and len(info.shape) != 3:
         return None
     return kernels.packed_type(info.ggml_type)
+
+
+def _moves_bytes(t: int) -> bool:
+    """Whether layout t rearranges the file's bytes (in 8-row groups or pairs); a plain id does not."""
+    return t not in _PLAIN
+
+
+_PLAIN = frozenset(kernels.PLAIN_TYPES.values())
 
 
 def _tied(tensors: Mapping[str, TensorInfo]) -> bool:
@@ -97,7 +118,7 @@ def packable(name: str, info: TensorInfo, n_workers: int, tied: bool = False) ->
     `tied`: the model's output product multiplies its token embedding."""
     t = _candidate(name, info, tied)
     active = kernels.active_types()
-    if t is None or (active is not None and t not in active) or not _whole_groups(info, n_workers):
+    if t is None or (active is not None and t not in active) or (_moves_bytes(t) and not _whole_groups(info, n_workers)):
         return None
     return t
 
@@ -109,7 +130,7 @@ def file_layout_types(tensors: Mapping[str, TensorInfo], n_workers: int) -> set[
     were 3-4 MiB of its peak memory)."""
     tied = _tied(tensors)
     return {info.ggml_type for name, info in tensors.items() if len(info.shape) >= 2
-            and (_candidate(name, info, tied) is None or not _whole_groups(info, n_workers))}
+            and ((t := _candidate(name, info, tied)) is None or (_moves_bytes(t) and not _whole_groups(info, n_workers)))}
 
 
 def lookup_types(tensors: Mapping[str, TensorInfo], n_workers: int) -> set[int]:
@@ -155,7 +176,7 @@ def _repack(layout, pool, names: list[tuple[str, bool, int]], progress: Progress
     """The tensors' copies permuted in place by the pool's workers, each a share of the copies on
     its own node (interleaved copies: everyone's), with progress in bytes. names: (name, to the
     packed layout?, the layout)."""
-    units = _units(layout, names)
+    units = _units(layout, [n for n in names if _moves_bytes(n[2])])
     if not units:
         return
     total = sum(u[0].nbytes for u in units)

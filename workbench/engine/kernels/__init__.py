@@ -36,7 +36,7 @@ from . import compile_helper as _helper
 __all__ = [
     "SUPPORTED_TYPES", "is_supported", "prepare", "matvec", "matmat", "dequantize_rows",
     "row_bytes", "preparer", "matvec_kernels", "kernel_path", "set_kernel_path", "available_paths",
-    "precompile", "active_types", "mul_mat_id_kernel", "packed_type", "prepare_key", "SPEED_REVISION",
+    "precompile", "active_types", "mul_mat_id_kernel", "packed_type", "plain_type", "prepare_key", "SPEED_REVISION",
 ]
 
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30
@@ -54,6 +54,14 @@ Q4_0_X8 = 1002
 IQ4_NL_X8 = 1020
 #: a file's type -> the layout the engine may keep it in on a SIMD path
 PACKED_LAYOUTS = {Q4_K: Q4_K_X8, Q5_0: Q5_0_X2, Q8_0: Q8_0_X2, Q4_0: Q4_0_X8, IQ4_NL: IQ4_NL_X8}
+#: not ggml types: the file's bytes of a type llama.cpp repacks on x86 (Q4_0, IQ4_NL, Q4_K; Q2_K on
+#: AVX-512) held by a 3-D mul_mat weight (MLA's per-head attn_k_b / attn_v_b). ggml's repack buffer
+#: takes 2-D matrices and 3-D experts only (repack.cpp supports_op: MUL_MAT needs ggml_n_dims == 2), so
+#: such a weight keeps the plain kernels whatever its row count: vec_dot for one token, tinyBLAS or
+#: the tiled matmul for more. The SIMD kernels of the file types pick the repacked order by row count
+#: alone, hence these ids (`plain_type`; the engine gives them to those weights, `..packing`)
+Q4_0_PLAIN, Q2_K_PLAIN, Q4_K_PLAIN, IQ4_NL_PLAIN = 1102, 1110, 1112, 1120
+PLAIN_TYPES = {Q4_0: Q4_0_PLAIN, Q2_K: Q2_K_PLAIN, Q4_K: Q4_K_PLAIN, IQ4_NL: IQ4_NL_PLAIN}
 #: bumped when the kernels' speed changes (2: one-token products read two streams per thread; 3: the
 #: streams' prefetch windows primed at a product's start, the F16 heads in one call; 4: Q4_0 / Q5_0
 #: products and prompt tiles and the F16 products on zmm registers on AVX-512; 5: dense Q4_K
@@ -71,7 +79,8 @@ SUPPORTED_TYPES: dict[int, str] = {
 
 #: every type id a kernel takes: the file types and the engine's own layouts
 TYPE_NAMES: dict[int, str] = {**SUPPORTED_TYPES, Q4_K_X8: "Q4_K_x8", Q5_0_X2: "Q5_0_x2", Q8_0_X2: "Q8_0_x2",
-                              Q4_0_X8: "Q4_0_x8", IQ4_NL_X8: "IQ4_NL_x8"}
+                              Q4_0_X8: "Q4_0_x8", IQ4_NL_X8: "IQ4_NL_x8",
+                              **{p: f"{SUPPORTED_TYPES[t]}_plain" for t, p in PLAIN_TYPES.items()}}
 
 #: ggml type id -> (elements per block, bytes per block)
 BLOCK_SIZES: dict[int, tuple[int, int]] = {
@@ -126,6 +135,8 @@ def _dequant_q5_0_x2(w, r0, r1):
 
 _DEQUANT[Q4_K_X8] = _dequant_q4_K_x8
 _DEQUANT[Q5_0_X2] = _dequant_q5_0_x2
+for _t, _p in PLAIN_TYPES.items():  # the file's bytes and activations: only the products' order differs
+    BLOCK_SIZES[_p], _PREPARE[_p], _DEQUANT[_p] = BLOCK_SIZES[_t], _PREPARE[_t], _DEQUANT[_t]
 
 _PORTABLE_MATVEC = {
     F32: _ft.f32_matvec, F16: _ft.f16_matvec, BF16: _ft.bf16_matvec,
@@ -194,6 +205,14 @@ def packed_type(ggml_type: int) -> int | None:
     """The layout the active kernel path keeps a tensor of this file type in when it may (weight
     matrices whose 8-row groups no placement cuts, see `..packing`), or None."""
     t = PACKED_LAYOUTS.get(ggml_type)
+    return t if t is not None and t in _MATVEC else None
+
+
+def plain_type(ggml_type: int) -> int | None:
+    """The id a 3-D mul_mat weight of this file type takes on the active kernel path (see
+    `PLAIN_TYPES`), or None where its kernels already never pick a repacked order (the portable
+    path, types llama.cpp does not repack)."""
+    t = PLAIN_TYPES.get(ggml_type)
     return t if t is not None and t in _MATVEC else None
 
 

@@ -33,8 +33,10 @@ TYPE_IDS = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_
             "Q4_K_x8": 1012,   # (not ggml types: the engine's ids for Q4_K in the x8 layout
             "Q5_0_x2": 1006,   # Q5_0 and Q8_0 in the row-pair layouts,
             "Q8_0_x2": 1008,
-            "Q4_0_x8": 1002,   # Q4_0 and IQ4_NL in 8-row groups)
-            "IQ4_NL_x8": 1020}
+            "Q4_0_x8": 1002,   # Q4_0 and IQ4_NL in 8-row groups,
+            "IQ4_NL_x8": 1020,
+            "Q4_0_plain": 1102, "Q2_K_plain": 1110,   # and the file's bytes of a 3-D mul_mat weight,
+            "Q4_K_plain": 1112, "IQ4_NL_plain": 1120}  # which llama.cpp never repacks: kernels.PLAIN_TYPES)
 _cache: dict[str, tuple[dict, dict]] = {}
 
 

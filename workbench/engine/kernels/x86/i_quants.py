@@ -90,13 +90,20 @@ def kernels(mode: int) -> dict:
             vec_matvec(w, xp, out, r0, r1)
 
     @numba.njit(**_NB)
-    def iq4_nl_matmat(w, xp, out, r0, r1):
-        if w.shape[0] % 8 == 0:
-            rep_matmat(w, xp, out, r0, r1)
-        elif xp[0].shape[0] < 2:   # llamafile_sgemm refuses one column: vec_dot
+    def iq4_nl_plain_matmat(w, xp, out, r0, r1):
+        """A weight llama.cpp does not repack (rows % 8 != 0, or a 3-D mul_mat weight:
+        kernels.IQ4_NL_PLAIN): tinyBLAS, or vec_dot for one column."""
+        if xp[0].shape[0] < 2:   # llamafile_sgemm refuses one column: vec_dot
             vec_matvec(w, (xp[0][0], xp[1][0], xp[2][0]), out[0], r0, r1)
         else:
             tiny_matmat(w, xp, out, r0, r1)
+
+    @numba.njit(**_NB)
+    def iq4_nl_matmat(w, xp, out, r0, r1):
+        if w.shape[0] % 8 == 0:
+            rep_matmat(w, xp, out, r0, r1)
+        else:
+            iq4_nl_plain_matmat(w, xp, out, r0, r1)
 
     @numba.njit(inline="always")
     def xs_lanes(w, o, xq, xo):
@@ -161,4 +168,5 @@ def kernels(mode: int) -> dict:
     def iq4_xs_id(w, xp, out, r0, r1, rows):
         iq4_xs_matmat(w, xp, out, r0, r1)
 
-    return dict(IQ4_NL=(iq4_nl_matvec, iq4_nl_matmat), IQ4_XS=(iq4_xs_matvec, iq4_xs_matmat, iq4_xs_id))
+    return dict(IQ4_NL=(iq4_nl_matvec, iq4_nl_matmat), IQ4_XS=(iq4_xs_matvec, iq4_xs_matmat, iq4_xs_id),
+                IQ4_NL_plain=(vec_matvec, iq4_nl_plain_matmat))

@@ -165,6 +165,17 @@ def kernels(mode: int) -> dict:
         return i_sub(acc, q6_offset(sv, xb, bo))   # ggml's per-lane offset: lane m gets sc[2m], sc[2m+1]
 
     @numba.njit(**_NB)
+    def q4_K_plain_matvec(w, xp, out, r0, r1):
+        """ggml_vec_dot_q4_K_q8_K, row by row: a weight llama.cpp does not repack (rows % 8 != 0, or a
+        3-D mul_mat weight: kernels.Q4_K_PLAIN)."""
+        xq, xd, xb = xp
+        nb = xd.shape[0]
+        rb = w.shape[1]
+        wf = w.reshape(-1)
+        for i in range(r0, r1):
+            out[i] = q4_K_vec(wf, w, i * rb, nb, xq, 0, xd, xb, 0)
+
+    @numba.njit(**_NB)
     def q4_K_matvec_rows(w, xp, out, r0, r1):
         """Row by row (the rows past the last whole group of 8)."""
         xq, xd, xb = xp
@@ -172,8 +183,7 @@ def kernels(mode: int) -> dict:
         rb = w.shape[1]
         wf = w.reshape(-1)
         if w.shape[0] % 8:  # not repacked by llama.cpp: ggml_vec_dot_q4_K_q8_K
-            for i in range(r0, r1):
-                out[i] = q4_K_vec(wf, w, i * rb, nb, xq, 0, xd, xb, 0)
+            q4_K_plain_matvec(w, xp, out, r0, r1)
             return
         for i in range(r0, r1):
             acc = f32(0.0)
@@ -532,6 +542,10 @@ def kernels(mode: int) -> dict:
         q4_K_gemv_cols(w, xp, out, r8, r1, 0)
 
     @numba.njit(**_NB)
+    def q4_K_plain_id(w, xp, out, r0, r1, rows):
+        q4_K_plain_matmat(w, xp, out, r0, r1)
+
+    @numba.njit(**_NB)
     def q5_K_id(w, xp, out, r0, r1, rows):
         q5_K_matmat(w, xp, out, r0, r1)
 
@@ -704,69 +718,89 @@ def kernels(mode: int) -> dict:
             else:
                 out[i] = q2_K_vec(wf, i * rb, nb, xq, 0, xd, xb, 0)
 
+    @numba.njit(**_NB)
+    def q2_K_plain_vec(w, xp, out, r0, r1):
+        """ggml_vec_dot_q2_K_q8_K, row by row (rows_lowbit gives the plain id a faster one)."""
+        xq, xd, xb = xp
+        nb = xd.shape[0]
+        rb = w.shape[1]
+        wf = w.reshape(-1)
+        for i in range(r0, r1):
+            out[i] = q2_K_vec(wf, i * rb, nb, xq, 0, xd, xb, 0)
+
     q2_K_rows8 = repack.k16_rows8(mode, repack.K16_Q2_REPACKED)
     q2_K_tiled_rows8 = repack.k16_rows8(mode, repack.K16_Q2_TILED)
     q2_K_gemv_rows8 = repack.k16_rows8(mode, repack.K16_Q2_GEMV)
 
-    @numba.njit(**_NB)
-    def q2_K_matmat(w, xp, out, r0, r1):
-        """The whole groups of 8 rows with the rows in lanes (`repack.k16_rows8`: the repacked gemm /
-        gemv where llama.cpp repacks, else ggml's tiled matmul from 8 columns), the rest row by row
-        (below 8 columns of a weight llama.cpp does not repack: vec_dot, row by row)."""
-        rep = repacks and w.shape[0] % 8 == 0
-        n = xp[0].shape[0]
-        r8 = r0 + (r1 - r0) // 8 * 8 if rep or n >= 8 else r0
-        if r8 > r0:
-            if rep:
-                q2_K_rows8(w, xp, out, r0, r8)
-            else:
-                q2_K_tiled_rows8(w, xp, out, r0, r8)
-        q2_K_rows_matmat(w, xp, out, r8, r1)
-
-    @numba.njit(**_NB)
-    def q2_K_rows_matmat(w, xp, out, r0, r1):
-        xq, xd, xb = xp
-        n, k = xq.shape
-        nb = xd.shape[1]
-        rb = w.shape[1]
-        k16 = xb.shape[1]
-        wf = w.reshape(-1)
-        xf = xq.reshape(-1)
-        xbf = xb.reshape(-1)
-        rep = repacks and w.shape[0] % 8 == 0
-        n_gemm = n - n % 4 if n > 3 else 0
-        tiled = n >= 8  # (not repacked) ggml's tiled matmul
-        for i in range(r0, r1):
-            for c in range(n):
-                if not rep and tiled:
-                    out[c, i] = q2_K_tiled(wf, i * rb, nb, xf, c * k, xd[c], xbf, c * k16)
-                elif not rep:
-                    out[c, i] = q2_K_vec(wf, i * rb, nb, xf, c * k, xd[c], xbf, c * k16)
-                elif c < n_gemm:
-                    out[c, i] = q2_K_gemm(wf, i * rb, nb, xf, c * k, xd[c], xbf, c * k16)
+    def q2_K_products(repacked: bool) -> tuple:
+        """(matmat, mul_mat_id) of Q2_K; `repacked`: whether llama.cpp repacks a matrix of it whose rows
+        are a multiple of 8 (AVX-512; never a 3-D mul_mat weight: kernels.Q2_K_PLAIN)."""
+        @numba.njit(**_NB)
+        def q2_K_matmat(w, xp, out, r0, r1):
+            """The whole groups of 8 rows with the rows in lanes (`repack.k16_rows8`: the repacked gemm /
+            gemv where llama.cpp repacks, else ggml's tiled matmul from 8 columns), the rest row by row
+            (below 8 columns of a weight llama.cpp does not repack: vec_dot, row by row)."""
+            rep = repacked and w.shape[0] % 8 == 0
+            n = xp[0].shape[0]
+            r8 = r0 + (r1 - r0) // 8 * 8 if rep or n >= 8 else r0
+            if r8 > r0:
+                if rep:
+                    q2_K_rows8(w, xp, out, r0, r8)
                 else:
-                    out[c, i] = q2_K_gemv(wf, i * rb, nb, xf, c * k, xd[c], xbf, c * k16)
+                    q2_K_tiled_rows8(w, xp, out, r0, r8)
+            q2_K_rows_matmat(w, xp, out, r8, r1)
 
-    @numba.njit(**_NB)
-    def q2_K_id(w, xp, out, r0, r1, rows):
-        """mul_mat_id: the repacked gemv per token (AVX-512, rows % 8 == 0), else the plain orders."""
-        if repacks and rows % 8 == 0:
-            r8 = r0 + (r1 - r0) // 8 * 8
-            q2_K_gemv_rows8(w, xp, out, r0, r8)
+        @numba.njit(**_NB)
+        def q2_K_rows_matmat(w, xp, out, r0, r1):
             xq, xd, xb = xp
             n, k = xq.shape
             nb = xd.shape[1]
             rb = w.shape[1]
+            k16 = xb.shape[1]
             wf = w.reshape(-1)
             xf = xq.reshape(-1)
             xbf = xb.reshape(-1)
-            k16 = xb.shape[1]
-            for i in range(r8, r1):
+            rep = repacked and w.shape[0] % 8 == 0
+            n_gemm = n - n % 4 if n > 3 else 0
+            tiled = n >= 8  # (not repacked) ggml's tiled matmul
+            for i in range(r0, r1):
                 for c in range(n):
-                    out[c, i] = q2_K_gemv(wf, i * rb, nb, xf, c * k, xd[c], xbf, c * k16)
-            return
-        q2_K_matmat(w, xp, out, r0, r1)  # (rows % 8 != 0: the expert array's rows as well)
+                    if not rep and tiled:
+                        out[c, i] = q2_K_tiled(wf, i * rb, nb, xf, c * k, xd[c], xbf, c * k16)
+                    elif not rep:
+                        out[c, i] = q2_K_vec(wf, i * rb, nb, xf, c * k, xd[c], xbf, c * k16)
+                    elif c < n_gemm:
+                        out[c, i] = q2_K_gemm(wf, i * rb, nb, xf, c * k, xd[c], xbf, c * k16)
+                    else:
+                        out[c, i] = q2_K_gemv(wf, i * rb, nb, xf, c * k, xd[c], xbf, c * k16)
+
+        @numba.njit(**_NB)
+        def q2_K_id(w, xp, out, r0, r1, rows):
+            """mul_mat_id: the repacked gemv per token (AVX-512, rows % 8 == 0), else the plain orders."""
+            if repacked and rows % 8 == 0:
+                r8 = r0 + (r1 - r0) // 8 * 8
+                q2_K_gemv_rows8(w, xp, out, r0, r8)
+                xq, xd, xb = xp
+                n, k = xq.shape
+                nb = xd.shape[1]
+                rb = w.shape[1]
+                wf = w.reshape(-1)
+                xf = xq.reshape(-1)
+                xbf = xb.reshape(-1)
+                k16 = xb.shape[1]
+                for i in range(r8, r1):
+                    for c in range(n):
+                        out[c, i] = q2_K_gemv(wf, i * rb, nb, xf, c * k, xd[c], xbf, c * k16)
+                return
+            q2_K_matmat(w, xp, out, r0, r1)  # (rows % 8 != 0: the expert array's rows as well)
+        return q2_K_matmat, q2_K_id
+
+    q2_K_matmat, q2_K_id = q2_K_products(repacks)
+    q2_K_plain_matmat, q2_K_plain_id = q2_K_products(False)
 
     return dict(Q2_K=(q2_K_matvec, q2_K_matmat, q2_K_id), Q3_K=(q3_K_matvec, q3_K_matmat, q3_K_id), Q4_K=(q4_K_matvec, q4_K_matmat, q4_K_id), Q5_K=(q5_K_matvec, q5_K_matmat, q5_K_id),
-                Q6_K=(q6_K_matvec, q6_K_matmat, q6_K_id))
+                Q6_K=(q6_K_matvec, q6_K_matmat, q6_K_id),
+                # 3-D mul_mat weights (kernels.PLAIN_TYPES): the orders of a weight llama.cpp does not repack
+                Q2_K_plain=(q2_K_plain_vec, q2_K_plain_matmat, q2_K_plain_id),
+                Q4_K_plain=(q4_K_plain_matvec, q4_K_plain_matmat, q4_K_plain_id))
 

@@ -320,6 +320,12 @@ def kernels(mode: int) -> dict:
         else:
             q4_0_tiled_matmat(w, xp, out, r0, r1)
 
+    # a 3-D mul_mat weight (kernels.Q4_0_PLAIN), never repacked: vec_dot / tinyBLAS at any row count
+    @numba.njit(**_NB)
+    def q4_0_plain_id(w, xp, out, r0, r1, rows):
+        q4_0_tiled_matmat(w, xp, out, r0, r1)
+
     return dict(Q8_0=(q8_0_matvec, q8_0_matmat, q8_0_id), Q4_0=(q4_0_matvec, q4_0_matmat, q4_0_id),
+                Q4_0_plain=(q4_0_vec_matvec, q4_0_tiled_matmat, q4_0_plain_id),
                 Q5_0=(q5_0_matvec, q5_0_matmat, q5_0_id), Q4_1=(q4_1_matvec, q4_1_matmat),
                 Q5_1=(q5_1_matvec, q5_1_matmat))

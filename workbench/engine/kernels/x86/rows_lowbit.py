@@ -708,6 +708,15 @@ def kernels(mode: int, per_row: dict) -> dict:
             q4_0_vec4(w, xp, out, r0, r)
         q4_0_row(w, xp, out, r, r1)
 
+    q4_0_plain_row = per_row["Q4_0_plain"][0]
+
+    @numba.njit(**_NB)
+    def q4_0_plain_matvec(w, xp, out, r0, r1):
+        """A 3-D mul_mat weight (never repacked): ggml_vec_dot_q4_0_q8_0's order at any row count."""
+        r = r0 + (r1 - r0) // 4 * 4
+        q4_0_vec4(w, xp, out, r0, r)
+        q4_0_plain_row(w, xp, out, r, r1)
+
     @numba.njit(**_NB)
     def iq4_nl_matvec(w, xp, out, r0, r1):
         if w.shape[0] % 8 == 0:   # llama.cpp's repacked iq4_nl_8x8 gemv
@@ -735,6 +744,9 @@ def kernels(mode: int, per_row: dict) -> dict:
     def iq4_xs_matvec(w, xp, out, r0, r1):
         iq4_xs_vec1(w, xp, out, r0, r1)
 
-    # only the matvec is replaced: the family's matmat (and mul_mat_id kernel, if any) stay
-    grouped = dict(Q4_0=q4_0_matvec, IQ4_NL=iq4_nl_matvec, Q2_K=q2_K_matvec, Q3_K=q3_K_matvec, IQ4_XS=iq4_xs_matvec)
+    # only the matvec is replaced: the family's matmat (and mul_mat_id kernel, if any) stay. The plain
+    # ids' vec_dot orders (kernels.PLAIN_TYPES): Q4_0's 4 rows at a time, Q2_K's one row at a time
+    # (IQ4_NL's stays the per-row kernel)
+    grouped = dict(Q4_0=q4_0_matvec, IQ4_NL=iq4_nl_matvec, Q2_K=q2_K_matvec, Q3_K=q3_K_matvec, IQ4_XS=iq4_xs_matvec,
+                   Q4_0_plain=q4_0_plain_matvec, Q2_K_plain=q2_K_vec1)
     return {name: (fn, *per_row[name][1:]) for name, fn in grouped.items()}
