@@ -171,6 +171,20 @@ def product_shapes(cost: ModelCost, supported: Callable[[int], bool] | None = No
     return {ty: max(d, key=lambda s: d[s]) for ty, d in count.items()}
 
 
+def expert_columns(cost: ModelCost, supported: Callable[[int], bool] | None = None,
+                   n_prompt: int = 512) -> dict[int, tuple[int, int]]:
+    """Per GGML type of the routed experts, (row length, columns an expert gets in a prompt batch of
+    ``n_prompt``: the batch's tokens times experts used over the experts)."""
+    if not (cost.expert_count and cost.expert_used_count):
+        return {}
+    cols = max(1, round(n_prompt * cost.expert_used_count / cost.expert_count))
+    out: dict[int, tuple[int, int]] = {}
+    for t in cost.tensors:
+        if t.is_expert and (supported is None or supported(t.ggml_type)):
+            out.setdefault(t.ggml_type, (t.shape[0], cols))
+    return out
+
+
 def resolve_topology(name: str | None) -> Topology:
     """This machine (None), a sysfs tree directory, or a fixture name; ValueError with one line."""
     if not name:
@@ -249,7 +263,8 @@ def advise(path: str | os.PathLike[str] | None = None, topology: Topology | str 
             bpp = cost.kv_bytes_per_layer_position[0] if cost.kv_bytes_per_layer_position else 0
             if engine_cal.ensure_engine(profile, dominant_rows(cost, K.is_supported), cost.arch, counts,
                                         progress, shape=shape, n_dense=n_dense_lead, kv_bpp_block=bpp,
-                                        cold=product_shapes(cost, K.is_supported)):
+                                        cold=product_shapes(cost, K.is_supported),
+                                        expert_cols=expert_columns(cost, K.is_supported)):
                 save_profile(profile, topo)
         engine = EngineModel.from_profile(profile, cost.arch, dominant_rows(cost),
                                           structure_key=shape.key if shape else None)

@@ -68,11 +68,11 @@ def kernel_key(ggml_type: int, k: int) -> str:
     return f"{K.SUPPORTED_TYPES[ggml_type]}@{k}"
 
 
-def measure_kernel(ggml_type: int, threads: int = 1, k: int = 2048) -> dict[str, float]:
+def measure_kernel(ggml_type: int, threads: int = 1, k: int = 2048, cols: int = 64) -> dict[str, float]:
     """Per-thread rates with ``threads`` pinned workers running the same kind of product at once
     (each on its own data), so what threads share (a core's SMT sibling, caches, memory) counts:
     one-token product bytes/s on an L2-resident matrix and streamed from memory (64 MiB each),
-    and prompt FLOP/s with 64 columns. The kernels are those of the layout the engine keeps the
+    and prompt FLOP/s with ``cols`` columns (64; a routed expert in a prompt batch gets fewer). The kernels are those of the layout the engine keeps the
     type's weight matrices in on this path (`engine.packing`; random bytes are valid data in any)."""
     from ..engine import kernels as K
     from ..engine import packing
@@ -80,7 +80,7 @@ def measure_kernel(ggml_type: int, threads: int = 1, k: int = 2048) -> dict[str,
     rng = np.random.default_rng(0)
     x = rng.standard_normal(k).astype(np.float32)
     xp = K.prepare(ggml_type, x)
-    X = rng.standard_normal((64, k)).astype(np.float32)
+    X = rng.standard_normal((cols, k)).astype(np.float32)
     Xp = K.prepare(ggml_type, X)
     n_small = max(16, 256 * 1024 // max(k, 1)) // 8 * 8  # ~256 K weights: in L2 (whole 8-row groups)
     rows_big = max(128, (64 << 20) // _matrix(ggml_type, 1, k, rng).shape[1]) // 8 * 8
@@ -95,7 +95,7 @@ def measure_kernel(ggml_type: int, threads: int = 1, k: int = 2048) -> dict[str,
             small[i] = _matrix(ggml_type, n_small, k, r)
             big[i] = _matrix(ggml_type, rows_big, k, r)
             outs[i] = np.zeros(rows_big, np.float32)
-            mats[i] = np.zeros((64, n_small), np.float32)
+            mats[i] = np.zeros((cols, n_small), np.float32)
         pool.run(make)
         def run(fn: Callable[[int], None]) -> Callable[[], None]:
             return lambda: pool.run(fn)
@@ -112,7 +112,7 @@ def measure_kernel(ggml_type: int, threads: int = 1, k: int = 2048) -> dict[str,
         ts = _bench(run(lambda i: K.matvec(ggml_type, big[i], xp, outs[i], 0, rows_big)), min_time=0.3)
         tm = _bench(run(small_mat), min_time=0.2) / REPEAT_MAT
     return {"decode_bytes_per_s": small[0].nbytes / t, "stream_bytes_per_s": big[0].nbytes / ts,
-            "prompt_flops_per_s": 2.0 * 64 * n_small * k / tm}
+            "prompt_flops_per_s": 2.0 * cols * n_small * k / tm}
 
 
 # ---- tiny models --------------------------------------------------------------------------------
@@ -227,12 +227,14 @@ def cold_key(ggml_type: int, k: int, rows: int) -> str:
 
 def ensure_engine(profile: MemoryProfile, types: dict[int, int], arch: str, threads: list[int],
                   progress: Progress | None = None, *, shape=None, n_dense: int = 0, kv_bpp_block: int = 0,
-                  cold: dict[int, tuple[int, int]] | None = None) -> bool:
+                  cold: dict[int, tuple[int, int]] | None = None,
+                  expert_cols: dict[int, tuple[int, int]] | None = None) -> bool:
     """Measure what ``profile.engine`` lacks for these kernels (type -> row length), architecture
     and thread counts; with ``shape`` (``twins.TwinShape``) also the twins' fixed and attention costs
     (``measure_structure``), and with ``cold`` (type -> (row length, rows a product)) the cost of a
     product on a matrix in no cache (``measure_cold``). Returns True when something was added (the
-    caller saves the profile)."""
+    caller saves the profile). ``expert_cols`` (type -> (row length, columns)): the prompt product of a
+    routed expert, which gets only its share of a batch's columns."""
     from ..engine import kernels as K
     eng = profile.engine
     if eng.get("kernel_path") not in (None, K.kernel_path()) or eng.get("speed_revision", 1) != K.SPEED_REVISION:
@@ -241,7 +243,7 @@ def ensure_engine(profile: MemoryProfile, types: dict[int, int], arch: str, thre
     eng["speed_revision"] = K.SPEED_REVISION
     rev = engine_revision()
     if eng.get("engine_revision") != rev:  # the engine changed: its own costs are measured again
-        for key in ("overhead", "structure", "cold"):
+        for key in ("overhead", "structure", "cold", "expert_prompt"):
             eng.pop(key, None)
     eng["engine_revision"] = rev
     kern = eng.setdefault("kernels", {})
@@ -295,6 +297,18 @@ def ensure_engine(profile: MemoryProfile, types: dict[int, int], arch: str, thre
             table[name] = min(measure_cold(ty, n, k, rows, rates["stream_bytes_per_s"], rates["decode_bytes_per_s"])
                               for _ in range(2))
             changed = True
+    for ty, (k, cols) in sorted((expert_cols or {}).items()):
+        if ty not in K.SUPPORTED_TYPES or cols >= 64:
+            continue
+        for n in threads:
+            name = f"{kernel_key(ty, k)}/c{cols}"
+            table = eng.setdefault("expert_prompt", {}).setdefault(str(n), {})
+            if name in table:
+                continue
+            if progress:
+                progress(f"measuring a routed expert's prompt product ({name}, {n} thread{'s' if n > 1 else ''}) ...")
+            table[name] = max(measure_kernel(ty, n, k, cols)["prompt_flops_per_s"] for _ in range(2))
+            changed = True
     if shape is not None:
         per_shape = eng.setdefault("structure", {}).setdefault(shape.key, {})
         for n in threads:
@@ -322,9 +336,10 @@ def measure_cold(ggml_type: int, threads: int, k: int, rows: int, stream_bytes_p
     rng = np.random.default_rng(2)
     x = rng.standard_normal(k).astype(np.float32)
     xp = K.prepare(ggml_type, x)
-    rows = max(8, rows // 8 * 8)
     row_bytes = _matrix(ggml_type, 1, k, rng).shape[1]
-    n_mat = max(64, min(4096, (256 << 20) // (row_bytes * rows)))
+    # a start matters on small matrices; a large one's is measured on its first MiB (the pool stays 256 MiB)
+    rows = max(8, min(rows, (1 << 20) // row_bytes) // 8 * 8)
+    n_mat = max(16, min(4096, (256 << 20) // (row_bytes * rows)))
     ptype = (K.packed_type(ggml_type) if packing.enabled() else None) or ggml_type
     pools: list[np.ndarray] = [np.empty(0, np.uint8)] * threads
     orders: list[list[np.ndarray]] = [[]] * threads

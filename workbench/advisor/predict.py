@@ -208,6 +208,8 @@ class EngineModel:
     # threads -> the twins' fixed costs and attention per position (engine_cal.measure_structure)
     structure: dict[int, dict[str, float]] = field(default_factory=dict)
     cold: dict[int, dict[int, float]] = field(default_factory=dict)  # threads -> type -> s a product
+    # threads -> type -> FLOP/s of a routed expert's prompt product (its share of the batch's columns)
+    expert_prompt_rates: dict[int, dict[int, float]] = field(default_factory=dict)
 
     @classmethod
     def from_profile(cls, prof: MemoryProfile, arch: str, rows: Mapping[int, int] | None = None,
@@ -244,6 +246,12 @@ class EngineModel:
             pro[int(n)] = {t: float(v["prompt_flops_per_s"]) for t, v in chosen.items()}
         struct = {int(n): {k: float(v) for k, v in d.items()}
                   for n, d in (eng.get("structure", {}).get(structure_key or "", {}) or {}).items()}
+        expert_pp: dict[int, dict[int, float]] = {}
+        for n, table in eng.get("expert_prompt", {}).items():
+            for key, v in table.items():
+                name = key.partition("@")[0]
+                if name in ids:
+                    expert_pp.setdefault(int(n), {})[ids[name]] = float(v)
         cold: dict[int, dict[int, float]] = {}
         for n, table in eng.get("cold", {}).items():
             for key, v in table.items():
@@ -252,7 +260,7 @@ class EngineModel:
                     cold.setdefault(int(n), {})[ids[name]] = float(v)
         return cls(overhead={int(k): (float(v[0]), float(v[1])) for k, v in over.items()},
                    decode_rates=dec, cache_rates=cac, prompt_rates=pro, flops_per_core=prof.flops_per_core,
-                   structure=struct, cold=cold)
+                   structure=struct, cold=cold, expert_prompt_rates=expert_pp)
 
     @staticmethod
     def _nearest(table: Mapping[int, Any], threads: int) -> Any:
@@ -420,12 +428,22 @@ def _prompt_time(cost: ModelCost, by_type: Mapping[int, Mapping[int, float]], B:
     seen = depth + n_prompt / 2.0
     attn = cost.attn_flops(seen)
     attn_pp = eng.attention_s_per_position(pool.n_threads, prompt=True)
+    expert_rate = eng._nearest(eng.expert_prompt_rates, pool.n_threads)
     flops_by_type: dict[int, float] = {}
+    expert_time = 0.0  # one worker's share is taken below, with the node's
     for t in cost.tensors:
         if len(t.shape) == 1 or (t.name == "token_embd.weight" and cost.read_fraction[t.name] < 1.0):
             continue
-        flops_by_type[t.ggml_type] = flops_by_type.get(t.ggml_type, 0.0) + \
-            2.0 * t.n_elements * cost.read_fraction[t.name] * cost.prompt_share(t.name, n_prompt)
+        f = 2.0 * t.n_elements * cost.read_fraction[t.name] * cost.prompt_share(t.name, n_prompt)
+        if t.is_expert and expert_rate.get(t.ggml_type):
+            expert_time += f / expert_rate[t.ggml_type]
+            continue
+        flops_by_type[t.ggml_type] = flops_by_type.get(t.ggml_type, 0.0) + f
+    # a batch reads every expert some token of it was routed to, not the used share a token reads
+    hit = 1.0 - (1.0 - cost.expert_used_count / cost.expert_count) ** n_prompt if cost.expert_count else 1.0
+    batch_bytes = sum(t.nbytes * (hit if t.is_expert and cost.expert_count else cost.read_fraction[t.name])
+                      for t in cost.tensors)
+    batch_factor = batch_bytes / max(cost.weight_bytes_per_token, 1.0)
     worst, t_attn = 0.0, 0.0
     for i in pool.nodes:
         n_i = per_node[i]
@@ -434,6 +452,7 @@ def _prompt_time(cost: ModelCost, by_type: Mapping[int, Mapping[int, float]], B:
         if rate:
             fallback = min(rate.values())
             t_cmp = sum(f * share / (n_i * rate.get(t, fallback)) for t, f in flops_by_type.items())
+            t_cmp += expert_time * share / n_i
             if attn_pp:
                 t_attn = max(t_attn, attn_pp * attention_positions(cost, seen) / len(pool.nodes))
             else:
@@ -443,7 +462,7 @@ def _prompt_time(cost: ModelCost, by_type: Mapping[int, Mapping[int, float]], B:
             t_attn = max(t_attn, attn * share / (n_i * eng.flops_per_core))
         else:
             return 0.0, {}
-        t_mem = sum(v / max(prof.bw(i, j, n_i), 1.0) for j, v in B[i].items()) / n_prompt
+        t_mem = sum(v / max(prof.bw(i, j, n_i), 1.0) for j, v in B[i].items()) * batch_factor / n_prompt
         worst = max(worst, t_cmp, t_mem)
     n_dense, n_moe = block_counts(cost)
     t_fixed = eng.fixed_s(pool.n_threads, n_dense, n_moe, prompt=True)
