@@ -99,9 +99,16 @@ SPECS = {
     # a mixture of experts: each row's RoPE at its own cache's position, as for the dense families
     "qwen3moe-q8_0": TinySpec(arch="qwen3moe", qtype=T.Q8_0, n_layer=2, n_ctx=512, n_expert=8, n_expert_used=2,
                               n_ff=256, n_ff_exp=256),
-    # multi-head latent attention: its rows are decoded one after another (`batch.batchable`)
+    # multi-head latent attention: each row on its own latent cache (`_BatchRuntime.mla_attention`)
     "deepseek2-q8_0": TinySpec(arch="deepseek2", qtype=T.Q8_0, n_layer=2, n_ctx=512, n_expert=8, n_expert_used=2,
                                n_ff=256, n_ff_exp=128),
+    # the seeds' kinds in K-quants: Q4_K experts (repacked for the one-token kernels), and a V3/R1-style
+    # DeepSeek (q-LoRA, sigmoid gating with exp_probs_b over expert groups)
+    "qwen3moe-q4k": TinySpec(arch="qwen3moe", qtype=T.Q4_K, n_layer=2, n_ctx=512, n_expert=16, n_expert_used=4,
+                             n_ff=256, n_ff_exp=256),
+    "deepseek2-v3-q4k": TinySpec(arch="deepseek2", qtype=T.Q4_K, n_layer=3, n_ctx=512, n_expert=16, n_expert_used=4,
+                                 n_ff=256, n_ff_exp=256, q_lora_rank=256, head_dim_v_mla=64, gating=2, probs_bias=True, n_groups=4,
+                                 n_group_used=2, weights_norm=True, weights_scale=2.5),
 }
 
 

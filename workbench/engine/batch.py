@@ -24,6 +24,7 @@ import copy
 import itertools
 import threading
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -36,10 +37,14 @@ from . import kernels, ops
 from .kernels.intrinsics import VNNI, dot_us, f16_to_f32, f_zero, fmadd_i, hsum_f, i_shl, i_sub, i_zero, load_b32
 from .engine import Engine, Session
 from .events import ContextFullError, DoneEvent, Stats
-from .attention import one_token_attention, token_window
+from .attention import SKIP_SLID_VALUES, one_token_attention, token_window
 from .crew import Crew
 from .kv_cache import KVCache
-from .runtime import USE_CREW, After, Before, then_after
+from .runtime import USE_CREW, After, AttentionSpec, Before, MLASpec, RoutedSpec, SharedSpec, then_after
+from .rows_attention import rows_block_runner
+from .rows_mla import rows_mla_runner
+from .token_layer import typed_layers
+from .crew import CrewError, rows_job
 from .generation import Generation, Picker, reusable_prefix
 from .sampling import SamplingParams
 from ..errors import UserError
@@ -173,6 +178,9 @@ class _BatchRuntime:
         x = np.ascontiguousarray(x)
         n = x.shape[0]
         group = rt._group(names)
+        outs = rt.rows_products(group, x)   # the crew's workers: one job, each weight piece read once
+        if outs is not None:
+            return outs
         if x.shape[1] != group.ne0:
             raise ValueError(f"input width {x.shape[1]} != row length {group.ne0}")
         types = [t for t, _, _ in group.jobs]
@@ -210,6 +218,32 @@ class _BatchRuntime:
         rt.each_worker(work)
         return outs
 
+    def rows_ffn(self, spec, h: np.ndarray) -> np.ndarray | None:
+        """A mixture-of-experts FFN (`RoutedSpec`, or `SharedSpec` with shared experts) over every
+        row in one compiled call (`rows_ffn`: the one-token call's steps per row, experts grouped
+        over the rows); None where the one-token call has no compiled form (the caller's steps)."""
+        rt = self._rt
+        if not rt._crewing or not isinstance(spec, (RoutedSpec, SharedSpec)):
+            return None
+        fused = isinstance(spec, SharedSpec)
+        parts = rt._fused_parts(spec) if fused else rt._routed_parts(spec)
+        if parts is None or parts.rows is None:
+            return None
+        n = h.shape[0]
+        key = ("ffn", id(parts), n)
+        hit = rt._rows_jobs.get(key)
+        if hit is None or hit[0] is not parts:
+            hit = rt._rows_jobs[key] = (parts, _rows_ffn_args(parts.head, n, fused))
+        args = hit[1]
+        crew = rt._crew
+        if not parts.rows(crew.ctl, crew.n_workers, np.ascontiguousarray(h, dtype=np.float32), *args):
+            crew.stop()
+            raise CrewError("a worker failed during an expert product")
+        if rt.routing is not None and parts.routing:
+            names = parts.routing[1]
+            rt.routing.record(names[-2], args[9] if fused else args[8], names)
+        return args[-6] if fused else args[-4]
+
     def gated(self, x: np.ndarray, gate: str, up: str, activation: str, before: Before | None = None):
         if before is not None:
             before(0, x.shape[0])
@@ -226,12 +260,131 @@ class _BatchRuntime:
         return np.concatenate([self._one(q[i:i + 1], k[i:i + 1], v[i:i + 1], c, il, window, scale)
                                for i, c in enumerate(self._caches)])
 
+    def mla_attention(self, q, rows, kv, il, pos0, scale):
+        """DeepSeek's latent attention, each row on its own cache at its own position (the
+        runtime's one-token call: the single-sequence decode's operations in its order)."""
+        return np.concatenate([self._rt.mla_attention(q[i:i + 1], rows[i:i + 1], c, il, c.n, scale)
+                               for i, c in enumerate(self._caches)])
+
+    def rows_attention(self, spec: AttentionSpec, h: np.ndarray, il: int, rope: np.ndarray) -> np.ndarray | None:
+        """The shared attention sub-layer over every row in one compiled call (`rows_attention`),
+        each row on layer il of its own one-owner cache at its own position (rope [n, rot / 2, 2]
+        or size 0); None where the one-token call has none (the caller's steps)."""
+        rt = self._rt
+        caches = self._caches
+        if not rt._crewing or any(c.n_workers != 1 for c in caches):
+            return None
+        parts = [rt._attention_parts(spec, c, il) for c in caches]
+        if any(p is None for p in parts):
+            return None
+        fn, args = self._rows_args(("rows-attn", spec.output, il), parts,
+                                   lambda: self._rows_attention_args(spec, parts))
+        crew = rt._crew
+        pos0s = np.array([c.n for c in caches], dtype=np.int64)
+        if not fn(crew.ctl, crew.n_workers, np.ascontiguousarray(h, dtype=np.float32), *args[:10], rope, *args[10:13],
+                  pos0s, *args[13:]):
+            crew.stop()
+            raise CrewError("a worker failed during attention")
+        return args[-2]
+
+    def _rows_args(self, key: tuple, parts: list, build: Callable[[], tuple]) -> tuple:
+        """A rows call and its arguments for this batch's caches, kept with the first cache's
+        one-token parts until the batch's sequences or the crew change (one entry per layer)."""
+        caches = self._caches
+        per = self._rt._tparts.setdefault(caches[0], {})
+        key = key + (len(caches),)
+        hit = per.get(key)
+        if hit is None or any(r() is not c for r, c in zip(hit[0], caches)) or hit[1] is not parts[0].head[0]:
+            per[key] = hit = (tuple(weakref.ref(c) for c in caches), parts[0].head[0], build())
+        return hit[2]
+
+    def _rows_attention_args(self, spec: AttentionSpec, parts: list) -> tuple[Callable, tuple]:
+        rt = self._rt
+        n = len(parts)
+        g_qkv, g_out = rt._group(spec.qkv), rt._group((spec.output,))
+        run_qkv, run_out = rt.product_runner(g_qkv, rows=True), rt.product_runner(g_out, rows=True)
+        attend, _kc, _vc = rt._cache_args(self._caches[0], 0)
+        (jq, q, k, v, bq, bk, bv, q_norm, k_norm, eps) = parts[0].head
+        (neox, prescale, *_rest) = parts[0].mid
+        (window, scale) = parts[0].win
+        (_cap, jo, o, bo) = parts[0].tail
+        caches = typed_layers(tuple((p.mid[2], p.mid[3], p.mid[4], p.mid[5], p.tail[0]) for p in parts))
+        fn = rows_block_runner(run_qkv, attend, run_out)
+        return fn, (_rows_table(jq, n), np.empty((n,) + q.shape, np.float32), np.empty((n,) + k.shape, np.float32),
+                    np.empty((n,) + v.shape, np.float32), bq, bk, bv, q_norm, k_norm, eps, neox, prescale, caches,
+                    int(window), bool(SKIP_SLID_VALUES), float(scale), _rows_table(jo, n),
+                    np.empty((n, q.shape[0] * v.shape[1]), np.float32), np.empty((n, o.shape[-1]), np.float32), bo)
+
+    def rows_mla(self, spec: MLASpec, h: np.ndarray, il: int, rope: np.ndarray) -> np.ndarray | None:
+        """DeepSeek's MLA sub-layer over every row in one compiled call (`rows_mla`), each row on
+        layer il of its own latent cache at its own position (rope [n, rot / 2, 2]); None where the
+        one-token call has none (the caller's steps)."""
+        rt = self._rt
+        caches = self._caches
+        if not rt._crewing or len({c.n_workers for c in caches}) != 1:
+            return None
+        parts = [rt._mla_parts(spec, c, il) for c in caches]
+        if any(p is None for p in parts):
+            return None
+        fn, args = self._rows_args(("rows-mla", spec.output, il), parts,
+                                   lambda: self._rows_mla_args(spec, parts, len(caches)))
+        crew = rt._crew
+        pos0s = np.array([c.n for c in caches], dtype=np.int64)
+        o = args[-1]
+        if not fn(crew.ctl, crew.n_workers, np.ascontiguousarray(h, dtype=np.float32), *args[:10], rope, *args[10:14],
+                  pos0s, *args[14:]):
+            crew.stop()
+            raise CrewError("a worker failed during attention")
+        return o
+
+    def _rows_mla_args(self, spec: MLASpec, parts: list, n: int) -> tuple[Callable, tuple]:
+        """`rows_mla_runner` and its arguments but the input, RoPE and positions: the one-token
+        parts' jobs as rows jobs, their caches' per-row arguments, scratch for n rows."""
+        rt = self._rt
+        (j1, _qa, _ckv, qa_norm, eps, jqb, _q, jkb, qn, q_abs) = parts[0].head
+        (neox, nope, kv_norm, _k, _v, _kc, _vc, _qcat, _krow, _lat) = parts[0].mid
+        (cap, jvb, vb_out, jo, o) = parts[0].tail
+        g1, g_out = rt._group(spec.first), rt._group((spec.output,))
+        g_qb = rt._group((spec.q_b,)) if spec.q_b else None
+        run1, run_out = rt.product_runner(g1, rows=True), rt.product_runner(g_out, rows=True)
+        run_qb = rt.product_runner(g_qb, rows=True) if g_qb is not None else run1
+        preps = [kernels.preparer(rt.weights[nm].ggml_type, floats=True) for nm in (spec.k_b, spec.v_b)]
+        attend, _kc, _vc = rt._cache_args(self._caches[0], 0)
+        H = q_abs.shape[0]
+
+        def job(j, stride: int = 1) -> tuple:
+            return _rows_table(j, n, stride)
+        qa = np.empty((n, g1.rows[0]), np.float32)
+        q = np.empty((n, g_qb.rows[0]), np.float32) if g_qb is not None else qa
+        caches = typed_layers(tuple((p.mid[3], p.mid[4], p.mid[5], p.mid[6], p.tail[0]) for p in parts))
+        fn = rows_mla_runner(run1, run_qb, rt._crew.lead, preps[0], preps[1], attend, run_out)
+        return fn, (job(j1), qa, np.empty((n, g1.rows[1]), np.float32), qa_norm, eps,
+                    job(jqb) if g_qb is not None else job(j1), q, job(jkb, H), np.empty((n * H, qn.shape[1]), np.float32),
+                    np.empty((n, q_abs.size), np.float32), neox, nope, kv_norm, caches, float(spec.scale), job(jvb, H),
+                    np.empty((n * H, q_abs.shape[1]), np.float32), np.empty((n, vb_out.size), np.float32), job(jo),
+                    np.empty((n, o.shape[-1]), np.float32))
+
+    def sub_products(self, name: str, x: np.ndarray) -> np.ndarray:
+        """x [m, n, ne0] through sub-matrix i of 3-D `name` for x[i] (MLA's attn_k_b / attn_v_b
+        per head): one matvec per (head, row) as one token's, all in one job (`Runtime.moe`'s
+        expert products), never the prompt's matmat."""
+        rt = self._rt
+        m, n, k = x.shape
+        if n == 1:
+            return rt.sub_products(name, x)
+        heads = np.arange(m * n, dtype=np.int64).reshape(m, n)
+        (out,) = rt._expert_products((name,), x.reshape(m * n, k), [(i, heads[i], heads[i]) for i in range(m)], m * n)
+        return out.reshape(m, n, -1)
+
     def _one(self, q, k, v, kv: KVCache, il: int, window: int, scale: float) -> np.ndarray:
         """One row's attention over its own cache at its own position: the one-token attention in
-        one compiled call on this thread (a cache on one node), else the runtime's general path
-        for one token; both are the single-sequence decode's operations in its order."""
+        one compiled call (with the crew's workers when they run the pass, else on this thread
+        for a cache on one node), else the runtime's general path for one token; all are the
+        single-sequence decode's operations in its order."""
         rt = self._rt
         pos0 = kv.n
+        if rt._crewing:
+            return rt.attention(q, k, v, kv, il, pos0, window, scale)
         if kv.n_workers != 1 or not USE_CREW:
             return rt.attention(q, k, v, kv, il, pos0, window, scale)
         keys, values = rt._token_jobs(kv, il, q.shape[1] // kv.cfg.n_head_kv)
@@ -242,6 +395,43 @@ class _BatchRuntime:
         if not ok:
             raise RuntimeError("attention failed")
         return out.reshape(1, q.shape[1], -1)
+
+
+def _rows_table(job: tuple, n: int, x_stride: int = 1) -> tuple:
+    """A one-token job (tasks, chunks, n_owned) over n rows as the compiled calls take it."""
+    t = rows_job(job, n, x_stride)
+    return t.tasks, t.chunks, t.n_owned
+
+
+def _rows_ffn_args(head: tuple, n: int, fused: bool) -> tuple:
+    """The arguments of `rows_ffn`'s runners for n rows, from the one-token call's (`head` of
+    `Runtime._fused_parts` / `_routed_parts`): its jobs as rows jobs, its expert tables, scratch
+    n times as big."""
+    def job(j) -> tuple:
+        return _rows_table(j, n)
+
+    def flat(size: int) -> np.ndarray:
+        return np.empty((1, size), dtype=np.float32)
+    if fused:
+        (on, j1, logits, kind, k, bias, n_groups, n_group_used, norm, scale, _ids, _wts, *tables) = head[:20]
+        (sd, g, u, act, d, gs, _us, _acts, ds, out, n_ff, act_kind, gelu, fam_x, fam_a) = head[20:]
+        pairs = n * k
+        sh = gs.shape[1]
+        return (on, job(j1), np.empty((n, logits.shape[0]), np.float32), kind, bias, n_groups, n_group_used,
+                norm, scale, np.empty((n, k), np.int64), np.empty((n, k), np.float32), *tables, job(sd),
+                flat(pairs * n_ff), flat(pairs * n_ff), np.empty((pairs, n_ff), np.float32), flat(pairs * ds.shape[0]),
+                np.empty((n, sh), np.float32), np.empty((n, sh), np.float32), np.empty((n, sh), np.float32),
+                np.empty((n, ds.shape[0]), np.float32), np.empty((n, out.shape[1]), np.float32), n_ff, act_kind,
+                gelu, fam_x, fam_a)
+    (rt_, rc_, ro_, logits, kind, k, bias, n_groups, n_group_used, norm, scale, _ids, _wts, *rest) = head
+    tables = rest[:8]
+    g, u, d, out, n_ff, act_kind, gelu = rest[8], rest[9], *rest[11:]   # (rest[10]: the one-token act)
+    pairs = n * k
+    return (job((rt_, rc_, ro_)), np.empty((n, logits.shape[0]), np.float32), kind, bias, n_groups, n_group_used,
+            norm, scale, np.empty((n, k), np.int64), np.empty((n, k), np.float32), *tables,
+            flat(pairs * (g.shape[0] // k)), flat(1 if u.shape[0] == 1 else pairs * n_ff),
+            np.empty((pairs, n_ff), np.float32), flat(pairs * (d.shape[0] // k)),
+            np.empty((n, out.shape[0]), np.float32), n_ff, act_kind, gelu)
 
 
 _SOLO: dict[int, Crew] = {}
@@ -281,9 +471,10 @@ class _BatchKV:
 
 def batchable(model) -> bool:
     """Whether one forward pass can carry several sequences: the shared attention runs each row on
-    its own cache (`_BatchRuntime.attention`); a family with an attention of its own (DeepSeek's
-    MLA, on its latent cache) decodes its rows one after another instead (the same bits)."""
-    return model.shares_attention()
+    its own cache (`_BatchRuntime.attention`), DeepSeek's MLA each row on its latent cache
+    (`_BatchRuntime.mla_attention`); another attention of its own decodes its rows one after
+    another instead (the same bits)."""
+    return model.shares_attention() or model.rows_attention
 
 
 def decode_batch(engine: Engine, sessions: list[Session], tokens: list[int]) -> np.ndarray:
@@ -304,7 +495,7 @@ def decode_batch(engine: Engine, sessions: list[Session], tokens: list[int]) -> 
     view = copy.copy(model)
     view.rt = _BatchRuntime(rt, caches)
     ids = np.asarray(tokens, dtype=np.int64)
-    with rt.step(len(ids)):
+    with rt.step(len(ids), rows=True):
         logits = view._forward(ids, _BatchKV(caches), slice(0, len(ids)))
     for s, t in zip(sessions, tokens):
         s.tokens.append(int(t))
@@ -328,7 +519,7 @@ def stage_batch(engine: Engine, sessions: list[Session], inp: np.ndarray) -> np.
     caches = [s.kv for s in sessions]
     view = copy.copy(model)
     view.rt = _BatchRuntime(rt, caches)
-    with rt.step(len(inp)):
+    with rt.step(len(inp), rows=True):
         return view._forward(inp, _BatchKV(caches), slice(0, len(inp)))
 
 

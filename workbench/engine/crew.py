@@ -91,6 +91,7 @@ SPINS_BEFORE_YIELD = 2000
 # tokens, ~150 us) goes on along the links, job after job, reading its likely rows of each into
 # its caches, this many bytes in all (a part of a 2 MB L2)
 READ_AHEAD_BYTES = 1 << 20
+ROWS_TILE_BYTES = 16 << 10  # a span's tile of weight rows, run over each of its inputs from L1
 # added to a job's pinned-chunk count (`lead`'s n_owned): a worker done with its own pinned chunks
 # takes those of a worker of its group (node) that is behind, from the end of that worker's list.
 # Pinned halves keep each worker on long contiguous streams (finer shared chunks streamed 25-35 %
@@ -567,8 +568,15 @@ def _build(mv: dict):
             out = _view(tasks[t, T_OUTADDR], (span - 1) * os + rows, f32)
             mv_f16_heads(w, x, xs, n0, span, out, os, lo, hi)
             return
-        for u in range(t, t + span):
-            run_task(tasks, u, lo, hi)
+        if span == 1:
+            run_task(tasks, t, lo, hi)
+            return
+        # one weight piece over several inputs (`rows_job`): in tiles of rows that stay in L1
+        step = max(ROWS_TILE_BYTES // max(tasks[t, T_ROWLEN], 1) // 16 * 16, 16)
+        for a in range(lo, hi, step):
+            b = min(a + step, hi)
+            for u in range(t, t + span):
+                run_task(tasks, u, a, b)
 
     # The job loop below calls run_chunk -- and so the kernels -- through its address (ctl[CHUNK_FN]):
     # numba re-optimizes and re-emits a callee's code in every caller, so calling it by name
@@ -868,14 +876,25 @@ def warm() -> None:
 _RUNNERS: dict = {}
 
 
-def product_runner(lead, prep_a, prep_b=None):
+def product_runner(lead, prep_a, prep_b=None, rows: bool = False):
     """A compiled call that prepares a one-token input x (prep_a's format for the tasks marked
-    0, prep_b's for those marked 1) and runs a product job: one call per group of products."""
-    key = (lead, prep_a, prep_b)
+    0, prep_b's for those marked 1) and runs a product job: one call per group of products.
+    rows: x holds a decode batch's rows [n, k] and the job is a `rows_job`, outputs 2-D."""
+    key = (lead, prep_a, prep_b, rows)
     fn = _RUNNERS.get(key)
     if fn is not None:
         return fn
-    if prep_b is None:
+    if rows:
+        if prep_b is None:
+            @numba.njit(**_NB)
+            def fn(ctl, n_workers, tasks, chunks, n_owned, x, outs):
+                a = prep_a(x)
+                return lead(ctl, n_workers, tasks, chunks, n_owned, a, a, outs, 0, NO_LIMIT, 0)
+        else:
+            @numba.njit(**_NB)
+            def fn(ctl, n_workers, tasks, chunks, n_owned, x, outs):
+                return lead(ctl, n_workers, tasks, chunks, n_owned, prep_a(x), prep_b(x), outs, 0, NO_LIMIT, 0)
+    elif prep_b is None:
         @numba.njit(**_NB)
         def fn(ctl, n_workers, tasks, chunks, n_owned, x, outs):
             a = prep_a(x.reshape(1, -1))
@@ -909,28 +928,36 @@ def prep_families(tasks, fam):
     return ka, kb
 
 
-def product_runner_mixed(lead):
+def product_runner_mixed(lead, rows: bool = False):
     """`product_runner` for a file whose products take Q8_0 or Q8_K activations: each call picks
     the formats from the job's weight types (`prep_families`), so the groups of every layer share
     this one function and a token's layers compile into one call however the file mixes its
     types (with a runner per format pair, a layer unlike the others kept the whole token from
-    its one compiled call: a Python call per layer instead)."""
-    key = (lead, "q8 mixed")
+    its one compiled call: a Python call per layer instead). rows: as `product_runner`'s."""
+    key = (lead, "q8 mixed", rows)
     fn = _RUNNERS.get(key)
     if fn is not None:
         return fn
     fam = kernels.q8_families()
     quantize = kernels.activations.quantize_q8_0_or_K
 
-    @numba.njit(**_NB)
-    def fn(ctl, n_workers, tasks, chunks, n_owned, x, outs):
-        ka, kb = prep_families(tasks, fam)
-        xr = x.reshape(1, -1)
-        a = quantize(xr, ka)
-        b = quantize(xr, kb) if kb >= 0 else a
-        xa = (a[0][0], a[1][0], a[2][0])
-        xb = (b[0][0], b[1][0], b[2][0])
-        return lead(ctl, n_workers, tasks, chunks, n_owned, xa, xb, outs, 0, NO_LIMIT, 0)
+    if rows:
+        @numba.njit(**_NB)
+        def fn(ctl, n_workers, tasks, chunks, n_owned, x, outs):
+            ka, kb = prep_families(tasks, fam)
+            a = quantize(x, ka)
+            b = quantize(x, kb) if kb >= 0 else a
+            return lead(ctl, n_workers, tasks, chunks, n_owned, a, b, outs, 0, NO_LIMIT, 0)
+    else:
+        @numba.njit(**_NB)
+        def fn(ctl, n_workers, tasks, chunks, n_owned, x, outs):
+            ka, kb = prep_families(tasks, fam)
+            xr = x.reshape(1, -1)
+            a = quantize(xr, ka)
+            b = quantize(xr, kb) if kb >= 0 else a
+            xa = (a[0][0], a[1][0], a[2][0])
+            xb = (b[0][0], b[1][0], b[2][0])
+            return lead(ctl, n_workers, tasks, chunks, n_owned, xa, xb, outs, 0, NO_LIMIT, 0)
     _RUNNERS[key] = fn
     return fn
 
@@ -965,6 +992,36 @@ def link(job: tuple, after: tuple) -> None:
         return
     _LINKED[tasks.ctypes.data] = (nt, nc)
     tasks[0, fields] = (nt.ctypes.data, nc.ctypes.data, nc.shape[0], int(no) & (STEALABLE - 1))
+
+
+def rows_job(job: "Job | Table | tuple", n: int, x_stride: int = 1) -> Table:
+    """`job` (one input row per task) over n input rows: each task repeated for rows 0..n-1 (its
+    input row + i * x_stride -> its output row + i; x_stride: the prepared input's rows per
+    sequence, MLA's heads for its per-head products), each chunk spanning its task's n copies, so a worker reads a piece of
+    the weight once from memory and runs it over every row from its caches (`run_chunk` tiles the
+    rows of a span). Every output is the one-row kernel call's dot product: a row's numbers do
+    not depend on the others. F16 tasks keep a chunk per row (a span of equally spaced F16 inputs
+    takes the attention's heads kernel, whose float order is not the product's)."""
+    t1, c1, owned = job if isinstance(job, tuple) else (job.tasks, job.chunks, job.n_owned)
+    if (c1[:, C_SPAN] != 1).any():
+        raise ValueError("rows_job: a chunk already spans several tasks")
+    rows = np.arange(n, dtype=np.int64)
+    tasks = np.repeat(t1, n, axis=0)
+    # no read-ahead links or write-ahead lines: those of the one-token job name tables (another
+    # session's attention jobs) that `link` may free while this table lives
+    tasks[:, [T_NEXT_T, T_NEXT_C, T_NEXT_NC, T_NEXT_NO, T_WA_N]] = 0
+    tasks[:, T_XROW] += np.tile(rows * x_stride, t1.shape[0])
+    tasks[:, T_OUTROW] += np.tile(rows, t1.shape[0])
+    f16 = t1[c1[:, C_TASK], T_TYPE] == _F16
+    per = np.where(f16, n, 1)
+    chunks = np.repeat(c1, per, axis=0)
+    chunks[:, C_TASK] *= n
+    first = np.repeat(np.cumsum(per) - per, per)
+    chunks[:, C_TASK] += np.where(np.repeat(f16, per), np.arange(chunks.shape[0]) - first, 0)
+    chunks[:, C_SPAN] = np.where(np.repeat(f16, per), 1, n)
+    table = Table(tasks, chunks)
+    table.n_owned = int(per[:owned & (STEALABLE - 1)].sum()) | (owned & STEALABLE)
+    return table
 
 
 class Job:

@@ -32,12 +32,13 @@ from . import kernels
 from . import ops
 from .attention import AttentionPaths
 from .crew import (C_OWNER, C_SPAN, C_TASK, CHUNK_FIELDS, STEALABLE, T_OUT, T_OUTOFF, T_PREP, T_W, T_XROW, TASK_FIELDS,
-                   Crew, CrewError, Job, Table, link, product_runner, product_runner_mixed)
+                   Crew, CrewError, Job, Table, link, product_runner, product_runner_mixed, rows_job)
 from .attention import SKIP_SLID_VALUES, one_token_attention, owners_attention, token_window
 from .dense_token import dense_runner
 from .expert_token import (GELU, SILU, compose, concat_jobs, expert_runner, fixed_format, routed_runner,
                            shared_fused_runner, shared_runner)
 from .mla_token import mla_block_runner
+from .rows_ffn import rows_fused_runner, rows_routed_runner
 from .token_attention import block_runner
 from .token_layer import layer_runner, list_address, token_runner, typed_layers
 from .gating import Gating
@@ -368,6 +369,7 @@ class _TokenParts:
     routing: tuple = ()
     first: tuple = _NO_JOB   # (tasks, chunks, n_owned) of the first crew job it posts (`crew.ahead`)
     last: tuple = _NO_JOB    # and of the last (`crew.link`: none for routed experts, chosen per token)
+    rows: Callable | None = None  # an FFN's same call over a decode batch's rows (`rows_ffn`)
 
 
 @dataclass
@@ -451,6 +453,7 @@ class Runtime(AttentionPaths):
         self._groups: dict[tuple[str, ...], _Group] = {}
         self._eplans: dict[tuple[str, int], list[tuple[np.ndarray, int, int, int]]] = {}
         self._eblocks: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._rows_jobs: dict[tuple, Table] = {}  # (group names, rows) -> a decode batch's job
         self._etoken: dict[tuple, tuple] = {}  # (gate, up, down) -> compiled one-token expert FFN
         # a decoded token's compiled sub-layers with their fixed arguments: per KV cache (attention)
         # and per tensors (routed FFN), remade when the layout or the crew changes
@@ -553,19 +556,21 @@ class Runtime(AttentionPaths):
         self._eplans.clear()
         self._eblocks.clear()
         self._etoken.clear()
+        self._rows_jobs.clear()
         self._tparts = weakref.WeakKeyDictionary()
         self._rparts.clear()
 
     # -- products ----------------------------------------------------------------
     @contextmanager
-    def step(self, n_tokens: int = 0) -> Iterator[None]:
+    def step(self, n_tokens: int = 0, rows: bool = False) -> Iterator[None]:
         """One forward pass: the calling thread stands in for worker 0 (see `WorkerPool.lead`).
 
-        For one token the other workers wait in the crew's compiled loop for the whole pass, and
-        after it until the next one (see LINGER). `begin_pass`/`end_pass` are the same without a
-        generator (a decoded token's Python runs cold: every frame counts).
+        For one token, or for a decode batch (`rows`: n_tokens sequences, one token each), the
+        other workers wait in the crew's compiled loop for the whole pass, and after it until the
+        next one (see LINGER). `begin_pass`/`end_pass` are the same without a generator (a decoded
+        token's Python runs cold: every frame counts).
         """
-        state = self.begin_pass(n_tokens)
+        state = self.begin_pass(n_tokens, rows)
         ok = False
         try:
             yield
@@ -573,7 +578,7 @@ class Runtime(AttentionPaths):
         finally:
             self.end_pass(state, ok)
 
-    def begin_pass(self, n_tokens: int = 0) -> tuple | None:
+    def begin_pass(self, n_tokens: int = 0, rows: bool = False) -> tuple | None:
         """Start a forward pass of n_tokens (see `step`); the state to give `end_pass`."""
         if self._leading:
             return None
@@ -584,13 +589,13 @@ class Runtime(AttentionPaths):
             if self.n_workers == 1:
                 # the calling thread does everything; one token still runs its products and
                 # attention as jobs (one compiled call per group instead of one per matrix)
-                if n_tokens == 1 and USE_CREW:
+                if (n_tokens == 1 or rows) and USE_CREW:
                     if self._crew is None:
                         self._crew = Crew(self.pool, 1)
                     self._crew.start()
                     return (self._crew, False, None, 0.0, t0)
                 return (None, False, None, 0.0, t0)
-            want = n_tokens == 1 and USE_CREW
+            want = (n_tokens == 1 or rows) and USE_CREW
             solo = want and self.crew_backoff > 0
             crew = self._crew
             if self._lingering and (not want or crew is None or crew.solo != solo or self._vacating):
@@ -797,19 +802,24 @@ class Runtime(AttentionPaths):
         path)."""
         crew = self._crew
         if group.runner is None or group.runner_lead is not crew.lead:
-            preps = [kernels.preparer(t) for t in group.prep_types]
             group.runner_lead = crew.lead
-            if None in preps or len(preps) > 2:
-                group.runner = False
-            elif self.mixed_q8 and all(kernels.q8_family(t) >= 0 for t in group.prep_types):
-                group.runner = product_runner_mixed(crew.lead)
-            else:
-                group.runner = product_runner(crew.lead, *preps)
+            group.runner = self.product_runner(group) or False
         if group.runner is False:
             return None
         if group.job is None:
             group.job = self._crew_job(group)
         return group.runner
+
+    def product_runner(self, group: _Group, rows: bool = False) -> Callable | None:
+        """The compiled prepare + crew job of a group's products with the current crew, for one
+        token or (rows) a decode batch's rows; None when its inputs are not quantized or take more
+        than two formats."""
+        preps = [kernels.preparer(t) for t in group.prep_types]
+        if None in preps or len(preps) > 2:
+            return None
+        if self.mixed_q8 and all(kernels.q8_family(t) >= 0 for t in group.prep_types):
+            return product_runner_mixed(self._crew.lead, rows)
+        return product_runner(self._crew.lead, *preps, rows=rows)
 
     def _one_token(self, group: _Group, x: np.ndarray) -> list[np.ndarray] | None:
         """A group's one-token products with the crew in one compiled call (input preparation
@@ -824,6 +834,45 @@ class Runtime(AttentionPaths):
         if not group.runner(crew.ctl, crew.n_workers, job.tasks, job.chunks, job.n_owned,
                             np.ascontiguousarray(x[0]), tuple([o[0] for o in outs])):
             crew.stop()
+            raise CrewError("a worker failed during a product")
+        return outs
+
+    def rows_ffn(self, spec: "RoutedSpec | DenseSpec | SharedSpec | None", h: np.ndarray) -> np.ndarray | None:
+        """An FFN over the rows of a decode batch in one call: only a decode batch's pass has one
+        (`engine.batch`); here None, the caller's steps."""
+        return None
+
+    def rows_attention(self, spec: "AttentionSpec", h: np.ndarray, il: int, rope: np.ndarray) -> np.ndarray | None:
+        """The shared attention sub-layer over a decode batch's rows in one call: only a decode
+        batch's pass has one (`engine.batch`); here None, the caller's steps."""
+        return None
+
+    def rows_mla(self, spec: "MLASpec", h: np.ndarray, il: int, rope: np.ndarray) -> np.ndarray | None:
+        """DeepSeek's MLA sub-layer over a decode batch's rows in one call: only a decode batch's
+        pass has one (`engine.batch`); here None, the caller's steps."""
+        return None
+
+    def rows_products(self, group: _Group, x: np.ndarray) -> list[np.ndarray] | None:
+        """A group's products over the n rows of a decode batch (n sequences, one token each) as
+        one crew job (`crew.rows_job`: each weight piece read once for all rows, every output the
+        one-token kernel's dot); None when the crew is not running or the group's inputs take more
+        than two formats."""
+        if not self._crewing or len(group.prep_types) > 2:
+            return None
+        n = x.shape[0]
+        if x.shape[1] != group.ne0:
+            raise ValueError(f"input width {x.shape[1]} != row length {group.ne0}")
+        key = (group.names, n)
+        table = self._rows_jobs.get(key)
+        if table is None:
+            if group.job is None:
+                group.job = self._crew_job(group)
+            table = self._rows_jobs[key] = rows_job(group.job, n)
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        xps = [kernels.prepare(t, x) for t in group.prep_types]
+        outs = [np.empty((n, rows), dtype=np.float32) for rows in group.rows]
+        self._crew.run(table, xps[0], xps[-1], outs)
+        if not self._crew.active:
             raise CrewError("a worker failed during a product")
         return outs
 
@@ -1155,7 +1204,8 @@ class Runtime(AttentionPaths):
                 else:
                     prep_gu, prep_d = fixed_format(prep_gu), fixed_format(prep_d)
                 runner = expert_runner(crew.lead, prep_gu, prep_d, len(names_gu))
-                entry = (crew.lead, runner, gu, dn, ws_gu[0].rows // n_sub, wd.rows // n_sub)
+                entry = (crew.lead, runner, gu, dn, ws_gu[0].rows // n_sub, wd.rows // n_sub,
+                         rows_routed_runner(crew.lead, prep_gu, prep_d, len(names_gu)))
             self._etoken[key] = entry
         return entry if entry[1] is not None else None
 
@@ -1176,7 +1226,7 @@ class Runtime(AttentionPaths):
         if entry is None:
             return None
         crew = self._crew
-        _lead, runner, gu, dn, _r, _n = entry
+        _lead, runner, gu, dn, _r, _n, _rows = entry
         g, u, act, d, out, n_ff = self._token_scratch(entry, ids.shape[0], gate is None)
         if not runner(crew.ctl, crew.n_workers, np.ascontiguousarray(x, dtype=np.float32),
                       np.ascontiguousarray(ids, dtype=np.int64), np.ascontiguousarray(weights, dtype=np.float32),
@@ -1225,7 +1275,7 @@ class Runtime(AttentionPaths):
         if entry is not None:
             if rgroup.job is None:
                 rgroup.job = self._crew_job(rgroup)
-            _lead, runner, gu, dn, _r, _n = entry
+            _lead, runner, gu, dn, _r, _n, rows = entry
             g_ = spec.gating
             k = g_.k
             g, u, act, d, out, n_ff = self._token_scratch(entry, k, spec.gate is None)
@@ -1239,7 +1289,7 @@ class Runtime(AttentionPaths):
                 (job.tasks, job.chunks, job.n_owned, logits, g_.kind, k, g_.bias, g_.n_groups, g_.n_group_used,
                  g_.norm, g_.scale, ids, wts, *gu, *dn, g, u, act, d, out[0], n_ff,
                  GELU if spec.activation == "gelu" else SILU, ops.GELU_F16),
-                (), (), (), out, (ids, names), first=(job.tasks, job.chunks, job.n_owned))
+                (), (), (), out, (ids, names), first=(job.tasks, job.chunks, job.n_owned), rows=rows)
         self._rparts[key] = _Cached(crew.lead, ready)
         return ready
 
@@ -1315,7 +1365,7 @@ class Runtime(AttentionPaths):
         if entry is not None and self._token_runner(g_gu) is not None and self._token_runner(g_d) is not None:
             if rgroup.job is None:
                 rgroup.job = self._crew_job(rgroup)
-            _lead, _runner, gu, dtab, _r, _n = entry
+            _lead, _runner, gu, dtab, _r, _n, _rows = entry
             rj, gj, dj = rgroup.job, g_gu.job, g_d.job
             tb = gj.tasks.copy()
             tb[:, T_PREP] = 1
@@ -1348,7 +1398,7 @@ class Runtime(AttentionPaths):
                  np.empty((1, n_sh), dtype=np.float32), np.empty(g_d.rows[0], dtype=np.float32), out, n_ff,
                  GELU if t.activation == "gelu" else SILU, ops.GELU_F16, fam_x, fam_a),
                 (), (), (), out, (ids, tuple(n for n in (t.gate, t.up, t.down) if n)) if on else (),
-                first=j1, last=sd)
+                first=j1, last=sd, rows=rows_fused_runner(crew.lead, prep_x, prep_a))
         self._rparts[key] = _Cached(crew.lead, ready)
         return ready
 

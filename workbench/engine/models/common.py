@@ -243,6 +243,10 @@ class Decoder:
         cs = self._rope(il, positions, ropes)
         lo = self.layers.start
         biases, qn, kn = self._attn_extras(il)
+        if n > 1 and not tap:  # a decode batch's rows (engine.batch): the one-token call over every row
+            o = rt.rows_attention(self.attention_spec(il), h, il - lo, cs)
+            if o is not None:
+                return o
         if n == 1 and not tap:
             o = rt.attention_token(h, names, p + "attn_output.weight",
                                    (c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v), kv, il - lo, pos0,
@@ -288,6 +292,10 @@ class Decoder:
         if tap:
             tap(f"kqv_out-{il}", att.reshape(n, -1))
         return o
+
+    #: a family with an attention of its own whose every call the batched decode pass runs row by
+    #: row on each sequence's cache (engine.batch: DeepSeek's MLA); the shared attention always is
+    rows_attention = False
 
     # -- a decoded token in one compiled call ----------------------------------------------------
     @classmethod

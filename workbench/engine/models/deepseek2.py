@@ -73,6 +73,8 @@ class DeepSeek2(MoEDecoder):
         mscale = _f32(org * (_f32(1.0) + _f32(_f32(0.1) * log_mul) * _f32(math.log(inv))))
         cfg.attn_scale = float(_f32(_f32(_f32(1.0) * mscale) * mscale) / _f32(math.sqrt(cfg.head_dim_k_mla)))
 
+    rows_attention = True  # `attention`'s only per-row step is `mla_attention` (engine.batch runs it row by row)
+
     def __init__(self, cfg: ModelConfig, rt: Runtime):
         if rt.has("blk.0.attn_kv_b.weight") and not rt.has("blk.0.attn_k_b.weight"):
             raise ModelLoadError(f"deepseek2 file with the old attn_kv_b tensor (no attn_k_b): {RECONVERT}")
@@ -113,16 +115,20 @@ class DeepSeek2(MoEDecoder):
         p = f"blk.{il}."
         H, dk, rot, lora = c.n_head, c.head_dim_k_mla, c.rope_dims, c.kv_lora_rank
         nope = dk - rot
+        cs = ropes.get(0)
+        if cs is None:
+            cs = ropes[0] = ops.rope_cache(positions, rot, c.rope_base, c.rope_freq_scale, self.freq_factors,
+                                           c.rope_ext_factor, c.rope_attn_factor, c.rope_corr[0], c.rope_corr[1])
+        if n > 1 and not self.tap:  # a decode batch's rows (engine.batch): the one-token call over every row
+            o = rt.rows_mla(self.token_attention(il), h, il - self.layers.start, cs)
+            if o is not None:
+                return o
         if c.q_lora_rank:
             qa, ckv = rt.linear(h, (p + "attn_q_a.weight", p + "attn_kv_a_mqa.weight"))
             (q,) = rt.linear(self.norm(qa, p + "attn_q_a_norm.weight"), (p + "attn_q_b.weight",))
         else:
             q, ckv = rt.linear(h, (p + "attn_q.weight", p + "attn_kv_a_mqa.weight"))
         q = q.reshape(n, H, dk)
-        cs = ropes.get(0)
-        if cs is None:
-            cs = ropes[0] = ops.rope_cache(positions, rot, c.rope_base, c.rope_freq_scale, self.freq_factors,
-                                           c.rope_ext_factor, c.rope_attn_factor, c.rope_corr[0], c.rope_corr[1])
         q_pe = np.ascontiguousarray(q[:, :, nope:])
         ops.apply_rope(q_pe, cs, c.rope_neox)
         k_pe = np.ascontiguousarray(ckv[:, lora:]).reshape(n, 1, rot)

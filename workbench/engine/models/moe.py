@@ -114,6 +114,10 @@ class MoEDecoder(Decoder):
         out = None
         if h.shape[0] == 1 and not self.tap:  # a decoded token: router, gating and experts in one call
             out = rt.routed_token(h, p + "ffn_gate_inp.weight", self.gating(il), gate, up, down, self.activation)
+        elif not self.tap:  # a decode batch's rows (engine.batch): the same call over every row
+            rows = rt.rows_ffn(self.token_ffn(il), h)
+            if rows is not None:
+                return rows
         if out is None:
             ids, w = self.router(il, h)
             if self.tap:

@@ -1,0 +1,85 @@
+"""A decode batch's attention sub-layer (the families' shared attention) in one compiled call.
+
+`token_attention.block_runner` over n sequences, one new token each (engine.batch): the q/k/v
+and output products as rows jobs (`crew.rows_job`: each weight piece read once for all rows,
+every output the one-token kernel's dot), biases, q/k norms and RoPE over the rows (each at its
+own position), and each row's attention over its own cache by the one-token attention, the
+cache's arguments per row in a typed list. The same functions in the same order as the
+one-token call for every row, so a row's numbers are those of its sequence decoded alone
+(tests/services/test_server_batch.py).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numba
+import numpy as np
+
+from . import ops
+from .kernels.jitcache import JIT as _NB
+
+_BLOCKS: dict = {}
+
+
+def rows_block_runner(qkv: Callable, attend: Callable, out: Callable) -> Callable:
+    """The compiled attention sub-layer over a decode batch's rows: `qkv`, `out` the crew's rows
+    product runners (`crew.product_runner(..., rows=True)`), `attend` the one-token attention of a
+    one-owner cache (`attention.one_token_attention`)."""
+    key = (qkv, attend, out)
+    fn = _BLOCKS.get(key)
+    if fn is not None:
+        return fn
+
+    @numba.njit(**_NB)
+    def fn(ctl, n_workers, h, qkv_job, q, k, v, bq, bk, bv, q_norm, k_norm, eps, cs, neox, prescale, caches, pos0s,
+           window, skip_slid, scale, out_job, att_all, o, bo):
+        """h [n, n_embd] (normed) -> o [n, n_embd]; q, k, v: the products' outputs [n, n_head, hd],
+        [n, n_kv, hd], [n, n_kv, hdv]; cs [n, rot / 2, 2] each row's RoPE (size 0: none); caches:
+        per row (keys job, values job, keys, values, capacity) of its cache's layer; pos0s: each
+        row's position; att_all [n, n_head * hdv] scratch. False when a worker failed."""
+        n = h.shape[0]
+        t, c, m = qkv_job
+        if not qkv(ctl, n_workers, t, c, m, h, (q.reshape(n, -1), k.reshape(n, -1), v.reshape(n, -1))):
+            return False
+        for r in range(n):
+            if bq.size:
+                q[r] += bq.reshape(q.shape[1:])
+            if bk.size:
+                k[r] += bk.reshape(k.shape[1:])
+            if bv.size:
+                v[r] += bv.reshape(v.shape[1:])
+        if q_norm.size:
+            ops.rms_norm_heads(q, q_norm, eps)
+        if k_norm.size:
+            ops.rms_norm_heads(k, k_norm, eps)
+        if cs.size:
+            ops.apply_rope(q, cs, neox)
+            ops.apply_rope(k, cs, neox)
+        if prescale:
+            for r in range(n):
+                for i in range(q.shape[1]):
+                    for j in range(q.shape[2]):
+                        q[r, i, j] *= np.float32(scale)
+            scale = 1.0
+        for r in range(n):
+            pos0 = pos0s[r]
+            start = max(pos0 - window + 1, 0) if window else 0
+            base = start // 64 * 64 if skip_slid else 0
+            keys_job, values_job, kc, vc, cap = caches[r]
+            att, ok = attend(ctl, n_workers, keys_job, values_job, q[r], k[r], v[r], kc, vc, pos0, window, scale,
+                             start, base, cap)
+            if not ok:
+                return False
+            a = att.reshape(-1)
+            for j in range(a.shape[0]):
+                att_all[r, j] = a[j]
+        t, c, m = out_job
+        if not out(ctl, n_workers, t, c, m, att_all, (o,)):
+            return False
+        if bo.size:
+            for r in range(n):
+                o[r] += bo
+        return True
+
+    _BLOCKS[key] = fn
+    return fn

@@ -1,0 +1,115 @@
+"""A decode batch's multi-head latent attention sub-layer (DeepSeek 2/3) in one compiled call.
+
+`mla_token.mla_block_runner` over n sequences, one new token each (engine.batch): the products
+as rows jobs (`crew.rows_job`: each weight piece read once for all rows, every output the
+one-token kernel's dot), the norms and RoPE over the rows (each at its own position), the
+per-head attn_k_b / attn_v_b products for every (row, head) in one job each, and each row's
+attention over its own latent cache by the one-token attention (`attention.one_token_attention`,
+the cache's argument tuples per row in a typed list). The same functions in the same order as the
+one-token call for every row, so a row's numbers are those of its sequence decoded alone
+(tests/services/test_server_batch.py). From Python the sub-layer was ~25 calls a layer plus one
+attention call per row: at R1's 61 blocks and 8 rows, most of a pass.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numba
+import numpy as np
+
+from . import ops
+from .crew import NO_LIMIT
+from .kernels.jitcache import JIT as _NB
+
+_BLOCKS: dict = {}
+
+
+def rows_mla_runner(first: Callable, q_b: Callable, lead: Callable, prep_kb: Callable, prep_vb: Callable,
+                    attend: Callable, out: Callable) -> Callable:
+    """The compiled MLA sub-layer over a decode batch's rows: `first`, `q_b`, `out` the crew's rows
+    product runners (`crew.product_runner(..., rows=True)`) of (q_a or q, kv_a_mqa), attn_q_b and
+    attn_output; `lead`, `prep_kb`, `prep_vb`, `attend` as `mla_block_runner`'s."""
+    key = (first, q_b, lead, prep_kb, prep_vb, attend, out)
+    fn = _BLOCKS.get(key)
+    if fn is not None:
+        return fn
+
+    @numba.njit(**_NB)
+    def fn(ctl, n_workers, h, a_job, qa, ckv, qa_norm, eps, qb_job, q, kb_job, qn, q_abs, rope, neox, nope,
+           kv_norm, caches, pos0s, scale, vb_job, att_all, vb_out, out_job, o):
+        """h [n, n_embd] (normed) -> o [n, n_embd]. qa, ckv: the first products' outputs [n, ...]
+        (qa is q itself without q-LoRA: qa_norm of size 0); q [n, n_head * (nope + rot)]; qn [n *
+        n_head, nope], q_abs [n, n_head * kv_lora], att_all [n * n_head, kv_lora], vb_out [n,
+        n_head * v_head]: scratch; rope [n, rot / 2, 2]: each row's position; caches: per row
+        (keys job, values job, keys, values, capacity) of its latent cache's layer; pos0s: each
+        row's position. False when a worker failed."""
+        n = h.shape[0]
+        t, c, m = a_job
+        if not first(ctl, n_workers, t, c, m, h, (qa, ckv)):
+            return False
+        if qa_norm.shape[0]:
+            qan = np.empty_like(qa)
+            ops.rms_norm(qa, qa_norm, eps, qan)
+            t, c, m = qb_job
+            if not q_b(ctl, n_workers, t, c, m, qan, (q,)):
+                return False
+        n_head = qn.shape[0] // n
+        lora = kv_norm.shape[0]
+        dk = q.shape[1] // n_head
+        rot = dk - nope
+        q_pe = np.empty((n, n_head, rot), dtype=np.float32)
+        for r in range(n):
+            for i in range(n_head):
+                for j in range(rot):
+                    q_pe[r, i, j] = q[r, i * dk + nope + j]
+                for j in range(nope):
+                    qn[r * n_head + i, j] = q[r, i * dk + j]
+        ops.apply_rope(q_pe, rope, neox)
+        k_pe = np.empty((n, 1, rot), dtype=np.float32)
+        lat_in = np.empty((n, lora), dtype=np.float32)
+        for r in range(n):
+            for j in range(rot):
+                k_pe[r, 0, j] = ckv[r, lora + j]
+            for j in range(lora):
+                lat_in[r, j] = ckv[r, j]
+        ops.apply_rope(k_pe, rope, neox)
+        lat = np.empty((n, lora), dtype=np.float32)
+        ops.rms_norm(lat_in, kv_norm, eps, lat)
+        # each (row, head)'s non-rotary query into the latent space: one matvec each
+        xk = prep_kb(qn)
+        t, c, m = kb_job
+        if not lead(ctl, n_workers, t, c, m, xk, xk, (q_abs,), 0, NO_LIMIT, 0):
+            return False
+        width = lora + rot
+        qcat = np.empty((n_head, width), dtype=np.float32)
+        krow = np.empty((1, width), dtype=np.float32)
+        lat_r = np.empty((1, lora), dtype=np.float32)
+        for r in range(n):
+            for i in range(n_head):
+                for j in range(lora):
+                    qcat[i, j] = q_abs[r, i * lora + j]
+                for j in range(rot):
+                    qcat[i, lora + j] = q_pe[r, i, j]
+            for j in range(lora):
+                krow[0, j] = lat[r, j]
+                lat_r[0, j] = lat[r, j]
+            for j in range(rot):
+                krow[0, lora + j] = k_pe[r, 0, j]
+            keys_job, values_job, kc, vc, cap = caches[r]
+            att, ok = attend(ctl, n_workers, keys_job, values_job, qcat, krow, lat_r, kc, vc, pos0s[r], 0, scale, 0,
+                             0, cap)
+            if not ok:
+                return False
+            for i in range(n_head):
+                for j in range(lora):
+                    att_all[r * n_head + i, j] = att[i, j]
+        # each (row, head)'s output out of the latent space
+        xv = prep_vb(att_all)
+        t, c, m = vb_job
+        if not lead(ctl, n_workers, t, c, m, xv, xv, (vb_out,), 0, NO_LIMIT, 0):
+            return False
+        t, c, m = out_job
+        return out(ctl, n_workers, t, c, m, vb_out, (o,))
+
+    _BLOCKS[key] = fn
+    return fn
