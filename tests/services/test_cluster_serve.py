@@ -20,7 +20,7 @@ from gguf_factory import TinySpec, write_tiny_model  # noqa: E402
 from workbench.cli import main  # noqa: E402
 from workbench.cluster.pipeline import RayPipeline  # noqa: E402
 from workbench.engine import SamplingParams  # noqa: E402
-from workbench.engine.batch import Scheduler  # noqa: E402
+from workbench.engine.scheduler import Scheduler  # noqa: E402
 from workbench.engine.engine import DoneEvent, Engine, Placement  # noqa: E402
 from workbench.engine.generation import Picker  # noqa: E402
 from workbench.server.app import ServerState  # noqa: E402

@@ -21,7 +21,7 @@ import pytest
 openai = pytest.importorskip("openai")
 
 from workbench.engine import Chat, Engine, SamplingParams, TokenEvent, default_model_path  # noqa: E402
-from workbench.engine.batch import Scheduler  # noqa: E402
+from workbench.engine.scheduler import Scheduler  # noqa: E402
 from workbench.engine.engine import Placement  # noqa: E402
 from workbench.engine.chat import ChatFormatter  # noqa: E402
 from workbench.server.app import ServerState  # noqa: E402

@@ -12,8 +12,8 @@ from gguf import GGMLQuantizationType as T
 from gguf_factory import TinySpec, random_tensor, write_tiny_model
 from workbench.engine import ContextFullError, DoneEvent, Engine, SamplingParams, TokenEvent
 from workbench.engine import kernels as K
-from workbench.engine.batch import (EXACT_COLUMNS, ErrorEvent, QueueFullError, Request, Scheduler,
-                                    ShuttingDownError, decode_batch, exact_columns)
+from workbench.engine.batch import EXACT_COLUMNS, decode_batch, exact_columns
+from workbench.engine.scheduler import ErrorEvent, QueueFullError, Request, Scheduler, ShuttingDownError
 from workbench.engine.engine import Placement
 
 ALL_TYPES = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K]
@@ -67,7 +67,7 @@ def test_exact_columns_table(t):
 @pytest.mark.parametrize("path", K.available_paths())
 def test_q8_0_batch_kernel_equals_matvec(path):
     """The many-row Q8_0 product (u8-offset activations on VNNI) gives matvec's bits, extremes included."""
-    from workbench.engine.batch import q8_0_batch
+    from workbench.engine.kernels.q8_0_rows import q8_0_batch
     prev = K.kernel_path()
     K.set_kernel_path(path)
     try:

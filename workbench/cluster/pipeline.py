@@ -388,7 +388,7 @@ class RayPipeline:
             refs = next((c for c in chains if not self.ray.wait([c[-1]], timeout=0)[0]), chains[-1])
             raise self._failure(e, refs, self.hosts, what, self.step_timeout) from None
 
-    # -- the scheduler's model (engine.batch.LocalModel's methods) ------------------
+    # -- the scheduler's model (engine.scheduler.LocalModel's methods) ------------------
     @property
     def n_ctx_train(self) -> int:
         return self.cfg.n_ctx_train if self.cfg is not None else self.n_ctx

@@ -1,7 +1,7 @@
 """`numawb serve`: an OpenAI-compatible HTTP server (llama-server's endpoints) over the engine.
 
 The engine stays free of HTTP: this package builds on its public API and on the batched
-scheduler (`workbench.engine.batch.Scheduler`). Starlette + uvicorn serve it; metrics are
+scheduler (`workbench.engine.scheduler.Scheduler`). Starlette + uvicorn serve it; metrics are
 Prometheus text (prometheus-client).
 
     from workbench.server import add_arguments, main       # the CLI hook (cli.py)

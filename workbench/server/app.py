@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..engine import ContextFullError, DoneEvent, Engine, TokenEvent
-from ..engine.batch import ActiveRequest, ErrorEvent, QueueFullError, Request, Scheduler, ShuttingDownError
+from ..engine.scheduler import ActiveRequest, ErrorEvent, QueueFullError, Request, Scheduler, ShuttingDownError
 from ..engine.chat import ChatTemplateError, Message
 from . import api
 from .api import ApiError

@@ -119,7 +119,7 @@ class AppServer:
 
     def __init__(self, engine: Any, port: int, host: str = "127.0.0.1", n_parallel: int = 4,
                  n_ctx: int = 2048) -> None:
-        from ..engine.batch import Scheduler
+        from ..engine.scheduler import Scheduler
         self.scheduler = Scheduler(engine, n_parallel, n_ctx)
         self.state = ServerState(engine, self.scheduler)
         self.http = HttpServer(self.state, host, port, shutdown_timeout=2)

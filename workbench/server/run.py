@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from ..engine.batch import Scheduler
+from ..engine.scheduler import Scheduler
 from ..errors import UserError
 from .app import ServerState
 from .config import ServeOptions
