@@ -92,7 +92,7 @@ def test_generate_and_chat_same_tokens_at_1_and_2_threads(moe_file):
 def test_decode_reads_only_routed_experts(moe_file, threads, monkeypatch):
     """The weight rows handed to the kernels for one decoded token are those of the k routed
     experts of each layer, never the others'."""
-    from workbench.engine import crew, runtime
+    from workbench.engine import crew, experts
     from workbench.engine.crew import T_W
 
     eng = Engine.load(moe_file, placement=Placement(threads=threads))
@@ -106,7 +106,7 @@ def test_decode_reads_only_routed_experts(moe_file, threads, monkeypatch):
         monkeypatch.setattr(crew.Crew, "run", spy)
         # decode's compiled expert FFN composes its jobs from per-expert tables: note the rows of
         # the tables it is given for the routed ids (expert_token.compose picks exactly those)
-        make = runtime.expert_runner
+        make = experts.expert_runner
 
         def spy_runner(*a):
             real = make(*a)
@@ -118,7 +118,7 @@ def test_decode_reads_only_routed_experts(moe_file, threads, monkeypatch):
                     read.extend(int(v) for v in addrs.reshape(-1) if v)
                 return real(ctl, nw, x, ids, wts, gu_t3, gu_c3, gu_w, gu_wa, d_t3, d_c3, d_w, d_wa, *rest)
             return fn
-        monkeypatch.setattr(runtime, "expert_runner", spy_runner)
+        monkeypatch.setattr(experts, "expert_runner", spy_runner)
         eng.rt._etoken.clear()
         s = eng.new_session(64)
         s.eval([2, 270, 262])

@@ -65,7 +65,7 @@ def test_loading_compiles_the_experts_prompt_products(tmp_path, qtype):
     and the runtime's loop over it) for the signatures a prompt uses: the prompt adds none (on a
     first start it stopped 5.6 s for them)."""
     from workbench.engine import kernels
-    from workbench.engine.runtime import _expert_loop
+    from workbench.engine.experts import _expert_loop
     path = tmp_path / "moe.gguf"
     write_tiny_model(path, TinySpec(arch="qwen3moe", qtype=qtype, n_expert=8, n_expert_used=3, n_ff=256,
                                     n_ff_exp=256, seed=5))

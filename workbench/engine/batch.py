@@ -30,7 +30,8 @@ from .kernels.q8_0_rows import ONES, q8_0_rows_vnni
 from .kv_cache import KVCache
 from .rows_attention import rows_block_runner
 from .rows_mla import rows_mla_runner
-from .runtime import USE_CREW, After, AttentionSpec, Before, MLASpec, RoutedSpec, SharedSpec, then_after
+from .runtime import USE_CREW, After, Before, then_after
+from .specs import AttentionSpec, MLASpec, RoutedSpec, SharedSpec
 from .token_layer import typed_layers
 
 

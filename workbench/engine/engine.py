@@ -25,7 +25,8 @@ from .kv_cache import KVCache, kv_bytes_per_layer_per_worker, make_cache
 from .models import ARCHITECTURES, model_class
 from .models.common import Decoder
 from .routing import RoutingSnapshot, RoutingStats
-from .runtime import Runtime, warm_expert_loops
+from .experts import warm_expert_loops
+from .runtime import Runtime
 
 ProgressFn = Callable[[ProgressEvent], None]
 DEFAULT_CTX = 4096

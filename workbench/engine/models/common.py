@@ -17,7 +17,8 @@ from .. import ops
 from ..config import ModelConfig
 from ..gguf_file import ModelLoadError
 from ..kv_cache import KVCache
-from ..runtime import AttentionSpec, DenseSpec, MLASpec, RoutedSpec, Runtime, SharedSpec
+from ..runtime import Runtime
+from ..specs import AttentionSpec, DenseSpec, MLASpec, RoutedSpec, SharedSpec
 
 _EMPTY = np.zeros(0, dtype=np.float32)
 

@@ -23,7 +23,8 @@ import numpy as np
 from .. import ops
 from ..config import ModelConfig
 from ..gguf_file import ModelLoadError
-from ..runtime import MLASpec, Runtime
+from ..runtime import Runtime
+from ..specs import MLASpec
 from .moe import MoEDecoder
 
 RECONVERT = "re-convert it with a current llama.cpp (convert_hf_to_gguf.py) to get attn_k_b/attn_v_b"

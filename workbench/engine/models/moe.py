@@ -15,7 +15,8 @@ from ..config import ModelConfig
 from ..gating import SIGMOID, SOFTMAX, Gating, gate, route
 from ..gguf_file import ModelLoadError
 from ..kv_cache import KVCache
-from ..runtime import DenseSpec, RoutedSpec, Runtime, SharedSpec
+from ..runtime import Runtime
+from ..specs import DenseSpec, RoutedSpec, SharedSpec
 from .common import Decoder
 
 
