@@ -166,6 +166,7 @@ class RequestRow:
     kv_nodes: tuple[int, ...]  # nodes its slot's KV cache is on
     age: float                 # seconds since it was submitted
     reused_tokens: int = 0
+    kv_bytes: tuple[tuple[int, int], ...] = ()  # (node, bytes) of its slot's KV cache, from its pages
 
 
 @dataclass(frozen=True)
@@ -211,7 +212,8 @@ class Snapshot:
             d["routing"] = RoutingInfo(int(r.get("window", 0)), int(r.get("n_expert", 0)),
                                        tuple(r.get("layers", ())), tuple(tuple(h) for h in r.get("hits", ())),
                                        tuple((int(n), float(b)) for n, b in r.get("node_bytes", ())))
-        d["requests"] = tuple(RequestRow(**{**q, "kv_nodes": tuple(q.get("kv_nodes", ()))})
+        d["requests"] = tuple(RequestRow(**{**q, "kv_nodes": tuple(q.get("kv_nodes", ())),
+                                            "kv_bytes": tuple(tuple(kb) for kb in q.get("kv_bytes", ()))})
                               for q in d.get("requests", ()))
         d["hosts"] = tuple(d.get("hosts", ()))
         return cls(**d)
@@ -482,7 +484,8 @@ class Telemetry:
         if srv is None:
             return "", ()
         rows = tuple(RequestRow(a.id, a.state, a.slot, a.prompt_tokens, a.tokens, float(a.tps),
-                                tuple(a.kv_nodes), float(a.age), a.reused_tokens)
+                                tuple(a.kv_nodes), float(a.age), a.reused_tokens,
+                                tuple(getattr(a, "kv_bytes", ())))
                      for a in srv.active())
         return srv.label, rows
 

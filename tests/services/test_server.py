@@ -376,6 +376,34 @@ def test_metrics_prometheus_text(srv):
     assert done and done[0].value >= 1
 
 
+def test_metrics_kv_bytes_per_slot_and_node(srv):
+    """A busy slot's KV cache appears per node in /metrics, in bytes measured from its pages: the
+    slot that streams has some, at most its buffers' size."""
+    sch = srv.state.scheduler
+    started, stop = threading.Event(), threading.Event()
+    with ThreadPoolExecutor(1) as ex:
+        fut = ex.submit(_background_stream, srv, "Tell me about rivers", started, stop, 7)
+        try:
+            _until(started.is_set)
+            busy = {s.index: s.session for s in sch.slots if s.request is not None}
+            st, text, _h = _get(srv, "/metrics")
+        finally:
+            stop.set()
+        fut.result(timeout=300)
+    assert st == 200 and busy
+    from prometheus_client.parser import text_string_to_metric_families
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    per_slot: dict[int, float] = {}
+    for smp in fams["numawb_slot_kv_bytes"].samples:
+        slot = int(smp.labels["slot"])
+        per_slot[slot] = per_slot.get(slot, 0) + smp.value
+        assert int(smp.labels["node"]) >= 0
+    assert set(per_slot) <= set(busy) and per_slot
+    for slot, total in per_slot.items():
+        size = sum(b.nbytes for b in busy[slot].kv_layout.buffers())
+        assert 0 < total <= size
+
+
 def _rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * resource.getpagesize()

@@ -353,6 +353,9 @@ def test_active_snapshot_from_another_thread(eng):
         assert {a.id for a in seen} <= {r.id for r, _ in reqs}
         busy = [a for a in seen if a.tokens > 2]
         assert busy and all(a.slot in (0, 1) and a.kv_nodes for a in busy)
+        # each busy slot's KV bytes per node, measured from its pages: some, never more than its buffers
+        sizes = {s.index: sum(b.nbytes for b in s.session.kv_layout.buffers()) for s in sch.slots}
+        assert all(a.kv_bytes and 0 < sum(b for _, b in a.kv_bytes) <= sizes[a.slot] for a in busy)
         for r, _ in reqs:
             sch.cancel(r)
         for _, c in reqs:

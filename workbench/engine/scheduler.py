@@ -25,6 +25,7 @@ from .events import ContextFullError, DoneEvent, Stats
 from .generation import Generation, Picker, reusable_prefix
 from .sampling import SamplingParams
 from ..errors import UserError
+from ..numa.proof import prove
 
 PREFILL_BATCH = 512  # prompt tokens per forward pass (Session.prefill's batch, so the same numbers)
 
@@ -91,6 +92,7 @@ class ActiveRequest:
     tps: float
     kv_nodes: tuple[int, ...]
     age: float
+    kv_bytes: tuple[tuple[int, int], ...] = ()  # (node, bytes) of its slot's KV cache, measured
 
 
 class LocalModel:
@@ -126,6 +128,17 @@ class LocalModel:
 
     def kv_nodes(self, seq: Session) -> tuple[int, ...]:
         return tuple(sorted({n for b in seq.kv_layout.buffers() for n in b.intended}))
+
+    def kv_bytes(self, seq: Session, max_pages: int = 64) -> dict[int, int]:
+        """Bytes of a sequence's KV cache on each node, from where its pages are (move_pages on up
+        to `max_pages` pages a buffer; pages not yet touched count nowhere)."""
+        out: dict[int, int] = {}
+        for p in prove(seq.kv_layout.buffers(), max_pages):
+            if p.sampled:
+                per = p.nbytes / p.sampled
+                for node, n in p.pages_by_node.items():
+                    out[node] = out.get(node, 0) + int(n * per)
+        return out
 
     def close(self, seqs: list[Session]) -> None:
         with self.engine.lock:  # the slots' KV caches go back now, not at garbage collection
@@ -237,13 +250,26 @@ class Scheduler:
         now = time.perf_counter()
         out = []
         with self._cv:
-            reqs = [s.request for s in self.slots if s.request is not None] + list(self._queue)
-        for r in reqs:
+            busy = [(s.request, s.session) for s in self.slots if s.request is not None]
+            reqs = busy + [(r, None) for r in self._queue]
+        measure = getattr(self.model, "kv_bytes", None)
+        for r, seq in reqs:
             dt = now - r.t_first if r.t_first else 0.0
             tps = (len(r.out) - 1) / dt if dt > 0 and len(r.out) > 1 else 0.0
+            kv = tuple(sorted(measure(seq).items())) if measure is not None and seq is not None else ()
             out.append(ActiveRequest(r.id, r.state, r.slot, len(r.prompt), r.reused, len(r.out), tps,
-                                     r.kv_nodes, now - r.t_submit))
+                                     r.kv_nodes, now - r.t_submit, kv))
         return out
+
+    def slot_kv(self) -> list[tuple[int, dict[int, int]]]:
+        """Each busy slot's KV cache bytes per node, measured (`LocalModel.kv_bytes`), for
+        /metrics and dashboards; [] for a model that cannot say (a pipeline over hosts)."""
+        measure = getattr(self.model, "kv_bytes", None)
+        if measure is None:
+            return []
+        with self._cv:
+            busy = [(s.index, s.session) for s in self.slots if s.request is not None and s.session is not None]
+        return [(i, measure(seq)) for i, seq in busy]
 
     def stop_accepting(self) -> None:
         with self._cv:

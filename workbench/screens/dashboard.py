@@ -543,8 +543,13 @@ class Dashboard(VerticalScroll):
         table = self.query_one("#requests", DataTable)
         table.clear()
         for q in s.requests:
-            kv = Text("-", style="dim") if not q.kv_nodes else Text(
-                ",".join(str(n) for n in q.kv_nodes), style=self.palette.node(q.kv_nodes[0]))
+            if q.kv_bytes:  # measured: each node's share of its slot's KV cache
+                kv = Text()
+                for i, (n, b) in enumerate(q.kv_bytes):
+                    kv.append(("," if i else "") + f"{n}:{b / 2**20:,.1f}M", style=self.palette.node(n))
+            else:
+                kv = Text("-", style="dim") if not q.kv_nodes else Text(
+                    ",".join(str(n) for n in q.kv_nodes), style=self.palette.node(q.kv_nodes[0]))
             table.add_row(q.id, q.state, "-" if q.slot < 0 else str(q.slot),
                           str(q.prompt_tokens) + (f" ({q.reused_tokens} reused)" if q.reused_tokens else ""),
                           str(q.tokens), f"{q.tps:,.1f}" if q.tps else "-", kv, f"{q.age:,.1f} s")

@@ -75,6 +75,12 @@ class _Collector:
         yield k
         yield f
         yield p
+        s = GaugeMetricFamily("numawb_slot_kv_bytes", "Bytes of each busy slot's KV cache on each node (its pages)",
+                              labels=["slot", "node"])
+        for slot, per_node in sch.slot_kv():
+            for node, nbytes in sorted(per_node.items()):
+                s.add_metric([str(slot), str(node)], nbytes)
+        yield s
         b = GaugeMetricFamily("numawb_worker_busy_ratio", "Share of time a worker was busy since the last scrape",
                               labels=["worker", "cpu", "node"])
         for row in snap.workers:
