@@ -232,32 +232,44 @@ def shape_file(shape: str) -> str:
 
 
 def bench_results(path: str, threads: list[int], depths: list[int], reps: int, saved: str | None) -> dict:
-    """(test, threads, depth) -> (mean t/s, sd) from a saved ``bench --json`` or a bench run now."""
+    """(test, threads, depth) -> (mean t/s, sd, CPU share or None, load average) from a saved
+    ``bench --json`` (no CPU share known) or a bench run now, one per thread count, with the share of
+    CPU time its threads got (process CPU seconds over wall seconds x threads: the machine is shared)."""
     import json
     if saved:
         with open(saved) as f:
             rows = json.load(f)["results"]
-        return {(("pp" if r["n_prompt"] else "tg"), r["threads"], r["n_depth"]): (r["avg_ts"], r["stdev_ts"])
+        return {(("pp" if r["n_prompt"] else "tg"), r["threads"], r["n_depth"]): (r["avg_ts"], r["stdev_ts"], None, "?")
                 for r in rows}
-    rep = bench.run_bench(path, threads, (512,), (32,), tuple(depths), reps, ("none",), ("first-touch",),
-                          measure_startup=False, progress=bench.Progress(True))
-    return {(("pp" if r.n_prompt else "tg"), r.threads, r.n_depth): (r.avg_ts, r.stdev_ts) for r in rep.results}
+    out = {}
+    for t in threads:
+        la = loadavg().split(" / ")[0]
+        c0, w0 = cpu_seconds(), time.perf_counter()
+        rep = bench.run_bench(path, [t], (512,), (32,), tuple(depths), reps, ("none",), ("first-touch",),
+                              measure_startup=False, progress=bench.Progress(True))
+        share = min(1.0, (cpu_seconds() - c0) / ((time.perf_counter() - w0) * t))
+        out.update({(("pp" if r.n_prompt else "tg"), r.threads, r.n_depth): (r.avg_ts, r.stdev_ts, share, la)
+                    for r in rep.results})
+    return out
 
 
-def shapes_grid(threads: list[int], depths: list[int], reps: int, saved: dict[str, str]) -> list[str]:
-    """Predicted against measured tg32 and pp512 for both seeds' shapes, every depth and thread count."""
+def shapes_grid(threads: list[int], depths: list[int], reps: int, saved: dict[str, str],
+                shapes: tuple[str, ...] = SHAPES) -> list[str]:
+    """Predicted against measured tg32 and pp512 for the seeds' shapes, every depth and thread count.
+    Each shape's engine costs are measured (advise) just before its bench runs."""
     out = ["| shape | depth | threads | predicted tg32 | measured tg32 | error | predicted pp512 | measured pp512 | "
-           "error | decode ms: weights / KV / attention / fixed | prompt ms: products / attention / fixed |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+           "error | bench CPU share, load | decode ms: weights / KV / attention / fixed | "
+           "prompt ms: products / attention / fixed |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
     errs: list[float] = []
-    for shape in SHAPES:
+    for shape in shapes:
         path = shape_file(shape)
+        advs = {depth: advise(path, None, depth + 1024, depth=depth, threads=threads, weights=["none"],
+                              kvs=["first-touch"], progress=bench.Progress(True)) for depth in depths}
         meas = bench_results(path, threads, depths, reps, saved.get(shape))
         for depth in depths:
-            adv = advise(path, None, depth + 1024, depth=depth, threads=threads, weights=["none"],
-                         kvs=["first-touch"], progress=bench.Progress(True))
             for t in threads:
-                c = adv.find("none", "first-touch", threads=t)
+                c = advs[depth].find("none", "first-touch", threads=t)
                 tg, pp = meas.get(("tg", t, depth)), meas.get(("pp", t, depth))
                 d, p = c.decode_breakdown, c.prompt_breakdown
                 cells = []
@@ -265,8 +277,10 @@ def shapes_grid(threads: list[int], depths: list[int], reps: int, saved: dict[st
                     if m:
                         errs.append(pred / m[0] - 1)
                     cells += [f"{pred:.1f}", f"{m[0]:.1f} ± {m[1]:.1f}" if m else "-", err(pred, m[0]) if m else "-"]
+                m = tg or pp
+                share = (f"{m[2] * 100:.0f} %" if m and m[2] is not None else "-") + f", {m[3] if m else '?'}"
                 ms = lambda v: f"{v * 1e3:.1f}"  # noqa: E731
-                out.append(f"| {shape} | {depth} | {t} | " + " | ".join(cells) + " | "
+                out.append(f"| {shape} | {depth} | {t} | " + " | ".join(cells) + f" | {share} | "
                            + " / ".join(ms(d[k]) for k in ("weights_s", "kv_s", "attention_s", "fixed_s")) + " | "
                            + " / ".join(ms(p[k]) for k in ("products_s", "attention_s", "fixed_s")) + " |")
     if errs:
@@ -289,6 +303,7 @@ def main() -> None:
     ap.add_argument("--shapes", action="store_true", help="the seeds' shapes grid (see the module doc)")
     ap.add_argument("--depths", default="0,4096,16384")
     ap.add_argument("--bench-json", default="", help="shape=FILE,...: saved numawb bench --json per shape")
+    ap.add_argument("--shape-list", default=",".join(SHAPES), help="which shapes (r1, v3-attn)")
     args = ap.parse_args()
     if args.shapes:
         threads = [int(t) for t in args.threads.split(",")]
@@ -301,7 +316,8 @@ def main() -> None:
                                     for t, b in prof.scaling[topo.cpu_node_ids[0]])
               + f"; load average before: {loadavg()}\n")
         saved = dict(kv.split("=", 1) for kv in args.bench_json.split(",") if kv)
-        print("\n".join(shapes_grid(threads, [int(d) for d in args.depths.split(",")], args.repetitions, saved)))
+        print("\n".join(shapes_grid(threads, [int(d) for d in args.depths.split(",")], args.repetitions, saved,
+                                     tuple(args.shape_list.split(",")))), flush=True)
         print()
         args.seeds_only = True
     if not args.seeds_only:

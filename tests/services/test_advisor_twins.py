@@ -91,7 +91,7 @@ def test_structure_costs_are_cached_per_engine_revision(r1_header, tmp_path, mon
         calls.append((shape.key, threads, n_dense, bpp))
         return {"base": 1e-4, "dense_block": 2e-5, "moe_block": 3e-5, "expert": 1e-6, "prompt_base": 0.0,
                 "prompt_dense_block": 1e-5, "prompt_moe_block": 2e-5, "prompt_expert": 0.0,
-                "decode_s_per_position": 1e-7, "prompt_s_per_position": 2e-7}
+                "decode_attention_s@1024": 1e-4, "prompt_attention_s@1024": 2e-4}
     monkeypatch.setattr(engine_cal, "measure_structure", fake)
     monkeypatch.setattr(engine_cal, "engine_revision", lambda: "rev-a")
     prof = MemoryProfile(key="t", date="", cpu_model="", source="probed", nodes=[0], cpu_nodes=[0],
@@ -126,13 +126,14 @@ def test_breakdown_adds_up_and_attention_grows_with_depth(r1_header):
                       prompt_rates={1: {12: 5e10, 8: 5e10, 14: 5e10, 0: 5e10}},
                       structure={1: {"base": 1e-4, "dense_block": 1e-5, "moe_block": 2e-5, "expert": 0.0,
                                      "prompt_base": 0.0, "prompt_dense_block": 1e-6, "prompt_moe_block": 2e-6,
-                                     "prompt_expert": 0.0, "decode_s_per_position": 1e-7,
-                                     "prompt_s_per_position": 3e-7}},
+                                     "prompt_expert": 0.0, "decode_attention_s@1024": 1e-4,
+                                     "decode_attention_s@4096": 4e-4, "decode_attention_s@16384": 2e-3,
+                                     "prompt_attention_s@1024": 3e-4, "prompt_attention_s@16384": 5e-3}},
                       cold={1: {12: 1e-6}})
     topo = load_topology()
     prof = _one_node_profile(20e9)
     got = {}
-    for depth in (0, 4096, 8192):
+    for depth in (0, 4096, 8192, 16384, 32768):
         c = predict(cost, topo, prof, n_ctx=9000, depth=depth, threads=[1], weights=["none"], kvs=["first-touch"],
                     engine=eng, free={n: 1 << 50 for n in topo.node_ids})[0]
         d = c.decode_breakdown
@@ -145,7 +146,10 @@ def test_breakdown_adds_up_and_attention_grows_with_depth(r1_header):
         got[depth] = (d["attention_s"], d["kv_bytes"], p["attention_s"])
         assert set(json.loads(json.dumps(c.to_json()))["decode_breakdown"]) >= {
             "weight_bytes", "kv_bytes", "attention_flops", "weights_s", "kv_s", "attention_s", "fixed_s", "total_s"}
-    assert got[0][0] == 0 and got[8192][0] == pytest.approx(2 * got[4096][0])
+    # the twin's times at its depths, linear between them, the last segment's slope beyond
+    assert got[0][0] == 0 and got[4096][0] == pytest.approx(61 * 4e-4)
+    assert got[8192][0] == pytest.approx(61 * (4e-4 + (2e-3 - 4e-4) / 3))
+    assert got[32768][0] == pytest.approx(61 * (2e-3 + (2e-3 - 4e-4) / 12288 * 16384))
     assert got[8192][1] == pytest.approx(2 * got[4096][1])
     assert got[8192][2] > got[4096][2] > got[0][2] > 0  # a prompt attends its own rows too
 

@@ -372,8 +372,9 @@ def measure_cold(ggml_type: int, threads: int, k: int, rows: int, stream_bytes_p
 
 TWIN_MOE = (2, 6)      # MoE blocks of the two routing twins (one leading dense block when the target has any)
 PROMPT_TOKENS = 512    # the prompt twins' batch (bench's pp512)
-ATTN_DEPTHS = (1024, 8192)       # decode depths of the attention twin
-ATTN_PROMPT = (32, 0, 2048)      # prompt tokens, and the two depths they are evaluated after
+ATTN_DEPTHS = (1024, 4096, 16384)   # depths the attention twin is timed at (and at ATTN_BASE)
+ATTN_BASE = 64
+ATTN_PROMPT_ROWS = 32               # the attention twin's prompt (after ATTN_BASE and each depth)
 
 
 def _fill(session, depth: int, rng: np.random.Generator) -> None:
@@ -454,23 +455,27 @@ def attention_blocks(bytes_per_position_block: int, depth: int, llc_bytes: int =
 
 
 def _attention_times(path: str, threads: int, blocks: int) -> dict[str, float]:
-    """The attention twin (``blocks`` dense blocks): seconds a block and cached position, decoded
-    and prompted (a prompt's per query row)."""
+    """The attention twin (``blocks`` dense blocks): seconds a block spends attending at each of
+    ATTN_DEPTHS, over its time at ATTN_BASE: ``decode_attention_s@D`` for a decoded token,
+    ``prompt_attention_s@D`` for each row of a prompt evaluated after D positions."""
     from ..engine import Engine
     from ..engine.engine import Placement
-    n_p, d0, d1 = ATTN_PROMPT
+    deepest = max(ATTN_DEPTHS)
     eng = Engine.load(path, placement=Placement(threads=threads))
     try:
-        s = eng.new_session(max(ATTN_DEPTHS[1], d1) + n_p + 8)
-        _fill(s, max(ATTN_DEPTHS[1], d1), np.random.default_rng(4))
+        s = eng.new_session(deepest + ATTN_PROMPT_ROWS + 8)
+        _fill(s, deepest, np.random.default_rng(4))
         s.eval([280])  # the token program's first call
-        ts = [_decode_at(s, d, 6, 2) for d in ATTN_DEPTHS]
-        pp = [_prompt_at(s, d, n_p, 2) for d in (d0, d1)]
+        dec0 = _decode_at(s, ATTN_BASE, 6, 2)
+        pp0 = _prompt_at(s, ATTN_BASE, ATTN_PROMPT_ROWS, 2)
+        out: dict[str, float] = {"attention_blocks": float(blocks)}
+        for d in ATTN_DEPTHS:
+            out[f"decode_attention_s@{d}"] = max(0.0, _decode_at(s, d, 6, 2) - dec0) / blocks
+            out[f"prompt_attention_s@{d}"] = max(0.0, _prompt_at(s, d, ATTN_PROMPT_ROWS, 2) - pp0) / (
+                blocks * ATTN_PROMPT_ROWS)
     finally:
         eng.close()
-    return {"decode_s_per_position": max(0.0, (ts[1] - ts[0]) / (blocks * (ATTN_DEPTHS[1] - ATTN_DEPTHS[0]))),
-            "prompt_s_per_position": max(0.0, (pp[1] - pp[0]) / (blocks * n_p * (d1 - d0))),
-            "attention_blocks": float(blocks)}
+    return out
 
 
 def measure_structure(shape, threads: int, n_dense_target: int, kv_bytes_per_position_block: int,
@@ -478,8 +483,8 @@ def measure_structure(shape, threads: int, n_dense_target: int, kv_bytes_per_pos
     """The engine's fixed costs on twins of ``shape`` (``twins.TwinShape``) at ``threads``, in seconds:
     ``base`` a token, ``dense_block`` and ``moe_block`` (at the target's experts used) a block,
     ``expert`` each routed expert used (its share of ``moe_block``), the ``prompt_*`` of the same
-    per prompt token in a 512-token batch, and the attention twin's ``decode_s_per_position`` /
-    ``prompt_s_per_position`` (a block and a cached position; a prompt's per query row)."""
+    per prompt token in a 512-token batch, and the attention twin's seconds a block at each depth
+    (``_attention_times``)."""
     from .twins import write_twin
     say = progress or (lambda m: None)
     out: dict[str, float] = {}
@@ -520,7 +525,7 @@ def measure_structure(shape, threads: int, n_dense_target: int, kv_bytes_per_pos
             out.update({pre + "base": base[i], pre + "dense_block": dense[i], pre + "moe_block": moe[i],
                         pre + "expert": expert[i]})
         say(f"measuring the engine's attention on a twin of {shape.key} ({threads} thread{plural}) ...")
-        blocks = attention_blocks(kv_bytes_per_position_block, ATTN_DEPTHS[1])
+        blocks = attention_blocks(kv_bytes_per_position_block, max(ATTN_DEPTHS))
         out.update(_attention_times(twin(blocks, 0, full_attention=True), threads, blocks))
     return out
 

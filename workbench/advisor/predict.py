@@ -292,11 +292,21 @@ class EngineModel:
             return st[pre + "base"] + n_dense * st[pre + "dense_block"] + n_moe * st[pre + "moe_block"]
         return 0.0 if prompt else self.overhead_s(threads, n_dense + n_moe)
 
-    def attention_s_per_position(self, threads: int, prompt: bool = False) -> float:
-        """Seconds a block and cached position (a prompt's per query row) on ``threads`` workers, as
-        the attention twin measured; 0 when not measured."""
+    def attention_block_s(self, threads: int, depth: float, prompt: bool = False) -> float | None:
+        """Seconds one block spends attending over ``depth`` cached positions (a prompt: per query
+        row), on ``threads`` workers: the attention twin's times at its depths, linear between them
+        (and from 0), the last segment's slope beyond; None when not measured."""
         st = self._nearest(self.structure, threads)
-        return st.get("prompt_s_per_position" if prompt else "decode_s_per_position", 0.0) if st else 0.0
+        key = "prompt_attention_s@" if prompt else "decode_attention_s@"
+        pts = sorted((int(k[len(key):]), v) for k, v in (st or {}).items() if k.startswith(key))
+        if not pts:
+            return None
+        pts = [(0, 0.0)] + pts
+        for (d0, t0), (d1, t1) in zip(pts, pts[1:]):
+            if depth <= d1:
+                return t0 + (t1 - t0) * (depth - d0) / max(d1 - d0, 1)
+        (d0, t0), (d1, t1) = pts[-2], pts[-1]
+        return t1 + max(0.0, (t1 - t0) / max(d1 - d0, 1)) * (depth - d1)
 
     def cold_s(self, threads: int) -> dict[int, float]:
         """Per type, what one product on a matrix in no cache costs a worker beyond its bytes."""
@@ -327,6 +337,16 @@ def attention_positions(cost: ModelCost, depth: float) -> float:
     return float(sum(min(depth, w) if w else depth for w in cost.kv_window))
 
 
+def engine_attention_s(cost: ModelCost, eng: "EngineModel", threads: int, depth: float,
+                       prompt: bool = False) -> float | None:
+    """Seconds a token's attention takes over every block at ``depth`` (sliding-window layers:
+    their window) as the attention twin measured it; None when not measured."""
+    if eng.attention_block_s(threads, 1.0, prompt) is None:
+        return None
+    return float(sum(eng.attention_block_s(threads, min(depth, w) if w else depth, prompt) or 0.0
+                     for w in cost.kv_window))
+
+
 def _decode_time(B: Mapping[int, Mapping[int, float]], by_type: Mapping[int, Mapping[int, float]],
                  pool: PlanPool, prof: MemoryProfile, eng: EngineModel, cost: ModelCost,
                  depth: int, B_kv: Mapping[int, Mapping[int, float]] | None = None) -> tuple[float, str, dict[str, float]]:
@@ -341,8 +361,7 @@ def _decode_time(B: Mapping[int, Mapping[int, float]], by_type: Mapping[int, Map
     stream, cache = eng.decode_rate(pool.n_threads), eng.cache_rate(pool.n_threads)
     cold = eng.cold_s(pool.n_threads)
     prods = products_per_token(cost) if cold else {}
-    attn_pp = eng.attention_s_per_position(pool.n_threads)
-    positions = attention_positions(cost, depth)
+    attn_engine = engine_attention_s(cost, eng, pool.n_threads, depth)
     attn_flops = cost.attn_flops(depth)
     t_w, why, t_prod, t_mem_w = 0.0, "", 0.0, 0.0
     t_kv_mem, t_attn = 0.0, 0.0
@@ -365,8 +384,8 @@ def _decode_time(B: Mapping[int, Mapping[int, float]], by_type: Mapping[int, Map
                 f"kernels on node {i} (compute and exposed memory waits)" if stream else f"compute on node {i}")
         kv_row = B_kv.get(i, {})
         t_kv_mem = max(t_kv_mem, sum(v / max(prof.bw(i, j, n_i), 1.0) for j, v in kv_row.items()))
-        if attn_pp:
-            t_attn = max(t_attn, attn_pp * positions / n_nodes)
+        if attn_engine is not None:
+            t_attn = max(t_attn, attn_engine / n_nodes)
         elif eng.flops_per_core:
             t_attn = max(t_attn, attn_flops / n_nodes / (n_i * eng.flops_per_core))
     for j in prof.nodes:
@@ -427,7 +446,7 @@ def _prompt_time(cost: ModelCost, by_type: Mapping[int, Mapping[int, float]], B:
     wbytes = sum(sum(r.values()) for r in by_type.values()) or 1.0
     seen = depth + n_prompt / 2.0
     attn = cost.attn_flops(seen)
-    attn_pp = eng.attention_s_per_position(pool.n_threads, prompt=True)
+    attn_engine = engine_attention_s(cost, eng, pool.n_threads, seen, prompt=True)
     expert_rate = eng._nearest(eng.expert_prompt_rates, pool.n_threads)
     flops_by_type: dict[int, float] = {}
     expert_time = 0.0  # one worker's share is taken below, with the node's
@@ -453,8 +472,8 @@ def _prompt_time(cost: ModelCost, by_type: Mapping[int, Mapping[int, float]], B:
             fallback = min(rate.values())
             t_cmp = sum(f * share / (n_i * rate.get(t, fallback)) for t, f in flops_by_type.items())
             t_cmp += expert_time * share / n_i
-            if attn_pp:
-                t_attn = max(t_attn, attn_pp * attention_positions(cost, seen) / len(pool.nodes))
+            if attn_engine is not None:
+                t_attn = max(t_attn, attn_engine / len(pool.nodes))
             else:
                 t_attn = max(t_attn, attn * share / (n_i * rate.get(1, fallback)))
         elif eng.flops_per_core:

@@ -122,7 +122,7 @@ def add_vocab(w: Any) -> list[str]:
 
 
 def write_twin(path: str, shape: TwinShape, n_dense: int, n_moe: int, *, used: int | None = None,
-               full_attention: bool = False, n_ctx: int = 16384, seed: int = 1) -> None:
+               full_attention: bool = False, n_ctx: int = 32768, seed: int = 1) -> None:
     """Write a twin of ``shape`` with ``n_dense`` leading dense blocks and ``n_moe`` MoE blocks
     (``used`` experts a token instead of the target's); ``full_attention``: the target's attention
     widths (the attention twin), else heads of ``SMALL_HEAD``."""
