@@ -16,7 +16,8 @@ from workbench.engine.batch import EXACT_COLUMNS, decode_batch, exact_columns
 from workbench.engine.scheduler import ErrorEvent, QueueFullError, Request, Scheduler, ShuttingDownError
 from workbench.engine.engine import Placement
 
-ALL_TYPES = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K]
+ALL_TYPES = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K, T.Q2_K, T.Q3_K,
+             T.IQ4_NL, T.IQ4_XS]
 N_MAX = 12
 
 

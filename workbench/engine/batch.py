@@ -38,12 +38,12 @@ from .token_layer import typed_layers
 # ----------------------------------------------------------------------------- the batched pass
 # Most types' matrix-matrix kernels give each column exactly the one-column (matvec) result;
 # these take other float orders from some column count on (ggml's, which ours follow): Q4_K
-# (in the file's layout or llama.cpp's repacked one) the gemm for whole tiles of 4 columns, Q6_K,
+# (in the file's layout or llama.cpp's repacked one) and Q2_K the gemm for whole tiles of 4 columns, Q6_K,
 # Q5_K, Q3_K and IQ4_XS the tiled matmul from 8 columns, F32 tinyBLAS from 2, F16 tinyBLAS from 1.
 # A batch is cut into pieces of at most this many rows for them (F16: row by row, which takes the
 # one-token path). tests/test_server_batch.py checks the table on every type.
-EXACT_COLUMNS = {kernels.Q4_K: 3, kernels.Q4_K_X8: 3, kernels.Q6_K: 7, kernels.Q5_K: 7, kernels.Q3_K: 7,
-                 kernels.IQ4_XS: 7, kernels.F32: 1, kernels.F16: 0}
+EXACT_COLUMNS = {kernels.Q4_K: 3, kernels.Q4_K_X8: 3, kernels.Q2_K: 3, kernels.Q6_K: 7, kernels.Q5_K: 7,
+                 kernels.Q3_K: 7, kernels.IQ4_XS: 7, kernels.F32: 1, kernels.F16: 0}
 
 
 def exact_columns(types) -> int:
