@@ -46,6 +46,14 @@ EXACT_COLUMNS = {kernels.Q4_K: 3, kernels.Q4_K_X8: 3, kernels.Q2_K: 3, kernels.Q
                  kernels.Q3_K: 7, kernels.IQ4_XS: 7, kernels.F32: 1, kernels.F16: 0}
 
 
+def _many_row_kernels(types) -> bool:
+    """Every product has a kernel that runs several rows per weight load and keeps each row's
+    one-row numbers (Q8_0 on AVX-512 VNNI: `q8_0_rows_vnni`; the Q8_0 and Q5_0 row pairs'
+    `few_columns`)."""
+    vnni = kernels.kernel_path() == "avx512-vnni"
+    return all((t == kernels.Q8_0 and vnni) or t in (kernels.Q8_0_X2, kernels.Q5_0_X2) for t in types)
+
+
 def exact_columns(types) -> int:
     """Rows a product over weights of these types may take at once and stay per-row exact
     (0: one row at a time)."""
@@ -74,12 +82,16 @@ class _BatchRuntime:
         x = np.ascontiguousarray(x)
         n = x.shape[0]
         group = rt._group(names)
-        outs = rt.rows_products(group, x)   # the crew's workers: one job, each weight piece read once
-        if outs is not None:
-            return outs
+        types = [t for t, _, _ in group.jobs]
+        if group.small or exact_columns(types) < n or not _many_row_kernels(types):
+            # the crew's workers: one job, each weight piece read once and run per row from L1
+            outs = rt.rows_products(group, x)
+            if outs is not None:
+                return outs
+        # a large product (the output matrix) whose many-row kernels keep the one-row numbers for
+        # all n rows: those (half the instructions a row), at the cost of one crew stop and start
         if x.shape[1] != group.ne0:
             raise ValueError(f"input width {x.shape[1]} != row length {group.ne0}")
-        types = [t for t, _, _ in group.jobs]
         xps = [kernels.prepare(t, x) for t in group.prep_types]
         outs = [np.empty((n, rows), dtype=np.float32) for rows in group.rows]
         if set(types) == {kernels.Q8_0} and kernels.kernel_path() == "avx512-vnni":
