@@ -6,7 +6,7 @@
 
 For each server (a fresh process each): start it on a free loopback port with `-np` slots, warm
 it up, then for each client count run `-r` rounds in which every client streams one completion
-of `-n` tokens (`ignore_eos`, greedy, a different prompt per client) at once. Aggregate decode
+of `-n` tokens (`ignore_eos`, greedy unless `--temp`, a different prompt per client) at once. Aggregate decode
 throughput = tokens received after each client's first one, summed over clients, divided by the
 time from the first client's first token to the last client's last token (prompt processing
 excluded, the same clock for both servers). Best round reported. The single-stream rate is
@@ -124,9 +124,13 @@ def stream(port: int, prompt: str, n: int, temperature: float = 0.0, seed: int =
     return out
 
 
+TEMPERATURE = 0.0  # --temp: the timed rounds' sampling temperature (0: greedy)
+
+
 def concurrent_round(port: int, clients: int, n: int, round_: int) -> dict:
     with ThreadPoolExecutor(clients) as ex:
-        res = list(ex.map(lambda i: stream(port, PROMPTS[(i + round_) % len(PROMPTS)], n, seed=i), range(clients)))
+        res = list(ex.map(lambda i: stream(port, PROMPTS[(i + round_) % len(PROMPTS)], n, TEMPERATURE, seed=i),
+                          range(clients)))
     bad = [r for r in res if r["status"] != 200 or r["finish"] is None]
     if bad:
         raise RuntimeError(f"{len(bad)} requests failed: {bad[0].get('error', bad[0].get('finish'))}")
@@ -219,8 +223,13 @@ def main() -> int:
     ap.add_argument("-r", "--repetitions", type=int, default=3, help="rounds per level (best reported)")
     ap.add_argument("--llama-server", metavar="PATH", help="llama-server binary: run it too, same settings")
     ap.add_argument("--load", type=int, default=0, metavar="N", help="also the fault run with N requests")
+    ap.add_argument("--temp", type=float, default=0.0,
+                    help="sampling temperature of the timed rounds (default 0: greedy; a file with random "
+                         "weights may greedily repeat a token that prints nothing, which streams no text to time)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    global TEMPERATURE
+    TEMPERATURE = args.temp
     levels = [int(x) for x in args.clients.split(",")]
     if max(levels) > args.parallel:
         log(f"note: {max(levels)} clients on {args.parallel} slots: some wait for a slot")
