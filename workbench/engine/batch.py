@@ -185,25 +185,38 @@ class _BatchRuntime:
         parts = [rt._attention_parts(spec, c, il) for c in caches]
         if any(p is None for p in parts):
             return None
-        fn, args = self._rows_args(("rows-attn", spec.output, il), parts,
-                                   lambda: self._rows_attention_args(spec, parts))
+        fn, args = self._rows_static(("rows-attn", spec.output, il), lambda: self._rows_attention_args(spec, parts))
+        rows = self._rows_caches(("rows-attn", il), parts, lambda p: (p.mid[2], p.mid[3], p.mid[4], p.mid[5], p.tail[0]))
         crew = rt._crew
         pos0s = np.array([c.n for c in caches], dtype=np.int64)
-        if not fn(crew.ctl, crew.n_workers, np.ascontiguousarray(h, dtype=np.float32), *args[:10], rope, *args[10:13],
-                  pos0s, *args[13:]):
+        if not fn(crew.ctl, crew.n_workers, np.ascontiguousarray(h, dtype=np.float32), *args[:10], rope, *args[10:12],
+                  rows, pos0s, *args[12:]):
             crew.stop()
             raise CrewError("a worker failed during attention")
         return args[-2]
 
-    def _rows_args(self, key: tuple, parts: list, build: Callable[[], tuple]) -> tuple:
-        """A rows call and its arguments for this batch's caches, kept with the first cache's
-        one-token parts until the batch's sequences or the crew change (one entry per layer)."""
+    def _rows_static(self, key: tuple, build: Callable[[], tuple]) -> tuple:
+        """A layer's rows call and its arguments that depend only on the row count and the crew
+        (rows jobs, scratch), made once (`Runtime._rows_jobs`, cleared with the layout)."""
+        rt = self._rt
+        key = key + (len(self._caches),)
+        hit = rt._rows_jobs.get(key)
+        if hit is None or hit[0] is not rt._crew.lead:
+            hit = rt._rows_jobs[key] = (rt._crew.lead, build())
+        return hit[1]
+
+    def _rows_caches(self, key: tuple, parts: list, row: Callable) -> object:
+        """The typed list of each row's cache arguments (`row(parts)`) for this batch's sequences,
+        kept with the first cache's one-token parts until the sequences or their parts change
+        (a server's batch changes as requests join and leave: one entry per layer)."""
         caches = self._caches
         per = self._rt._tparts.setdefault(caches[0], {})
         key = key + (len(caches),)
         hit = per.get(key)
-        if hit is None or any(r() is not c for r, c in zip(hit[0], caches)) or hit[1] is not parts[0].head[0]:
-            per[key] = hit = (tuple(weakref.ref(c) for c in caches), parts[0].head[0], build())
+        if (hit is None or any(r() is not c for r, c in zip(hit[0], caches))
+                or any(a is not b for a, b in zip(hit[1], parts))):
+            per[key] = hit = (tuple(weakref.ref(c) for c in caches), list(parts),
+                              typed_layers(tuple(row(p) for p in parts), check=False))
         return hit[2]
 
     def _rows_attention_args(self, spec: AttentionSpec, parts: list) -> tuple[Callable, tuple]:
@@ -216,10 +229,9 @@ class _BatchRuntime:
         (neox, prescale, *_rest) = parts[0].mid
         (window, scale) = parts[0].win
         (_cap, jo, o, bo) = parts[0].tail
-        caches = typed_layers(tuple((p.mid[2], p.mid[3], p.mid[4], p.mid[5], p.tail[0]) for p in parts))
         fn = rows_block_runner(run_qkv, attend, run_out)
         return fn, (_rows_table(jq, n), np.empty((n,) + q.shape, np.float32), np.empty((n,) + k.shape, np.float32),
-                    np.empty((n,) + v.shape, np.float32), bq, bk, bv, q_norm, k_norm, eps, neox, prescale, caches,
+                    np.empty((n,) + v.shape, np.float32), bq, bk, bv, q_norm, k_norm, eps, neox, prescale,
                     int(window), bool(SKIP_SLID_VALUES), float(scale), _rows_table(jo, n),
                     np.empty((n, q.shape[0] * v.shape[1]), np.float32), np.empty((n, o.shape[-1]), np.float32), bo)
 
@@ -234,20 +246,21 @@ class _BatchRuntime:
         parts = [rt._mla_parts(spec, c, il) for c in caches]
         if any(p is None for p in parts):
             return None
-        fn, args = self._rows_args(("rows-mla", spec.output, il), parts,
-                                   lambda: self._rows_mla_args(spec, parts, len(caches)))
+        fn, args = self._rows_static(("rows-mla", spec.output, il, caches[0].n_workers),  # (owners: their attention)
+                                     lambda: self._rows_mla_args(spec, parts, len(caches)))
+        rows = self._rows_caches(("rows-mla", il), parts, lambda p: (p.mid[3], p.mid[4], p.mid[5], p.mid[6], p.tail[0]))
         crew = rt._crew
         pos0s = np.array([c.n for c in caches], dtype=np.int64)
         o = args[-1]
-        if not fn(crew.ctl, crew.n_workers, np.ascontiguousarray(h, dtype=np.float32), *args[:10], rope, *args[10:14],
-                  pos0s, *args[14:]):
+        if not fn(crew.ctl, crew.n_workers, np.ascontiguousarray(h, dtype=np.float32), *args[:10], rope, *args[10:13],
+                  rows, pos0s, *args[13:]):
             crew.stop()
             raise CrewError("a worker failed during attention")
         return o
 
     def _rows_mla_args(self, spec: MLASpec, parts: list, n: int) -> tuple[Callable, tuple]:
-        """`rows_mla_runner` and its arguments but the input, RoPE and positions: the one-token
-        parts' jobs as rows jobs, their caches' per-row arguments, scratch for n rows."""
+        """`rows_mla_runner` and its arguments but the input, RoPE, the rows' caches and positions:
+        the one-token parts' jobs as rows jobs, scratch for n rows."""
         rt = self._rt
         (j1, _qa, _ckv, qa_norm, eps, jqb, _q, jkb, qn, q_abs) = parts[0].head
         (neox, nope, kv_norm, _k, _v, _kc, _vc, _qcat, _krow, _lat) = parts[0].mid
@@ -264,11 +277,10 @@ class _BatchRuntime:
             return _rows_table(j, n, stride)
         qa = np.empty((n, g1.rows[0]), np.float32)
         q = np.empty((n, g_qb.rows[0]), np.float32) if g_qb is not None else qa
-        caches = typed_layers(tuple((p.mid[3], p.mid[4], p.mid[5], p.mid[6], p.tail[0]) for p in parts))
         fn = rows_mla_runner(run1, run_qb, rt._crew.lead, preps[0], preps[1], attend, run_out)
         return fn, (job(j1), qa, np.empty((n, g1.rows[1]), np.float32), qa_norm, eps,
                     job(jqb) if g_qb is not None else job(j1), q, job(jkb, H), np.empty((n * H, qn.shape[1]), np.float32),
-                    np.empty((n, q_abs.size), np.float32), neox, nope, kv_norm, caches, float(spec.scale), job(jvb, H),
+                    np.empty((n, q_abs.size), np.float32), neox, nope, kv_norm, float(spec.scale), job(jvb, H),
                     np.empty((n * H, q_abs.shape[1]), np.float32), np.empty((n, vb_out.size), np.float32), job(jo),
                     np.empty((n, o.shape[-1]), np.float32))
 

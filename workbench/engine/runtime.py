@@ -355,6 +355,7 @@ class Runtime(AttentionPaths, ExpertPaths, TokenCalls):
         for name, w in self.weights.items():
             w.layout_type = packed.get(name)
         self.packed = dict(packed)
+        self._mixed_q8 = None
 
     def set_layout(self, layout: Layout, pool: Pool, packed: dict[str, int] | None = None) -> None:
         """A new placement (and its packed tensors: None keeps the current ones)."""
@@ -608,8 +609,11 @@ class Runtime(AttentionPaths, ExpertPaths, TokenCalls):
         Q5_0 / Q8_0 tensors, as Gemma 3's and llama.cpp's Q4_K_M rules give): then every group
         whose formats are among those two runs one product runner that picks them per call
         (`crew.product_runner_mixed`), so layers that mix them differently share a compiled token."""
-        fams = {kernels.q8_family(w.ggml_type) for w in self.weights.values()}
-        return {0, 1} <= fams
+        mixed = self.__dict__.get("_mixed_q8")
+        if mixed is None:   # (once per packing: R1's 1,100 tensors took 2 ms a call)
+            fams = {kernels.q8_family(w.ggml_type) for w in self.weights.values()}
+            mixed = self._mixed_q8 = {0, 1} <= fams
+        return mixed
 
     def _token_runner(self, group: _Group) -> Callable | None:
         """The group's compiled one-token product (input preparation + crew job) for the current

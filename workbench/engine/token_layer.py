@@ -77,14 +77,15 @@ def _append(items, item) -> None:
     items.append(item)
 
 
-def typed_layers(layers: tuple) -> numba.typed.List:
+def typed_layers(layers: tuple, check: bool = True) -> numba.typed.List:
     """A typed list of the layers' argument tuples (all of one type), made in compiled code: made
     from Python, each append compiles numba's list methods for the item type in every process
     (1.9 s before a model's first decoded token); here they come from the disk cache. One layer
     per call: a function taking the whole tuple compiled the unboxing of every layer's ~50 arrays
     (14 s on a fresh install for 8 layers, more with more layers); this one compiles once per
-    layer type, whatever the layer count. Raises numba's TypingError when the layers differ."""
-    kinds = {numba.typeof(layer) for layer in layers}
+    layer type, whatever the layer count. Raises numba's TypingError when the layers differ
+    (check False: the caller knows they do not; numba.typeof of a tuple of arrays is ~0.5 ms)."""
+    kinds = {numba.typeof(layer) for layer in layers} if check else {0}
     if len(kinds) != 1:  # appending a layer of another type would fail inside numba, not in typing
         raise numba.core.errors.TypingError(f"layers of {len(kinds)} different argument types")
     out = _list_of(layers[0])
