@@ -4,8 +4,9 @@ per routed expert and per cached position on this machine (``engine_cal.measure_
 A twin keeps what makes the engine's work per token that is *not* proportional to the weight bytes:
 the architecture, the attention heads (query and KV heads, or MLA's single latent head), the routing
 (expert count, experts used, expert groups, shared experts, the selection bias) and whether blocks
-are dense or MoE. Its widths are tiny (64 wide, FFN 64, experts of 32: a few KiB of weights a block),
-so a decoded token's time is the engine's fixed cost: serial steps, crew hand-offs, routing, norms.
+are dense or MoE. Its widths are tiny (64-256 wide, FFN 64, experts of 32: KiBs of weights a block),
+so a decoded token's time is the engine's fixed cost: serial steps, crew hand-offs, routing, norms
+(the width is the target's up to 256, so what scales with it, norms and activations, is in).
 The *attention twin* keeps the target's attention widths as well (latent rank, rotary and head
 sizes) over two dense blocks, so its time at two depths gives the cost of one cached position.
 
@@ -22,7 +23,8 @@ import numpy as np
 
 from .cost import Header
 
-WIDTH = 64          # n_embd of every twin
+WIDTH = 64          # the narrowest twin's n_embd
+MAX_WIDTH = 256     # the widest
 FFN = 64            # a dense block's FFN
 EXPERT_FFN = 32     # a routed (and shared) expert's FFN
 SMALL_HEAD = 32     # head size of the fixed-cost twins (Q8_0 rows; the attention twin keeps the target's)
@@ -52,11 +54,13 @@ class TwinShape:
     head_dim_v: int = 0           # MLA: value head size after attn_v_b
     q_lora: bool = False
     sliding_window: int = 0
+    width: int = WIDTH            # the twin's n_embd: the target's, 64 to 256 (per-token work that
+                                  # scales with the width, norms and activations, is not in the bytes)
 
     @property
     def key(self) -> str:
         """A short name of the structure (the calibration cache's key)."""
-        parts = [self.arch, f"h{self.n_head}/{self.n_head_kv}x{self.head_dim}"]
+        parts = [self.arch, f"w{self.width}", f"h{self.n_head}/{self.n_head_kv}x{self.head_dim}"]
         if self.mla:
             parts.append(f"mla{self.kv_lora}+{self.n_rot}v{self.head_dim_v}{'q' if self.q_lora else ''}")
         if self.n_expert:
@@ -84,8 +88,9 @@ class TwinShape:
             raise ValueError(f"{h.path}: deepseek2 in the old attn_kv_b layout: the engine cannot run it")
         n_exp = k("expert_count")
         used = k("expert_used_count") if n_exp else 0
+        width = max(WIDTH, min(MAX_WIDTH, n_embd // 64 * 64 or WIDTH))
         if mla:
-            return cls(arch=arch, n_head=n_head, n_head_kv=1, head_dim=k("attention.key_length_mla", 192),
+            return cls(arch=arch, width=width, n_head=n_head, n_head_kv=1, head_dim=k("attention.key_length_mla", 192),
                        n_expert=n_exp, n_expert_used=used, n_expert_shared=k("expert_shared_count"),
                        n_groups=k("expert_group_count"), n_group_used=k("expert_group_used_count"),
                        gating=k("expert_gating_func"), probs_bias=any("exp_probs_b" in n for n in h.tensors),
@@ -93,7 +98,7 @@ class TwinShape:
                        weights_scale=float(h.key("expert_weights_scale", 0.0) or 0.0), mla=True,
                        kv_lora=k("attention.kv_lora_rank"), n_rot=k("rope.dimension_count", 64),
                        head_dim_v=k("attention.value_length_mla", 128), q_lora=k("attention.q_lora_rank") > 0)
-        return cls(arch=arch, n_head=n_head, n_head_kv=k("attention.head_count_kv", n_head) or n_head,
+        return cls(arch=arch, width=width, n_head=n_head, n_head_kv=k("attention.head_count_kv", n_head) or n_head,
                    head_dim=k("attention.key_length", n_embd // max(n_head, 1)), n_expert=n_exp,
                    n_expert_used=used, sliding_window=k("attention.sliding_window"))
 
@@ -129,7 +134,7 @@ def write_twin(path: str, shape: TwinShape, n_dense: int, n_moe: int, *, used: i
     import gguf
     from gguf import GGMLQuantizationType as Q
     rng = np.random.default_rng(seed)
-    a, d = shape.arch, WIDTH
+    a, d = shape.arch, shape.width
     if a == "qwen3moe" and not n_moe:
         a = "qwen3"  # the same attention (q/k norms) over dense blocks
     n_layer = n_dense + n_moe
