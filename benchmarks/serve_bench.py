@@ -114,6 +114,7 @@ def stream(port: int, prompt: str, n: int, temperature: float = 0.0, seed: int =
         if ch[0].get("text"):
             out["times"].append(time.perf_counter())
         if ch[0].get("finish_reason"):
+            out["t_end"] = time.perf_counter()
             out["finish"] = ch[0]["finish_reason"]
             out["timings"] = ev.get("timings")
             out["completion_tokens"] = (ev.get("usage") or {}).get("completion_tokens")
@@ -125,6 +126,7 @@ def stream(port: int, prompt: str, n: int, temperature: float = 0.0, seed: int =
 
 
 TEMPERATURE = 0.0  # --temp: the timed rounds' sampling temperature (0: greedy)
+BY_TIMINGS = False  # --by-timings: each request's decode span from the server's timings, not text arrivals
 
 
 def concurrent_round(port: int, clients: int, n: int, round_: int) -> dict:
@@ -134,9 +136,20 @@ def concurrent_round(port: int, clients: int, n: int, round_: int) -> dict:
     bad = [r for r in res if r["status"] != 200 or r["finish"] is None]
     if bad:
         raise RuntimeError(f"{len(bad)} requests failed: {bad[0].get('error', bad[0].get('finish'))}")
-    first = min(r["times"][0] for r in res)
-    last = max(r["times"][-1] for r in res)
-    tokens = sum(len(r["times"]) - 1 for r in res)
+    if BY_TIMINGS:
+        # each request decoded its tokens after the first over the server's predicted_ms, ending
+        # when its last chunk arrived: the same span as the arrival clock, for streams whose
+        # tokens print nothing (a file with random weights and a toy vocabulary)
+        spans = [(r["t_end"] - (r["timings"] or {}).get("predicted_ms", 0.0) / 1e3, r["t_end"],
+                  max(int((r["timings"] or {}).get("predicted_n", 0)) - 1, 0)) for r in res]
+        first, last = min(a for a, _, _ in spans), max(b for _, b, _ in spans)
+        tokens = sum(k for _, _, k in spans)
+    else:
+        if any(not r["times"] for r in res):
+            raise RuntimeError("a stream printed no text to time (random weights?): rerun with --by-timings")
+        first = min(r["times"][0] for r in res)
+        last = max(r["times"][-1] for r in res)
+        tokens = sum(len(r["times"]) - 1 for r in res)
     per_stream = [((r["timings"] or {}).get("predicted_per_second") or 0.0) for r in res]
     return {"aggregate_tps": tokens / (last - first) if last > first else 0.0,
             "stream_tps": statistics.mean(per_stream), "tokens": tokens}
@@ -226,10 +239,13 @@ def main() -> int:
     ap.add_argument("--temp", type=float, default=0.0,
                     help="sampling temperature of the timed rounds (default 0: greedy; a file with random "
                          "weights may greedily repeat a token that prints nothing, which streams no text to time)")
+    ap.add_argument("--by-timings", action="store_true",
+                    help="time each request's decode by the server's timings (predicted_n, predicted_ms) and "
+                         "its last chunk, not by text arrivals: for files whose tokens print nothing")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    global TEMPERATURE
-    TEMPERATURE = args.temp
+    global TEMPERATURE, BY_TIMINGS
+    TEMPERATURE, BY_TIMINGS = args.temp, args.by_timings
     levels = [int(x) for x in args.clients.split(",")]
     if max(levels) > args.parallel:
         log(f"note: {max(levels)} clients on {args.parallel} slots: some wait for a slot")
@@ -301,7 +317,7 @@ def table(res: dict, levels: list[int]) -> str:
                    f"**{a['aggregate_tps'] / b['aggregate_tps']:.2f}x** |"
         lines.append(row)
     one = srv["numawb"].get(1)
-    if one:
+    if one and res.get("generate_tps"):   # (0: its tokens printed nothing to time)
         g = res["generate_tps"]
         lines += ["", f"single stream: serve {one['aggregate_tps']:.1f} t/s (at the client), "
                       f"numawb generate {g:.1f} t/s: {one['aggregate_tps'] / g:.2f}x"]
