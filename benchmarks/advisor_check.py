@@ -286,7 +286,29 @@ def shapes_grid(threads: list[int], depths: list[int], reps: int, saved: dict[st
     if errs:
         within = sum(abs(e) <= 0.20 for e in errs)
         out += ["", f"{within} of {len(errs)} cells within 20 %; largest error {max(errs, key=abs) * 100:+.0f} %"]
+    out += ["", "The engine's costs measured on the twins (per thread count: what each part costs, so how it scales):", ""]
+    for shape in shapes:
+        out += engine_constants(shape_file(shape))
     return out
+
+
+def engine_constants(path: str) -> list[str]:
+    """The twins' figures cached for this file's structure, a row per thread count (microseconds)."""
+    from workbench.advisor.cost import read_header
+    from workbench.advisor.twins import TwinShape
+    shape = TwinShape.from_header(read_header(path))
+    prof, _ = machine_profile(load_topology())
+    per = prof.engine.get("structure", {}).get(shape.key, {})
+    cold = prof.engine.get("cold", {})
+    keys = ("base", "dense_block", "moe_block", "expert", "prompt_base", "prompt_dense_block", "prompt_moe_block",
+            "decode_attention_s@1024", "decode_attention_s@4096", "decode_attention_s@16384",
+            "prompt_attention_s@4096", "prompt_attention_s@16384")
+    out = [f"`{shape.key}` (us; attention: a block, at that depth; a prompt's per query row)", "",
+           "| threads | " + " | ".join(keys) + " | cold product start |", "|---:|" + "---:|" * (len(keys) + 1)]
+    for n, r in sorted(per.items()):
+        starts = ", ".join(f"{k} {v * 1e6:.1f}" for k, v in cold.get(n, {}).items())
+        out.append(f"| {n} | " + " | ".join(f"{r.get(k, 0.0) * 1e6:.1f}" for k in keys) + f" | {starts} |")
+    return out + [""]
 
 
 def model_name(key: str) -> str:

@@ -266,8 +266,10 @@ def advise(path: str | os.PathLike[str] | None = None, topology: Topology | str 
                                         cold=product_shapes(cost, K.is_supported),
                                         expert_cols=expert_columns(cost, K.is_supported)):
                 save_profile(profile, topo)
+        from ..engine import kernels as K
         engine = EngineModel.from_profile(profile, cost.arch, dominant_rows(cost),
-                                          structure_key=shape.key if shape else None)
+                                          structure_key=shape.key if shape else None,
+                                          cold_shapes=product_shapes(cost, K.is_supported))
         if cost.arch not in ENGINE_ARCHS:
             notes.append(f"the engine cannot run {cost.arch!r} yet: its overhead is taken from a tiny llama")
         load = float(profile.engine.get("load_average", 0.0))

@@ -213,7 +213,8 @@ class EngineModel:
 
     @classmethod
     def from_profile(cls, prof: MemoryProfile, arch: str, rows: Mapping[int, int] | None = None,
-                     structure_key: str | None = None) -> "EngineModel":
+                     structure_key: str | None = None,
+                     cold_shapes: Mapping[int, tuple[int, int]] | None = None) -> "EngineModel":
         """The measured constants; per type the kernel measured at ``rows[type]`` (row length)
         when there is one, else the one at the nearest row length; the twins' costs of
         ``structure_key`` (``twins.TwinShape.key``) when measured."""
@@ -252,12 +253,12 @@ class EngineModel:
                 name = key.partition("@")[0]
                 if name in ids:
                     expert_pp.setdefault(int(n), {})[ids[name]] = float(v)
-        cold: dict[int, dict[int, float]] = {}
+        cold: dict[int, dict[int, float]] = {}  # the model's own product shapes (cold_shapes) only
         for n, table in eng.get("cold", {}).items():
-            for key, v in table.items():
-                name = key.partition("@")[0]
-                if name in ids:
-                    cold.setdefault(int(n), {})[ids[name]] = float(v)
+            for t, (k, rows_total) in (cold_shapes or {}).items():
+                key = f"{TYPE_NAMES.get(t, t)}@{k}x{max(8, rows_total // max(int(n), 1))}"
+                if key in table:
+                    cold.setdefault(int(n), {})[t] = float(table[key])
         return cls(overhead={int(k): (float(v[0]), float(v[1])) for k, v in over.items()},
                    decode_rates=dec, cache_rates=cac, prompt_rates=pro, flops_per_core=prof.flops_per_core,
                    structure=struct, cold=cold, expert_prompt_rates=expert_pp)
