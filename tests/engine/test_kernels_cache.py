@@ -204,9 +204,10 @@ def test_matvec_kernels_links_only_the_prepared_types():
     w = np.zeros((8, K.row_bytes(K.Q6_K, 256)), np.uint8)
     with pytest.raises(RuntimeError, match="no kernel was prepared"):
         other(w, K.prepare(K.Q6_K, np.zeros(256, np.float32)), np.zeros(8, np.float32), 0, 8)
-    # every file type, plus the engine's own layouts where the path has them (Q4_K_x8 on SIMD paths,
-    # Q5_0_x2, Q8_0_x2, Q4_0_x8 and IQ4_NL_x8 on AVX-512 VNNI)
-    layouts = {K.Q4_K_X8} if K.kernel_path() != "portable" else set()
+    # every file type, plus the engine's own layouts where the path has them (Q4_K_x8 and the plain
+    # ids of 3-D non-expert weights on SIMD paths, Q5_0_x2, Q8_0_x2, Q4_0_x8 and IQ4_NL_x8 on
+    # AVX-512 VNNI)
+    layouts = {K.Q4_K_X8} | set(K.PLAIN_TYPES.values()) if K.kernel_path() != "portable" else set()
     layouts |= {K.Q5_0_X2, K.Q8_0_X2, K.Q4_0_X8, K.IQ4_NL_X8} if K.kernel_path() == "avx512-vnni" else set()
     assert set(K.matvec_kernels(None)) == set(K.SUPPORTED_TYPES) | layouts
 
