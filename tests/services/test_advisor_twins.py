@@ -87,7 +87,7 @@ def test_filled_cache_is_what_a_decoded_token_attends(r1_header, tmp_path):
 def test_structure_costs_are_cached_per_engine_revision(r1_header, tmp_path, monkeypatch):
     calls = []
 
-    def fake(shape, threads, n_dense, bpp, progress=None):
+    def fake(shape, threads, n_dense, bpp, progress=None, weight_bytes_block=0.0):
         calls.append((shape.key, threads, n_dense, bpp))
         return {"base": 1e-4, "dense_block": 2e-5, "moe_block": 3e-5, "expert": 1e-6, "prompt_base": 0.0,
                 "prompt_dense_block": 1e-5, "prompt_moe_block": 2e-5, "prompt_expert": 0.0,

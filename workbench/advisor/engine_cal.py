@@ -228,7 +228,7 @@ def cold_key(ggml_type: int, k: int, rows: int) -> str:
 def ensure_engine(profile: MemoryProfile, types: dict[int, int], arch: str, threads: list[int],
                   progress: Progress | None = None, *, shape=None, n_dense: int = 0, kv_bpp_block: int = 0,
                   cold: dict[int, tuple[int, int]] | None = None,
-                  expert_cols: dict[int, tuple[int, int]] | None = None) -> bool:
+                  expert_cols: dict[int, tuple[int, int]] | None = None, weight_bytes_block: float = 0.0) -> bool:
     """Measure what ``profile.engine`` lacks for these kernels (type -> row length), architecture
     and thread counts; with ``shape`` (``twins.TwinShape``) also the twins' fixed and attention costs
     (``measure_structure``), and with ``cold`` (type -> (row length, rows a product)) the cost of a
@@ -314,7 +314,7 @@ def ensure_engine(profile: MemoryProfile, types: dict[int, int], arch: str, thre
         for n in threads:
             if str(n) in per_shape:
                 continue
-            per_shape[str(n)] = measure_structure(shape, n, n_dense, kv_bpp_block, progress)
+            per_shape[str(n)] = measure_structure(shape, n, n_dense, kv_bpp_block, progress, weight_bytes_block)
             changed = True
     return changed
 
@@ -370,6 +370,7 @@ def measure_cold(ggml_type: int, threads: int, k: int, rows: int, stream_bytes_p
 
 # ---- the engine on twins of the target's structure ----------------------------------------------------
 
+FFN_MIN = 64
 TWIN_MOE = (2, 6)      # MoE blocks of the two routing twins (one leading dense block when the target has any)
 PROMPT_TOKENS = 512    # the prompt twins' batch (bench's pp512)
 ATTN_DEPTHS = (1024, 4096, 16384)   # depths the attention twin is timed at (and at ATTN_BASE)
@@ -479,7 +480,7 @@ def _attention_times(path: str, threads: int, blocks: int) -> dict[str, float]:
 
 
 def measure_structure(shape, threads: int, n_dense_target: int, kv_bytes_per_position_block: int,
-                      progress: Progress | None = None) -> dict[str, float]:
+                      progress: Progress | None = None, weight_bytes_block: float = 0.0) -> dict[str, float]:
     """The engine's fixed costs on twins of ``shape`` (``twins.TwinShape``) at ``threads``, in seconds:
     ``base`` a token, ``dense_block`` and ``moe_block`` (at the target's experts used) a block,
     ``expert`` each routed expert used (its share of ``moe_block``), the ``prompt_*`` of the same
@@ -526,7 +527,11 @@ def measure_structure(shape, threads: int, n_dense_target: int, kv_bytes_per_pos
                         pre + "expert": expert[i]})
         say(f"measuring the engine's attention on a twin of {shape.key} ({threads} thread{plural}) ...")
         blocks = attention_blocks(kv_bytes_per_position_block, max(ATTN_DEPTHS))
-        out.update(_attention_times(twin(blocks, 0, full_attention=True), threads, blocks))
+        # each block streams the target's weight bytes a block (up to 64 MiB): between two tokens
+        # the cache is evicted as the target's is (without it, a twin's cache at 4096 stays in L3)
+        per_block = min(float(weight_bytes_block), 64 << 20)
+        ffn = max(FFN_MIN, int(per_block / (3 * shape.width * 34 / 32)) // 32 * 32)
+        out.update(_attention_times(twin(blocks, 0, full_attention=True, ffn=ffn), threads, blocks))
     return out
 
 

@@ -59,8 +59,8 @@ class TwinShape:
 
     @property
     def key(self) -> str:
-        """A short name of the structure (the calibration cache's key)."""
-        parts = [self.arch, f"w{self.width}", f"h{self.n_head}/{self.n_head_kv}x{self.head_dim}"]
+        """A short name of the structure (the calibration cache's key; ``t2``: the twins' version)."""
+        parts = ["t2", self.arch, f"w{self.width}", f"h{self.n_head}/{self.n_head_kv}x{self.head_dim}"]
         if self.mla:
             parts.append(f"mla{self.kv_lora}+{self.n_rot}v{self.head_dim_v}{'q' if self.q_lora else ''}")
         if self.n_expert:
@@ -127,10 +127,12 @@ def add_vocab(w: Any) -> list[str]:
 
 
 def write_twin(path: str, shape: TwinShape, n_dense: int, n_moe: int, *, used: int | None = None,
-               full_attention: bool = False, n_ctx: int = 32768, seed: int = 1) -> None:
+               full_attention: bool = False, n_ctx: int = 32768, seed: int = 1, ffn: int = FFN) -> None:
     """Write a twin of ``shape`` with ``n_dense`` leading dense blocks and ``n_moe`` MoE blocks
     (``used`` experts a token instead of the target's); ``full_attention``: the target's attention
-    widths (the attention twin), else heads of ``SMALL_HEAD``."""
+    widths (the attention twin), else heads of ``SMALL_HEAD``; ``ffn``: the dense blocks' FFN (the
+    attention twin's streams the target's weight bytes a block, so its cache is evicted as the
+    target's is between two tokens)."""
     import gguf
     from gguf import GGMLQuantizationType as Q
     rng = np.random.default_rng(seed)
@@ -240,9 +242,9 @@ def write_twin(path: str, shape: TwinShape, n_dense: int, n_moe: int, *, used: i
                 f32(p + "post_ffw_norm.weight", d)
         f32(p + "ffn_norm.weight", d)
         if il < n_dense:
-            mat(p + "ffn_gate.weight", FFN, d)
-            mat(p + "ffn_up.weight", FFN, d)
-            mat(p + "ffn_down.weight", d, FFN)
+            mat(p + "ffn_gate.weight", ffn, d)
+            mat(p + "ffn_up.weight", ffn, d)
+            mat(p + "ffn_down.weight", d, ffn)
             continue
         E = shape.n_expert
         f32(p + "ffn_gate_inp.weight", E, d, base=0.0, scale=0.02)  # the router: [E, d] rows of d
