@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 
@@ -22,23 +21,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from attention_kernel_bench import cpu  # noqa: E402 (cpuinfo's name, family and model)
 from workbench.engine.batch import decode_batch  # noqa: E402
 from workbench.engine.engine import Engine, Placement  # noqa: E402
-
-
-def host() -> str:
-    """cpuinfo's family/model of this machine (every speed table names it)."""
-    fam = model = "?"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("cpu family") and fam == "?":
-                    fam = line.split(":")[1].strip()
-                elif line.startswith("model\t") and model == "?":
-                    model = line.split(":")[1].strip()
-    except OSError:
-        pass
-    return f"{platform.machine()} family {fam} model {model}, {os.cpu_count()} CPUs"
 
 
 def timed(fn, reps: int) -> tuple[float, float]:
@@ -64,7 +49,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     vocab = eng.cfg.n_vocab
     rows = []
-    print(f"# {os.path.basename(a.model)}, {a.threads} threads, depth {a.depth}; host: {host()}")
+    print(f"# {os.path.basename(a.model)}, {a.threads} threads, depth {a.depth}; host: {cpu()}")
     print("| rows | batched ms/pass (wall / CPU) | one after another ms (wall / CPU) | batched t/s | ratio |")
     print("|---:|---:|---:|---:|---:|")
     for n in [int(b) for b in a.batch.split(",")]:
@@ -82,7 +67,7 @@ def main() -> None:
               f"| {sw / bw:.2f}x |", flush=True)
     eng.close()
     if a.json:
-        print(json.dumps({"model": a.model, "threads": a.threads, "depth": a.depth, "host": host(), "rows": rows}))
+        print(json.dumps({"model": a.model, "threads": a.threads, "depth": a.depth, "host": cpu(), "rows": rows}))
 
 
 if __name__ == "__main__":

@@ -141,16 +141,16 @@ class _BatchRuntime:
         key = ("ffn", id(parts), n)
         hit = rt._rows_jobs.get(key)
         if hit is None or hit[0] is not parts:
-            hit = rt._rows_jobs[key] = (parts, _rows_ffn_args(parts.head, n, fused))
-        args = hit[1]
+            hit = rt._rows_jobs[key] = (parts, *_rows_ffn_args(parts.head, n, fused))
+        _parts, args, ids, out = hit
         crew = rt._crew
         if not parts.rows(crew.ctl, crew.n_workers, np.ascontiguousarray(h, dtype=np.float32), *args):
             crew.stop()
             raise CrewError("a worker failed during an expert product")
         if rt.routing is not None and parts.routing:
             names = parts.routing[1]
-            rt.routing.record(names[-2], args[9] if fused else args[8], names)
-        return args[-6] if fused else args[-4]
+            rt.routing.record(names[-2], ids, names)
+        return out
 
     def gated(self, x: np.ndarray, gate: str, up: str, activation: str, before: Before | None = None):
         if before is not None:
@@ -303,9 +303,7 @@ class _BatchRuntime:
         single-sequence decode's operations in its order."""
         rt = self._rt
         pos0 = kv.n
-        if rt._crewing:
-            return rt.attention(q, k, v, kv, il, pos0, window, scale)
-        if kv.n_workers != 1 or not USE_CREW:
+        if rt._crewing or kv.n_workers != 1 or not USE_CREW:
             return rt.attention(q, k, v, kv, il, pos0, window, scale)
         keys, values = rt._token_jobs(kv, il, q.shape[1] // kv.cfg.n_head_kv)
         start, base = token_window(pos0, window)
@@ -323,35 +321,34 @@ def _rows_table(job: tuple, n: int, x_stride: int = 1) -> tuple:
     return t.tasks, t.chunks, t.n_owned
 
 
-def _rows_ffn_args(head: tuple, n: int, fused: bool) -> tuple:
+def _rows_ffn_args(head: tuple, n: int, fused: bool) -> tuple[tuple, np.ndarray, np.ndarray]:
     """The arguments of `rows_ffn`'s runners for n rows, from the one-token call's (`head` of
     `Runtime._fused_parts` / `_routed_parts`): its jobs as rows jobs, its expert tables, scratch
-    n times as big."""
-    def job(j) -> tuple:
-        return _rows_table(j, n)
-
+    n times as big; and of those, the routed ids [n, k] and the output [n, n_embd]."""
     def flat(size: int) -> np.ndarray:
         return np.empty((1, size), dtype=np.float32)
     if fused:
         (on, j1, logits, kind, k, bias, n_groups, n_group_used, norm, scale, _ids, _wts, *tables) = head[:20]
-        (sd, g, u, act, d, gs, _us, _acts, ds, out, n_ff, act_kind, gelu, fam_x, fam_a) = head[20:]
-        pairs = n * k
-        sh = gs.shape[1]
-        return (on, job(j1), np.empty((n, logits.shape[0]), np.float32), kind, bias, n_groups, n_group_used,
-                norm, scale, np.empty((n, k), np.int64), np.empty((n, k), np.float32), *tables, job(sd),
-                flat(pairs * n_ff), flat(pairs * n_ff), np.empty((pairs, n_ff), np.float32), flat(pairs * ds.shape[0]),
-                np.empty((n, sh), np.float32), np.empty((n, sh), np.float32), np.empty((n, sh), np.float32),
-                np.empty((n, ds.shape[0]), np.float32), np.empty((n, out.shape[1]), np.float32), n_ff, act_kind,
-                gelu, fam_x, fam_a)
-    (rt_, rc_, ro_, logits, kind, k, bias, n_groups, n_group_used, norm, scale, _ids, _wts, *rest) = head
-    tables = rest[:8]
-    g, u, d, out, n_ff, act_kind, gelu = rest[8], rest[9], *rest[11:]   # (rest[10]: the one-token act)
+        (sd, _g, _u, _act, _d, gs, _us, _acts, ds, out1, n_ff, act_kind, gelu, fam_x, fam_a) = head[20:]
+    else:
+        (rt_, rc_, ro_, logits, kind, k, bias, n_groups, n_group_used, norm, scale, _ids, _wts, *rest) = head
+        tables = rest[:8]
+        g, u, d, out1, n_ff, act_kind, gelu = rest[8], rest[9], *rest[11:]   # (rest[10]: the one-token act)
     pairs = n * k
-    return (job((rt_, rc_, ro_)), np.empty((n, logits.shape[0]), np.float32), kind, bias, n_groups, n_group_used,
-            norm, scale, np.empty((n, k), np.int64), np.empty((n, k), np.float32), *tables,
-            flat(pairs * (g.shape[0] // k)), flat(1 if u.shape[0] == 1 else pairs * n_ff),
-            np.empty((pairs, n_ff), np.float32), flat(pairs * (d.shape[0] // k)),
-            np.empty((n, out.shape[0]), np.float32), n_ff, act_kind, gelu)
+    ids = np.empty((n, k), np.int64)
+    routing = (np.empty((n, logits.shape[0]), np.float32), kind, bias, n_groups, n_group_used, norm, scale, ids,
+               np.empty((n, k), np.float32), *tables)
+    if fused:
+        sh, n_embd = gs.shape[1], ds.shape[0]
+        out = np.empty((n, out1.shape[1]), np.float32)
+        return (on, _rows_table(j1, n), *routing, _rows_table(sd, n), flat(pairs * n_ff), flat(pairs * n_ff),
+                np.empty((pairs, n_ff), np.float32), flat(pairs * n_embd), np.empty((n, sh), np.float32),
+                np.empty((n, sh), np.float32), np.empty((n, sh), np.float32), np.empty((n, n_embd), np.float32), out,
+                n_ff, act_kind, gelu, fam_x, fam_a), ids, out
+    out = np.empty((n, out1.shape[0]), np.float32)
+    return (_rows_table((rt_, rc_, ro_), n), *routing, flat(pairs * (g.shape[0] // k)),
+            flat(1 if u.shape[0] == 1 else pairs * n_ff), np.empty((pairs, n_ff), np.float32),
+            flat(pairs * (d.shape[0] // k)), out, n_ff, act_kind, gelu), ids, out
 
 
 _SOLO: dict[int, Crew] = {}

@@ -609,11 +609,9 @@ class Runtime(AttentionPaths, ExpertPaths, TokenCalls):
         Q5_0 / Q8_0 tensors, as Gemma 3's and llama.cpp's Q4_K_M rules give): then every group
         whose formats are among those two runs one product runner that picks them per call
         (`crew.product_runner_mixed`), so layers that mix them differently share a compiled token."""
-        mixed = self.__dict__.get("_mixed_q8")
-        if mixed is None:   # (once per packing: R1's 1,100 tensors took 2 ms a call)
-            fams = {kernels.q8_family(w.ggml_type) for w in self.weights.values()}
-            mixed = self._mixed_q8 = {0, 1} <= fams
-        return mixed
+        if self._mixed_q8 is None:   # (once per packing, `_set_packed`: R1's 1,100 tensors took 2 ms a call)
+            self._mixed_q8 = {0, 1} <= {kernels.q8_family(w.ggml_type) for w in self.weights.values()}
+        return self._mixed_q8
 
     def _token_runner(self, group: _Group) -> Callable | None:
         """The group's compiled one-token product (input preparation + crew job) for the current
