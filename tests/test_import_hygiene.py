@@ -69,23 +69,14 @@ def test_the_app_never_imports_the_command_line():
 
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGE = ROOT / "workbench"
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
 
-#: import cycles waiting for their fix, as (importer, imported) edges that close them. The kernels
-#: are another session's rooms in issue 42: compile_helper.main (the helper process's entry)
-#: imports the kernels package, whose __init__ imports compile_helper. Remove the entry with the
-#: fix; the test fails while an entry is no longer needed.
-KNOWN_CYCLE_EDGES: set[tuple[str, str]] = {
-    ("workbench.engine.kernels.compile_helper", "workbench.engine.kernels"),
-}
 
-
-def workbench_modules() -> dict[str, Path]:
-    """Every module of the package by dotted name (a package by its own name)."""
+def workbench_modules(root: Path = ROOT) -> dict[str, Path]:
+    """Every module of the package under ``root`` by dotted name (a package by its own name)."""
     mods: dict[str, Path] = {}
-    for p in sorted(PACKAGE.rglob("*.py")):
-        parts = p.relative_to(ROOT).with_suffix("").parts
+    for p in sorted((root / "workbench").rglob("*.py")):
+        parts = p.relative_to(root).with_suffix("").parts
         mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
     return mods
 
@@ -227,10 +218,7 @@ def test_no_import_cycles_between_modules():
     """No cycle among workbench's modules, counting imports inside functions (a lazy import closes
     a cycle as surely as one at the top): each layer can be read and loaded bottom-up."""
     edges = import_edges(workbench_modules())
-    stale = sorted(e for e in KNOWN_CYCLE_EDGES if e[1] not in edges.get(e[0], {})
-                   or not find_cycle(edges, KNOWN_CYCLE_EDGES - {e}))
-    assert not stale, f"KNOWN_CYCLE_EDGES no longer needed (remove them): {stale}"
-    cycle = find_cycle(edges, KNOWN_CYCLE_EDGES)
+    cycle = find_cycle(edges)
     assert not cycle, describe(cycle, edges)
 
 
@@ -247,11 +235,7 @@ def test_the_cycle_check_sees_imports_inside_functions(tmp_path):
     (pkg / "engine" / "__init__.py").write_text("")
     (pkg / "engine" / "engine.py").write_text("def gen():\n    from .generation import Generation\n")
     (pkg / "engine" / "generation.py").write_text("from .engine import DoneEvent\n")
-    mods = {}
-    for p in sorted(pkg.rglob("*.py")):
-        parts = p.relative_to(tmp_path).with_suffix("").parts
-        mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
-    edges = import_edges(mods)
+    edges = import_edges(workbench_modules(tmp_path))
     assert edges["workbench.cli"] == {"workbench.cluster.cli": 2}
     assert edges["workbench.engine.generation"] == {"workbench.engine.engine": 1}
     first = find_cycle(edges)
@@ -259,3 +243,17 @@ def test_the_cycle_check_sees_imports_inside_functions(tmp_path):
                                                     {"workbench.engine.engine", "workbench.engine.generation"})
     rest = find_cycle(edges, {(first[0], first[1])})
     assert rest and set(rest) != set(first)
+
+
+def test_the_cycle_check_sees_a_package_and_its_own_submodule(tmp_path):
+    """A package's __init__ that imports a submodule which imports the package back (in a
+    function, by absolute name) is a cycle too: the kernels' compile helper was one."""
+    kernels = tmp_path / "workbench" / "engine" / "kernels"
+    kernels.mkdir(parents=True)
+    for init in (tmp_path / "workbench", tmp_path / "workbench" / "engine"):
+        (init / "__init__.py").write_text("")
+    (kernels / "__init__.py").write_text("from . import compile_helper as _helper\n")
+    (kernels / "compile_helper.py").write_text("def main():\n    from workbench.engine import kernels\n")
+    edges = import_edges(workbench_modules(tmp_path))
+    assert edges["workbench.engine.kernels.compile_helper"] == {"workbench.engine.kernels": 2}
+    assert set(find_cycle(edges)) == {"workbench.engine.kernels", "workbench.engine.kernels.compile_helper"}

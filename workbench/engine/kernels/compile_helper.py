@@ -11,7 +11,8 @@ cores stay busy until the list is empty, whatever each task costs. What one proc
 the other loads from the shared disk cache in milliseconds. Without a disk cache, on one core, or
 with NUMAWB_PARALLEL_COMPILE=0 nothing is started and the engine runs every task itself.
 
-    python -m workbench.engine.kernels.compile_helper PATH BOARD TYPES
+The helper's own entry is `helper_process` (it imports the kernels package, which imports this
+module).
 """
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ from numba.core import caching
 
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 POLL_SECONDS = 0.005
+#: what `start` runs with `python -m` (named, not imported: it imports the kernels package)
+HELPER_MODULE = "workbench.engine.kernels.helper_process"
 
 
 @dataclass(frozen=True)
@@ -128,7 +131,7 @@ def start(path: str, board: Board, types: list[int]) -> subprocess.Popen | None:
     env = dict(os.environ, NUMAWB_KERNEL_PATH=path, NUMAWB_PARALLEL_COMPILE="0",
                PYTHONPATH=os.pathsep.join(p for p in (PACKAGE_PARENT, os.environ.get("PYTHONPATH", "")) if p))
     try:
-        return subprocess.Popen([sys.executable, "-m", "workbench.engine.kernels.compile_helper", path, board.folder,
+        return subprocess.Popen([sys.executable, "-m", HELPER_MODULE, path, board.folder,
                                  ",".join(map(str, types))],
                                 env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, start_new_session=True)
@@ -169,21 +172,6 @@ def work(board: Board, tasks: list[Task], run: Callable[[int], None], other_aliv
     return mine
 
 
-def main(argv: list[str]) -> int:
-    from workbench.engine import kernels
-    path, folder, types = argv[:3]
-    kernels.set_kernel_path(path)
-    kernels.activate(int(t) for t in types.split(",") if t)
-    board = Board(folder)
-    parent = os.getppid()
-    try:
-        tasks = board.tasks()
-        work(board, tasks, lambda i: kernels.run_task(tasks[i].name), lambda: os.getppid() == parent)
-    except OSError:  # the board went away: the engine is done with it
-        pass
-    return 0
-
-
 def release(helper: subprocess.Popen, board: Board) -> None:
     """The engine has what it waits for: the helper may still be compiling tasks the engine does
     not wait for (`_running` keeps it referenced until it ends; the last one out removes the board)."""
@@ -201,7 +189,3 @@ _running: list[tuple[subprocess.Popen, Board]] = []
 def _remove_boards() -> None:
     for _p, b in _running:
         b.remove()  # a helper still at work finds no more tasks to claim and ends
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
