@@ -2,7 +2,7 @@
 
     python3 benchmarks/make_moe_model.py [--out PATH] [--layers 8] [--experts 128] [--used 8] [--ffn 768]
     python3 benchmarks/make_moe_model.py --dense [--layers 6] [--type Q4_0]
-    python3 benchmarks/make_moe_model.py --shape r1|v3-attn [--type Q4_K]
+    python3 benchmarks/make_moe_model.py --shape r1|v3-attn [--type Q4_K] [--layers N]
 
 ``--dense``: a dense llama-style model of Q4_K matrices instead (n_embd 2048, FFN 5632, 16 query /
 4 KV heads of 128, tied embeddings: 153 MB, all of it read per token), the shape of the Q4_K
@@ -38,7 +38,9 @@ def default_path(layers: int, experts: int, used: int, dense: bool = False, qtyp
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     t = qtype.lower()
     if shape:
-        name = f"deepseek2-synth-{shape}-{t}.gguf"
+        # --layers N: the shape's first N blocks (its dense lead blocks first), e.g. a short R1
+        deep = "" if layers == SHAPES[shape]["n_layer"] else f"-L{layers}"
+        name = f"deepseek2-synth-{shape}{deep}-{t}.gguf"
     else:
         name = f"llama-synth-L{layers}-2048x5632-{t}.gguf" if dense else \
             f"qwen3moe-synth-L{layers}-E{experts}x{used}{'' if ffn == 768 else f'-F{ffn}'}-{t}.gguf"
@@ -76,13 +78,13 @@ def main() -> int:
     qtype = T.__members__.get(args.type.upper())
     if qtype is None:
         ap.error(f"unknown type {args.type!r}; e.g. Q4_K, Q4_0, IQ4_NL, Q8_0")
-    layers = args.layers or (6 if args.dense else 8)
+    layers = args.layers or (SHAPES[args.shape]["n_layer"] if args.shape else 6 if args.dense else 8)
     path = args.out or default_path(layers, args.experts, args.used, args.dense, qtype.name, args.shape or "",
                                     args.ffn)
     if not os.path.exists(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         if args.shape:
-            spec = TinySpec(qtype=qtype, **SHAPES[args.shape])
+            spec = TinySpec(qtype=qtype, **dict(SHAPES[args.shape], n_layer=layers))
         elif args.dense:
             spec = TinySpec(arch="llama", qtype=qtype, n_embd=2048, n_head=16, n_head_kv=4, head_dim=128,
                             n_ff=5632, n_layer=layers, n_ctx=4096, tied=True, seed=2)
