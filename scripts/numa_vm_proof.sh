@@ -6,23 +6,26 @@
 #   2. experts: a short R1-shaped file (make_moe_model.py --shape r1 --layers 5) decoded in every
 #      weights mode: pages per node per tensor class and the expert bytes each worker read;
 #   3. placement: the full R1-shaped file (61 blocks, 256 experts) loaded in every weights mode,
-#      pages per node per tensor class and the expert bytes each worker is handed; no decode.
+#      pages per node per tensor class and the expert bytes each worker is handed; no decode;
+#   4. record: `numawb --record` of docs/screenshot-2node.session (the instruct model of
+#      `numawb pull`) in the guest; its last screenshot becomes docs/screenshot-2node.svg.
 #
-#   scripts/numa_vm_proof.sh [attention] [experts] [placement]     (default: all three)
+#   scripts/numa_vm_proof.sh [attention] [experts] [placement] [record]   (default: all four)
 #
 # The code that runs is a snapshot of the last commit (git archive HEAD), so edits in the working
 # tree while the guest runs change nothing. The Numba cache: the guest's CPU (QEMU's "max" under
 # TCG: AVX2, no AVX-512) differs from the host's, so both run numawb's AVX2 kernels compiled for
 # one fixed LLVM target (NUMBA_CPU_NAME / NUMBA_CPU_FEATURES below) into one cache folder: the host
 # runs each proof once first (`--warm`, two KV owners standing for two nodes), and the guest loads
-# that code instead of compiling it under emulation. qemu runs on CPU 1 only (taskset), the other
+# that code instead of compiling it under emulation. The cache keys on llama.cpp's SIMD width
+# (`kernels/llama_build.py`): the host (AVX-512) would take 512, the guest 256, so both are told 256. qemu runs on CPU 1 only (taskset), the other
 # core stays free.
 set -u -o pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PY="$(python3 -c 'import sys; print(sys.executable)')"
 export PATH="$(dirname "$PY"):$PATH"
-WHAT="${*:-attention experts placement}"
+WHAT="${*:-attention experts placement record}"
 WORK="${NUMA_VM_PROOF_DIR:-$HOME/.cache/numawb/vm-proof}"     # outside /tmp: the guest sees it
 SRC="$WORK/src"
 MODELS="$WORK/models"
@@ -31,9 +34,9 @@ R1="${R1_FILE:-$HOME/.cache/numawb/bench-models/deepseek2-synth-r1-q4_k.gguf}"
 MODES="${MODES:-none,mirror,interleave,slice,experts}"
 GUEST_TIMEOUT="${GUEST_TIMEOUT:-5400}"
 KERNEL="$(ls /boot/vmlinuz-* | sort -V | tail -1)"
-export NUMAWB_KERNEL_PATH=avx2 NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES="+avx,+avx2,+fma,+f16c,+bmi,+bmi2,+popcnt"
+export NUMAWB_LLAMA_SIMD=256 NUMAWB_KERNEL_PATH=avx2 NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES="+avx,+avx2,+fma,+f16c,+bmi,+bmi2,+popcnt"
 export NUMBA_CACHE_DIR="$WORK/numba"
-ENVS="NUMAWB_KERNEL_PATH=$NUMAWB_KERNEL_PATH NUMBA_CPU_NAME=$NUMBA_CPU_NAME NUMBA_CPU_FEATURES=$NUMBA_CPU_FEATURES NUMBA_CACHE_DIR=$NUMBA_CACHE_DIR"
+ENVS="NUMAWB_LLAMA_SIMD=$NUMAWB_LLAMA_SIMD NUMAWB_KERNEL_PATH=$NUMAWB_KERNEL_PATH NUMBA_CPU_NAME=$NUMBA_CPU_NAME NUMBA_CPU_FEATURES=$NUMBA_CPU_FEATURES NUMBA_CACHE_DIR=$NUMBA_CACHE_DIR"
 
 mkdir -p "$WORK" "$MODELS" "$NUMBA_CACHE_DIR"
 rm -rf "$SRC" && mkdir -p "$SRC"
@@ -69,15 +72,33 @@ for w in $WHAT; do
         attention) cmds+=("attention $MODELS/llama-tiny-q4_k.gguf $MODELS/deepseek2-tiny-q8_0.gguf") ;;
         experts) cmds+=("experts $R1S --modes $MODES") ;;
         placement) cmds+=("placement $R1 --modes $MODES") ;;
+        record) SMOL="$(ls "${XDG_DATA_HOME:-$HOME/.local/share}"/numawb/models/SmolLM2-135M-Instruct*.gguf 2>/dev/null | head -1)"
+                [ -n "$SMOL" ] || { echo "numa_vm_proof: record needs \`numawb pull\` first" >&2; exit 2; }
+                cmds+=("record $SMOL") ;;
         *) echo "numa_vm_proof: unknown proof $w" >&2; exit 2 ;;
     esac
 done
 
 echo "numa_vm_proof: commit $COMMIT, warming the cache on the host ($NUMBA_CACHE_DIR)"
+REC="$WORK/record"
+rm -rf "$REC" && mkdir -p "$REC"
+run_cmd() {  # a proof's command line: the record runs the app, the others the proof script
+    case "$1" in
+        record) echo "-m workbench -m $2 --record $REC --script docs/screenshot-2node.session" ;;
+        *) echo "benchmarks/numa_vm_proof.py $*" ;;
+    esac
+}
 for c in "${cmds[@]}"; do
     start=$SECONDS
     # shellcheck disable=SC2086
-    (cd "$SRC" && taskset -c 1 "$PY" benchmarks/numa_vm_proof.py $c --warm > "$WORK/warm.log" 2>&1) \
+    set -- $c
+    if [ "$1" = record ]; then
+        warm=(-c "import sys; from workbench.engine import engine as e; e.kv_owners = lambda pool: [[w.index] for w in pool.workers]; from workbench.cli import main; sys.exit(main(sys.argv[1:]))" -m "$2" --record "$WORK/record-warm" --script docs/screenshot-2node.session)
+    else
+        # shellcheck disable=SC2206
+        warm=(benchmarks/numa_vm_proof.py $c --warm)
+    fi
+    (cd "$SRC" && taskset -c 1 "$PY" "${warm[@]}" > "$WORK/warm.log" 2>&1) \
         || { tail -30 "$WORK/warm.log"; echo "numa_vm_proof: warm-up of '$c' failed"; exit 1; }
     echo "  warm $c: $((SECONDS - start)) s"
 done
@@ -89,14 +110,15 @@ script="$WORK/guest.sh"
     for c in "${cmds[@]}"; do
         echo "echo '=== $c'; t0=\$(date +%s)"
         echo "sync; echo 3 > /proc/sys/vm/drop_caches"
-        echo "env $ENVS $PY benchmarks/numa_vm_proof.py $c 2>&1; echo \"=== rc \$? after \$((\$(date +%s) - t0)) s in the guest\""
+        # shellcheck disable=SC2086
+        echo "env $ENVS $PY $(run_cmd $c) 2>&1; echo \"=== rc \$? after \$((\$(date +%s) - t0)) s in the guest\""
     done
 } > "$script"
 log="$WORK/guest.log"
 start=$SECONDS
 echo "numa_vm_proof: booting the 2-node guest (emulated; qemu on CPU 1)"
 timeout --kill-after=20 "$GUEST_TIMEOUT" taskset -c 1 vng -r "$KERNEL" --disable-kvm --cpus 2 -m 8G \
-    --numa 4G,cpus=0 --numa 4G,cpus=1 --numa-distance 0,1=21 --rwdir "$NUMBA_CACHE_DIR" \
+    --numa 4G,cpus=0 --numa 4G,cpus=1 --numa-distance 0,1=21 --rwdir "$NUMBA_CACHE_DIR" --rwdir "$REC" \
     --exec "bash $script" </dev/null > "$log" 2>&1
 echo "numa_vm_proof: guest done after $((SECONDS - start)) s"
 
@@ -117,5 +139,10 @@ host="$(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//') (cp
     sed -e '/^\[ *[0-9.]*\]/d' -e '/^numawb: /d' "$log"
 } > "$OUT"
 echo "numa_vm_proof: wrote $OUT"
+last="$(ls "$REC"/*.svg 2>/dev/null | sort | tail -1)"
+if [ -n "$last" ]; then
+    cp "$last" "$ROOT/docs/screenshot-2node.svg"
+    echo "numa_vm_proof: $last -> docs/screenshot-2node.svg"
+fi
 grep -E "^PROOF|^=== rc" "$log"
 ! grep -q "PROOF FAILED" "$log" && grep -q "PROOF PASSED" "$log"

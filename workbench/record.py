@@ -202,7 +202,8 @@ def read_events(path: str | Path) -> list[dict[str, Any]]:
 
 def host_description() -> str:
     """One line naming this machine for a screenshot: host name, CPU model, CPUs usable, NUMA nodes
-    and, when /proc/cpuinfo lists the ``hypervisor`` flag, that it is a virtual machine."""
+    and, when /proc/cpuinfo lists the ``hypervisor`` flag, that it is a virtual machine -- an
+    emulated one, whose rates mean nothing, when the CPU is QEMU's software emulation (TCG)."""
     cpu, vm = "", False
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
@@ -226,7 +227,9 @@ def host_description() -> str:
     parts = [platform.node() or "unknown host", cpu or platform.machine(), f"{cpus} CPU{'s' * (cpus != 1)}"]
     if nodes:
         parts.append(f"{nodes} NUMA node{'s' * (nodes != 1)}")
-    if vm:
+    if "QEMU TCG" in cpu:
+        parts.append("emulated machine (QEMU TCG): rates mean nothing")
+    elif vm:
         parts.append("virtual machine")
     return " · ".join(parts)
 

@@ -269,3 +269,42 @@ def test_experts_sliced_and_owned_per_node(pool, record):
             record(f"{mode} experts {b.label}", p)
             assert p.share >= OK
         layout.close()
+
+
+def test_each_worker_is_handed_only_local_expert_bytes(pool, record):
+    """R1's routed-expert count, narrow (256 experts of 64 rows; the R1-shaped file itself is
+    proven by benchmarks/numa_vm_proof.py): in `slice`, `experts` and `mirror` the rows the engine
+    hands each worker (`expert_split`, read through `expert_rows`) sit on that worker's node, page
+    by page (move_pages); `interleave` spreads them. Every expert row is computed exactly once."""
+    from workbench.numa.proof import BufferProof
+    n_exp, rows, row_bytes = 256, 64, 1024   # 16 MiB
+    spec = TensorSpec("blk.3.ffn_down_exps.weight", n_exp * rows, row_bytes, groups=n_exp)
+    data = np.random.default_rng(8).integers(0, 256, (spec.rows, spec.row_bytes), dtype=np.uint8)
+    for mode in ("slice", "experts", "mirror", "interleave"):
+        layout = place_weights([spec], mode, pool, thp=False)
+        layout.write_rows(spec.name, 0, data)
+        for e in range(n_exp):
+            assert sum(hi - lo for lo, hi in layout.expert_split(spec.name, e)) == rows
+        for w in pool.workers:
+            pages: set[int] = set()
+            for e in range(n_exp):
+                lo, hi = layout.expert_split(spec.name, e)[w.index]
+                if hi > lo:
+                    arr, first = layout.expert_rows(spec.name, w.index, e)
+                    part = arr[lo - first:hi - first]
+                    np.testing.assert_array_equal(part, data[e * rows + lo:e * rows + hi])
+                    a = part.ctypes.data
+                    pages.update(range(a // 4096 * 4096, a + part.nbytes, 4096))
+            r = sc.move_pages(sorted(pages))
+            assert r, r.reason
+            counts: dict[int, int] = {}
+            for st in r.value:
+                counts[st] = counts.get(st, 0) + 1
+            p = BufferProof(f"worker {w.index}'s expert rows", "weights", (w.node,), len(pages) * 4096,
+                            len(pages), {k: v for k, v in counts.items() if k >= 0})
+            record(f"{mode} experts handed", p)
+            if mode == "interleave":
+                assert p.share < 0.9
+            else:
+                assert p.share >= OK, f"{mode}: {counts}"
+        layout.close()
