@@ -151,7 +151,7 @@ def bandwidth_probe(threads: list[int], gib: float = 1.0, reps: int = 7) -> dict
 
     One core keeps more lines in flight along two streams (this probe on the Intel Xeon host: 1
     thread 15.6-16.2 -> 22.5-22.6 GB/s, 2 threads 28.0-30.2 -> 37.5-38.0), and numawb's one-token
-    products read two (kernels.intrinsics.stream_halves): judged against one stream alone, a decode
+    products read two (kernels.intrinsics.streams.stream_halves): judged against one stream alone, a decode
     could stream more than "100 %" of the limit. The plain two-stream read owes its speed on that
     host to the array's start 16 bytes past a line (numpy's allocation): 64-byte aligned it read
     11.3-12.1 GB/s against 18.0-18.2; prefetched, 20.5-21.4 aligned or not, so the third form keeps

@@ -10,12 +10,12 @@ from gguf import GGMLQuantizationType as T
 from kernel_emulation import SIMD_PATHS, emulate_q4_K, f32, weights
 from test_k4_rows import _saturated, _x
 from workbench.engine import kernels as K
-from workbench.engine.kernels import intrinsics
+from workbench.engine.kernels import llvm_ir
 from workbench.engine.kernels.x86 import k4_x8
 
 pytestmark = pytest.mark.skipif(not SIMD_PATHS, reason="no SIMD kernel path on this CPU")
 Q4_K = int(T.Q4_K)
-MODES = {"avx2": intrinsics.AVX2, "avx512-vnni": intrinsics.VNNI}
+MODES = {"avx2": llvm_ir.AVX2, "avx512-vnni": llvm_ir.VNNI}
 
 
 @pytest.mark.parametrize("k", [256, 768, 1024, 2048])

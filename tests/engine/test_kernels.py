@@ -300,10 +300,10 @@ def test_matmat(t, n, path):
 @pytest.mark.parametrize("r0,r1,unit,row_bytes", [(0, 100, 1, 10), (3, 104, 1, 10), (5, 6, 1, 1000),
                                                   (0, 99, 2, 10), (8, 88, 8, 10), (0, 40, 8, 3), (7, 7, 1, 10)])
 def test_stream_order_reads_each_row_once_from_both_halves(r0, r1, unit, row_bytes):
-    """The two-stream order (intrinsics.stream_halves / stream_row, group_steps / step_groups): each
+    """The two-stream order (intrinsics.streams.stream_halves / stream_row, group_steps / step_groups): each
     step of [r0, r1) exactly once, the halves in turn while both last, one stream when a half would
     be under the minimum bytes."""
-    from workbench.engine.kernels.intrinsics import group_steps, step_groups, stream_halves, stream_row
+    from workbench.engine.kernels.intrinsics.streams import group_steps, step_groups, stream_halves, stream_row
     min_bytes = 100
     mid = stream_halves(r0, r1, unit, row_bytes, min_bytes)
     half = (r1 - r0) // (2 * unit) * unit
@@ -327,9 +327,9 @@ def test_stream_order_reads_each_row_once_from_both_halves(r0, r1, unit, row_byt
 @pytest.mark.parametrize("t", TYPES + ["Q4_K_x8"], ids=lambda t: getattr(t, "name", t))
 def test_matvec_over_two_streams_equals_short_ranges(t, extra, path):
     """A one-token product over a range of at least 2 x TWO_STREAMS_MIN bytes reads rows from both
-    halves in turn (intrinsics.stream_halves): every row of the range gets exactly the value the
+    halves in turn (intrinsics.streams.stream_halves): every row of the range gets exactly the value the
     same kernel gives it over short ranges (one stream), nothing outside the range is written."""
-    from workbench.engine.kernels.intrinsics import TWO_STREAMS_MIN
+    from workbench.engine.kernels.intrinsics.streams import TWO_STREAMS_MIN
     min_bytes = min(TWO_STREAMS_MIN, 64 << 10)   # (one stream where unmeasured: the same values)
     x8 = t == "Q4_K_x8"
     if x8 and (path == "portable" or extra):

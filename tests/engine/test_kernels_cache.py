@@ -57,23 +57,25 @@ def _probe(cwd: Path, env: dict | None = None, path: str | None = None) -> tuple
 
 @pytest.mark.skipif(not SIMD, reason="no SIMD kernel path on this CPU")
 def test_simd_kernel_depends_on_its_helper_modules():
-    """A prompt kernel built in k_quants reaches the intrinsics, the shared block helpers and the
-    repacked kernels it calls: all of them are in its cache key."""
+    """A prompt kernel built in k_quants reaches the intrinsics, the IR helpers their code
+    generators use, the shared block helpers and the repacked kernels it calls: all of them are in
+    its cache key."""
     mm = K.x86.tables(SIMD[0])[1][K.Q4_K]
     names = {Path(f).name for f in jitcache.dependency_files(mm.py_func)}
-    assert {"k_quants.py", "repack.py", "blocks.py", "intrinsics.py"} <= names
+    assert {"k_quants.py", "repack.py", "blocks.py", "dots.py", "llvm_ir.py"} <= names
     assert not any("numpy" in f or "numba" in f for f in jitcache.dependency_files(mm.py_func))
 
 
 def test_editing_a_helper_module_invalidates_the_cached_kernel(tmp_path):
-    """Compile once (miss), start again (hit), edit only intrinsics.py (not the kernel's own file):
-    the next start must recompile instead of loading the stale machine code."""
+    """Compile once (miss), start again (hit), edit only llvm_ir.py (not the kernel's own file, nor
+    an intrinsic's: the IR helpers the intrinsics' code generators call): the next start must
+    recompile instead of loading the stale machine code."""
     _copy_package(tmp_path)
     first, _ = _probe(tmp_path)
     assert first["file"].startswith(str(tmp_path)) and first["misses"] == 1
     second, _ = _probe(tmp_path)
     assert second["hits"] == 1 and second["misses"] == 0
-    helper = tmp_path / "workbench" / "engine" / "kernels" / "intrinsics.py"
+    helper = tmp_path / "workbench" / "engine" / "kernels" / "llvm_ir.py"
     helper.write_text(helper.read_text() + "\n# an edit\n")
     third, _ = _probe(tmp_path)
     assert third["misses"] == 1 and third["hits"] == 0

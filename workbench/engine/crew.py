@@ -35,7 +35,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from . import kernels
-from .kernels.intrinsics import _fn, prefetch_at, prefetch_write_at
+from .kernels.llvm_ir import declare
+from .kernels.intrinsics.streams import prefetch_at, prefetch_write_at
 
 from .kernels.jitcache import JIT as _NB
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
@@ -268,7 +269,7 @@ def cpu_relax(typingctx):
     """The x86 `pause` hint inside a spin loop (nothing elsewhere)."""
     def codegen(context, builder, sig, args):
         if _X86:
-            builder.call(_fn(builder, "llvm.x86.sse2.pause", ir.VoidType(), []), [])
+            builder.call(declare(builder, "llvm.x86.sse2.pause", ir.VoidType(), []), [])
         return context.get_dummy_value()
     return types.void(), codegen
 
@@ -277,7 +278,7 @@ def cpu_relax(typingctx):
 def yield_cpu(typingctx):
     """sched_yield(2): let another runnable thread have this CPU."""
     def codegen(context, builder, sig, args):
-        builder.call(_fn(builder, "sched_yield", ir.IntType(32), []), [])
+        builder.call(declare(builder, "sched_yield", ir.IntType(32), []), [])
         return context.get_dummy_value()
     return types.void(), codegen
 
@@ -287,7 +288,7 @@ def now_ns(typingctx):
     """clock_gettime(CLOCK_MONOTONIC) in nanoseconds (vDSO: tens of nanoseconds)."""
     def codegen(context, builder, sig, args):
         i64 = ir.IntType(64)
-        fn = _fn(builder, "clock_gettime", ir.IntType(32), [ir.IntType(32), i64.as_pointer()])
+        fn = declare(builder, "clock_gettime", ir.IntType(32), [ir.IntType(32), i64.as_pointer()])
         ts = builder.alloca(ir.ArrayType(i64, 2))
         p = builder.bitcast(ts, i64.as_pointer())
         builder.call(fn, [ir.Constant(ir.IntType(32), 1), p])

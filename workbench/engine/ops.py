@@ -22,7 +22,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .kernels.intrinsics import round_f16
+from .kernels.intrinsics.scalars import round_f16
 from .kernels.llama_build import SOFTMAX_LANES, WIDE
 
 from .kernels.jitcache import JIT as _JIT

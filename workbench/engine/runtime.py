@@ -50,7 +50,7 @@ CREW_CHUNK_BYTES = 96 << 10
 # down to this many bytes
 PIECE_BYTES = 24 << 10
 # A worker's first piece of its share: a kernel call reads its range as two streams when each half
-# is at least TWO_STREAMS_MIN bytes (kernels.intrinsics.stream_halves), so a bigger first piece
+# is at least TWO_STREAMS_MIN bytes (kernels.intrinsics.streams.stream_halves), so a bigger first piece
 # streams more of a layer's small products that way (the pieces after it halve what is left)
 FIRST_PIECE = 0.75
 # A prompt's products when every worker reads every row (one node, or a copy per node): each

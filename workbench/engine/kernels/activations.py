@@ -20,8 +20,10 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from .intrinsics import (abs_bits, f32_of_bits, hmax_i, hsum_i, i_add, i_max, load_f32x8, q8_lanes, round_f16,
-                         store_i8x8)
+from .intrinsics.lanes import abs_bits, i_add, i_max, q8_lanes
+from .intrinsics.load_store import load_f32x8, store_i8x8
+from .intrinsics.reductions import hmax_i, hsum_i
+from .intrinsics.scalars import f32_of_bits, round_f16
 
 from .jitcache import JIT as _NB
 f32 = np.float32

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from .intrinsics import bf16_to_f32, f16_to_f32
+from .intrinsics.scalars import bf16_to_f32, f16_to_f32
 
 from .jitcache import JIT as _NB
 f32 = np.float32

@@ -16,7 +16,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from .intrinsics import KVALUES_IQ4NL, f16_to_f32
+from .intrinsics.quant_blocks import KVALUES_IQ4NL
+from .intrinsics.scalars import f16_to_f32
 
 from .jitcache import JIT as _NB
 from .legacy_quants import dequant_x8

@@ -10,11 +10,11 @@ first), it changes four things in Numba's cache, for every cached function of th
    module, name, bytecode and own cells, a constant by its repr -- the same in every process and
    different between factory instances.
 2. **A key that covers every file a function depends on.**  Numba's own check is the source file of
-   the function itself, so editing a helper module (the intrinsics, a block-format helper, a family
-   module whose inline functions a kernel calls) left stale machine code in the cache.  Here the key
-   includes the content hash of every ``workbench`` source file reachable from the function: its
-   own, and those of the functions, dispatchers, intrinsics and modules it names or closes over,
-   transitively.
+   the function itself, so editing a helper module (the intrinsics, the IR helpers they are built
+   with, a block-format helper, a family module whose inline functions a kernel calls) left stale
+   machine code in the cache.  Here the key includes the content hash of every ``workbench`` source
+   file reachable from the function: its own, and those of the functions, dispatchers, intrinsics
+   and modules it names or closes over, transitively.
 3. **A cache that works on a read-only install.**  Where the package folder cannot be written,
    Numba tries ``~/.cache/numba`` and otherwise refuses to define the function ("cannot cache
    function ...: no locator available"), which killed every command.  Here the cache falls back to
@@ -126,7 +126,8 @@ def _codes(code: pytypes.CodeType):
 
 def dependency_files(func: pytypes.FunctionType) -> list[str]:
     """Sorted paths of the project source files ``func`` depends on: its own module's and, transitively,
-    those of every function, dispatcher, intrinsic or module it names as a global or holds in a cell."""
+    those of every function, dispatcher, intrinsic (its code generator's too) or module it names as a
+    global or holds in a cell, and the modules of the project objects it names."""
     files: set[str] = set()
     seen: set[int] = set()
 
@@ -136,9 +137,8 @@ def dependency_files(func: pytypes.FunctionType) -> list[str]:
         elif isinstance(v, pytypes.FunctionType):
             function(v)
         elif isinstance(v, _Intrinsic):
-            f = _project_file(getattr(v._defn, "__module__", None))
-            if f:
-                files.add(f)
+            if isinstance(v._defn, pytypes.FunctionType):
+                function(v._defn)  # its module, and the IR helpers (`llvm_ir`) its code generator names
         elif isinstance(v, pytypes.ModuleType):
             f = _project_file(v.__name__)
             if f:
@@ -146,6 +146,10 @@ def dependency_files(func: pytypes.FunctionType) -> list[str]:
         elif isinstance(v, (tuple, list)):
             for y in v:
                 value(y)
+        else:  # an object of a project class (`llvm_ir.ll`, a `VecType`): the class's module
+            f = _project_file(type(v).__module__)
+            if f:
+                files.add(f)
 
     def function(fn: pytypes.FunctionType) -> None:
         if id(fn) in seen:

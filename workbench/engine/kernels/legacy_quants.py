@@ -14,7 +14,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from .intrinsics import f16_to_f32
+from .intrinsics.scalars import f16_to_f32
 
 from .jitcache import JIT as _NB
 f32 = np.float32

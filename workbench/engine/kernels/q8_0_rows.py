@@ -7,7 +7,12 @@ import numba
 import numpy as np
 
 from . import Q8_0, kernel_path, matmat, prepare
-from .intrinsics import VNNI, dot_us, f16_to_f32, f_zero, fmadd_i, hsum_f, i_shl, i_sub, i_zero, load_b32
+from .llvm_ir import VNNI
+from .intrinsics.dots import dot_us
+from .intrinsics.lanes import f_zero, fmadd_i, i_shl, i_sub, i_zero
+from .intrinsics.load_store import load_b32
+from .intrinsics.reductions import hsum_f
+from .intrinsics.scalars import f16_to_f32
 from .jitcache import JIT
 
 ONES = np.ones(32, dtype=np.uint8)

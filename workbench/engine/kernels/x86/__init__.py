@@ -14,7 +14,7 @@
     blocks         block-format helpers they share
 
 Every family exposes ``kernels(mode) -> {type name: (matvec, matmat[, mul_mat_id])}``: the factory closes over
-``mode`` (intrinsics.AVX2 or intrinsics.VNNI); Numba treats the closure value as a compile-time
+``mode`` (llvm_ir.AVX2 or llvm_ir.VNNI); Numba treats the closure value as a compile-time
 constant and the primitives emit only that instruction set, so one source gives two separately
 compiled (and separately cached, see ``jitcache``) implementations.  Building the tables compiles
 nothing: a kernel compiles (or loads from the disk cache) on its first call.
@@ -22,7 +22,7 @@ nothing: a kernel compiles (or loads from the disk cache) on its first call.
 from __future__ import annotations
 
 from .. import jitcache  # noqa: F401  (before any kernel is defined)
-from ..intrinsics import AVX2, VNNI
+from ..llvm_ir import AVX2, VNNI
 from . import floats, i_quants, k4_x8, k_quants, legacy_quants, q4_x8, q5_pairs, q8_pairs, rows_lowbit
 
 MODES = {"avx2": AVX2, "avx512-vnni": VNNI}

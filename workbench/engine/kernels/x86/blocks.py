@@ -4,8 +4,11 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..intrinsics import (copy_bytes, f16_to_f32, f_zero16, hsum_f, ld_u32, prefetch, prefetch_distance, prime_streams,
-                          stream_halves)
+from ..intrinsics.lanes import f_zero16
+from ..intrinsics.load_store import copy_bytes
+from ..intrinsics.reductions import hsum_f
+from ..intrinsics.scalars import f16_to_f32, ld_u32
+from ..intrinsics.streams import prefetch, prefetch_distance, prime_streams, stream_halves
 
 from ..jitcache import JIT as _NB
 f32 = np.float32

@@ -8,8 +8,11 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..intrinsics import (bf16_to_f32, f16_to_f32, f_zero, f_zero16, f_add, fma_f, fma_s, hsum16, hsum_f, hsum_hadd_f,
-                          load_bf16x8, load_f16x8, load_f16x16, load_f32x8, load_f32x16, prefetch)
+from ..intrinsics.lanes import f_add, f_zero, f_zero16, fma_f
+from ..intrinsics.load_store import load_bf16x8, load_f16x16, load_f16x8, load_f32x16, load_f32x8
+from ..intrinsics.reductions import hsum16, hsum_f, hsum_hadd_f
+from ..intrinsics.scalars import bf16_to_f32, f16_to_f32, fma_s
+from ..intrinsics.streams import prefetch
 from ..llama_build import WIDE
 
 from ..jitcache import JIT as _NB
@@ -154,7 +157,7 @@ def _heads(dot4, dot2, dot1, unit: int, max_k: int, any_k: bool = False):
     def heads(w, x, xs, k, nh, out, os, r0, r1):
         rb = w.shape[1]
         ahead = max(1, HEADS_PREFETCH // (2 * k))
-        for i in range(r0, min(r0 + ahead, r1)):   # (intrinsics.prime_streams)
+        for i in range(r0, min(r0 + ahead, r1)):   # (intrinsics.streams.prime_streams)
             _prefetch_row(w, i * rb, k)
         if (k % unit and not any_k) or k > max_k:
             p2 = nh // 2 * 2
@@ -345,7 +348,7 @@ def _rowwise(dot_vec, dot_mat):
         x = xp[0]
         k = x.shape[0]
         rb = w.shape[1]
-        # one stream: a row of each half in turn (intrinsics.TWO_STREAMS_MIN) read F16 / F32 rows
+        # one stream: a row of each half in turn (intrinsics.streams.TWO_STREAMS_MIN) read F16 / F32 rows
         # of 1.3-8 KB no faster (Intel Xeon host, K = 640 / 2048 from memory: F16 12.4 -> 12.0 /
         # 12.4 -> 11.6 GB/s, F32 15.5 -> 15.4 / 15.8 -> 14.1)
         for i in range(r0, r1):

@@ -23,8 +23,14 @@ import numba
 import numpy as np
 
 from ..i_quants import iq4_xs_scale
-from ..intrinsics import VNNI, dot_ss, f16_to_f32, f_add, f_zero, fma_s, fmadd_i, hsum_f, hsum_i, i_add, i_muls, i_zero, \
-    load_b32, load_nib, lut_iq4nl, stream_halves, stream_row
+from ..llvm_ir import VNNI
+from ..intrinsics.dots import dot_ss
+from ..intrinsics.lanes import f_add, f_zero, fmadd_i, i_add, i_muls, i_zero
+from ..intrinsics.load_store import load_b32
+from ..intrinsics.quant_blocks import load_nib, lut_iq4nl
+from ..intrinsics.reductions import hsum_f, hsum_i
+from ..intrinsics.scalars import f16_to_f32, fma_s
+from ..intrinsics.streams import stream_halves, stream_row
 from . import repack
 
 from ..jitcache import JIT as _NB

@@ -30,17 +30,18 @@ from numba import types
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
-from ..intrinsics import (_V8F, _V8I, _V16B, _V16S, _V32B, _arr_load, _check_array, _fn, _i32, _mode, _BYTES, VNNI,
-                          b_and, b_shr, f_lane, f_scale, f_sub, f_zero, fmadd_v, i_zero, load_b32, load_i8, madd16,
-                          v8f, v8i, v16s, v32b, _V8H, _V8S, store_i32x8, i_add, prefetch,
-                          PREFETCH_MAX_K, PREFETCH_NEAR, group_steps, prime_streams, step_groups)
+from ..llvm_ir import BYTE_DTYPES, check_array, declare, literal_mode, ll, load_at_arg, v16s, v32b, v8f, v8i
+from ..intrinsics.dots import add_word_products, madd16
+from ..intrinsics.lanes import b_and, b_shr, f_lane, f_scale, f_sub, f_zero, fmadd_v, i_add, i_zero
+from ..intrinsics.load_store import load_b32, load_i8, store_i32x8
+from ..intrinsics.streams import group_steps, prefetch, PREFETCH_MAX_K, PREFETCH_NEAR, prime_streams, step_groups
 
 from ..jitcache import JIT as _NB
-_V4I = ir.VectorType(_i32, 4)
+_V4I = ir.VectorType(ll.i32, 4)
 
 
 def _sh(builder, a, b, idx):
-    return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_i32, len(idx)), idx))
+    return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ll.i32, len(idx)), idx))
 
 
 # ----------------------------------------------------------------------------- intrinsics
@@ -49,19 +50,19 @@ def k4_sv(typingctx, a, off):
     """The 12 packed scale bytes of a Q4_K block at byte ``off`` -> i16x16: lanes 0-7 the 6-bit scales,
     8-15 the 6-bit mins (get_scale_min_k4; ggml's kmask word trick with vector shifts).  Reads 16
     bytes (the last 4 are quants of the same block)."""
-    _check_array(a, _BYTES)
+    check_array(a, BYTE_DTYPES)
     sig = v16s(a, off)
 
     def cg(context, builder, sig, args):
         # 16 bytes from off: dwords u0, u1, u2 (the scale bytes) and 4 bytes of quants (unused)
-        u = _arr_load(context, builder, sig, args, 0, _V4I)
+        u = load_at_arg(context, builder, sig, args, 0, _V4I)
         c = lambda vals: ir.Constant(_V4I, vals)  # noqa: E731
         m6, m4, m2 = 0x3F3F3F3F, 0x0F0F0F0F, 0x03030303
         # [sl, sh, ml, mh] = [u0 & m6, (u2 & m4) | ((u0 >> 6) & m2) << 4, u1 & m6, ((u2 >> 4) & m4) | ((u1 >> 6) & m2) << 4]
         lo = builder.and_(builder.lshr(_sh(builder, u, u, [0, 2, 1, 2]), c([0, 0, 0, 4])), c([m6, m4, m6, m4]))
         hi = builder.shl(builder.and_(builder.lshr(_sh(builder, u, u, [0, 0, 1, 1]), c([6, 6, 6, 6])),
                                       c([0, m2, 0, m2])), c([4, 4, 4, 4]))
-        return builder.zext(builder.bitcast(builder.or_(lo, hi), _V16B), _V16S)
+        return builder.zext(builder.bitcast(builder.or_(lo, hi), ll.v16i8), ll.v16i16)
 
     return sig, cg
 
@@ -72,7 +73,7 @@ def sv_bytes(typingctx, sv):
     sig = v32b(sv)
 
     def cg(context, builder, sig, args):
-        b16 = builder.trunc(args[0], _V16B)
+        b16 = builder.trunc(args[0], ll.v16i8)
         return _sh(builder, b16, b16, list(range(16)) * 2)
 
     return sig, cg
@@ -84,7 +85,7 @@ def madd_sb(typingctx, mode, acc, a, b, svd, j):
     scaled dot lanes.  The scale comes from ``sv_bytes``' vector by one vpshufb with a constant mask
     (as ggml's get_scale_shuffle_k4; a constant i16 shuffle of the i16x16 scales costs LLVM a shift
     and a broadcast), vpdpwssd on VNNI."""
-    m = _mode(mode)
+    m = literal_mode(mode)
     if not isinstance(j, types.IntegerLiteral):
         raise TypingError("madd_sb: the scale lane must be a compile-time int")
     lane = j.literal_value
@@ -93,13 +94,11 @@ def madd_sb(typingctx, mode, acc, a, b, svd, j):
     def cg(context, builder, sig, args):
         acc, a, b, svd = args[1:5]
         # byte ``lane`` zero-extended into every i16 (a pshufb index with the high bit set gives 0)
-        mask = ir.Constant(_V32B, [lane, 0x80] * 16)
-        sc = builder.call(_fn(builder, "llvm.x86.avx2.pshuf.b", _V32B, [_V32B, _V32B]), [svd, mask])
-        sc = builder.bitcast(sc, _V16S)
-        p16 = builder.call(_fn(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16S, [_V32B, _V32B]), [a, b])
-        if m == VNNI:
-            return builder.call(_fn(builder, "llvm.x86.avx512.vpdpwssd.256", _V8I, [_V8I, _V16S, _V16S]), [acc, p16, sc])
-        return builder.add(acc, builder.call(_fn(builder, "llvm.x86.avx2.pmadd.wd", _V8I, [_V16S, _V16S]), [p16, sc]))
+        mask = ir.Constant(ll.v32i8, [lane, 0x80] * 16)
+        sc = builder.call(declare(builder, "llvm.x86.avx2.pshuf.b", ll.v32i8, [ll.v32i8, ll.v32i8]), [svd, mask])
+        sc = builder.bitcast(sc, ll.v16i16)
+        p16 = builder.call(declare(builder, "llvm.x86.avx2.pmadd.ub.sw", ll.v16i16, [ll.v32i8, ll.v32i8]), [a, b])
+        return add_word_products(builder, m, acc, p16, sc)
 
     return sig, cg
 
@@ -107,9 +106,9 @@ def madd_sb(typingctx, mode, acc, a, b, svd, j):
 @intrinsic
 def load_i16x16(typingctx, a, off):
     """16 int16 at element ``off`` of an int16 array."""
-    _check_array(a, (types.int16,))
+    check_array(a, (types.int16,))
     sig = v16s(a, off)
-    return sig, lambda context, builder, sig, args: _arr_load(context, builder, sig, args, 0, _V16S)
+    return sig, lambda context, builder, sig, args: load_at_arg(context, builder, sig, args, 0, ll.v16i16)
 
 
 @numba.njit(inline="always")
@@ -162,18 +161,18 @@ def reduce8x2(typingctx, v0, v1, v2, v3, v4, v5, v6, v7):
 def f16x8_pairs(typingctx, a, off, stride):
     """(d, dmin) f32x8 of 8 rows: the two f16 at bytes ``off + r * stride`` (r < 8), each vector
     converted at once (vcvtph2ps; exact)."""
-    _check_array(a, _BYTES)
+    check_array(a, BYTE_DTYPES)
     sig = types.UniTuple(v8f, 2)(a, off, stride)
 
     def cg(context, builder, sig, args):
         ary = context.make_array(sig.args[0])(context, builder, args[0])
-        v = ir.Constant(_V8I, None)
+        v = ir.Constant(ll.v8i32, None)
         for r in range(8):
             o = builder.add(args[1], builder.mul(args[2], ir.Constant(args[2].type, r)))
-            p = builder.bitcast(builder.gep(ary.data, [o]), _i32.as_pointer())
-            v = builder.insert_element(v, builder.load(p, align=1), ir.Constant(_i32, r))
-        d = builder.fpext(builder.bitcast(builder.trunc(v, _V8S), _V8H), _V8F)
-        dm = builder.fpext(builder.bitcast(builder.trunc(builder.lshr(v, ir.Constant(_V8I, [16] * 8)), _V8S), _V8H), _V8F)
+            p = builder.bitcast(builder.gep(ary.data, [o]), ll.i32.as_pointer())
+            v = builder.insert_element(v, builder.load(p, align=1), ir.Constant(ll.i32, r))
+        d = builder.fpext(builder.bitcast(builder.trunc(v, ll.v8i16), ll.v8f16), ll.v8f32)
+        dm = builder.fpext(builder.bitcast(builder.trunc(builder.lshr(v, ir.Constant(ll.v8i32, [16] * 8)), ll.v8i16), ll.v8f16), ll.v8f32)
         return context.make_tuple(builder, sig.return_type, [d, dm])
 
     return sig, cg
@@ -220,7 +219,7 @@ def q4_K_gemv_rows8(mode: int):
         # one allocation per call (the runtime calls it on pieces of 32 rows): the scratch lanes,
         # then the bsum table
         pf = nb * 256 <= PREFETCH_MAX_K
-        # two streams (intrinsics.TWO_STREAMS_MIN): a group of each half, row by row in turn; the
+        # two streams (intrinsics.streams.TWO_STREAMS_MIN): a group of each half, row by row in turn; the
         # lanes of the second group after the bsum table
         lanes = np.empty(nb * 136, np.int32)
         bt = lanes.view(np.int16)
@@ -235,7 +234,7 @@ def q4_K_gemv_rows8(mode: int):
                 for h in range(nh):
                     o = ((ga if h == 0 else gb) + r) * rb
                     for b in range(nb):
-                        if pf:   # every line of the block, as the Q6_K rows (see intrinsics.PREFETCH_NEAR)
+                        if pf:   # every line of the block, as the Q6_K rows (see intrinsics.streams.PREFETCH_NEAR)
                             prefetch(wf, o + b * 144 + PREFETCH_NEAR)
                             prefetch(wf, o + b * 144 + PREFETCH_NEAR + 64)
                             prefetch(wf, o + b * 144 + PREFETCH_NEAR + 128)

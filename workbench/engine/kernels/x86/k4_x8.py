@@ -25,10 +25,12 @@ import numpy as np
 from llvmlite import ir
 from numba.extending import intrinsic
 
-from ..intrinsics import (_BYTES, _i32_vec, _splat, _vector_load, _to_i32, VNNI, b_and, b_shr, bcast_b4,
-                          bcast_b4_16, bcast_i32, concat, dot_us, dot_us16, f_lane, f_scale, f_sub, f_zero, f_zero16,
-                          fmadd_v, i_add, i_mul, i_muls, i_zero, i_zero16, load_b32, prefetch,
-                          prime_streams, PREFETCH_NEAR, stream_halves, v8i)
+from ..llvm_ir import BYTE_DTYPES, i32_vector_type, splat, to_i32, v8i, vector_load_intrinsic, VNNI
+from ..intrinsics.dots import dot_us, dot_us16
+from ..intrinsics.lanes import (b_and, b_shr, concat, f_lane, f_scale, f_sub, f_zero, f_zero16, fmadd_v, i_add, i_mul,
+                                i_muls, i_zero, i_zero16)
+from ..intrinsics.load_store import bcast_b4, bcast_b4_16, bcast_i32, load_b32
+from ..intrinsics.streams import prefetch, PREFETCH_NEAR, prime_streams, stream_halves
 from ..jitcache import JIT as _NB
 from .k4_rows import f16x8_pairs
 
@@ -42,16 +44,16 @@ GROUP = 8 * 144  # one 8-row group's super-block record
 PREFETCH_SPAN = GROUP
 
 
-load_u32x8 = _vector_load("load_u32x8", v8i, _BYTES, "8 little-endian dwords at byte ``off`` of a uint8 array.")
+load_u32x8 = vector_load_intrinsic("load_u32x8", v8i, BYTE_DTYPES, "8 little-endian dwords at byte ``off`` of a uint8 array.")
 
 
 @intrinsic
 def srl_and(typingctx, v, n, mask):
     """(v >> n) & mask per i32 lane (i32x8 or i32x16; n, mask: integer scalars)."""
-    sig = _i32_vec(v)(v, n, mask)
+    sig = i32_vector_type(v)(v, n, mask)
 
     def cg(context, builder, sig, args):
-        n, mask = (_splat(builder, _to_i32(builder, a), args[0].type) for a in args[1:])
+        n, mask = (splat(builder, to_i32(builder, a), args[0].type) for a in args[1:])
         return builder.and_(builder.lshr(args[0], n), mask)
     return sig, cg
 
@@ -59,7 +61,7 @@ def srl_and(typingctx, v, n, mask):
 @intrinsic
 def or_shl4(typingctx, a, b):
     """a | (b << 4) per i32 lane (i32x8 or i32x16)."""
-    sig = _i32_vec(a, b)(a, b)
+    sig = i32_vector_type(a, b)(a, b)
     return sig, lambda context, builder, sig, args: builder.or_(
         args[0], builder.shl(args[1], ir.Constant(args[1].type, [4] * args[1].type.count)))
 
@@ -174,7 +176,7 @@ def gemv_x8(mode: int):
     @numba.njit(inline="always")
     def block(wf, o, xqu, xd, bs, b, acc, accm):
         """Super-block b of one group at byte o: its sums added into acc (scales), accm (mins)."""
-        for j in range(0, PREFETCH_SPAN, 64):   # (see intrinsics.PREFETCH_NEAR)
+        for j in range(0, PREFETCH_SPAN, 64):   # (see intrinsics.streams.PREFETCH_NEAR)
             prefetch(wf, o + PREFETCH_NEAR + j)
         u0, u1, u2 = load_u32x8(wf, o + 32), load_u32x8(wf, o + 64), load_u32x8(wf, o + 96)
         s = i_zero()
@@ -213,7 +215,7 @@ def gemv_x8(mode: int):
         xqu = xq.view(np.uint8)
         bs = _pair_sums(xb.reshape(1, -1), nb).reshape(-1)
         g0, g1 = r0 // 8, (r1 + 7) // 8
-        # two streams (intrinsics.TWO_STREAMS_MIN): a group of each half, super-block by super-block
+        # two streams (intrinsics.streams.TWO_STREAMS_MIN): a group of each half, super-block by super-block
         # (whole groups in turn, 4.6-9 KB apart in time, would leave one stream idle)
         gm = stream_halves(g0, g1, 1, 8 * rb)
         prime_streams(wf, g0, gm, 8 * rb, PREFETCH_NEAR)

@@ -11,14 +11,18 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..intrinsics import (b_and, b_or, b_shl, b_shr, f16_to_f32, f_zero, fmadd_i, hsum_f, i_zero, load_b32, madd_sv,
-                          mins_dot, scales_i8, scales_k4, fma_s, hsum_i, i_sub, q6_offset, reduce4, load_i32x4, load_f32x4,
-                          f4_zero, i4_mul_add, f4_scale, fma4_i, f4_sub, f4_lane, prefetch, PREFETCH_NEAR,
-                          PREFETCH_MAX_K, prime_streams, stream_halves, stream_row)
+from ..intrinsics.dots import madd_sc, madd_sc_s, madd_sv, mins_dot, q2_mins_lanes, q6_offset, scales_i8, scales_k4
+from ..intrinsics.lanes import (b_add, b_and, b_or, b_shl, b_shr, f4_lane, f4_scale, f4_sub, f4_zero, f_zero, fma4_i,
+                                fmadd_i, i4_mul_add, i_add, i_sub, i_zero)
+from ..intrinsics.load_store import load_b32, load_f32x4, load_i32x4
+from ..intrinsics.quant_blocks import k4_lanes512, q6_K_lanes512
+from ..intrinsics.reductions import hsum_f, hsum_i, reduce4
+from ..intrinsics.scalars import f16_to_f32, fma_s
+from ..intrinsics.streams import prefetch, PREFETCH_MAX_K, PREFETCH_NEAR, prime_streams, stream_halves, stream_row
+from ..llvm_ir import VNNI
 
 from . import k4_rows, repack
 from .blocks import _k4_scales
-from ..intrinsics import VNNI, b_add, i_add, madd_sc, madd_sc_s, q2_mins_lanes, q6_K_lanes512, k4_lanes512
 from ..k_quants import q3_K_scale, q3_K_scales
 
 

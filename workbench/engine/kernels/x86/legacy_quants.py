@@ -12,9 +12,14 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..intrinsics import (VNNI, q8_offset, q8_offset_x2, b_add, b_or, dot_ss, dot_us, f16_lead, f16_to_f32, f_zero,
-                          fmadd_i, half_f, hsum_f, i_zero, load_b32, load_bits16, load_i8, load_nib,
-                          pair_q45, f_zero16, prefetch, prefetch_distance, prime_streams, stream_halves, stream_row)
+from ..llvm_ir import VNNI
+from ..intrinsics.dots import dot_ss, dot_us
+from ..intrinsics.lanes import b_add, b_or, f_zero, f_zero16, fmadd_i, half_f, i_zero
+from ..intrinsics.load_store import load_b32, load_i8
+from ..intrinsics.quant_blocks import load_bits16, load_nib, pair_q45, q8_offset, q8_offset_x2
+from ..intrinsics.reductions import hsum_f
+from ..intrinsics.scalars import f16_lead, f16_to_f32
+from ..intrinsics.streams import prefetch, prefetch_distance, prime_streams, stream_halves, stream_row
 
 from . import repack
 
@@ -133,7 +138,7 @@ def kernels(mode: int) -> dict:
 
     def make_pair_matvec(bits, bsz, shift):
         """make_offset_matvec's products on AVX-512, the two rows of a pair in one zmm register
-        (intrinsics.pair_q45): the same lanes, the same chains, the same bits, half the vector
+        (intrinsics.quant_blocks.pair_q45): the same lanes, the same chains, the same bits, half the vector
         instructions for the unpacking, the dot, the conversion and the multiply-add.  A step takes
         a pair from each of the two streams, two independent chains."""
         @numba.njit(**_NB)

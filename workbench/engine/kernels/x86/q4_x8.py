@@ -32,9 +32,11 @@ from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
 from ..cpu import cpu_flags
-from ..intrinsics import (KVALUES_IQ4NL, PREFETCH_NEAR, VNNI, _BYTES, _V16I, _V64B, _V8I, _check_array, _fn, _i32,
-                          _i64, _ptr, _splat, f_lane, f_scale, f_zero, fmadd_v, load_f16x8, prefetch, prime_streams,
-                          stream_halves, v64b, v8i)
+from ..llvm_ir import BYTE_DTYPES, check_array, declare, array_ptr, ll, splat, v64b, v8i, VNNI
+from ..intrinsics.lanes import f_lane, f_scale, f_zero, fmadd_v
+from ..intrinsics.load_store import load_f16x8
+from ..intrinsics.quant_blocks import KVALUES_IQ4NL
+from ..intrinsics.streams import prefetch, PREFETCH_NEAR, prime_streams, stream_halves
 from ..jitcache import JIT as _NB
 from .blocks import pair_movers
 
@@ -43,7 +45,7 @@ REC = 8 * BSZ       # an 8-row group's record of one column of 32 weights
 #: GFNI's affine byte transform moves the high nibbles down in one instruction (a shift and an
 #: AND without it: AVX-512 VNNI CPUs without GFNI, Cascade Lake)
 GFNI = "gfni" in cpu_flags()
-_V8I64 = ir.VectorType(_i64, 8)
+_V8I64 = ir.VectorType(ll.i64, 8)
 _HIGH = ir.Constant(_V8I64, [0x1020408000000000] * 8)   # bits 4-7 -> 0-3 (vgf2p8affineqb's matrix)
 
 
@@ -58,24 +60,24 @@ def nibbles64(typingctx, w, o, half, lut, gfni):
     """The 64 quant bytes at byte o of w as unsigned values: their low nibbles (half 0) or high
     ones (half 1); lut 1: IQ4_NL's grid values + 128 (vpshufb); gfni 1: the high nibbles by GFNI's
     affine transform, else a shift and a mask (all compile-time 0 / 1)."""
-    _check_array(w, _BYTES)
+    check_array(w, BYTE_DTYPES)
     h, lu, gf = _literal(half, "half"), _literal(lut, "lut"), _literal(gfni, "gfni")
     sig = v64b(w, o, half, lut, gfni)
 
     def cg(context, builder, sig, args):
-        raw = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], _V64B), align=1)
+        raw = builder.load(array_ptr(context, builder, sig.args[0], args[0], args[1], ll.v64i8), align=1)
         if h == 0:
-            q = builder.and_(raw, ir.Constant(_V64B, [15] * 64))
+            q = builder.and_(raw, ir.Constant(ll.v64i8, [15] * 64))
         elif gf:
-            aff = _fn(builder, "llvm.x86.vgf2p8affineqb.512", _V64B, [_V64B, _V64B, ir.IntType(8)])
-            q = builder.call(aff, [raw, builder.bitcast(_HIGH, _V64B), ir.Constant(ir.IntType(8), 0)])
+            aff = declare(builder, "llvm.x86.vgf2p8affineqb.512", ll.v64i8, [ll.v64i8, ll.v64i8, ir.IntType(8)])
+            q = builder.call(aff, [raw, builder.bitcast(_HIGH, ll.v64i8), ir.Constant(ir.IntType(8), 0)])
         else:
             q = builder.lshr(builder.bitcast(raw, ir.VectorType(ir.IntType(16), 32)),
                              ir.Constant(ir.VectorType(ir.IntType(16), 32), [4] * 32))
-            q = builder.and_(builder.bitcast(q, _V64B), ir.Constant(_V64B, [15] * 64))
+            q = builder.and_(builder.bitcast(q, ll.v64i8), ir.Constant(ll.v64i8, [15] * 64))
         if lu:
-            table = ir.Constant(_V64B, [(x + 128) & 0xFF for x in KVALUES_IQ4NL] * 4)
-            q = builder.call(_fn(builder, "llvm.x86.avx512.pshuf.b.512", _V64B, [_V64B, _V64B]), [table, q])
+            table = ir.Constant(ll.v64i8, [(x + 128) & 0xFF for x in KVALUES_IQ4NL] * 4)
+            q = builder.call(declare(builder, "llvm.x86.avx512.pshuf.b.512", ll.v64i8, [ll.v64i8, ll.v64i8]), [table, q])
         return q
 
     return sig, cg
@@ -86,25 +88,25 @@ def dots8(typingctx, lo0, hi0, lo1, hi1, xq, xo, ofs):
     """i32x8: lane r = row r's exact integer dot product of a record's quants (lo0 / hi0: the low
     and high nibbles of bytes 0-7 of each row, lo1 / hi1 of bytes 8-15) with the activation block
     xq[xo..xo + 32], plus ofs (the offset term)."""
-    _check_array(xq, _BYTES)
+    check_array(xq, BYTE_DTYPES)
     sig = v8i(lo0, hi0, lo1, hi1, xq, xo, ofs)
 
     def cg(context, builder, sig, args):
         lo0, hi0, lo1, hi1, xa, xo, ofs = args
-        dp = _fn(builder, "llvm.x86.avx512.vpdpbusd.512", _V16I, [_V16I, _V64B, _V64B])
+        dp = declare(builder, "llvm.x86.avx512.vpdpbusd.512", ll.v16i32, [ll.v16i32, ll.v64i8, ll.v64i8])
 
         def run(at):   # activations xo + at .. + 8 in every qword
-            v = builder.load(_ptr(context, builder, sig.args[4], xa, builder.add(xo, ir.Constant(xo.type, at)), _i64),
+            v = builder.load(array_ptr(context, builder, sig.args[4], xa, builder.add(xo, ir.Constant(xo.type, at)), ll.i64),
                              align=1)
-            v8 = builder.insert_element(ir.Constant(_V8I64, ir.Undefined), v, ir.Constant(_i32, 0))
-            return builder.bitcast(builder.shuffle_vector(v8, v8, ir.Constant(_V8I, [0] * 8)), _V64B)
-        s = ir.Constant(_V16I, [0] * 16)
+            v8 = builder.insert_element(ir.Constant(_V8I64, ir.Undefined), v, ir.Constant(ll.i32, 0))
+            return builder.bitcast(builder.shuffle_vector(v8, v8, ir.Constant(ll.v8i32, [0] * 8)), ll.v64i8)
+        s = ir.Constant(ll.v16i32, [0] * 16)
         for q, at in ((lo0, 0), (hi0, 16), (lo1, 8), (hi1, 24)):
             s = builder.call(dp, [s, q, run(at)])
-        t = builder.add(s, builder.shuffle_vector(s, s, ir.Constant(_V16I, [i ^ 1 for i in range(16)])))
-        r = builder.shuffle_vector(t, t, ir.Constant(_V8I, list(range(0, 16, 2))))
-        o32 = builder.trunc(ofs, _i32) if ofs.type.width > 32 else builder.sext(ofs, _i32) if ofs.type.width < 32 else ofs
-        return builder.add(r, _splat(builder, o32, _V8I))
+        t = builder.add(s, builder.shuffle_vector(s, s, ir.Constant(ll.v16i32, [i ^ 1 for i in range(16)])))
+        r = builder.shuffle_vector(t, t, ir.Constant(ll.v8i32, list(range(0, 16, 2))))
+        o32 = builder.trunc(ofs, ll.i32) if ofs.type.width > 32 else builder.sext(ofs, ll.i32) if ofs.type.width < 32 else ofs
+        return builder.add(r, splat(builder, o32, ll.v8i32))
 
     return sig, cg
 

@@ -36,8 +36,9 @@ from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
 from ..cpu import cpu_flags
-from ..intrinsics import (VNNI, _BYTES, _V16I, _V64B, _check_array, _f16, _fn, _i1, _i8, _i32, _i64, _ptr,
-                          copy_bytes, dot_fma16, spread_scales, v8f, v16f, v32b, v64b)
+from ..llvm_ir import BYTE_DTYPES, check_array, declare, array_ptr, ll, v16f, v32b, v64b, v8f, VNNI
+from ..intrinsics.dots import dot_fma16, spread_scales
+from ..intrinsics.load_store import copy_bytes
 from ..jitcache import JIT as _NB
 from ..legacy_quants import dequant_q5_0
 from . import repack
@@ -46,7 +47,7 @@ from .blocks import pair_layout, pair_matvec, pair_movers
 BSZ = 22            # a Q5_0 block
 PAIR = 2 * BSZ      # a pair of rows' blocks of one column of 32 weights
 SHIFT = 4           # log2 of Q5_0's offset (16): the activations' group sums are scaled by it
-_V8I64 = ir.VectorType(_i64, 8)
+_V8I64 = ir.VectorType(ll.i64, 8)
 
 
 #: GFNI's affine byte transform takes a nibble out of each byte in one instruction (the shift and
@@ -58,31 +59,31 @@ _NIBBLES = ir.Constant(_V8I64, [0x0102040800000000] * 4 + [0x1020408000000000] *
 def _step(gfni: bool):
     """The signature and code of a block-pair step (`pair_step`), nibbles by GFNI or shift and mask."""
     def typer(typingctx, acc, w, o, x64, xo, ns, no, xs):
-        _check_array(w, _BYTES)
-        _check_array(x64, _BYTES)
-        _check_array(ns, (types.int32,))
+        check_array(w, BYTE_DTYPES)
+        check_array(x64, BYTE_DTYPES)
+        check_array(ns, (types.int32,))
         sig = v16f(acc, w, o, x64, xo, ns, no, types.float32)
 
         def cg(context, builder, sig, args):
             acc, wa, o, xa, xo, na, no, xs = args
 
             def at(extra, ty):
-                return builder.load(_ptr(context, builder, sig.args[1], wa, builder.add(o, ir.Constant(o.type, extra)),
+                return builder.load(array_ptr(context, builder, sig.args[1], wa, builder.add(o, ir.Constant(o.type, extra)),
                                          ty), align=1)
-            q32 = at(12, ir.VectorType(_i64, 4))           # both rows' nibble bytes, in both 256-bit halves
-            q = builder.shuffle_vector(q32, q32, ir.Constant(ir.VectorType(_i32, 8), [0, 1, 2, 3, 0, 1, 2, 3]))
+            q32 = at(12, ir.VectorType(ll.i64, 4))           # both rows' nibble bytes, in both 256-bit halves
+            q = builder.shuffle_vector(q32, q32, ir.Constant(ir.VectorType(ll.i32, 8), [0, 1, 2, 3, 0, 1, 2, 3]))
             if gfni:     # qwords 0-3 keep each byte's bits 0-3, qwords 4-7 move bits 4-7 down
-                aff = _fn(builder, "llvm.x86.vgf2p8affineqb.512", _V64B, [_V64B, _V64B, _i8])
-                q = builder.call(aff, [builder.bitcast(q, _V64B), builder.bitcast(_NIBBLES, _V64B),
-                                       ir.Constant(_i8, 0)])
+                aff = declare(builder, "llvm.x86.vgf2p8affineqb.512", ll.v64i8, [ll.v64i8, ll.v64i8, ll.i8])
+                q = builder.call(aff, [builder.bitcast(q, ll.v64i8), builder.bitcast(_NIBBLES, ll.v64i8),
+                                       ir.Constant(ll.i8, 0)])
             else:
                 q = builder.lshr(q, ir.Constant(_V8I64, [0, 0, 0, 0, 4, 4, 4, 4]))
-                q = builder.and_(builder.bitcast(q, _V64B), ir.Constant(_V64B, [15] * 64))
-            m = builder.bitcast(at(4, _i64), ir.VectorType(_i1, 64))
-            q = builder.select(m, builder.add(q, ir.Constant(_V64B, [16] * 64)), q)   # one masked add
-            sc = spread_scales(builder, at(0, ir.VectorType(_f16, 4)), xs, ([0] * 4 + [1] * 4) * 2)
-            init = builder.load(_ptr(context, builder, sig.args[5], na, no, _V16I), align=4)
-            x = builder.load(_ptr(context, builder, sig.args[3], xa, xo, _V64B), align=1)
+                q = builder.and_(builder.bitcast(q, ll.v64i8), ir.Constant(ll.v64i8, [15] * 64))
+            m = builder.bitcast(at(4, ll.i64), ir.VectorType(ll.i1, 64))
+            q = builder.select(m, builder.add(q, ir.Constant(ll.v64i8, [16] * 64)), q)   # one masked add
+            sc = spread_scales(builder, at(0, ir.VectorType(ll.f16, 4)), xs, ([0] * 4 + [1] * 4) * 2)
+            init = builder.load(array_ptr(context, builder, sig.args[5], na, no, ll.v16i32), align=4)
+            x = builder.load(array_ptr(context, builder, sig.args[3], xa, xo, ll.v64i8), align=1)
             return dot_fma16(builder, init, q, x, sc, acc)
 
         return sig, cg
@@ -121,7 +122,7 @@ def row_lanes(typingctx, v, r):
     sig = v8f(v, r)
 
     def cg(context, builder, sig, args):
-        return builder.shuffle_vector(args[0], args[0], ir.Constant(ir.VectorType(_i32, 8), idx))
+        return builder.shuffle_vector(args[0], args[0], ir.Constant(ir.VectorType(ll.i32, 8), idx))
 
     return sig, cg
 
@@ -133,31 +134,31 @@ def _row_quants(context, builder, wt, wa, o, r, n):
     i64 = o.type
 
     def at(off, ty):
-        return builder.load(_ptr(context, builder, wt, wa, off, ty), align=1)
+        return builder.load(array_ptr(context, builder, wt, wa, off, ty), align=1)
     r64 = builder.sext(r, i64) if r.type.width < 64 else r
-    nib = at(builder.add(o, builder.add(ir.Constant(i64, 12), builder.mul(r64, ir.Constant(i64, 16)))), ir.VectorType(_i8, 16))
-    q = builder.shuffle_vector(nib, nib, ir.Constant(ir.VectorType(_i32, n), list(range(16)) * (n // 16)))
-    vi = ir.VectorType(_i32, n // 4)
+    nib = at(builder.add(o, builder.add(ir.Constant(i64, 12), builder.mul(r64, ir.Constant(i64, 16)))), ir.VectorType(ll.i8, 16))
+    q = builder.shuffle_vector(nib, nib, ir.Constant(ir.VectorType(ll.i32, n), list(range(16)) * (n // 16)))
+    vi = ir.VectorType(ll.i32, n // 4)
     q = builder.lshr(builder.bitcast(q, vi), ir.Constant(vi, ([0] * 4 + [4] * 4) * (n // 32)))
-    vb = ir.VectorType(_i8, n)
+    vb = ir.VectorType(ll.i8, n)
     q = builder.and_(builder.bitcast(q, vb), ir.Constant(vb, [15] * n))
     # the pair's four u16 of high bits in one load, shifted to row r's: its bits 0-15 then 16-31
-    v = builder.lshr(at(builder.add(o, ir.Constant(i64, 4)), _i64), builder.mul(r64, ir.Constant(i64, 16)))
-    bits = builder.or_(builder.and_(v, ir.Constant(_i64, 0xFFFF)),
-                       builder.and_(builder.lshr(v, ir.Constant(_i64, 16)), ir.Constant(_i64, 0xFFFF0000)))
+    v = builder.lshr(at(builder.add(o, ir.Constant(i64, 4)), ll.i64), builder.mul(r64, ir.Constant(i64, 16)))
+    bits = builder.or_(builder.and_(v, ir.Constant(ll.i64, 0xFFFF)),
+                       builder.and_(builder.lshr(v, ir.Constant(ll.i64, 16)), ir.Constant(ll.i64, 0xFFFF0000)))
     if n == 64:
-        bits = builder.or_(bits, builder.shl(bits, ir.Constant(_i64, 32)))
+        bits = builder.or_(bits, builder.shl(bits, ir.Constant(ll.i64, 32)))
     else:
-        bits = builder.trunc(bits, _i32)
-    m = builder.bitcast(bits, ir.VectorType(_i1, n))
+        bits = builder.trunc(bits, ll.i32)
+    m = builder.bitcast(bits, ir.VectorType(ll.i1, n))
     return builder.select(m, builder.or_(q, ir.Constant(vb, [16] * n)), q)
 
 
 @intrinsic
 def row_x2(typingctx, w, o, r):
     """Row r's quants of the block pair at byte o in both 256-bit halves of a zmm register (the
-    prompt tiles' two columns), as `intrinsics.unpack_q45x2` gives a file-layout block's."""
-    _check_array(w, _BYTES)
+    prompt tiles' two columns), as `intrinsics.quant_blocks.unpack_q45x2` gives a file-layout block's."""
+    check_array(w, BYTE_DTYPES)
     sig = v64b(w, o, r)
     return sig, lambda context, builder, sig, args: _row_quants(context, builder, sig.args[0], *args, 64)
 
@@ -165,7 +166,7 @@ def row_x2(typingctx, w, o, r):
 @intrinsic
 def row_x1(typingctx, w, o, r):
     """Row r's quants of the block pair at byte o in a ymm register (a tile's leftover columns)."""
-    _check_array(w, _BYTES)
+    check_array(w, BYTE_DTYPES)
     sig = v32b(w, o, r)
     return sig, lambda context, builder, sig, args: _row_quants(context, builder, sig.args[0], *args, 32)
 

@@ -17,7 +17,7 @@ block, 68 bytes (the two blocks'):
     d0, d1 (f16) | row 0's 32 quants | row 1's 32 quants
 
 Lanes 0-7 of the register are row 0's f32x8 chain (lane j: weights 4j..4j+3, as ggml's), 8-15 row
-1's; the quants are offset by 128 (`intrinsics.q8_offset`) with the activation's group sums << 7
+1's; the quants are offset by 128 (`intrinsics.quant_blocks.q8_offset`) with the activation's group sums << 7
 as the dot's initial lanes: the same exact integer sums as ggml's sign trick (the activations'
 quants lie in -127..127). Every lane does what its row's chain does in the file's layout (the
 same dot, conversion, scale product and FMA), and each row's hsum takes its 8 lanes in ggml's
@@ -36,8 +36,10 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from ..intrinsics import (VNNI, _BYTES, _V16I, _V64B, _check_array, _f16, _i32, _ptr, _q8_offset, dot_fma16, half_f,
-                          spread_scales, v16f, v32b, v64b)
+from ..llvm_ir import BYTE_DTYPES, check_array, array_ptr, ll, v16f, v32b, v64b, VNNI
+from ..intrinsics.dots import dot_fma16, spread_scales
+from ..intrinsics.lanes import half_f
+from ..intrinsics.quant_blocks import q8_offset_bytes
 from . import repack
 from .blocks import pair_layout, pair_matvec, pair_movers
 
@@ -51,21 +53,21 @@ def pair_step(typingctx, acc, w, o, xq, xo, n4, no, xs):
     """acc + float(dot) * (d * xs) for the block pair at byte o of a Q8_0_x2 matrix, lane-wise as
     each row's f32x8 chain in the file's layout; xq[xo..+32], n4[no..+8]: the activation block and
     its group sums (negated, as `quantize_q8_0` gives them)."""
-    _check_array(w, _BYTES)
-    _check_array(n4, (types.int32,))
+    check_array(w, BYTE_DTYPES)
+    check_array(n4, (types.int32,))
     sig = v16f(acc, w, o, xq, xo, n4, no, types.float32)
 
     def cg(context, builder, sig, args):
         acc, wa, o, xa, xo, na, no, xs = args
-        q = builder.load(_ptr(context, builder, sig.args[1], wa, builder.add(o, ir.Constant(o.type, 4)), _V64B),
+        q = builder.load(array_ptr(context, builder, sig.args[1], wa, builder.add(o, ir.Constant(o.type, 4)), ll.v64i8),
                          align=1)
-        q = builder.xor(q, ir.Constant(_V64B, [-128] * 64))   # both rows' quants + 128
-        x = builder.load(_ptr(context, builder, sig.args[3], xa, xo, ir.VectorType(ir.IntType(8), 32)), align=1)
-        x = builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(_i32, 64), list(range(32)) * 2))
-        s8 = builder.load(_ptr(context, builder, sig.args[5], na, no, ir.VectorType(_i32, 8)), align=4)
-        init = builder.shl(builder.shuffle_vector(s8, s8, ir.Constant(ir.VectorType(_i32, 16), list(range(8)) * 2)),
-                           ir.Constant(_V16I, [SHIFT] * 16))
-        h4 = builder.load(_ptr(context, builder, sig.args[1], wa, o, ir.VectorType(_f16, 4)), align=1)
+        q = builder.xor(q, ir.Constant(ll.v64i8, [-128] * 64))   # both rows' quants + 128
+        x = builder.load(array_ptr(context, builder, sig.args[3], xa, xo, ir.VectorType(ir.IntType(8), 32)), align=1)
+        x = builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(ll.i32, 64), list(range(32)) * 2))
+        s8 = builder.load(array_ptr(context, builder, sig.args[5], na, no, ir.VectorType(ll.i32, 8)), align=4)
+        init = builder.shl(builder.shuffle_vector(s8, s8, ir.Constant(ir.VectorType(ll.i32, 16), list(range(8)) * 2)),
+                           ir.Constant(ll.v16i32, [SHIFT] * 16))
+        h4 = builder.load(array_ptr(context, builder, sig.args[1], wa, o, ir.VectorType(ll.f16, 4)), align=1)
         sc = spread_scales(builder, h4, xs, [0] * 8 + [1] * 8)   # (the halves after d0, d1: quants)
         return dot_fma16(builder, init, q, x, sc, acc)
 
@@ -74,25 +76,25 @@ def pair_step(typingctx, acc, w, o, xq, xo, n4, no, xs):
 
 def _row_quants(context, builder, sig, args, halves):
     """Row r's 32 quants + 128 of the block pair at byte o (args: w, o, r) in `halves` 256-bit
-    halves, as `intrinsics.q8_offset(_x2)` gives a file-layout block's."""
+    halves, as `intrinsics.quant_blocks.q8_offset(_x2)` gives a file-layout block's."""
     w, o, r = args
     r64 = builder.sext(r, o.type) if r.type.width < o.type.width else r
     at = builder.add(o, builder.add(ir.Constant(o.type, 2), builder.mul(r64, ir.Constant(o.type, 32))))
-    return _q8_offset(context, builder, sig, [w, at], halves)
+    return q8_offset_bytes(context, builder, sig, [w, at], halves)
 
 
 @intrinsic
 def row_x2(typingctx, w, o, r):
     """Row r's quants of the block pair at byte o in both 256-bit halves of a zmm register (the
     prompt tiles' two columns)."""
-    _check_array(w, _BYTES)
+    check_array(w, BYTE_DTYPES)
     return v64b(w, o, r), lambda context, builder, sig, args: _row_quants(context, builder, sig, args, 2)
 
 
 @intrinsic
 def row_x1(typingctx, w, o, r):
     """Row r's quants of the block pair at byte o in a ymm register (a tile's leftover columns)."""
-    _check_array(w, _BYTES)
+    check_array(w, BYTE_DTYPES)
     return v32b(w, o, r), lambda context, builder, sig, args: _row_quants(context, builder, sig, args, 1)
 
 

@@ -1,6 +1,6 @@
 """Repacked / tiled prompt kernels (ggml-cpu's repack.cpp and tinyBLAS counterparts).
 
-Each factory closes over ``mode`` (intrinsics.AVX2 or intrinsics.VNNI) like the family modules and
+Each factory closes over ``mode`` (llvm_ir.AVX2 or llvm_ir.VNNI) like the family modules and
 returns kernels that regroup weights or activations once per call so the inner loop has no
 horizontal sums: Q4_0/Q5_0 register tiles of 2 rows x 8 columns over regrouped activations, and Q4_K /
 Q6_K with 8 weight rows in the lanes of a vector.  Per output the float order is that of the family
@@ -11,13 +11,18 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..intrinsics import (VNNI, dot_us16, f_zero16, half_f, load_b64, load_i16, scale16, unpack_q45x2,
-                          i_zero16, load_f32x16, madd_bcast16, offset_step16, sub_dot16,
-                          quants_unsigned, store_fields16, transpose_words,
-                          dot_ss, f4_make, reduce4, f4_zero, fma4_i, fma_s, hsum_i, f4_lane, dot_us, f16_to_f32, f_zero,
-                          fmadd_i, hsum_f, i_zero, load_b32, load_f32x8, load_i8,
-                          ld_u32, i_sub, load_f32x4, f4_scale, i_shl, fmadd_im, store_f32x4, bcast_b4, bcast_i32, madd16,
-                          i_add, i_mul, fmadd_v, f_scale, f_sub, f_lane, fma_sv, stream_halves, stream_row, tiled_min_step)
+from ..llvm_ir import VNNI
+from ..intrinsics.dots import dot_ss, dot_us, dot_us16, madd16, madd_bcast16, offset_step16, sub_dot16, tiled_min_step
+from ..intrinsics.lanes import (f4_lane, f4_make, f4_scale, f4_zero, f_lane, f_scale, f_sub, f_zero, f_zero16, fma4_i,
+                                fma_sv, fmadd_i, fmadd_im, fmadd_v, half_f, i_add, i_mul, i_shl, i_sub, i_zero,
+                                i_zero16, scale16)
+from ..intrinsics.load_store import (bcast_b4, bcast_i32, load_b32, load_b64, load_f32x16, load_f32x4, load_f32x8,
+                                     load_i16, load_i8, store_f32x4)
+from ..intrinsics.quant_blocks import unpack_q45x2
+from ..intrinsics.reductions import hsum_f, hsum_i, reduce4
+from ..intrinsics.regroup import quants_unsigned, store_fields16, transpose_words
+from ..intrinsics.scalars import f16_to_f32, fma_s, ld_u32
+from ..intrinsics.streams import stream_halves, stream_row
 
 from .blocks import _block_scales, _k4_scales
 from .rows_lowbit import iq4_xs_scales, pairs_of, q3_scales_m32
@@ -243,7 +248,7 @@ def _unpack_q45_x2(bits):
 
 
 def q0_matmat_pairs(unpack, unpack2, bsz, shift):
-    """q0_matmat on AVX-512 (also Q8_0's, its quants offset by 128: `intrinsics.q8_offset`; unpack2:
+    """q0_matmat on AVX-512 (also Q8_0's, its quants offset by 128: `intrinsics.quant_blocks.q8_offset`; unpack2:
     a block's unsigned quants in both halves of a zmm register, unpack: in a ymm one, for the
     columns a tile leaves). The same tiles of 2 rows x 8 columns, two columns of a row in one zmm
     register (lanes 0-7 the first column's f32x8 chain, 8-15 the second's): a tile's two adjacent
@@ -846,7 +851,7 @@ def q4_K_gemv_rows8(mode, q5=False):
 
     q5: Q5_K rows in ggml's tiled matmul order instead (llama.cpp never repacks Q5_K on x86; a prompt's
     outputs take it from 8 columns): per output and super-block r = f32(S) * d_w, r = fma(-dmin,
-    f32(M), r), out = fma(r, d_x, out) (`intrinsics.tiled_min_step`, lane-wise), the quants regrouped
+    f32(M), r), out = fma(r, d_x, out) (`intrinsics.dots.tiled_min_step`, lane-wise), the quants regrouped
     with their fifth bits. `k_quants`' per-row code did that one output at a time with a horizontal
     sum each: 32 GFLOP/s at K = 2048 (n = 64) on the AMD EPYC Zen 5 host, 214-221 here."""
     @numba.njit(inline="always")

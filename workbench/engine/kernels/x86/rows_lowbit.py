@@ -35,13 +35,15 @@ from numba import types
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
-from ..intrinsics import (VNNI, _V16B, _V16I, _V16S, _V32B, _V64B, _V8I, _both_halves, _bits, _check_array, _fn,
-                          _fold16, _i16, _i32, _i64, _mode, _ptr, _scale_words, _word_ops, _BYTES,
-                          b_and, b_or, b_shl, b_shr, dot_ss, dot_us, f16_to_f32, f_sub, f_scale, f_zero,
-                          fmadd_i, fmadd_v, hsum_f, i_add, i_zero, load_b32, load_i8, load_nib,
-                          lut_iq4nl, madd_sv, KVALUES_IQ4NL, q2_mins_lanes, v16s, v32b, v8i, group_steps,
-                          step_groups, stream_halves, stream_row)
-from ..intrinsics import gather_f16x8, store_f32x8, store_i32x8
+from ..llvm_ir import BYTE_DTYPES, check_array, declare, array_ptr, literal_mode, ll, v16s, v32b, v8i, VNNI
+from ..intrinsics.dots import add_word_products, dot_ss, dot_us, madd_sv, q2_mins_lanes
+from ..intrinsics.lanes import b_and, b_or, b_shl, b_shr, f_scale, f_sub, f_zero, fmadd_i, fmadd_v, i_add, i_zero
+from ..intrinsics.load_store import gather_f16x8, load_b32, load_i8, store_f32x8, store_i32x8
+from ..intrinsics.quant_blocks import (bits_per_half, both_halves, fold16, KVALUES_IQ4NL, load_nib, lut_iq4nl,
+                                       scale_words, word_ops)
+from ..intrinsics.reductions import hsum_f
+from ..intrinsics.scalars import f16_to_f32
+from ..intrinsics.streams import group_steps, step_groups, stream_halves, stream_row
 
 from ..jitcache import JIT as _NB
 f32 = np.float32
@@ -54,7 +56,7 @@ def madd_svs(typingctx, mode, acc, a, b, sv, i0, i1):
     16-31 by lane i1 (compile-time ints), for SIGNED a: vpabsb / vpsignb, pmaddubsw (exact while
     2 * |a| * 128 < 32768), then pmaddwd / vpdpwssd with the shuffled scales (ggml's mul_add_epi8 +
     madd_epi16).  Per lane the same integer as madd_sc_s or dot_ss times a scale."""
-    m = _mode(mode)
+    m = literal_mode(mode)
     if not isinstance(i0, types.IntegerLiteral) or not isinstance(i1, types.IntegerLiteral):
         raise TypingError("madd_svs lanes must be compile-time ints")
     j0, j1 = i0.literal_value, i1.literal_value
@@ -62,13 +64,11 @@ def madd_svs(typingctx, mode, acc, a, b, sv, i0, i1):
 
     def cg(context, builder, sig, args):
         acc, a, b, sv = args[1:5]
-        absa = builder.call(_fn(builder, "llvm.abs.v32i8", _V32B, [_V32B, ir.IntType(1)]), [a, ir.Constant(ir.IntType(1), 0)])
-        sb = builder.call(_fn(builder, "llvm.x86.avx2.psign.b", _V32B, [_V32B, _V32B]), [b, a])
-        p16 = builder.call(_fn(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16S, [_V32B, _V32B]), [absa, sb])
-        sc = builder.shuffle_vector(sv, sv, ir.Constant(ir.VectorType(_i32, 16), [j0] * 8 + [j1] * 8))
-        if m == VNNI:
-            return builder.call(_fn(builder, "llvm.x86.avx512.vpdpwssd.256", _V8I, [_V8I, _V16S, _V16S]), [acc, p16, sc])
-        return builder.add(acc, builder.call(_fn(builder, "llvm.x86.avx2.pmadd.wd", _V8I, [_V16S, _V16S]), [p16, sc]))
+        absa = builder.call(declare(builder, "llvm.abs.v32i8", ll.v32i8, [ll.v32i8, ir.IntType(1)]), [a, ir.Constant(ir.IntType(1), 0)])
+        sb = builder.call(declare(builder, "llvm.x86.avx2.psign.b", ll.v32i8, [ll.v32i8, ll.v32i8]), [b, a])
+        p16 = builder.call(declare(builder, "llvm.x86.avx2.pmadd.ub.sw", ll.v16i16, [ll.v32i8, ll.v32i8]), [absa, sb])
+        sc = builder.shuffle_vector(sv, sv, ir.Constant(ir.VectorType(ll.i32, 16), [j0] * 8 + [j1] * 8))
+        return add_word_products(builder, m, acc, p16, sc)
 
     return sig, cg
 
@@ -76,12 +76,12 @@ def madd_svs(typingctx, mode, acc, a, b, sv, i0, i1):
 @intrinsic
 def q2_scales(typingctx, a, off):
     """i16x16 of the 16 Q2_K sub-block scales (low nibbles of the 16 bytes at ``off``)."""
-    _check_array(a, _BYTES)
+    check_array(a, BYTE_DTYPES)
     sig = v16s(a, off)
 
     def cg(context, builder, sig, args):
-        raw = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], _V16B), align=1)
-        return builder.zext(builder.and_(raw, ir.Constant(_V16B, [15] * 16)), _V16S)
+        raw = builder.load(array_ptr(context, builder, sig.args[0], args[0], args[1], ll.v16i8), align=1)
+        return builder.zext(builder.and_(raw, ir.Constant(ll.v16i8, [15] * 16)), ll.v16i16)
 
     return sig, cg
 
@@ -91,24 +91,24 @@ def q3_scales_m32(typingctx, a, off):
     """i16x16 of the 16 Q3_K scales minus 32 of the super-block at byte ``off`` (`k_quants.q3_K_scales`,
     ggml's kmask unpacking) in vector registers: the low nibbles of bytes 96-103 then their high
     nibbles, each with two bits of the word at 104 shifted by 0, 2, 4, 6 per group of four."""
-    _check_array(a, _BYTES)
+    check_array(a, BYTE_DTYPES)
     sig = v16s(a, off)
 
     def cg(context, builder, sig, args):
-        V2Q, V4I = ir.VectorType(_i64, 2), ir.VectorType(_i32, 4)
-        lo8 = builder.load(_ptr(context, builder, sig.args[0], args[0], builder.add(args[1], ir.Constant(args[1].type, 96)),
-                                _i64), align=1)
-        hi4 = builder.load(_ptr(context, builder, sig.args[0], args[0], builder.add(args[1], ir.Constant(args[1].type, 104)),
-                                _i32), align=1)
-        lo = builder.insert_element(ir.Constant(V2Q, None), lo8, ir.Constant(_i32, 0))
-        lo = builder.lshr(builder.shuffle_vector(lo, lo, ir.Constant(ir.VectorType(_i32, 2), [0, 0])),
+        V2Q, V4I = ir.VectorType(ll.i64, 2), ir.VectorType(ll.i32, 4)
+        lo8 = builder.load(array_ptr(context, builder, sig.args[0], args[0], builder.add(args[1], ir.Constant(args[1].type, 96)),
+                                ll.i64), align=1)
+        hi4 = builder.load(array_ptr(context, builder, sig.args[0], args[0], builder.add(args[1], ir.Constant(args[1].type, 104)),
+                                ll.i32), align=1)
+        lo = builder.insert_element(ir.Constant(V2Q, None), lo8, ir.Constant(ll.i32, 0))
+        lo = builder.lshr(builder.shuffle_vector(lo, lo, ir.Constant(ir.VectorType(ll.i32, 2), [0, 0])),
                           ir.Constant(V2Q, [0, 4]))
-        lo = builder.and_(builder.bitcast(lo, _V16B), ir.Constant(_V16B, [15] * 16))
-        hi = builder.insert_element(ir.Constant(V4I, None), hi4, ir.Constant(_i32, 0))
+        lo = builder.and_(builder.bitcast(lo, ll.v16i8), ir.Constant(ll.v16i8, [15] * 16))
+        hi = builder.insert_element(ir.Constant(V4I, None), hi4, ir.Constant(ll.i32, 0))
         hi = builder.lshr(builder.shuffle_vector(hi, hi, ir.Constant(V4I, [0] * 4)), ir.Constant(V4I, [0, 2, 4, 6]))
-        hi = builder.shl(builder.and_(builder.bitcast(hi, _V16B), ir.Constant(_V16B, [3] * 16)),
-                         ir.Constant(_V16B, [4] * 16))
-        return builder.sub(builder.zext(builder.or_(lo, hi), _V16S), ir.Constant(_V16S, [32] * 16))
+        hi = builder.shl(builder.and_(builder.bitcast(hi, ll.v16i8), ir.Constant(ll.v16i8, [3] * 16)),
+                         ir.Constant(ll.v16i8, [4] * 16))
+        return builder.sub(builder.zext(builder.or_(lo, hi), ll.v16i16), ir.Constant(ll.v16i16, [32] * 16))
 
     return sig, cg
 
@@ -117,25 +117,25 @@ def q3_scales_m32(typingctx, a, off):
 def iq4_xs_scales(typingctx, a, off):
     """i16x16, lanes 0-7 = ls_j - 32 of the IQ4_XS super-block at byte ``off`` (6-bit scales: low
     nibbles at off + 4, two high bits each in the u16 at off + 2), lanes 8-15 a copy."""
-    _check_array(a, _BYTES)
+    check_array(a, BYTE_DTYPES)
     sig = v16s(a, off)
 
     def cg(context, builder, sig, args):
         ary = context.make_array(sig.args[0])(context, builder, args[0])
         pl = builder.bitcast(builder.gep(ary.data, [builder.add(args[1], ir.Constant(args[1].type, 4))]),
                              ir.VectorType(ir.IntType(8), 4).as_pointer())
-        ph = builder.bitcast(builder.gep(ary.data, [builder.add(args[1], ir.Constant(args[1].type, 2))]), _i16.as_pointer())
-        V8S = ir.VectorType(_i16, 8)
+        ph = builder.bitcast(builder.gep(ary.data, [builder.add(args[1], ir.Constant(args[1].type, 2))]), ll.i16.as_pointer())
+        V8S = ir.VectorType(ll.i16, 8)
         lo4 = builder.load(pl, align=1)
-        lo8 = builder.zext(builder.shuffle_vector(lo4, lo4, ir.Constant(ir.VectorType(_i32, 8), [0, 0, 1, 1, 2, 2, 3, 3])), V8S)
+        lo8 = builder.zext(builder.shuffle_vector(lo4, lo4, ir.Constant(ir.VectorType(ll.i32, 8), [0, 0, 1, 1, 2, 2, 3, 3])), V8S)
         lo = builder.and_(builder.lshr(lo8, ir.Constant(V8S, [0, 4] * 4)), ir.Constant(V8S, [15] * 8))
         h = builder.load(ph, align=1)
-        hv = builder.insert_element(ir.Constant(V8S, None), h, ir.Constant(_i32, 0))
-        hv = builder.shuffle_vector(hv, hv, ir.Constant(ir.VectorType(_i32, 8), [0] * 8))
+        hv = builder.insert_element(ir.Constant(V8S, None), h, ir.Constant(ll.i32, 0))
+        hv = builder.shuffle_vector(hv, hv, ir.Constant(ir.VectorType(ll.i32, 8), [0] * 8))
         hi = builder.shl(builder.and_(builder.lshr(hv, ir.Constant(V8S, [0, 2, 4, 6, 8, 10, 12, 14])),
                                       ir.Constant(V8S, [3] * 8)), ir.Constant(V8S, [4] * 8))
         s8 = builder.sub(builder.or_(lo, hi), ir.Constant(V8S, [32] * 8))
-        return builder.shuffle_vector(s8, s8, ir.Constant(ir.VectorType(_i32, 16), list(range(8)) * 2))
+        return builder.shuffle_vector(s8, s8, ir.Constant(ir.VectorType(ll.i32, 16), list(range(8)) * 2))
 
     return sig, cg
 
@@ -145,21 +145,21 @@ def pairs_of(typingctx, v):
     """i16x16 [v0, v0, v1, v1, ..., v7, v7]: IQ4_XS's 8 scales (`iq4_xs_scales`) once per 16-element half."""
     sig = v16s(v)
     return sig, lambda context, builder, sig, args: builder.shuffle_vector(
-        args[0], args[0], ir.Constant(ir.VectorType(_i32, 16), [j // 2 for j in range(16)]))
+        args[0], args[0], ir.Constant(ir.VectorType(ll.i32, 16), [j // 2 for j in range(16)]))
 
 
 @intrinsic
 def load_2x16(typingctx, a, off0, off1):
     """32 bytes: the 16 at byte off0 of a uint8 array in the low half, the 16 at off1 in the high half
     (vinserti128): the same block of two rows in one vector."""
-    _check_array(a, _BYTES)
+    check_array(a, BYTE_DTYPES)
     sig = v32b(a, types.intp, types.intp)
 
     def cg(context, builder, sig, args):
         ary = context.make_array(sig.args[0])(context, builder, args[0])
-        lo = builder.load(builder.bitcast(builder.gep(ary.data, [args[1]]), _V16B.as_pointer()), align=1)
-        hi = builder.load(builder.bitcast(builder.gep(ary.data, [args[2]]), _V16B.as_pointer()), align=1)
-        return builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_i32, 32), list(range(32))))
+        lo = builder.load(builder.bitcast(builder.gep(ary.data, [args[1]]), ll.v16i8.as_pointer()), align=1)
+        hi = builder.load(builder.bitcast(builder.gep(ary.data, [args[2]]), ll.v16i8.as_pointer()), align=1)
+        return builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(ll.i32, 32), list(range(32))))
 
     return sig, cg
 
@@ -170,8 +170,8 @@ def lut_iq4nl_u(typingctx, v):
     sig = v32b(v)
 
     def cg(context, builder, sig, args):
-        table = ir.Constant(_V32B, [(x + 128) & 0xFF for x in KVALUES_IQ4NL] * 2)
-        return builder.call(_fn(builder, "llvm.x86.avx2.pshuf.b", _V32B, [_V32B, _V32B]), [table, args[0]])
+        table = ir.Constant(ll.v32i8, [(x + 128) & 0xFF for x in KVALUES_IQ4NL] * 2)
+        return builder.call(declare(builder, "llvm.x86.avx2.pshuf.b", ll.v32i8, [ll.v32i8, ll.v32i8]), [table, args[0]])
 
     return sig, cg
 
@@ -182,22 +182,20 @@ def madd_off(typingctx, mode, acc, a, b, o16, oi, sv, i0, i1):
     i16x16 ``sv`` (elements 0-15) and i1 (elements 16-31): unsigned quants a with their offset
     removed in the i16 pair sums (o16: the offset times each pair's activation sum), exact while
     |pairs| < 32768; the same integers as the sign trick on the signed quants."""
-    m = _mode(mode)
+    m = literal_mode(mode)
     if not isinstance(i0, types.IntegerLiteral) or not isinstance(i1, types.IntegerLiteral):
         raise TypingError("madd_off lanes must be compile-time ints")
-    _check_array(o16, (types.int16,))
+    check_array(o16, (types.int16,))
     j0, j1 = i0.literal_value, i1.literal_value
     sig = v8i(mode, acc, a, b, o16, oi, sv, i0, i1)
 
     def cg(context, builder, sig, args):
         acc, a, b, o16, oi, sv = args[1:7]
-        p16 = builder.call(_fn(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16S, [_V32B, _V32B]), [a, b])
-        off = builder.load(_ptr(context, builder, sig.args[4], o16, oi, _V16S), align=2)
+        p16 = builder.call(declare(builder, "llvm.x86.avx2.pmadd.ub.sw", ll.v16i16, [ll.v32i8, ll.v32i8]), [a, b])
+        off = builder.load(array_ptr(context, builder, sig.args[4], o16, oi, ll.v16i16), align=2)
         p16 = builder.sub(p16, off)
-        sc = builder.shuffle_vector(sv, sv, ir.Constant(ir.VectorType(_i32, 16), [j0] * 8 + [j1] * 8))
-        if m == VNNI:
-            return builder.call(_fn(builder, "llvm.x86.avx512.vpdpwssd.256", _V8I, [_V8I, _V16S, _V16S]), [acc, p16, sc])
-        return builder.add(acc, builder.call(_fn(builder, "llvm.x86.avx2.pmadd.wd", _V8I, [_V16S, _V16S]), [p16, sc]))
+        sc = builder.shuffle_vector(sv, sv, ir.Constant(ir.VectorType(ll.i32, 16), [j0] * 8 + [j1] * 8))
+        return add_word_products(builder, m, acc, p16, sc)
 
     return sig, cg
 
@@ -210,7 +208,7 @@ def madd_off(typingctx, mode, acc, a, b, o16, oi, sv, i0, i1):
 # so the float steps after them are untouched. The ymm code was compute-bound at 22-23 GB/s for
 # all three from the L2 and from memory alike (kernels_bench K = 2048, AMD EPYC Zen 5, one core).
 def _pshufb512(builder, table, idx):
-    return builder.call(_fn(builder, "llvm.x86.avx512.pshuf.b.512", _V64B, [_V64B, _V64B]), [table, idx])
+    return builder.call(declare(builder, "llvm.x86.avx512.pshuf.b.512", ll.v64i8, [ll.v64i8, ll.v64i8]), [table, idx])
 
 
 @intrinsic
@@ -221,29 +219,29 @@ def q2_lanes512(typingctx, a, o, xq, xo):
     64-byte table (byte 4i + v of 128-bit lane L: sc[8 half + 2i + L % 2] * v, the sub-blocks of
     each lane) and one vpdpbusd against 64 consecutive activations: per i32 lane the integer of
     pmaddubsw(q, x) then pmaddwd by the scale."""
-    _check_array(a, _BYTES)
-    _check_array(xq, _BYTES)
+    check_array(a, BYTE_DTYPES)
+    check_array(xq, BYTE_DTYPES)
     sig = v8i(a, o, xq, xo)
 
     def cg(context, builder, sig, args):
         wa, o, xa, xo = args
-        at, _mub, _dpw = _word_ops(context, builder, o)
-        dp = _fn(builder, "llvm.x86.avx512.vpdpbusd.512", _V16I, [_V16I, _V64B, _V64B])
-        sc = builder.and_(at(wa, sig.args[0], o, 0, _V16B), ir.Constant(_V16B, [15] * 16))
-        acc = ir.Constant(_V16I, [0] * 16)
+        at, _mub, _dpw = word_ops(context, builder, o)
+        dp = declare(builder, "llvm.x86.avx512.vpdpbusd.512", ll.v16i32, [ll.v16i32, ll.v64i8, ll.v64i8])
+        sc = builder.and_(at(wa, sig.args[0], o, 0, ll.v16i8), ir.Constant(ll.v16i8, [15] * 16))
+        acc = ir.Constant(ll.v16i32, [0] * 16)
         for h in range(2):
             idx = [8 * h + 2 * (p // 4) + L % 2 for L in range(4) for p in range(16)]
-            rep = builder.shuffle_vector(sc, sc, ir.Constant(ir.VectorType(_i32, 64), idx))
-            one = builder.and_(rep, ir.Constant(_V64B, [0, 255, 0, 255] * 16))
-            two = builder.and_(builder.add(rep, rep), ir.Constant(_V64B, [0, 0, 255, 255] * 16))
+            rep = builder.shuffle_vector(sc, sc, ir.Constant(ir.VectorType(ll.i32, 64), idx))
+            one = builder.and_(rep, ir.Constant(ll.v64i8, [0, 255, 0, 255] * 16))
+            two = builder.and_(builder.add(rep, rep), ir.Constant(ll.v64i8, [0, 0, 255, 255] * 16))
             table = builder.add(one, two)                  # byte 4i + v of lane L: sc[8h + 2i + L % 2] * v
-            raw = _both_halves(builder, at, wa, sig.args[0], o, 16 + 32 * h)
+            raw = both_halves(builder, at, wa, sig.args[0], o, 16 + 32 * h)
             for p in range(2):
-                q = _bits(builder, raw, (4 * p, 4 * p + 2), 3)
-                q = builder.or_(q, ir.Constant(_V64B, [8 * p] * 32 + [8 * p + 4] * 32))
-                x = at(xa, sig.args[2], xo, 128 * h + 64 * p, _V64B)
+                q = bits_per_half(builder, raw, (4 * p, 4 * p + 2), 3)
+                q = builder.or_(q, ir.Constant(ll.v64i8, [8 * p] * 32 + [8 * p + 4] * 32))
+                x = at(xa, sig.args[2], xo, 128 * h + 64 * p, ll.v64i8)
                 acc = builder.call(dp, [acc, _pshufb512(builder, table, q), x])
-        return _fold16(builder, acc)
+        return fold16(builder, acc)
 
     return sig, cg
 
@@ -255,33 +253,33 @@ def q3_lanes512(typingctx, a, o, xq, xo, sv, o16):
     sum (`_pair_offsets(xq, 4)`). Two quarters a zmm register: the low bits and the high bit
     shifted per half (into bit 2: + 4), pmaddubsw of the unsigned quants, the offset pairs
     subtracted, one vpdpwssd by four sub-blocks' scales."""
-    _check_array(a, _BYTES)
-    _check_array(xq, _BYTES)
-    _check_array(o16, (types.int16,))
+    check_array(a, BYTE_DTYPES)
+    check_array(xq, BYTE_DTYPES)
+    check_array(o16, (types.int16,))
     sig = v8i(a, o, xq, xo, sv, o16)
 
     def cg(context, builder, sig, args):
         wa, o, xa, xo, sv, oa = args
-        at, mub, dpw = _word_ops(context, builder, o)
-        hm = _both_halves(builder, at, wa, sig.args[0], o, 0)
-        v8q = ir.VectorType(_i64, 8)
-        acc = ir.Constant(_V16I, [0] * 16)
+        at, mub, dpw = word_ops(context, builder, o)
+        hm = both_halves(builder, at, wa, sig.args[0], o, 0)
+        v8q = ir.VectorType(ll.i64, 8)
+        acc = ir.Constant(ll.v16i32, [0] * 16)
         for h in range(2):
-            raw = _both_halves(builder, at, wa, sig.args[0], o, 32 + 32 * h)
+            raw = both_halves(builder, at, wa, sig.args[0], o, 32 + 32 * h)
             for p in range(2):
-                q = _bits(builder, raw, (4 * p, 4 * p + 2), 3)
+                q = bits_per_half(builder, raw, (4 * p, 4 * p + 2), 3)
                 k = 4 * h + 2 * p          # the high bits of this quarter (k + 1: the next) -> bit 2
                 if k >= 2:
                     hb = builder.lshr(hm, ir.Constant(v8q, [k - 2] * 4 + [k - 1] * 4))
                 else:
                     hb = builder.shl(hm, ir.Constant(v8q, [2 - k] * 4 + [1 - k] * 4))
-                q = builder.or_(q, builder.and_(builder.bitcast(hb, _V64B), ir.Constant(_V64B, [4] * 64)))
-                x = at(xa, sig.args[2], xo, 128 * h + 64 * p, _V64B)
+                q = builder.or_(q, builder.and_(builder.bitcast(hb, ll.v64i8), ir.Constant(ll.v64i8, [4] * 64)))
+                x = at(xa, sig.args[2], xo, 128 * h + 64 * p, ll.v64i8)
                 xi = builder.sdiv(builder.add(xo, ir.Constant(xo.type, 128 * h + 64 * p)), ir.Constant(xo.type, 2))
-                off = builder.load(_ptr(context, builder, sig.args[5], oa, xi, ir.VectorType(_i16, 32)), align=2)
+                off = builder.load(array_ptr(context, builder, sig.args[5], oa, xi, ir.VectorType(ll.i16, 32)), align=2)
                 p16 = builder.sub(builder.call(mub, [q, x]), off)
-                acc = builder.call(dpw, [acc, p16, _scale_words(builder, sv, 8 * h + 4 * p)])
-        return _fold16(builder, acc)
+                acc = builder.call(dpw, [acc, p16, scale_words(builder, sv, 8 * h + 4 * p)])
+        return fold16(builder, acc)
 
     return sig, cg
 
@@ -294,33 +292,33 @@ def xs_lanes512(typingctx, a, o, xr, xo, sv):
     and high ones (16-31); the sign trick as ggml's (|q| by one vpshufb, the activations negated
     where the nibble is below 8, IQ4_NL's negative half), pmaddubsw, one vpdpwssd by the four
     scales; lanes 0-3 from the low nibbles' vectors, 4-7 from the high ones'."""
-    _check_array(a, _BYTES)
-    _check_array(xr, _BYTES)
+    check_array(a, BYTE_DTYPES)
+    check_array(xr, BYTE_DTYPES)
     sig = v8i(a, o, xr, xo, sv)
 
     def cg(context, builder, sig, args):
         wa, o, xa, xo, sv = args
-        at, mub, dpw = _word_ops(context, builder, o)
-        absv = ir.Constant(_V64B, [abs(v) for v in KVALUES_IQ4NL] * 4)
-        m15, eight = ir.Constant(_V64B, [15] * 64), ir.Constant(_V64B, [8] * 64)
-        zero = ir.Constant(_V64B, [0] * 64)
-        accs = [ir.Constant(_V16I, [0] * 16), ir.Constant(_V16I, [0] * 16)]
+        at, mub, dpw = word_ops(context, builder, o)
+        absv = ir.Constant(ll.v64i8, [abs(v) for v in KVALUES_IQ4NL] * 4)
+        m15, eight = ir.Constant(ll.v64i8, [15] * 64), ir.Constant(ll.v64i8, [8] * 64)
+        zero = ir.Constant(ll.v64i8, [0] * 64)
+        accs = [ir.Constant(ll.v16i32, [0] * 16), ir.Constant(ll.v16i32, [0] * 16)]
         for g in range(2):
-            raw = at(wa, sig.args[0], o, 8 + 64 * g, _V64B)
+            raw = at(wa, sig.args[0], o, 8 + 64 * g, ll.v64i8)
             for part in range(2):
-                nib = builder.and_(raw if part == 0 else builder.lshr(raw, ir.Constant(_V64B, [4] * 64)), m15)
-                x = at(xa, sig.args[2], xo, 128 * g + 64 * part, _V64B)
+                nib = builder.and_(raw if part == 0 else builder.lshr(raw, ir.Constant(ll.v64i8, [4] * 64)), m15)
+                x = at(xa, sig.args[2], xo, 128 * g + 64 * part, ll.v64i8)
                 sx = builder.select(builder.icmp_unsigned("<", nib, eight), builder.sub(zero, x), x)
                 p16 = builder.call(mub, [_pshufb512(builder, absv, nib), sx])
-                accs[part] = builder.call(dpw, [accs[part], p16, _scale_words(builder, sv, 4 * g)])
+                accs[part] = builder.call(dpw, [accs[part], p16, scale_words(builder, sv, 4 * g)])
 
         def quarter_sums(acc):   # i32x4: dword l summed over the four 128-bit lanes
-            v8 = _fold16(builder, acc)
-            v4 = ir.VectorType(_i32, 4)
+            v8 = fold16(builder, acc)
+            v4 = ir.VectorType(ll.i32, 4)
             return builder.add(builder.shuffle_vector(v8, v8, ir.Constant(v4, [0, 1, 2, 3])),
                                builder.shuffle_vector(v8, v8, ir.Constant(v4, [4, 5, 6, 7])))
         lo, hi = quarter_sums(accs[0]), quarter_sums(accs[1])
-        return builder.shuffle_vector(lo, hi, ir.Constant(_V8I, list(range(8))))
+        return builder.shuffle_vector(lo, hi, ir.Constant(ll.v8i32, list(range(8))))
 
     return sig, cg
 
@@ -350,7 +348,7 @@ def _pair_offsets(xq, c):
 
 def _reduce8_halves(builder, args, upper):
     def sh(x, y, idx):
-        return builder.shuffle_vector(x, y, ir.Constant(ir.VectorType(_i32, len(idx)), idx))
+        return builder.shuffle_vector(x, y, ir.Constant(ir.VectorType(ll.i32, len(idx)), idx))
 
     ev, od = [0, 8, 2, 10, 4, 12, 6, 14], [1, 9, 3, 11, 5, 13, 7, 15]
     p = [builder.add(sh(args[2 * j], args[2 * j + 1], ev), sh(args[2 * j], args[2 * j + 1], od)) for j in range(4)]
@@ -400,7 +398,7 @@ def fold_halves(typingctx, a, b):
 
     def cg(context, builder, sig, args):
         def sh(idx):
-            return builder.shuffle_vector(args[0], args[1], ir.Constant(ir.VectorType(_i32, 8), idx))
+            return builder.shuffle_vector(args[0], args[1], ir.Constant(ir.VectorType(ll.i32, 8), idx))
         return builder.add(sh([0, 1, 2, 3, 8, 9, 10, 11]), sh([4, 5, 6, 7, 12, 13, 14, 15]))
 
     return sig, cg
@@ -453,7 +451,7 @@ def kernels(mode: int, per_row: dict) -> dict:
             wf = w.reshape(-1)
             npairs = (nb + 1) // 2
             xp2, mp = _pairs_prep(xq, n4, shift)
-            # two streams (intrinsics.TWO_STREAMS_MIN): a group of each half, row by row in turn
+            # two streams (intrinsics.streams.TWO_STREAMS_MIN): a group of each half, row by row in turn
             sc2 = np.empty(2 * npairs * 64, np.int32)
             n_pairs, n_steps = group_steps(r0, r1, 8, rb)
             mid = r0 + 8 * n_pairs

@@ -1,0 +1,169 @@
+"""How the one-token kernels read their weight rows from memory: software prefetch (how far
+ahead, per CPU vendor and row length) and two streams per thread (the rows of a range read from
+both of its halves in turn). The distances are measured; the comments say where."""
+from __future__ import annotations
+
+from llvmlite import ir
+import numba
+from numba import types
+from numba.extending import intrinsic
+
+from ..cpu import cpu_vendor
+from ..llvm_ir import BYTE_DTYPES, check_array, declare, ll
+
+
+# Software prefetch for weight streams, measured on the EPYC host (one core, 64 MB from memory,
+# medians): with rows of at most 2048 weights the kernels' per-row (or per 8-row group) reduction
+# interrupts the stream often, and prefetching 4 KB ahead (about the memory latency at this speed)
+# helped: Q4_K K=768 21.1 -> 24.4, K=1024 20.3 -> 24.2 GB/s; with longer rows the hardware
+# prefetcher alone did better (Q4_K K=3072 25.5 -> 22.1, K=4096 21.3 -> 19.1 GB/s with it).
+# Expert matrices (K = 768..2048) and small models' rows are in the first group.
+PREFETCH_BYTES = 4096
+
+
+PREFETCH_MAX_K = 2048
+
+
+# The K-quant one-token products that read a super-block record at a time (Q6_K rows, Q4_K's 8-row
+# x8 groups) prefetch every line of the record, nearer on Intel. Intel Xeon host, 1 core, 1 GB from
+# memory, 2 MB pages: Q6_K (K = 2048) 10.5 GB/s at 4096 bytes ahead, 14.7-15.5 at 1024-1792, 9.9
+# at 8192; Q4_K x8 (one prefetch per 1152-byte group before) 12.9 -> 15.1 with every line 1536
+# ahead, 9.4 at 4096 (side by side in one process); in the caches 23 and 39 GB/s. Q5_0 / Q8_0
+# (K = 640) did best at 4096 there too. The AMD EPYC hosts measured 4096 for Q4_K and Q6_K (above).
+# Plain Q4_K rows (k4_rows, the dense Q4_K weights), every line of a block at this distance
+# instead of two lines of its 144 bytes 4096 ahead: 640 x 1024 / 640 x 2048 matrices read cold, one
+# after another (`kernels_bench.py --cold-rows 640`), 13.3 -> 14.8 / 13.0 -> 15.8 GB/s on the Intel
+# Xeon host (unmeasured on AMD).
+PREFETCH_NEAR = 1536 if cpu_vendor() == "GenuineIntel" else PREFETCH_BYTES
+
+
+# The legacy one-token products (Q8_0, Q5_0, Q4_0 rows) with two streams per thread (below): 2048
+# bytes ahead on Intel, where one stream had done best at 4096. Intel Xeon host, K = 640, 384 MB from
+# memory, two alternating runs: Q8_0 17.75 -> 18.15 GB/s (2560: 17.8), Q5_0 15.25 -> 15.25.
+PREFETCH_LEGACY = 2048 if cpu_vendor() == "GenuineIntel" else PREFETCH_BYTES
+
+
+# Two streams per thread: a one-token product reads the rows of its range [r0, r1) from both halves
+# in turn, a row (or a kernel's row group) of each. One core keeps more lines in flight along two
+# streams than along one (the hardware prefetcher runs ahead of each; one stream's look-ahead
+# bounds it). Intel Xeon host, Q8_0 K = 640 from memory, 1 GB, side by side: 1 thread 15.7 -> 16.8
+# GB/s, 2 threads (a half each) 29.6 -> 32.9; alternating every row 18.0, every 8 rows (5.4 KB)
+# 16.1, every 64 (43 KB) 15.0 against 16.0 for one stream; halves 5 KB apart 13.0, 21 KB 15.1,
+# 85 KB and more 17.0-17.9 (four streams: 15.7). Below TWO_STREAMS_MIN bytes a half, one stream.
+# AMD EPYC host (Zen 5, cpuinfo family 26), 2026-12-04, one stream -> two: Q8_0 K = 640 from memory
+# (384 MB, two alternating runs) 35.7 / 37.4 -> 41.9 / 40.9 GB/s, Q5_0 27.5 / 27.6 -> 27.9 / 28.8;
+# decode_profile --ab, three rounds: 1 thread 120.4 / 120.3 / 118.1 -> 124.3 / 122.8 / 122.7 t/s,
+# 2 threads 169.2 / 158.7 / 152.1 -> 164.0 / 158.6 / 156.8 (noise). On everywhere (the AVX2-only
+# EPYC kinds unmeasured).
+TWO_STREAMS_MIN = 64 * 1024
+
+
+@numba.njit(inline="always")
+def stream_halves(r0: int, r1: int, unit: int, row_bytes: int, min_bytes: int = TWO_STREAMS_MIN) -> int:
+    """Where the second stream of rows [r0, r1) starts: mid = r0 + a whole number of `unit`-row
+    steps, at most half; a kernel reads rows mid - r0 steps long from r0 and mid in turn, then
+    [2 * mid - r0, r1) alone. r0 (no pairs) when a half would be under min_bytes."""
+    half = (r1 - r0) // (2 * unit) * unit
+    if half * row_bytes < min_bytes:
+        return r0
+    return r0 + half
+
+
+@numba.njit(inline="always")
+def prime_streams(w, r0: int, mid: int, row_bytes: int, ahead: int) -> None:
+    """Prefetch the first `ahead` bytes of the streams of rows [r0, ...) and [mid, ...) (mid == r0:
+    one stream): a kernel that prefetches `ahead` bytes past the row it reads otherwise waits on
+    every line of that first stretch, at each product's start."""
+    a = r0 * row_bytes
+    for off in range(a & ~63, a + ahead, 64):
+        prefetch(w, off)
+    if mid > r0:
+        b = mid * row_bytes
+        for off in range(b & ~63, b + ahead, 64):
+            prefetch(w, off)
+
+
+@numba.njit(inline="always")
+def group_steps(r0: int, r1: int, unit: int, row_bytes: int, min_bytes: int = TWO_STREAMS_MIN):
+    """For kernels reading groups of `unit` rows two at a time (a group of each half, row by row
+    in turn): (pairs, steps) over the whole groups of [r0, r1): the first `pairs` steps take groups
+    r0 + unit * s and mid + unit * s (mid = r0 + unit * pairs), the rest one group each
+    (`step_groups`)."""
+    n_groups = (r1 - r0) // unit
+    n_pairs = (stream_halves(r0, r0 + unit * n_groups, unit, row_bytes, min_bytes) - r0) // unit
+    return n_pairs, n_groups - n_pairs
+
+
+@numba.njit(inline="always")
+def step_groups(st: int, r0: int, mid: int, n_pairs: int, unit: int):
+    """Step st of `group_steps`: (first row of group a, of group b, how many groups: 2 or 1)."""
+    if st < n_pairs:
+        return r0 + unit * st, mid + unit * st, 2
+    return r0 + unit * (st + n_pairs), r0, 1
+
+
+@numba.njit(inline="always")
+def stream_row(j: int, r0: int, mid: int, unit: int) -> int:
+    """The first row of the j-th step of `unit` rows a kernel reads of [r0, r1) split at mid
+    (`stream_halves`): r0, mid, r0 + unit, mid + unit, ... while both halves last, then on in
+    order (the rest of the second half). The kernels compute a step's row from j inside their own
+    loop: a row function taking the arrays, inlined, kept numba's reference counting of each
+    array around every call (Q8_0 in the caches 27 -> 11 GB/s)."""
+    n2 = 2 * ((mid - r0) // unit)
+    if j < n2:
+        return (r0 if j % 2 == 0 else mid) + j // 2 * unit
+    return r0 + j * unit
+
+
+@numba.njit(inline="always")
+def prefetch_distance(k: int) -> int:
+    """How far ahead a matvec over rows of ``k`` weights prefetches: PREFETCH_LEGACY for short rows,
+    0 for long ones (a hint for the line about to be read: the hardware prefetcher's stream alone).
+    The kernels then prefetch unconditionally, once per step of their unrolled block loop: a test per
+    32-weight block cost 7 of a Q5_0 block's 26 instructions (Intel Xeon host, 1 core from memory:
+    Q5_0 12.7 GB/s before)."""
+    return PREFETCH_LEGACY if k <= PREFETCH_MAX_K else 0
+
+
+def _prefetch_t0(builder, p, write: bool = False) -> None:
+    """prefetcht0 of the line holding i8* p (llvm.prefetch: read, keep in all levels, data);
+    write: prefetchw (the line arrives owned, ready for a store)."""
+    fn = declare(builder, "llvm.prefetch.p0i8", ir.VoidType(), [ir.IntType(8).as_pointer(), ll.i32, ll.i32, ll.i32])
+    builder.call(fn, [p, ir.Constant(ll.i32, int(write)), ir.Constant(ll.i32, 3), ir.Constant(ll.i32, 1)])
+
+
+@intrinsic
+def prefetch(typingctx, a, off):
+    """Hint: bring the cache line at byte ``off`` of a uint8 array into the caches (prefetcht0).
+    Never faults (a prefetch past the end of the array is dropped by the CPU)."""
+    check_array(a, BYTE_DTYPES)
+    sig = types.void(a, off)
+
+    def cg(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        _prefetch_t0(builder, builder.bitcast(builder.gep(ary.data, [args[1]]), ir.IntType(8).as_pointer()))
+        return context.get_dummy_value()
+
+    return sig, cg
+
+
+@intrinsic
+def prefetch_at(typingctx, addr):
+    """`prefetch` at a raw byte address (the crew's job tables hold addresses, not arrays); never
+    faults, even where nothing is mapped."""
+    def cg(context, builder, sig, args):
+        _prefetch_t0(builder, builder.inttoptr(args[0], ir.IntType(8).as_pointer()))
+        return context.get_dummy_value()
+
+    return types.void(addr), cg
+
+
+@intrinsic
+def prefetch_write_at(typingctx, addr):
+    """Hint: bring the line at a raw byte address into the caches for writing (prefetchw: it
+    arrives owned, so a store there does not wait for it); never faults."""
+    def cg(context, builder, sig, args):
+        _prefetch_t0(builder, builder.inttoptr(args[0], ir.IntType(8).as_pointer()), write=True)
+        return context.get_dummy_value()
+
+    return types.void(addr), cg
