@@ -97,9 +97,8 @@ def ranges(pos: list[int]) -> str:
 # ---------------------------------------------------------------------------------------- attention
 def attention(path: str, prompt: int, decode: int, warm: bool) -> bool:
     from workbench.engine import Engine
-    from workbench.engine.chunk_log import ChunkLog, bytes_by_node, within
+    from workbench.engine.chunk_log import ChunkLog, bytes_by_node, kv_reads
     from workbench.engine.engine import Placement
-    from workbench.engine.kv_cache import slot_position
     t0 = time.time()
     eng = Engine.load(path, placement=Placement(threads=2))
     ok = True
@@ -144,30 +143,18 @@ def attention(path: str, prompt: int, decode: int, warm: bool) -> bool:
         out()
         # reads per CPU: keys (positions) and values (V^T rows over the owner's slots)
         cpu_node = {w.cpu: w.node for w in pool.workers}
-        per_cpu_pos: dict[int, set] = defaultdict(set)
-        per_cpu_kv: dict[int, list] = defaultdict(list)
-        last_keys: dict[int, set] = defaultdict(set)
-        for il in range(cfg.n_layer):
-            for o in range(no):
-                for h, karr in enumerate(kv.k_bytes[il][o]):
-                    for r in within(log.reads, karr):
-                        per_cpu_kv[r.cpu].append(r)
-                        row0 = (r.addr - karr.ctypes.data) // karr.shape[1]
-                        ps = {slot_position(j, o, no) for j in range(row0, row0 + r.hi - r.lo)}
-                        per_cpu_pos[r.cpu] |= {(o, p) for p in ps}
-                for varr in kv.v_bytes[il][o]:
-                    for r in within(log.reads, varr):
-                        per_cpu_kv[r.cpu].append(r)
+        by_cpu = kv_reads(log.reads, kv)
+        last_keys: dict[int, set] = {}
         out("| worker cpu (node) | KV positions its key chunks read (all decoded tokens) | owners | "
             "KV bytes read | on its node (move_pages) |")
         out("|---|---|---|---|---|")
-        for cpu in sorted(per_cpu_kv):
+        for cpu, (owner_pos, reads) in sorted(by_cpu.items()):
             node = cpu_node.get(cpu)
-            by = bytes_by_node(per_cpu_kv[cpu])
+            by = bytes_by_node(reads)
             tot = sum(by.values())
             share = by.get(node, 0) / tot if tot else 0.0
-            owners = sorted({o for o, _ in per_cpu_pos[cpu]})
-            pos = sorted({p for _, p in per_cpu_pos[cpu]})
+            owners = sorted({o for o, _ in owner_pos})
+            pos = sorted({p for _, p in owner_pos})
             ok &= share >= OK and all(owner_node[o] == node for o in owners)
             # each owner's positions are its node's blocks: the worker reads no other node's position
             foreign = [p for p in pos if owner_node[(p // 32) % no] != node]

@@ -31,7 +31,7 @@ SRC="$WORK/src"
 MODELS="$WORK/models"
 OUT="${NUMA_VM_PROOF_OUT:-$ROOT/benchmarks/results-numa-vm.md}"
 R1="${R1_FILE:-$HOME/.cache/numawb/bench-models/deepseek2-synth-r1-q4_k.gguf}"
-MODES="${MODES:-none,mirror,interleave,slice,experts}"
+MODES="${MODES:-none,interleave,mirror,slice,auto,experts}"
 GUEST_TIMEOUT="${GUEST_TIMEOUT:-5400}"
 KERNEL="$(ls /boot/vmlinuz-* | sort -V | tail -1)"
 export NUMAWB_LLAMA_SIMD=256 NUMAWB_KERNEL_PATH=avx2 NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES="+avx,+avx2,+fma,+f16c,+bmi,+bmi2,+popcnt"
@@ -44,24 +44,7 @@ rm -rf "$SRC" && mkdir -p "$SRC"
 COMMIT="$(cd "$ROOT" && git rev-parse --short HEAD)"
 
 # the files: a llama (GQA, Q4_K) and a deepseek2 (MLA, Q8_0) from the test factory; a short R1
-(cd "$SRC" && "$PY" - "$MODELS" <<'EOF'
-import os, sys
-sys.path.insert(0, "tests")
-from gguf import GGMLQuantizationType as T
-from gguf_factory import TinySpec, write_tiny_model
-d = sys.argv[1]
-specs = {
-    "llama-tiny-q4_k.gguf": TinySpec(seed=9, arch="llama", qtype=T.Q4_K, n_layer=2),
-    "deepseek2-tiny-q8_0.gguf": TinySpec(seed=9, arch="deepseek2", qtype=T.Q8_0, n_layer=3, n_head=4, head_dim=64,
-                                         n_ff=256, n_ff_exp=64, n_expert=8, n_expert_used=2, q_lora_rank=64,
-                                         gating=2, probs_bias=True, n_groups=4, n_group_used=2,
-                                         weights_norm=True, weights_scale=2.5),
-}
-for name, spec in specs.items():
-    if not os.path.exists(os.path.join(d, name)):
-        write_tiny_model(os.path.join(d, name), spec, reference=False)
-EOF
-) || exit 2
+(cd "$SRC" && "$PY" tests/numa_vm/vm_models.py "$MODELS" >/dev/null) || exit 2
 R1S="$MODELS/deepseek2-synth-r1-L5-q4_k.gguf"
 [ -f "$R1S" ] || (cd "$SRC" && "$PY" benchmarks/make_moe_model.py --shape r1 --layers 5 --out "$R1S") || exit 2
 [ -f "$R1" ] || (cd "$SRC" && "$PY" benchmarks/make_moe_model.py --shape r1 --out "$R1") || exit 2
@@ -98,8 +81,9 @@ for c in "${cmds[@]}"; do
         # shellcheck disable=SC2206
         warm=(benchmarks/numa_vm_proof.py $c --warm)
     fi
-    (cd "$SRC" && taskset -c 1 "$PY" "${warm[@]}" > "$WORK/warm.log" 2>&1) \
-        || { tail -30 "$WORK/warm.log"; echo "numa_vm_proof: warm-up of '$c' failed"; exit 1; }
+    # both host CPUs: the app takes a worker per CPU, and the guest has two
+    (cd "$SRC" && "$PY" "${warm[@]}" > "$WORK/warm-$1.log" 2>&1) \
+        || { tail -30 "$WORK/warm-$1.log"; echo "numa_vm_proof: warm-up of '$c' failed"; exit 1; }
     echo "  warm $c: $((SECONDS - start)) s"
 done
 

@@ -181,3 +181,23 @@ def bytes_by_node(reads: list[Read]) -> dict[int, int]:
         for a, node in zip(part, r.value):
             out[node if node >= 0 else -1] += pages[a]
     return dict(out)
+
+
+def kv_reads(reads: list[Read], kv) -> dict[int, tuple[set[tuple[int, int]], list[Read]]]:
+    """A KV cache's reads by CPU: the (owner, position) pairs its key chunks read (a key row is
+    one slot of an owner: `kv_cache.slot_position`), and every read of its keys and values."""
+    from .kv_cache import slot_position
+    out: dict[int, tuple[set, list]] = defaultdict(lambda: (set(), []))
+    no = kv.n_workers
+    for il in range(len(kv.k_bytes)):
+        for o in range(no):
+            for karr in kv.k_bytes[il][o]:
+                for r in within(reads, karr):
+                    pos, rs = out[r.cpu]
+                    rs.append(r)
+                    row0 = (r.addr - karr.ctypes.data) // karr.shape[1]
+                    pos.update((o, slot_position(j, o, no)) for j in range(row0, row0 + r.hi - r.lo))
+            for varr in kv.v_bytes[il][o]:
+                for r in within(reads, varr):
+                    out[r.cpu][1].append(r)
+    return dict(out)
