@@ -138,20 +138,12 @@ _DEQUANT[Q5_0_X2] = _dequant_q5_0_x2
 for _t, _p in PLAIN_TYPES.items():  # the file's bytes and activations: only the products' order differs
     BLOCK_SIZES[_p], _PREPARE[_p], _DEQUANT[_p] = BLOCK_SIZES[_t], _PREPARE[_t], _DEQUANT[_t]
 
-_PORTABLE_MATVEC = {
-    F32: _ft.f32_matvec, F16: _ft.f16_matvec, BF16: _ft.bf16_matvec,
-    Q8_0: _lq.q8_0_matvec, Q4_0: _lq.q4_0_matvec, Q4_1: _lq.q4_1_matvec,
-    Q5_0: _lq.q5_0_matvec, Q5_1: _lq.q5_1_matvec,
-    Q4_K: _kq.q4_K_matvec, Q5_K: _kq.q5_K_matvec, Q6_K: _kq.q6_K_matvec,
-    IQ4_NL: _iq.iq4_nl_matvec, IQ4_XS: _iq.iq4_xs_matvec, Q3_K: _kq.q3_K_matvec, Q2_K: _kq.q2_K_matvec,
-}
-_PORTABLE_MATMAT = {
-    F32: _ft.f32_matmat, F16: _ft.f16_matmat, BF16: _ft.bf16_matmat,
-    Q8_0: _lq.q8_0_matmat, Q4_0: _lq.q4_0_matmat, Q4_1: _lq.q4_1_matmat,
-    Q5_0: _lq.q5_0_matmat, Q5_1: _lq.q5_1_matmat,
-    Q4_K: _kq.q4_K_matmat, Q5_K: _kq.q5_K_matmat, Q6_K: _kq.q6_K_matmat,
-    IQ4_NL: _iq.iq4_nl_matmat, IQ4_XS: _iq.iq4_xs_matmat, Q3_K: _kq.q3_K_matmat, Q2_K: _kq.q2_K_matmat,
-}
+_PORTABLE_MATVEC = {F32: _ft.f32_matvec, F16: _ft.f16_matvec, BF16: _ft.bf16_matvec}
+_PORTABLE_MATMAT = {F32: _ft.f32_matmat, F16: _ft.f16_matmat, BF16: _ft.bf16_matmat}
+_TYPE_IDS = {name: t for t, name in SUPPORTED_TYPES.items()}
+for _family in (_lq, _kq, _iq):
+    for _name, (_matvec, _matmat) in _family.PRODUCTS.items():
+        _PORTABLE_MATVEC[_TYPE_IDS[_name]], _PORTABLE_MATMAT[_TYPE_IDS[_name]] = _matvec, _matmat
 
 
 def _tables(path: str) -> tuple[dict, dict]:

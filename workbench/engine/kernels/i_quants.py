@@ -21,12 +21,14 @@ from .intrinsics.scalars import f16_to_f32
 
 from .jitcache import JIT as _NB
 from .legacy_quants import dequant_x8
+from .rowwise import rowwise_products
 f32 = np.float32
 KVALUES = np.array(KVALUES_IQ4NL, np.int32)
 
 
 @numba.njit(inline="always")
-def _dot_iq4_nl(row, xq, xd, kv):
+def _dot_iq4_nl(row, xq, xd, _x3):
+    kv = KVALUES
     acc = f32(0.0)
     for b in range(xd.shape[0]):
         o = b * 18
@@ -36,23 +38,6 @@ def _dot_iq4_nl(row, xq, xd, kv):
             s += kv[v & 15] * np.int32(xq[b * 32 + j]) + kv[v >> 4] * np.int32(xq[b * 32 + 16 + j])
         acc += f32(s) * (f16_to_f32(row, o) * xd[b])
     return acc
-
-
-@numba.njit(**_NB)
-def iq4_nl_matvec(w, xp, out, r0, r1):
-    xq, xd, _ = xp
-    kv = KVALUES
-    for i in range(r0, r1):
-        out[i] = _dot_iq4_nl(w[i], xq, xd, kv)
-
-
-@numba.njit(**_NB)
-def iq4_nl_matmat(w, xp, out, r0, r1):
-    xq, xd, _ = xp
-    kv = KVALUES
-    for i in range(r0, r1):
-        for c in range(xq.shape[0]):
-            out[c, i] = _dot_iq4_nl(w[i], xq[c], xd[c], kv)
 
 
 # Same f32 operation order as ggml's dequantize_row_iq4_nl (and gguf.quants): d * value, exact.
@@ -88,7 +73,8 @@ def iq4_xs_scale(w, o, j):
 
 
 @numba.njit(inline="always")
-def _dot_iq4_xs(row, xq, xd, kv):
+def _dot_iq4_xs(row, xq, xd, _x3):
+    kv = KVALUES
     acc = f32(0.0)
     for b in range(xd.shape[0]):
         o = b * 136
@@ -101,23 +87,6 @@ def _dot_iq4_xs(row, xq, xd, kv):
             s += iq4_xs_scale(row, o, j) * t
         acc += f32(s) * (f16_to_f32(row, o) * xd[b])
     return acc
-
-
-@numba.njit(**_NB)
-def iq4_xs_matvec(w, xp, out, r0, r1):
-    xq, xd, _ = xp
-    kv = KVALUES
-    for i in range(r0, r1):
-        out[i] = _dot_iq4_xs(w[i], xq, xd, kv)
-
-
-@numba.njit(**_NB)
-def iq4_xs_matmat(w, xp, out, r0, r1):
-    xq, xd, _ = xp
-    kv = KVALUES
-    for i in range(r0, r1):
-        for c in range(xq.shape[0]):
-            out[c, i] = _dot_iq4_xs(w[i], xq[c], xd[c], kv)
 
 
 # ggml's dequantize_row_iq4_xs (and gguf.quants): dl = d * (ls - 32), then dl * value
@@ -138,3 +107,8 @@ def dequant_iq4_xs(w, r0, r1):
                     out[i - r0, b * 256 + 32 * j + e] = dl * f32(kv[v & 15])
                     out[i - r0, b * 256 + 32 * j + 16 + e] = dl * f32(kv[v >> 4])
     return out
+
+
+# ----------------------------------------------------------------------------- products
+#: each type's portable (matvec, matmat) around its row dot (IQ4_NL against Q8_0, IQ4_XS against Q8_K)
+PRODUCTS = {name: rowwise_products(dot) for name, dot in (("IQ4_NL", _dot_iq4_nl), ("IQ4_XS", _dot_iq4_xs))}

@@ -18,6 +18,7 @@ import numpy as np
 from .intrinsics.scalars import f16_to_f32
 
 from .jitcache import JIT as _NB
+from .rowwise import rowwise_products
 f32 = np.float32
 
 BLOCK_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
@@ -120,53 +121,6 @@ def _dot_q6_K(row, xq, xd, xb):
                      + np.int32(rs[sc + 6]) * p6 + np.int32(rs[sc + 7]) * p7)
         acc += (f16_to_f32(row, o + 208) * xd[b]) * f32(sumi)
     return acc
-
-
-# ----------------------------------------------------------------------------- products
-# xp = (qs int8 [.., k], d f32 [.., k/256], bsums int32 [.., k/16])
-@numba.njit(**_NB)
-def q4_K_matvec(w, xp, out, r0, r1):
-    xq, xd, xb = xp
-    for i in range(r0, r1):
-        out[i] = _dot_q4_K(w[i], xq, xd, xb)
-
-
-@numba.njit(**_NB)
-def q4_K_matmat(w, xp, out, r0, r1):
-    xq, xd, xb = xp
-    for i in range(r0, r1):
-        for c in range(xq.shape[0]):
-            out[c, i] = _dot_q4_K(w[i], xq[c], xd[c], xb[c])
-
-
-@numba.njit(**_NB)
-def q5_K_matvec(w, xp, out, r0, r1):
-    xq, xd, xb = xp
-    for i in range(r0, r1):
-        out[i] = _dot_q5_K(w[i], xq, xd, xb)
-
-
-@numba.njit(**_NB)
-def q5_K_matmat(w, xp, out, r0, r1):
-    xq, xd, xb = xp
-    for i in range(r0, r1):
-        for c in range(xq.shape[0]):
-            out[c, i] = _dot_q5_K(w[i], xq[c], xd[c], xb[c])
-
-
-@numba.njit(**_NB)
-def q6_K_matvec(w, xp, out, r0, r1):
-    xq, xd, xb = xp
-    for i in range(r0, r1):
-        out[i] = _dot_q6_K(w[i], xq, xd, xb)
-
-
-@numba.njit(**_NB)
-def q6_K_matmat(w, xp, out, r0, r1):
-    xq, xd, xb = xp
-    for i in range(r0, r1):
-        for c in range(xq.shape[0]):
-            out[c, i] = _dot_q6_K(w[i], xq[c], xd[c], xb[c])
 
 
 # ----------------------------------------------------------------------------- dequantize
@@ -283,7 +237,7 @@ def _q3_K_q(w, o, e):
 
 
 @numba.njit(inline="always")
-def _dot_q3_K(row, xq, xd):
+def _dot_q3_K(row, xq, xd, _x3):
     acc = f32(0.0)
     for b in range(xd.shape[0]):
         o = b * 110
@@ -296,21 +250,6 @@ def _dot_q3_K(row, xq, xd):
             s += q3_K_scale(s0, s1, s2, s3, sb) * t
         acc += f32(s) * (f16_to_f32(row, o + 108) * xd[b])
     return acc
-
-
-@numba.njit(**_NB)
-def q3_K_matvec(w, xp, out, r0, r1):
-    xq, xd, _ = xp
-    for i in range(r0, r1):
-        out[i] = _dot_q3_K(w[i], xq, xd)
-
-
-@numba.njit(**_NB)
-def q3_K_matmat(w, xp, out, r0, r1):
-    xq, xd, _ = xp
-    for i in range(r0, r1):
-        for c in range(xq.shape[0]):
-            out[c, i] = _dot_q3_K(w[i], xq[c], xd[c])
 
 
 # ggml's dequantize_row_q3_K (and gguf.quants): dl = d * (sc - 32), then dl * q
@@ -354,21 +293,6 @@ def _dot_q2_K(row, xq, xd, xb):
     return acc
 
 
-@numba.njit(**_NB)
-def q2_K_matvec(w, xp, out, r0, r1):
-    xq, xd, xb = xp
-    for i in range(r0, r1):
-        out[i] = _dot_q2_K(w[i], xq, xd, xb)
-
-
-@numba.njit(**_NB)
-def q2_K_matmat(w, xp, out, r0, r1):
-    xq, xd, xb = xp
-    for i in range(r0, r1):
-        for c in range(xq.shape[0]):
-            out[c, i] = _dot_q2_K(w[i], xq[c], xd[c], xb[c])
-
-
 # gguf.quants' dequantize (and ggml's dequantize_row_q2_K): dl = d * sc, ml = dmin * m, dl * q - ml
 @numba.njit(**_NB)
 def dequant_q2_K(w, r0, r1):
@@ -388,3 +312,11 @@ def dequant_q2_K(w, r0, r1):
                 q = (np.int32(row[o + 16 + 32 * j + r % 32]) >> (2 * (r // 32))) & 3
                 out[i - r0, b * 256 + e] = dl * f32(q) - ml
     return out
+
+
+# ----------------------------------------------------------------------------- products
+#: each type's portable (matvec, matmat) around its row dot; xp = (qs int8 [.., k], d f32 [.., k/256],
+#: bsums int32 [.., k/16])
+PRODUCTS = {name: rowwise_products(dot) for name, dot in (("Q4_K", _dot_q4_K), ("Q5_K", _dot_q5_K),
+                                                          ("Q6_K", _dot_q6_K), ("Q3_K", _dot_q3_K),
+                                                          ("Q2_K", _dot_q2_K))}

@@ -17,6 +17,7 @@ import numpy as np
 from .intrinsics.scalars import f16_to_f32
 
 from .jitcache import JIT as _NB
+from .rowwise import rowwise_products
 f32 = np.float32
 
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34}
@@ -24,7 +25,7 @@ BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34}
 
 # ----------------------------------------------------------------------------- row dots
 @numba.njit(inline="always")
-def _dot_q4_0(row, xq, xd):
+def _dot_q4_0(row, xq, xd, _x3):
     acc = f32(0.0)
     for b in range(xd.shape[0]):
         o = b * 18
@@ -52,7 +53,7 @@ def _dot_q4_1(row, xq, xd, xs):
 
 
 @numba.njit(inline="always")
-def _dot_q5_0(row, xq, xd):
+def _dot_q5_0(row, xq, xd, _x3):
     acc = f32(0.0)
     for b in range(xd.shape[0]):
         o = b * 22
@@ -88,7 +89,7 @@ def _dot_q5_1(row, xq, xd, xs):
 
 
 @numba.njit(inline="always")
-def _dot_q8_0(row, xq, xd):
+def _dot_q8_0(row, xq, xd, _x3):
     acc = f32(0.0)
     rs = row.view(np.int8)
     for b in range(xd.shape[0]):
@@ -101,80 +102,10 @@ def _dot_q8_0(row, xq, xd):
 
 
 # ----------------------------------------------------------------------------- products
-# xp tuples: Q8_0 -> (qs, d, n4); Q8_1 -> (qs, d, s)
-@numba.njit(**_NB)
-def q4_0_matvec(w, xp, out, r0, r1):
-    xq, xd, _ = xp
-    for i in range(r0, r1):
-        out[i] = _dot_q4_0(w[i], xq, xd)
-
-
-@numba.njit(**_NB)
-def q4_0_matmat(w, xp, out, r0, r1):
-    xq, xd, _ = xp
-    for i in range(r0, r1):
-        for c in range(xq.shape[0]):
-            out[c, i] = _dot_q4_0(w[i], xq[c], xd[c])
-
-
-@numba.njit(**_NB)
-def q4_1_matvec(w, xp, out, r0, r1):
-    xq, xd, xs = xp
-    for i in range(r0, r1):
-        out[i] = _dot_q4_1(w[i], xq, xd, xs)
-
-
-@numba.njit(**_NB)
-def q4_1_matmat(w, xp, out, r0, r1):
-    xq, xd, xs = xp
-    for i in range(r0, r1):
-        for c in range(xq.shape[0]):
-            out[c, i] = _dot_q4_1(w[i], xq[c], xd[c], xs[c])
-
-
-@numba.njit(**_NB)
-def q5_0_matvec(w, xp, out, r0, r1):
-    xq, xd, _ = xp
-    for i in range(r0, r1):
-        out[i] = _dot_q5_0(w[i], xq, xd)
-
-
-@numba.njit(**_NB)
-def q5_0_matmat(w, xp, out, r0, r1):
-    xq, xd, _ = xp
-    for i in range(r0, r1):
-        for c in range(xq.shape[0]):
-            out[c, i] = _dot_q5_0(w[i], xq[c], xd[c])
-
-
-@numba.njit(**_NB)
-def q5_1_matvec(w, xp, out, r0, r1):
-    xq, xd, xs = xp
-    for i in range(r0, r1):
-        out[i] = _dot_q5_1(w[i], xq, xd, xs)
-
-
-@numba.njit(**_NB)
-def q5_1_matmat(w, xp, out, r0, r1):
-    xq, xd, xs = xp
-    for i in range(r0, r1):
-        for c in range(xq.shape[0]):
-            out[c, i] = _dot_q5_1(w[i], xq[c], xd[c], xs[c])
-
-
-@numba.njit(**_NB)
-def q8_0_matvec(w, xp, out, r0, r1):
-    xq, xd, _ = xp
-    for i in range(r0, r1):
-        out[i] = _dot_q8_0(w[i], xq, xd)
-
-
-@numba.njit(**_NB)
-def q8_0_matmat(w, xp, out, r0, r1):
-    xq, xd, _ = xp
-    for i in range(r0, r1):
-        for c in range(xq.shape[0]):
-            out[c, i] = _dot_q8_0(w[i], xq[c], xd[c])
+#: each type's portable (matvec, matmat) around its row dot; xp: Q8_0 -> (qs, d, n4), Q8_1 -> (qs, d, s)
+PRODUCTS = {name: rowwise_products(dot) for name, dot in (("Q4_0", _dot_q4_0), ("Q4_1", _dot_q4_1),
+                                                          ("Q5_0", _dot_q5_0), ("Q5_1", _dot_q5_1),
+                                                          ("Q8_0", _dot_q8_0))}
 
 
 # ----------------------------------------------------------------------------- dequantize
