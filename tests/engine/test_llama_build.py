@@ -90,11 +90,13 @@ def check_float_products(wide: bool) -> None:
 def check_f16_heads(wide: bool) -> None:
     """One F16 matrix against several inputs (grouped-query attention's heads): each output is
     ggml_vec_dot_f16 of that input, whether the row's vectors are shared by groups of 4 inputs
-    (k a multiple of the dot's step, up to HEADS_MAX_K) or the inputs run one at a time."""
+    (k a multiple of the dot's step, up to HEADS_MAX_K), by tiles of 2 rows x 8 inputs (whole
+    rows, or segments of long rows carried across in order) or the inputs run one at a time."""
     from workbench.engine import kernels as K
     rng = np.random.default_rng(11)
     for rows, k, nh in ((40, 256, 4), (33, 1024, 8), (21, 128, 6), (17, 96, 4), (9, 40, 4), (12, 2048, 4),
-                        (7, 1088, 5), (10, 64, 1), (13, 160, 8), (11, 576, 6), (5, 200, 9)):
+                        (7, 1088, 5), (10, 64, 1), (13, 160, 8), (11, 576, 6), (5, 200, 9),
+                        (24, 576, 16), (9, 1600, 8), (6, 4160, 17), (15, 3000, 11), (8, 192, 8)):
         w16 = rng.standard_normal((rows, k)).astype(np.float16)
         xs, os_ = k + 24, rows + 3   # inputs and outputs apart by more than their length
         x = rng.standard_normal(nh * xs).astype(np.float16).astype(np.float32)

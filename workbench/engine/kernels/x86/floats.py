@@ -14,6 +14,7 @@ from ..intrinsics.reductions import hsum16, hsum_f, hsum_hadd_f
 from ..intrinsics.scalars import bf16_to_f32, f16_to_f32, fma_s
 from ..intrinsics.streams import prefetch
 from ..llama_build import WIDE
+from .f16_tiles import tiled_heads
 
 from ..jitcache import JIT as _NB
 f32 = np.float32
@@ -292,7 +293,8 @@ def _orders512():
         out[oo + 2 * os] = r2
         out[oo + 3 * os] = r3
 
-    f16_heads = _heads(dot16_heads4, dot16_pair, dot16_pf, 64, HEADS_MAX_K, any_k=True)
+    f16_heads = tiled_heads(_heads(dot16_heads4, dot16_pair, dot16_pf, 64, HEADS_MAX_K, any_k=True), _tail16,
+                            HEADS_PREFETCH)
 
     # F32 in ggml's AVX-512 orders (the structure of F16's, products rounded by the FMAs): one column
     # = ggml_vec_dot_f32 (4 accumulators x 16 lanes over steps of 64, (0+2)+(1+3), GCC's
