@@ -295,3 +295,32 @@ def test_a_file_mixing_activation_formats_decodes_each_token_in_one_call(tmp_pat
     general, none = _decode(str(path), threads, False)
     assert calls == {"token_program": 14} and none == 0
     _all_equal(program, general)
+
+
+@pytest.mark.parametrize("n_kv, rows, n_slots, width, pos0, window", [
+    (1, 16, 4096, 4096, 4095, 0),      # MLA: one kv head, 16 query rows, the whole cache visible
+    (2, 4, 130, 192, 129, 0),          # a partly filled last block (zeros to the width)
+    (1, 8, 300, 320, 299, 100),        # a sliding window: slots before it masked
+    (1, 3, 70, 70, 69, 0),             # a capacity no multiple of the lanes (the rows copied out)
+])
+def test_one_owner_probabilities_in_one_pass_equal_the_four_steps(n_kv, rows, n_slots, width, pos0, window):
+    """`one_owner_probs` (a decoded token's softmax, each exp computed once) gives the f16
+    probabilities of softmax_stats, merge_stats, probabilities and round_to_f16 to the bit, on a
+    64-byte line."""
+    from workbench.engine.attention import merge_stats, one_owner_probs, probabilities, softmax_stats
+    from workbench.engine.kernels.activations import round_to_f16
+    rng = np.random.default_rng(n_slots)
+    raw = (rng.standard_normal((n_kv, rows, n_slots)) * 4).astype(np.float32)
+    scale = 0.0883
+    a = raw.copy()
+    mxs = np.full((1, n_kv, rows), -np.inf, np.float32)
+    sms = np.zeros((1, n_kv, rows), np.float64)
+    softmax_stats(a, 0, 1, n_slots, pos0, rows, window, scale, mxs[0], sms[0], 0)
+    big_m = np.empty((n_kv, rows), np.float32)
+    inv_l = np.empty((n_kv, rows), np.float32)
+    merge_stats(mxs, sms, big_m, inv_l)
+    want = round_to_f16(probabilities(a, n_slots, width, big_m, inv_l).reshape(n_kv * rows, width))
+    got = one_owner_probs(raw.copy(), n_slots, width, pos0, window, scale)
+    assert got.shape == want.shape and got.flags.c_contiguous
+    assert got.ctypes.data % 64 == 0
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))

@@ -27,6 +27,8 @@ from .crew import CrewError, Job
 # the cache owns its slot layout; slot_position and store_f16 are used by the compiled kernels here
 from .kv_cache import BLOCK, KVCache, filled_slots, owner_slots, slot_position, store_f16  # noqa: F401
 from .ops import ggml_expf, softmax_group_sum
+from .kernels.activations import empty_aligned
+from .kernels.intrinsics import round_f16
 from .kernels.llama_build import SOFTMAX_LANES
 
 F16 = 1
@@ -168,6 +170,58 @@ def _probs(v: np.ndarray, n: int, m: np.float32, il: np.float32, out: np.ndarray
         out[j] = np.float32(0.0) if s == -np.inf else e
 
 
+@nb.njit(**_JIT)
+def _scale_probs(e: np.ndarray, n: int, il: np.float32) -> None:
+    """e[j] = f16(e[j] * il) for j < n: an exp to its probability rounded to f16 (a loop of its own,
+    which LLVM vectorizes)."""
+    for j in range(n):
+        e[j] = round_f16(e[j] * il)
+
+
+@nb.njit(**_JIT)
+def one_owner_probs(scores: np.ndarray, n_slots: int, width: int, pos0: int, window: int,
+                    scale: float) -> np.ndarray:
+    """A decoded token's f16 probabilities over a one-owner cache: scores [n_kv, rows, >=n_slots]
+    (raw dots of the query rows of position pos0, slots counted from the caller's base) -> float32
+    [n_kv * rows, width] on a 64-byte line (0 past n_slots and where masked).
+
+    The numbers of `softmax_stats`, `merge_stats` (one owner: the row's own max and 1/sum),
+    `probabilities` and `round_to_f16`, called one after another, to the bit, in one pass over a
+    row: each exp computed once (`probabilities` computed them again from the scores), kept in
+    the output row, then scaled and rounded in place. At depth 4096 on V3's attention widths
+    (16 heads) those four took ~210 us a layer on the caller alone while the workers waited."""
+    n_kv, rows, _ = scores.shape
+    sc = np.float32(scale)
+    lanes = SOFTMAX_LANES
+    n16 = -(-n_slots // lanes) * lanes
+    out = empty_aligned(n_kv * rows, max(width, n16))
+    row = np.empty(n_slots, dtype=np.float32)   # one row's scaled scores, contiguous
+    for h in range(n_kv):
+        for r in range(rows):
+            e = out[h * rows + r]
+            lo = min(max(pos0 - window + 1, 0), n_slots) if window > 0 else 0
+            hi = max(min(pos0 + 1, n_slots), lo)
+            m = _scale_max(scores[h, r], row, lo, hi, sc)
+            for j in range(lo):
+                e[j] = 0.0
+            for j in range(hi, e.shape[0]):
+                e[j] = 0.0
+            s = 0.0
+            if m > -np.inf:
+                _exps(row[lo:hi], hi - lo, m, e[lo:hi])
+                for j0 in range(0, n16, lanes):
+                    s += np.float64(softmax_group_sum(e, j0))
+            il = np.float32(1.0 / s) if s > 0 else np.float32(0.0)
+            _scale_probs(e, hi, il)
+    if out.shape[1] == width:
+        return out
+    probs = empty_aligned(n_kv * rows, width)   # a cache whose capacity is no multiple of the lanes
+    for i in range(n_kv * rows):
+        for j in range(width):
+            probs[i, j] = out[i, j]
+    return probs
+
+
 _DECODERS: dict = {}
 
 
@@ -195,15 +249,8 @@ def one_token_attention(lead):
         scores = np.empty((n_kv, rows, ns), dtype=np.float32)
         kt, kch, kown = keys_job
         ok = lead(ctl, n_workers, kt, kch, kown, (xq,), (xq,), (scores.reshape(n_kv * rows, ns),), lo, ns, 0)
-        mxs = np.full((1, n_kv, rows), -np.inf, dtype=np.float32)
-        sms = np.zeros((1, n_kv, rows), dtype=np.float64)
-        softmax_stats(scores[:, :, base:], 0, 1, ns - base, pos0 - base, rows, window, scale, mxs[0], sms[0], 0)
-        big_m = np.empty((n_kv, rows), dtype=np.float32)
-        inv_l = np.empty((n_kv, rows), dtype=np.float32)
-        merge_stats(mxs, sms, big_m, inv_l)
         kp = min(-(-ns // 64) * 64, cap)
-        probs = probabilities(scores[:, :, base:], ns - base, kp - base, big_m, inv_l)
-        xp = round_to_f16(probs.reshape(n_kv * rows, kp - base))
+        xp = one_owner_probs(scores[:, :, base:], ns - base, kp - base, pos0 - base, window, scale)
         out = np.zeros((n_kv * rows, hdv), dtype=np.float32)
         vt, vch, vown = values_job
         ok = lead(ctl, n_workers, vt, vch, vown, (xp,), (xp,), (out,), 0, 1 << 62, 2 * base) and ok
