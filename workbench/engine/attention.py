@@ -28,7 +28,7 @@ from .crew import CrewError, Job
 from .kv_cache import BLOCK, KVCache, filled_slots, owner_slots, slot_position, store_f16  # noqa: F401
 from .ops import ggml_expf, softmax_group_sum
 from .kernels.activations import empty_aligned
-from .kernels.intrinsics import round_f16
+from .kernels.intrinsics.scalars import round_f16
 from .kernels.llama_build import SOFTMAX_LANES
 
 F16 = 1

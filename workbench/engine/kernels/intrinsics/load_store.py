@@ -106,6 +106,19 @@ def store_f32x8(typingctx, a, off, v):
 
 
 @intrinsic
+def store_f32x16(typingctx, a, off, v):
+    """a[off:off + 16] = v (float32 array; one zmm store on AVX-512)."""
+    check_array(a, (types.float32,))
+    sig = types.void(a, off, v)
+
+    def cg(context, builder, sig, args):
+        builder.store(args[2], array_ptr(context, builder, sig.args[0], args[0], args[1], ll.v16f32), align=4)
+        return context.get_dummy_value()
+
+    return sig, cg
+
+
+@intrinsic
 def store_i32x8(typingctx, a, off, v):
     """a[off:off + 8] = v (int32 array)."""
     check_array(a, (types.int32,))

@@ -22,12 +22,12 @@ tile's partial sums carry from one segment to the next in the scratch buffer, in
 from __future__ import annotations
 
 import numba
-import numpy as np
-from llvmlite import ir
-from numba.core import types
-from numba.extending import intrinsic
 
-from ..intrinsics import f_add, f_zero16, fma_f, hsum16, load_f16x16, load_f32x16, prefetch
+from ..activations import empty_aligned
+from ..intrinsics.lanes import f_add, f_zero16, fma_f
+from ..intrinsics.load_store import load_f16x16, load_f32x16, store_f32x16
+from ..intrinsics.reductions import hsum16
+from ..intrinsics.streams import prefetch
 from ..jitcache import JIT as _NB
 
 SEGMENT = 512     # values of a row a segment when a row is longer than SEGMENT_MAX (8 inputs: 16 KB)
@@ -36,29 +36,6 @@ TILE_MIN_K = 512  # shorter rows: a tile's partial sums and reductions cost more
 #                   (the R1-shape file's 192-wide key rows, 8 heads: 42 -> 35 GFLOP/s tiled)
 BLOCK_TILES = 16  # tiles (32 rows) a block: every group of 8 inputs goes over a block while it is in L2
 TILE = 2 * 8 * 4 * 16  # floats of scratch a tile: 2 rows x 8 inputs x 4 accumulators x 16 lanes
-ALIGN = 64
-
-
-@intrinsic
-def store_f32x16(typingctx, a, off, v):
-    """a[off:off + 16] = v (float32 array; one zmm store)."""
-    sig = types.void(a, off, v)
-
-    def cg(context, builder, sig, args):
-        ary = context.make_array(sig.args[0])(context, builder, args[0])
-        p = builder.bitcast(builder.gep(ary.data, [args[1]]), ir.VectorType(ir.FloatType(), 16).as_pointer())
-        builder.store(args[2], p, align=4)
-        return context.get_dummy_value()
-
-    return sig, cg
-
-
-@numba.njit(inline="always")
-def _scratch(n):
-    """n float32 on a 64-byte line (the tiles' partial sums: whole-line loads and stores)."""
-    buf = np.empty(n + ALIGN // 4, dtype=np.float32)
-    skip = ((-buf.ctypes.data) % ALIGN) // 4
-    return buf[skip:skip + n]
 
 
 @numba.njit(inline="always")
@@ -133,7 +110,7 @@ def tiled_heads(rest, tail16, prefetch_bytes: int):
         seg = n if n <= SEGMENT_MAX else SEGMENT
         nseg = -(-n // seg)
         groups = g // 8
-        sc = _scratch(BLOCK_TILES * TILE)
+        sc = empty_aligned(1, BLOCK_TILES * TILE)[0]   # whole-line loads and stores of the partial sums
         ahead = max(2, prefetch_bytes // (2 * k) + 1) // 2 * 2   # rows prefetched ahead (whole tiles)
         last = w.shape[0]
         for b0 in range(0, pairs, BLOCK_TILES):
