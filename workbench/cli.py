@@ -178,11 +178,6 @@ class CommandLine:
         return args
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argparse parser (for --help and docs); `parse_args` is what resolves a request."""
-    return CommandLine().parser
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The request on the command line, with every option resolved (see `CommandLine`)."""
     return CommandLine().parse(argv)

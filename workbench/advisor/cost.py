@@ -264,11 +264,6 @@ class ModelCost:
         skip = 2.0 * out.n_elements * (1 - self.prompt_share(out.name, n_prompt)) if out is not None else 0.0
         return self.matmul_flops_per_token() - skip + self.attn_flops(depth + n_prompt // 2)
 
-    def kv_cache_bytes(self, n_ctx: int) -> int:
-        """Size of a full KV cache of ``n_ctx`` positions (every layer holds every position)."""
-        return self.kv_bytes_per_position * n_ctx
-
-
 def _int(v: Any, default: int = 0) -> int:
     if isinstance(v, list):  # per-layer arrays: the largest
         return int(max(v)) if v else default

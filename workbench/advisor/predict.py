@@ -333,11 +333,6 @@ def products_per_token(cost: ModelCost) -> dict[int, float]:
     return out
 
 
-def attention_positions(cost: ModelCost, depth: float) -> float:
-    """Block-positions one token attends over at ``depth`` (sliding-window layers: their window)."""
-    return float(sum(min(depth, w) if w else depth for w in cost.kv_window))
-
-
 def engine_attention_s(cost: ModelCost, eng: "EngineModel", threads: int, depth: float,
                        prompt: bool = False) -> float | None:
     """Seconds a token's attention takes over every block at ``depth`` (sliding-window layers:
@@ -628,4 +623,3 @@ def _need_text(c: Candidate) -> str:
     if len(vals) > 1 and max(vals) - min(vals) <= 0.02 * max(vals):
         return f"{len(vals)} x {max(vals) / GiB:.1f} GiB"
     return " + ".join(f"{v / GiB:.1f} GiB" for v in vals)
-

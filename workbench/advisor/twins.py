@@ -15,7 +15,6 @@ vocabulary is 300 tokens. Only the header's metadata is read from the target (``
 """
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -262,10 +261,3 @@ def write_twin(path: str, shape: TwinShape, n_dense: int, n_moe: int, *, used: i
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-
-
-def twin_path(directory: str, shape: TwinShape, n_dense: int, n_moe: int, used: int | None = None,
-              full_attention: bool = False) -> str:
-    """A file name inside ``directory`` for one twin."""
-    tag = f"{n_dense}d{n_moe}m" + (f"u{used}" if used is not None else "") + ("-attn" if full_attention else "")
-    return os.path.join(directory, f"twin-{shape.arch}-{tag}.gguf")

@@ -241,8 +241,3 @@ class StageHost:
 
     def now(self) -> float:
         return time.time()
-
-
-def hidden_bytes(n_tokens: int, n_embd: int) -> int:
-    """Bytes of the hidden state one stage hands the next for n_tokens (float32 rows)."""
-    return int(np.dtype(np.float32).itemsize) * n_tokens * n_embd

@@ -56,20 +56,6 @@ _EXP_C2 = np.float32(float.fromhex("0x1.fffdb6p-2"))
 _EXP_C1 = np.float32(float.fromhex("0x1.ffffecp-1"))
 
 
-@intrinsic
-def pow2_f64(typingctx, n):
-    """2.0 ** n as float64 for an integer-valued float32 n in [-1022, 1023] (built from its bits)."""
-    sig = types.float64(types.float32)
-
-    def cg(context, builder, sig, args):
-        i64 = ir.IntType(64)
-        # through int32 (n fits): a vectorized loop then converts lanes in one instruction without AVX512DQ
-        e = builder.add(builder.sext(builder.fptosi(args[0], ir.IntType(32)), i64), ir.Constant(i64, 1023))
-        return builder.bitcast(builder.shl(e, ir.Constant(i64, 52)), ir.DoubleType())
-
-    return sig, cg
-
-
 @nb.njit(**_JIT, inline="always")
 def ggml_expf(x):
     """exp(x) in float32 exactly as ggml_v_expf (ggml-cpu/vec.h, the SIMD exp of the softmax and

@@ -42,11 +42,6 @@ class RoutingSnapshot:
         mean = sum(vals) / len(vals) if vals else 0.0
         return max(vals) / mean if mean else 1.0
 
-    def hottest(self, layer: int, k: int = 4) -> list[tuple[int, int]]:
-        row = self.hits[layer]
-        idx = np.argsort(-row, kind="stable")[:k]
-        return [(int(e), int(row[e])) for e in idx if row[e] > 0]
-
     def as_dict(self) -> dict[str, Any]:
         return {"window": self.window, "layers": list(self.layers),
                 "hits": {str(il): [int(v) for v in self.hits[il]] for il in self.layers},

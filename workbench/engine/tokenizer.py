@@ -680,10 +680,6 @@ class Tokenizer:
         return self._ids.get("unk")
 
     @property
-    def pad_id(self) -> int | None:
-        return self._ids.get("pad")
-
-    @property
     def eot_ids(self) -> frozenset[int]:
         """All end-of-generation ids (llama.cpp's special_eog_ids)."""
         return self._eog
@@ -707,15 +703,6 @@ class Tokenizer:
     def token_id(self, text: str) -> int | None:
         """Id of the vocabulary entry whose text is exactly ``text``."""
         return self._t2i.get(text)
-
-    def token_attr(self, tid: int) -> int:
-        return self._attr[tid]
-
-    def is_control(self, tid: int) -> bool:
-        return bool(self._attr[tid] & A_CONTROL)
-
-    def is_eog(self, tid: int) -> bool:
-        return tid in self._eog
 
     # ------------------------------------------------------------------ encoding
     def encode(self, text: str, add_bos: bool | None = None, parse_special: bool = False,

@@ -18,8 +18,7 @@ from . import syscalls as sc
 from .budget import BudgetError, check_need, fmt_bytes
 from .memory import DEFAULT, PAGE, THP_SIZE, PlacedBuffer, Policy, alloc, first_touch, migrate
 from .modes import kv_node
-from .plan import (KVPlan, KVRequest, Piece, PlacementPlan, TensorPlan, TensorSpec, free_memory, make_plan,
-                   plan_for_pool, row_split, sliceable)
+from .plan import KVPlan, KVRequest, Piece, PlacementPlan, TensorSpec, plan_for_pool, row_split, sliceable
 
 if TYPE_CHECKING:
     from .workers import WorkerPool

@@ -76,9 +76,3 @@ def parse_kv_list(spec: str, nodes: Sequence[int]) -> list[str]:
     if not modes:
         raise ModeError(f"no KV mode in {spec!r}")
     return modes
-
-
-def parse_policy(text: str) -> str:
-    if text not in POLICIES:
-        raise ModeError(f"unknown worker policy {text!r} (one of {', '.join(POLICIES)})")
-    return text

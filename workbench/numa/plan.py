@@ -200,10 +200,6 @@ class PlacementPlan:
         """The consecutive row block each node's workers compute."""
         return _node_ranges(rows, self.workers)
 
-    def compute_rows(self, name: str) -> list[tuple[int, int]]:
-        """Rows (of each expert, for expert tensors) each worker computes."""
-        return row_split(self.tensors[name].spec.group_rows, self.n_workers)
-
     def expert_node(self, name: str, expert: int) -> int | None:
         """The node that alone holds (and computes) ``expert``, or None when every node reads it."""
         for p in self.tensors[name].pieces:

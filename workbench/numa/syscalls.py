@@ -137,14 +137,6 @@ def get_mempolicy(addr: int | None = None) -> CallResult:
     return CallResult(True, (mode.value, _mask_nodes(mask))) if r else r
 
 
-def node_of_address(addr: int) -> CallResult:
-    """Node holding the page at ``addr`` (get_mempolicy MPOL_F_NODE|MPOL_F_ADDR; faults it in)."""
-    node = ctypes.c_int(-1)
-    r = _call("get_mempolicy", ctypes.byref(node), None, ctypes.c_ulong(0),
-              ctypes.c_void_p(addr), ctypes.c_ulong(MPOL_F_NODE | MPOL_F_ADDR))
-    return CallResult(True, node.value) if r else r
-
-
 def move_pages(addrs: Sequence[int], nodes: Sequence[int] | None = None, flags: int = 0) -> CallResult:
     """move_pages(2) on this process. ``nodes=None`` only queries: value is the per-page
     status list (node id, or -errno such as -ENOENT for a page never touched)."""
@@ -180,11 +172,6 @@ def sched_setaffinity(cpus: Sequence[int], tid: int | None = None) -> CallResult
     if tid is None:
         tid = threading.get_native_id()
     return _call("sched_setaffinity", ctypes.c_int(tid), ctypes.c_ulong(size // 8), mask)
-
-
-def numa_available() -> CallResult:
-    """Whether memory-policy calls work here (value: the thread's (mode, nodes))."""
-    return get_mempolicy()
 
 
 def trim_heap() -> bool:

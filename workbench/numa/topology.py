@@ -89,12 +89,6 @@ class Topology:
     def distance(self, a: int, b: int) -> int:
         return self.node(a).distances.get(b, 10 if a == b else 20)
 
-    def socket_of(self, cpu: int) -> int | None:
-        for s, cpus in self.sockets.items():
-            if cpu in cpus:
-                return s
-        return None
-
     def physical_cpus(self, cpus: list[int] | tuple[int, ...] | None = None) -> list[int]:
         """One CPU per core among ``cpus`` (default: allowed CPUs): its lowest listed sibling."""
         pool = list(self.allowed_cpus if cpus is None else cpus)
@@ -118,11 +112,6 @@ class Topology:
             if all(f in self.cpu_flags for f in need):
                 return name
         return "generic"
-
-    @property
-    def hugepage_sizes_kb(self) -> tuple[int, ...]:
-        return tuple(sorted({h.size_kb for n in self.nodes for h in n.hugepages}))
-
 
 # ---- parsing helpers ----------------------------------------------------
 
