@@ -7,10 +7,11 @@
 #      weights mode: pages per node per tensor class and the expert bytes each worker read;
 #   3. placement: the full R1-shaped file (61 blocks, 256 experts) loaded in every weights mode,
 #      pages per node per tensor class and the expert bytes each worker is handed; no decode;
+#   tests: tests/numa_vm's suite in the same guest, with this cache and files;
 #   4. record: `numawb --record` of docs/screenshot-2node.session (the instruct model of
 #      `numawb pull`) in the guest; its last screenshot becomes docs/screenshot-2node.svg.
 #
-#   scripts/numa_vm_proof.sh [attention] [experts] [placement] [record]   (default: all four)
+#   scripts/numa_vm_proof.sh [attention] [experts] [placement] [tests] [record]   (default: all)
 #
 # The code that runs is a snapshot of the last commit (git archive HEAD), so edits in the working
 # tree while the guest runs change nothing. The Numba cache: the guest's CPU (QEMU's "max" under
@@ -25,7 +26,7 @@ set -u -o pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PY="$(python3 -c 'import sys; print(sys.executable)')"
 export PATH="$(dirname "$PY"):$PATH"
-WHAT="${*:-attention experts placement record}"
+WHAT="${*:-attention experts placement tests record}"
 WORK="${NUMA_VM_PROOF_DIR:-$HOME/.cache/numawb/vm-proof}"     # outside /tmp: the guest sees it
 SRC="$WORK/src"
 MODELS="$WORK/models"
@@ -55,6 +56,7 @@ for w in $WHAT; do
         attention) cmds+=("attention $MODELS/llama-tiny-q4_k.gguf $MODELS/deepseek2-tiny-q8_0.gguf") ;;
         experts) cmds+=("experts $R1S --modes $MODES") ;;
         placement) cmds+=("placement $R1 --modes $MODES") ;;
+        tests) cmds+=("tests") ;;
         record) SMOL="$(ls "${XDG_DATA_HOME:-$HOME/.local/share}"/numawb/models/SmolLM2-135M-Instruct*.gguf 2>/dev/null | head -1)"
                 [ -n "$SMOL" ] || { echo "numa_vm_proof: record needs \`numawb pull\` first" >&2; exit 2; }
                 cmds+=("record $SMOL") ;;
@@ -68,6 +70,7 @@ rm -rf "$REC" && mkdir -p "$REC"
 run_cmd() {  # a proof's command line: the record runs the app, the others the proof script
     case "$1" in
         record) echo "-m workbench -m $2 --record $REC --script docs/screenshot-2node.session" ;;
+        tests) echo "-m pytest tests/numa_vm/test_attention_vm.py tests/numa_vm/test_placement_vm.py -q -p no:cacheprovider -rs" ;;
         *) echo "benchmarks/numa_vm_proof.py $*" ;;
     esac
 }
@@ -75,7 +78,9 @@ for c in "${cmds[@]}"; do
     start=$SECONDS
     # shellcheck disable=SC2086
     set -- $c
-    if [ "$1" = record ]; then
+    if [ "$1" = tests ]; then   # the attention proof's code is the engine test's
+        warm=(benchmarks/numa_vm_proof.py attention "$MODELS/llama-tiny-q4_k.gguf" "$MODELS/deepseek2-tiny-q8_0.gguf" --warm)
+    elif [ "$1" = record ]; then
         warm=(-c "import sys; from workbench.engine import engine as e; e.kv_owners = lambda pool: [[w.index] for w in pool.workers]; from workbench.cli import main; sys.exit(main(sys.argv[1:]))" -m "$2" --record "$WORK/record-warm" --script docs/screenshot-2node.session)
     else
         # shellcheck disable=SC2206
@@ -95,7 +100,7 @@ script="$WORK/guest.sh"
         echo "echo '=== $c'; t0=\$(date +%s)"
         echo "sync; echo 3 > /proc/sys/vm/drop_caches"
         # shellcheck disable=SC2086
-        echo "env $ENVS $PY $(run_cmd $c) 2>&1; echo \"=== rc \$? after \$((\$(date +%s) - t0)) s in the guest\""
+        echo "env $ENVS NUMAWB_VM_MODELS=$MODELS PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 $PY $(run_cmd $c) 2>&1; echo \"=== rc \$? after \$((\$(date +%s) - t0)) s in the guest\""
     done
 } > "$script"
 log="$WORK/guest.log"
