@@ -37,10 +37,11 @@ echo "numa_vm: kernel $KERNEL, python $PY, timeout ${GUEST_TIMEOUT}s per guest"
 # guest's CPU (QEMU's "max" under TCG: AVX2, no AVX-512) would compile the engine for minutes, so
 # the host writes the files and runs the same decode once (`--warm`) into a Numba cache built for
 # one fixed target (AVX2 kernels, llama.cpp's 256-bit float orders, LLVM's haswell), and the guest
-# loads that code. ~2-4 min of host time, ~3 min in the 2-node guest.
+# loads that code (no compile helper there: under emulation a cache load looks like a compile and
+# starts one). ~2-4 min of host time, ~3 min in the 2-node guest.
 VM_WORK="${XDG_CACHE_HOME:-$HOME/.cache}/numawb/numa-vm-ci"   # outside /tmp: the guest sees it
 rm -rf "$VM_WORK" && mkdir -p "$VM_WORK/numba"
-VM_ENV="NUMAWB_LLAMA_SIMD=256 NUMAWB_KERNEL_PATH=avx2 NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=+avx,+avx2,+fma,+f16c,+bmi,+bmi2,+popcnt NUMBA_CACHE_DIR=$VM_WORK/numba NUMAWB_VM_MODELS=$VM_WORK/models"
+VM_ENV="NUMAWB_PARALLEL_COMPILE=0 NUMAWB_LLAMA_SIMD=256 NUMAWB_KERNEL_PATH=avx2 NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=+avx,+avx2,+fma,+f16c,+bmi,+bmi2,+popcnt NUMBA_CACHE_DIR=$VM_WORK/numba NUMAWB_VM_MODELS=$VM_WORK/models"
 warm_start=$SECONDS
 # shellcheck disable=SC2086
 if ! (cd "$ROOT" && env $VM_ENV "$PY" tests/numa_vm/vm_models.py "$VM_WORK/models" >/dev/null \

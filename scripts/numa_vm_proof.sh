@@ -19,7 +19,10 @@
 # one fixed LLVM target (NUMBA_CPU_NAME / NUMBA_CPU_FEATURES below) into one cache folder: the host
 # runs each proof once first (`--warm`, two KV owners standing for two nodes), and the guest loads
 # that code instead of compiling it under emulation. The cache keys on llama.cpp's SIMD width
-# (`kernels/llama_build.py`): the host (AVX-512) would take 512, the guest 256, so both are told 256. qemu runs on CPU 1 only (taskset), the other
+# (`kernels/llama_build.py`): the host (AVX-512) would take 512, the guest 256, so both are told 256.
+# In the guest no compile helper (NUMAWB_PARALLEL_COMPILE=0): under emulation even a cache load
+# takes longer than a compile's threshold, so the engine took every start for a first one and its
+# helper compiled each kernel of the file's types on the other vCPU meanwhile. qemu runs on CPU 1 only (taskset), the other
 # core stays free.
 set -u -o pipefail
 
@@ -37,7 +40,7 @@ GUEST_TIMEOUT="${GUEST_TIMEOUT:-5400}"
 KERNEL="$(ls /boot/vmlinuz-* | sort -V | tail -1)"
 export NUMAWB_LLAMA_SIMD=256 NUMAWB_KERNEL_PATH=avx2 NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES="+avx,+avx2,+fma,+f16c,+bmi,+bmi2,+popcnt"
 export NUMBA_CACHE_DIR="$WORK/numba"
-ENVS="NUMAWB_LLAMA_SIMD=$NUMAWB_LLAMA_SIMD NUMAWB_KERNEL_PATH=$NUMAWB_KERNEL_PATH NUMBA_CPU_NAME=$NUMBA_CPU_NAME NUMBA_CPU_FEATURES=$NUMBA_CPU_FEATURES NUMBA_CACHE_DIR=$NUMBA_CACHE_DIR"
+ENVS="NUMAWB_PARALLEL_COMPILE=0 NUMAWB_LLAMA_SIMD=$NUMAWB_LLAMA_SIMD NUMAWB_KERNEL_PATH=$NUMAWB_KERNEL_PATH NUMBA_CPU_NAME=$NUMBA_CPU_NAME NUMBA_CPU_FEATURES=$NUMBA_CPU_FEATURES NUMBA_CACHE_DIR=$NUMBA_CACHE_DIR"
 
 mkdir -p "$WORK" "$MODELS" "$NUMBA_CACHE_DIR"
 rm -rf "$SRC" && mkdir -p "$SRC"
