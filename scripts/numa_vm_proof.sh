@@ -35,7 +35,8 @@ SRC="$WORK/src"
 MODELS="$WORK/models"
 OUT="${NUMA_VM_PROOF_OUT:-$ROOT/benchmarks/results-numa-vm.md}"
 R1="${R1_FILE:-$HOME/.cache/numawb/bench-models/deepseek2-synth-r1-q4_k.gguf}"
-MODES="${MODES:-none,interleave,mirror,slice,auto,experts}"
+MODES="${MODES:-none,interleave,mirror,slice,auto,experts}"   # the decoded file's
+PLACEMENT_MODES="${PLACEMENT_MODES:-none,interleave,mirror,slice,auto,experts}"   # R1's (no decode)
 GUEST_TIMEOUT="${GUEST_TIMEOUT:-5400}"
 KERNEL="$(ls /boot/vmlinuz-* | sort -V | tail -1)"
 export NUMAWB_LLAMA_SIMD=256 NUMAWB_KERNEL_PATH=avx2 NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES="+avx,+avx2,+fma,+f16c,+bmi,+bmi2,+popcnt"
@@ -58,7 +59,7 @@ for w in $WHAT; do
     case "$w" in
         attention) cmds+=("attention $MODELS/llama-tiny-q4_k.gguf $MODELS/deepseek2-tiny-q8_0.gguf") ;;
         experts) cmds+=("experts $R1S --modes $MODES") ;;
-        placement) cmds+=("placement $R1 --modes $MODES") ;;
+        placement) cmds+=("placement $R1 --modes $PLACEMENT_MODES") ;;
         tests) cmds+=("tests") ;;
         record) SMOL="$(ls "${XDG_DATA_HOME:-$HOME/.local/share}"/numawb/models/SmolLM2-135M-Instruct*.gguf 2>/dev/null | head -1)"
                 [ -n "$SMOL" ] || { echo "numa_vm_proof: record needs \`numawb pull\` first" >&2; exit 2; }
