@@ -352,6 +352,9 @@ def main() -> int:
             ok &= attention(f, a.prompt, a.decode, a.warm)
         else:
             ok &= experts(f, modes, a.decode, a.warm, decode_on=a.what == "experts")
+    if a.warm:   # one node: nothing is proven (a worker may take the other's chunks: same node)
+        out(f"warm-up done ({a.what})")
+        return 0
     out(f"PROOF {'PASSED' if ok else 'FAILED'} ({a.what})")
     return 0 if ok else 1
 
