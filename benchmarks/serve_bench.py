@@ -2,7 +2,8 @@
 (a benchmark, not a test).
 
     python3 benchmarks/serve_bench.py [-m MODEL] [-np 8] [-c 1,4,8] [-n 128] [-t 2] [-r 3]
-                                      [--llama-server PATH] [--load 200] [--json]
+                                      [--llama-server PATH] [--load 200] [--prompt-tokens 2048 --ctx 4096]
+                                      [--json]
 
 For each server (a fresh process each): start it on a free loopback port with `-np` slots, warm
 it up, then for each client count run `-r` rounds in which every client streams one completion
@@ -85,7 +86,7 @@ class Server:
             return self.proc.wait()
 
 
-def stream(port: int, prompt: str, n: int, temperature: float = 0.0, seed: int = 0, ignore_eos: bool = True,
+def stream(port: int, prompt: str | list[int], n: int, temperature: float = 0.0, seed: int = 0, ignore_eos: bool = True,
            close_after: int | None = None) -> dict:
     """One streamed /v1/completions request; token arrival times, the server's timings."""
     body = json.dumps({"prompt": prompt, "max_tokens": n, "temperature": temperature, "seed": seed,
@@ -95,6 +96,7 @@ def stream(port: int, prompt: str, n: int, temperature: float = 0.0, seed: int =
     c.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
     r = c.getresponse()
     out = {"status": r.status, "times": [], "finish": None, "timings": None, "t0": t0}
+    chunks = 0
     if r.status != 200:
         out["error"] = r.read().decode(errors="replace")
         c.close()
@@ -111,6 +113,7 @@ def stream(port: int, prompt: str, n: int, temperature: float = 0.0, seed: int =
             break
         ev = json.loads(data)
         ch = ev.get("choices") or [{}]
+        chunks += 1
         if ch[0].get("text"):
             out["times"].append(time.perf_counter())
         if ch[0].get("finish_reason"):
@@ -118,7 +121,8 @@ def stream(port: int, prompt: str, n: int, temperature: float = 0.0, seed: int =
             out["finish"] = ch[0]["finish_reason"]
             out["timings"] = ev.get("timings")
             out["completion_tokens"] = (ev.get("usage") or {}).get("completion_tokens")
-        if close_after is not None and len(out["times"]) >= close_after and not out["finish"]:
+        # closed after that many chunks, text or not (a random-weight file's tokens print nothing)
+        if close_after is not None and chunks >= close_after and not out["finish"]:
             out["finish"] = "closed"
             break
     c.close()
@@ -126,12 +130,21 @@ def stream(port: int, prompt: str, n: int, temperature: float = 0.0, seed: int =
 
 
 TEMPERATURE = 0.0  # --temp: the timed rounds' sampling temperature (0: greedy)
+PROMPT_TOKENS = 0  # --prompt-tokens: each client's prompt as that many token ids (MLA slots at depth)
 BY_TIMINGS = False  # --by-timings: each request's decode span from the server's timings, not text arrivals
+
+
+def prompt_of(i: int) -> str | list[int]:
+    """Client i's prompt: one of PROMPTS, or with --prompt-tokens that many token ids (seeded by i;
+    ids 100-249, in every vocabulary), the same for both servers."""
+    if not PROMPT_TOKENS:
+        return PROMPTS[i % len(PROMPTS)]
+    return random.Random(1000 + i).choices(range(100, 250), k=PROMPT_TOKENS)
 
 
 def concurrent_round(port: int, clients: int, n: int, round_: int) -> dict:
     with ThreadPoolExecutor(clients) as ex:
-        res = list(ex.map(lambda i: stream(port, PROMPTS[(i + round_) % len(PROMPTS)], n, TEMPERATURE, seed=i),
+        res = list(ex.map(lambda i: stream(port, prompt_of(i + round_), n, TEMPERATURE, seed=i),
                           range(clients)))
     bad = [r for r in res if r["status"] != 200 or r["finish"] is None]
     if bad:
@@ -155,6 +168,18 @@ def concurrent_round(port: int, clients: int, n: int, round_: int) -> dict:
             "stream_tps": statistics.mean(per_stream), "tokens": tokens}
 
 
+def solo_passes(port: int) -> float:
+    """numawb's count of passes run without its crew (`numawb_crew_solo_passes` in /metrics)."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("GET", "/metrics")
+    text = c.getresponse().read().decode()
+    c.close()
+    for line in text.splitlines():
+        if line.startswith("numawb_crew_solo_passes"):
+            return float(line.split()[-1])
+    return 0.0
+
+
 def run_server(kind: str, cmd: list[str], port: int, levels: list[int], n: int, reps: int) -> dict:
     log(f"starting {kind}: {' '.join(cmd)}")
     srv = Server(kind, cmd, port)
@@ -163,12 +188,16 @@ def run_server(kind: str, cmd: list[str], port: int, levels: list[int], n: int, 
         concurrent_round(port, max(levels), 8, 0)
         out = {}
         for c in levels:
+            solo0 = solo_passes(port) if kind == "numawb" else None
             rounds = [concurrent_round(port, c, n, r) for r in range(reps)]
             best = max(rounds, key=lambda r: r["aggregate_tps"])
             out[c] = best
+            if solo0 is not None:   # passes the crew's starvation backoff ran on one thread
+                best["solo_passes"] = solo_passes(port) - solo0
             log(f"{kind} clients={c}: aggregate {best['aggregate_tps']:.1f} t/s, "
                 f"per stream {best['stream_tps']:.1f} t/s (rounds: "
-                f"{', '.join('%.1f' % r['aggregate_tps'] for r in rounds)})")
+                f"{', '.join('%.1f' % r['aggregate_tps'] for r in rounds)})"
+                + (f", {best['solo_passes']:.0f} passes without the crew" if solo0 is not None else ""))
         return out
     finally:
         rc = srv.stop()
@@ -242,10 +271,13 @@ def main() -> int:
     ap.add_argument("--by-timings", action="store_true",
                     help="time each request's decode by the server's timings (predicted_n, predicted_ms) and "
                          "its last chunk, not by text arrivals: for files whose tokens print nothing")
+    ap.add_argument("--prompt-tokens", type=int, default=0, metavar="N",
+                    help="each client's prompt as N token ids instead of a short text (slots at depth; "
+                         "give --ctx above N + -n)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    global TEMPERATURE, BY_TIMINGS
-    TEMPERATURE, BY_TIMINGS = args.temp, args.by_timings
+    global TEMPERATURE, BY_TIMINGS, PROMPT_TOKENS
+    TEMPERATURE, BY_TIMINGS, PROMPT_TOKENS = args.temp, args.by_timings, args.prompt_tokens
     levels = [int(x) for x in args.clients.split(",")]
     if max(levels) > args.parallel:
         log(f"note: {max(levels)} clients on {args.parallel} slots: some wait for a slot")
@@ -255,7 +287,7 @@ def main() -> int:
         from workbench.engine import default_model_path
         model = default_model_path()
     results: dict = {"model": os.path.basename(model), "parallel": args.parallel, "threads": args.threads,
-                     "n_gen": args.n_gen, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                     "n_gen": args.n_gen, "prompt_tokens": args.prompt_tokens or None, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                      "cpu": _cpu_name(), "servers": {}}
     port = free_port()
     numawb_cmd = [sys.executable, "-m", "workbench", "serve", "-m", model, "--port", str(port),
@@ -301,7 +333,9 @@ def table(res: dict, levels: list[int]) -> str:
     srv = res["servers"]
     both = "llama-server" in srv
     lines = [f"{res['model']}, {res['cpu']}, {res['threads']} threads, -np {res['parallel']}, "
-             f"{res['n_gen']} tokens per request, {res['date']}", ""]
+             f"{res['n_gen']} tokens per request"
+             + (f" after a {res['prompt_tokens']}-token prompt" if res.get("prompt_tokens") else "")
+             + f", {res['date']}", ""]
     head = "| clients | numawb t/s (aggregate) | numawb t/s per stream |"
     sep = "|---:|---:|---:|"
     if both:
@@ -316,6 +350,10 @@ def table(res: dict, levels: list[int]) -> str:
             row += f" {b['aggregate_tps']:.1f} | {b['stream_tps']:.1f} | " \
                    f"**{a['aggregate_tps'] / b['aggregate_tps']:.2f}x** |"
         lines.append(row)
+    solos = {c: srv["numawb"][c].get("solo_passes") for c in levels}
+    if any(v is not None for v in solos.values()):
+        lines += ["", "numawb passes run without the crew (its starvation backoff) during each level's rounds: "
+                  + ", ".join(f"{c} clients {v:.0f}" for c, v in solos.items() if v is not None)]
     one = srv["numawb"].get(1)
     if one and res.get("generate_tps"):   # (0: its tokens printed nothing to time)
         g = res["generate_tps"]

@@ -376,6 +376,24 @@ def test_metrics_prometheus_text(srv):
     assert done and done[0].value >= 1
 
 
+def test_metrics_count_the_passes_run_without_the_crew(srv):
+    """numawb_crew_solo_passes counts the passes the starvation backoff ran on the calling thread
+    alone (forced here: the runtime's backoff set to 2 passes of the 5 decoded tokens)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def solo() -> float:
+        fams = {f.name: f for f in text_string_to_metric_families(_get(srv, "/metrics")[1])}
+        return fams["numawb_crew_solo_passes"].samples[0].value
+    rt = srv.state.engine.rt
+    before = solo()
+    assert before == rt.solo_passes
+    with srv.state.engine.lock:
+        rt.crew_backoff = 2
+    _client(srv).completions.create(model=srv.state.model_id, prompt="Hello", max_tokens=6)
+    # (a busy machine may starve the crew again: more solo passes, never fewer)
+    assert solo() == rt.solo_passes >= before + 2
+
+
 def test_metrics_kv_bytes_per_slot_and_node(srv):
     """A busy slot's KV cache appears per node in /metrics, in bytes measured from its pages: the
     slot that streams has some, at most its buffers' size."""

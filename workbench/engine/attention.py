@@ -260,6 +260,99 @@ def one_token_attention(lead):
     return attend
 
 
+def rows_token_attention(lead):
+    """A decode batch's attention, row r its own sequence on its own one-owner cache, compiled
+    around the crew's `lead` in two crew jobs a layer: every row's scores as one job and every
+    row's weighted values as one job (`combine_row_jobs`: row r's one-token tasks, reading its
+    own cache, numbered after the rows before it), each row's softmax between them by
+    `one_owner_probs`. Row r's numbers are `one_token_attention`'s for its sequence alone (each
+    output is the same kernel call on the same rows); a pass of n rows posted 2 n jobs a layer,
+    each a hand-off between the workers that a descheduled one holds up."""
+    fn = _DECODERS.get(("rows", lead))
+    if fn is not None:
+        return fn
+    from .crew import NO_LIMIT, T_HI, T_LO, T_WSHIFT, T_XLEN, T_XOFF
+    from .kernels.activations import round_to_f16
+
+    @nb.njit(**_JIT)
+    def attend(ctl, n_workers, keys_job, values_job, q, k, v, caches, pos0s, window, skip_slid, scale):
+        """q [n, n_head, hd], k / v [n, n_kv, hd / hdv]: row r's token at pos0s[r] on caches[r]
+        (keys job, values job, keys, values, capacity; its own jobs unused here); keys_job,
+        values_job: the rows' jobs combined -> (out [n * n_head, hdv], ok)."""
+        n, n_head, hd = q.shape
+        n_kv = k.shape[1]
+        hdv = v.shape[2]
+        rows = n_head // n_kv
+        per = n_kv * rows
+        starts = np.empty(n, dtype=np.int64)
+        bases = np.empty(n, dtype=np.int64)
+        kps = np.empty(n, dtype=np.int64)
+        width = 1
+        wv = 1
+        for r in range(n):
+            _kj, _vj, kc, vc, cap = caches[r]
+            pos0 = pos0s[r]
+            store_f16(kc, vc, k[r:r + 1], v[r:r + 1], pos0)
+            starts[r] = max(pos0 - window + 1, 0) if window else 0
+            bases[r] = starts[r] // 64 * 64 if skip_slid else 0
+            kps[r] = min(-(-(pos0 + 1) // 64) * 64, cap)
+            width = max(width, pos0 + 1)
+            wv = max(wv, kps[r] - bases[r])
+        xq = round_to_f16(q.reshape(n * n_head, hd))
+        scores = np.empty((n * per, width), dtype=np.float32)
+        kt, kch, kown = keys_job
+        for r in range(n):
+            for t in range(r * per, (r + 1) * per):
+                kt[t, T_LO] = starts[r]
+                kt[t, T_HI] = pos0s[r] + 1
+        ok = lead(ctl, n_workers, kt, kch, kown, (xq,), (xq,), (scores,), 0, -1, -1)
+        xp = empty_aligned(n * per, wv)
+        vt, vch, vown = values_job
+        for r in range(n):
+            base = bases[r]
+            sc = scores[r * per:(r + 1) * per].reshape(n_kv, rows, width)
+            p = one_owner_probs(sc[:, :, base:], pos0s[r] + 1 - base, kps[r] - base, pos0s[r] - base, window, scale)
+            m = kps[r] - base
+            for i in range(per):
+                for j in range(m):
+                    xp[r * per + i, j] = p[i, j]
+                for j in range(m, wv):
+                    xp[r * per + i, j] = 0.0
+            for t in range(r * per, (r + 1) * per):
+                vt[t, T_LO] = 0
+                vt[t, T_HI] = NO_LIMIT
+                vt[t, T_WSHIFT] = 2 * base
+                vt[t, T_XOFF] = 0
+                vt[t, T_XLEN] = m
+        out = np.zeros((n * per, hdv), dtype=np.float32)
+        ok = lead(ctl, n_workers, vt, vch, vown, (xp,), (xp,), (out,), 0, -1, -1) and ok
+        return out, ok
+
+    _DECODERS[("rows", lead)] = attend
+    return attend
+
+
+def combine_row_jobs(jobs: list[tuple[np.ndarray, np.ndarray, int]]) -> tuple[np.ndarray, np.ndarray, int]:
+    """One crew job from the one-owner attention jobs (tasks, chunks, n_owned) of a batch's rows
+    (`rows_token_attention`): row r's tasks renumbered after the rows before it (their input and
+    output rows too), each chunk of the first row's table taken for every row in turn, so the
+    filled positions' chunks still come first; the links to a next job (a decoded token's) and
+    the write-ahead cleared, as `crew.rows_job` does."""
+    from .crew import C_TASK, T_NEXT_C, T_NEXT_NC, T_NEXT_NO, T_NEXT_T, T_OUTROW, T_WA_N, T_XROW
+    per = jobs[0][0].shape[0]
+    if any(n_owned for _t, _c, n_owned in jobs) or any(t.shape[0] != per for t, _c, _n in jobs):
+        raise ValueError("rows of one-owner caches with the same jobs' layout only")
+    tasks = np.concatenate([t for t, _c, _n in jobs])
+    for r in range(len(jobs)):
+        tasks[r * per:(r + 1) * per, T_XROW] += r * per
+        tasks[r * per:(r + 1) * per, T_OUTROW] += r * per
+    tasks[:, [T_NEXT_T, T_NEXT_C, T_NEXT_NC, T_NEXT_NO, T_WA_N]] = 0
+    first = jobs[0][1]
+    chunks = np.repeat(first, len(jobs), axis=0)
+    chunks[:, C_TASK] += np.tile(np.arange(len(jobs), dtype=np.int64) * per, first.shape[0])
+    return tasks, chunks, 0
+
+
 def owners_token_attention(lead):
     """One token over a cache split between several owners (one per node), compiled around the
     crew's `lead` like `one_token_attention`: each owner's scores and weighted values are chunks

@@ -22,8 +22,8 @@ from typing import Callable
 import numpy as np
 
 from . import kernels, ops
-from .attention import SKIP_SLID_VALUES, one_token_attention, token_window
-from .crew import Crew, CrewError, rows_job
+from .attention import SKIP_SLID_VALUES, combine_row_jobs, one_token_attention, rows_token_attention, token_window
+from .crew import CHUNK_FIELDS, TASK_FIELDS, Crew, CrewError, rows_job
 from .engine import Engine, Session
 from .events import ContextFullError
 from .kernels.q8_0_rows import ONES, q8_0_rows_vnni
@@ -190,7 +190,7 @@ class _BatchRuntime:
         crew = rt._crew
         pos0s = np.array([c.n for c in caches], dtype=np.int64)
         if not fn(crew.ctl, crew.n_workers, np.ascontiguousarray(h, dtype=np.float32), *args[:10], rope, *args[10:12],
-                  rows, pos0s, *args[12:]):
+                  *rows, pos0s, *args[12:]):
             crew.stop()
             raise CrewError("a worker failed during attention")
         return args[-2]
@@ -205,18 +205,25 @@ class _BatchRuntime:
             hit = rt._rows_jobs[key] = (rt._crew.lead, build())
         return hit[1]
 
-    def _rows_caches(self, key: tuple, parts: list, row: Callable) -> object:
-        """The typed list of each row's cache arguments (`row(parts)`) for this batch's sequences,
-        kept with the first cache's one-token parts until the sequences or their parts change
-        (a server's batch changes as requests join and leave: one entry per layer)."""
+    def _rows_caches(self, key: tuple, parts: list, row: Callable) -> tuple:
+        """The typed list of each row's cache arguments (`row(parts)`: keys job, values job, keys,
+        values, capacity) for this batch's sequences, and with one-owner caches every row's keys
+        and values jobs combined into one job each (`attention.combine_row_jobs`; otherwise empty
+        tables), kept with the first cache's one-token parts until the sequences or their parts
+        change (a server's batch changes as requests join and leave: one entry per layer)."""
         caches = self._caches
         per = self._rt._tparts.setdefault(caches[0], {})
         key = key + (len(caches),)
         hit = per.get(key)
         if (hit is None or any(r() is not c for r, c in zip(hit[0], caches))
                 or any(a is not b for a, b in zip(hit[1], parts))):
+            items = tuple(row(p) for p in parts)
+            if all(c.n_workers == 1 for c in caches):
+                keys, values = (combine_row_jobs([it[i] for it in items]) for i in (0, 1))
+            else:
+                keys = values = (np.zeros((0, TASK_FIELDS), np.int64), np.zeros((0, CHUNK_FIELDS), np.int64), 0)
             per[key] = hit = (tuple(weakref.ref(c) for c in caches), list(parts),
-                              typed_layers(tuple(row(p) for p in parts), check=False))
+                              (typed_layers(items, check=False), keys, values))
         return hit[2]
 
     def _rows_attention_args(self, spec: AttentionSpec, parts: list) -> tuple[Callable, tuple]:
@@ -224,12 +231,11 @@ class _BatchRuntime:
         n = len(parts)
         g_qkv, g_out = rt._group(spec.qkv), rt._group((spec.output,))
         run_qkv, run_out = rt.product_runner(g_qkv, rows=True), rt.product_runner(g_out, rows=True)
-        attend, _kc, _vc = rt._cache_args(self._caches[0], 0)
         (jq, q, k, v, bq, bk, bv, q_norm, k_norm, eps) = parts[0].head
         (neox, prescale, *_rest) = parts[0].mid
         (window, scale) = parts[0].win
         (_cap, jo, o, bo) = parts[0].tail
-        fn = rows_block_runner(run_qkv, attend, run_out)
+        fn = rows_block_runner(run_qkv, rows_token_attention(rt._crew.lead), run_out, combined=True)
         return fn, (_rows_table(jq, n), np.empty((n,) + q.shape, np.float32), np.empty((n,) + k.shape, np.float32),
                     np.empty((n,) + v.shape, np.float32), bq, bk, bv, q_norm, k_norm, eps, neox, prescale,
                     int(window), bool(SKIP_SLID_VALUES), float(scale), _rows_table(jo, n),
@@ -253,7 +259,7 @@ class _BatchRuntime:
         pos0s = np.array([c.n for c in caches], dtype=np.int64)
         o = args[-1]
         if not fn(crew.ctl, crew.n_workers, np.ascontiguousarray(h, dtype=np.float32), *args[:10], rope, *args[10:13],
-                  rows, pos0s, *args[13:]):
+                  *rows, pos0s, *args[13:]):
             crew.stop()
             raise CrewError("a worker failed during attention")
         return o
@@ -270,14 +276,15 @@ class _BatchRuntime:
         run1, run_out = rt.product_runner(g1, rows=True), rt.product_runner(g_out, rows=True)
         run_qb = rt.product_runner(g_qb, rows=True) if g_qb is not None else run1
         preps = [kernels.preparer(rt.weights[nm].ggml_type, floats=True) for nm in (spec.k_b, spec.v_b)]
-        attend, _kc, _vc = rt._cache_args(self._caches[0], 0)
+        combined = self._caches[0].n_workers == 1
+        attend = rows_token_attention(rt._crew.lead) if combined else rt._cache_args(self._caches[0], 0)[0]
         H = q_abs.shape[0]
 
         def job(j, stride: int = 1) -> tuple:
             return _rows_table(j, n, stride)
         qa = np.empty((n, g1.rows[0]), np.float32)
         q = np.empty((n, g_qb.rows[0]), np.float32) if g_qb is not None else qa
-        fn = rows_mla_runner(run1, run_qb, rt._crew.lead, preps[0], preps[1], attend, run_out)
+        fn = rows_mla_runner(run1, run_qb, rt._crew.lead, preps[0], preps[1], attend, run_out, combined)
         return fn, (job(j1), qa, np.empty((n, g1.rows[1]), np.float32), qa_norm, eps,
                     job(jqb) if g_qb is not None else job(j1), q, job(jkb, H), np.empty((n * H, qn.shape[1]), np.float32),
                     np.empty((n, q_abs.size), np.float32), neox, nope, kv_norm, float(spec.scale), job(jvb, H),

@@ -25,24 +25,27 @@ _BLOCKS: dict = {}
 
 
 def rows_mla_runner(first: Callable, q_b: Callable, lead: Callable, prep_kb: Callable, prep_vb: Callable,
-                    attend: Callable, out: Callable) -> Callable:
+                    attend: Callable, out: Callable, combined: bool = False) -> Callable:
     """The compiled MLA sub-layer over a decode batch's rows: `first`, `q_b`, `out` the crew's rows
     product runners (`crew.product_runner(..., rows=True)`) of (q_a or q, kv_a_mqa), attn_q_b and
-    attn_output; `lead`, `prep_kb`, `prep_vb`, `attend` as `mla_block_runner`'s."""
-    key = (first, q_b, lead, prep_kb, prep_vb, attend, out)
+    attn_output; `lead`, `prep_kb`, `prep_vb` as `mla_block_runner`'s; `attend` the one-token
+    attention run row by row, or with `combined` every row's in two jobs
+    (`attention.rows_token_attention` over the jobs `attention.combine_row_jobs` made)."""
+    key = (first, q_b, lead, prep_kb, prep_vb, attend, out, combined)
     fn = _BLOCKS.get(key)
     if fn is not None:
         return fn
 
     @numba.njit(**_NB)
     def fn(ctl, n_workers, h, a_job, qa, ckv, qa_norm, eps, qb_job, q, kb_job, qn, q_abs, rope, neox, nope,
-           kv_norm, caches, pos0s, scale, vb_job, att_all, vb_out, out_job, o):
+           kv_norm, caches, keys_all, values_all, pos0s, scale, vb_job, att_all, vb_out, out_job, o):
         """h [n, n_embd] (normed) -> o [n, n_embd]. qa, ckv: the first products' outputs [n, ...]
         (qa is q itself without q-LoRA: qa_norm of size 0); q [n, n_head * (nope + rot)]; qn [n *
         n_head, nope], q_abs [n, n_head * kv_lora], att_all [n * n_head, kv_lora], vb_out [n,
         n_head * v_head]: scratch; rope [n, rot / 2, 2]: each row's position; caches: per row
         (keys job, values job, keys, values, capacity) of its latent cache's layer; pos0s: each
-        row's position. False when a worker failed."""
+        row's position; keys_all, values_all: the rows' attention jobs combined (`combined`).
+        False when a worker failed."""
         n = h.shape[0]
         t, c, m = a_job
         if not first(ctl, n_workers, t, c, m, h, (qa, ckv)):
@@ -81,28 +84,37 @@ def rows_mla_runner(first: Callable, q_b: Callable, lead: Callable, prep_kb: Cal
         if not lead(ctl, n_workers, t, c, m, xk, xk, (q_abs,), 0, NO_LIMIT, 0):
             return False
         width = lora + rot
-        qcat = np.empty((n_head, width), dtype=np.float32)
-        krow = np.empty((1, width), dtype=np.float32)
-        lat_r = np.empty((1, lora), dtype=np.float32)
+        qcat = np.empty((n, n_head, width), dtype=np.float32)
+        krow = np.empty((n, 1, width), dtype=np.float32)
+        lat_r = np.empty((n, 1, lora), dtype=np.float32)
         for r in range(n):
             for i in range(n_head):
                 for j in range(lora):
-                    qcat[i, j] = q_abs[r, i * lora + j]
+                    qcat[r, i, j] = q_abs[r, i * lora + j]
                 for j in range(rot):
-                    qcat[i, lora + j] = q_pe[r, i, j]
+                    qcat[r, i, lora + j] = q_pe[r, i, j]
             for j in range(lora):
-                krow[0, j] = lat[r, j]
-                lat_r[0, j] = lat[r, j]
+                krow[r, 0, j] = lat[r, j]
+                lat_r[r, 0, j] = lat[r, j]
             for j in range(rot):
-                krow[0, lora + j] = k_pe[r, 0, j]
-            keys_job, values_job, kc, vc, cap = caches[r]
-            att, ok = attend(ctl, n_workers, keys_job, values_job, qcat, krow, lat_r, kc, vc, pos0s[r], 0, scale, 0,
-                             0, cap)
+                krow[r, 0, lora + j] = k_pe[r, 0, j]
+        if combined:
+            att, ok = attend(ctl, n_workers, keys_all, values_all, qcat, krow, lat_r, caches, pos0s, 0, False, scale)
             if not ok:
                 return False
-            for i in range(n_head):
+            for i in range(n * n_head):
                 for j in range(lora):
-                    att_all[r * n_head + i, j] = att[i, j]
+                    att_all[i, j] = att[i, j]
+        else:
+            for r in range(n):
+                keys_job, values_job, kc, vc, cap = caches[r]
+                att, ok = attend(ctl, n_workers, keys_job, values_job, qcat[r], krow[r], lat_r[r], kc, vc, pos0s[r],
+                                 0, scale, 0, 0, cap)
+                if not ok:
+                    return False
+                for i in range(n_head):
+                    for j in range(lora):
+                        att_all[r * n_head + i, j] = att[i, j]
         # each (row, head)'s output out of the latent space
         xv = prep_vb(att_all)
         t, c, m = vb_job

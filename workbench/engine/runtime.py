@@ -288,6 +288,7 @@ class Runtime(AttentionPaths, ExpertPaths, TokenCalls):
         self._last_pass = 0.0
         self._routing = None
         self.crew_backoff = 0  # one-token passes left without the crew (see _note_wait)
+        self.solo_passes = 0   # passes run so, counted for /metrics (numawb_crew_solo_passes)
         self._starved = 0
         self._backoff_next = CREW_BACKOFF
         self.weights = {name: Weight(info) for name, info in gguf.tensors.items()}
@@ -424,6 +425,7 @@ class Runtime(AttentionPaths, ExpertPaths, TokenCalls):
                 crew = self._crew = Crew(self.pool, self.n_workers)
             if solo:
                 self.crew_backoff -= 1
+                self.solo_passes += 1
             if not crew.active:
                 try:
                     crew.start(solo=solo)

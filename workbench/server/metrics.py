@@ -50,6 +50,12 @@ class _Collector:
         yield CounterMetricFamily("numawb_prompt_tokens", "Prompt tokens processed", value=sch.prompt_tokens_total)
         yield CounterMetricFamily("numawb_tokens_predicted", "Tokens generated", value=sch.decode_tokens_total)
         yield CounterMetricFamily("numawb_decode_passes", "Batched decode passes", value=sch.passes)
+        solo = getattr(getattr(st.engine, "rt", None), "solo_passes", None)   # (none over Ray hosts)
+        if solo is not None:
+            yield CounterMetricFamily("numawb_crew_solo_passes",
+                                      "Forward passes the calling thread ran alone: the crew's workers had waited "
+                                      "for a CPU in several passes in a row (another process on their cores)",
+                                      value=solo)
         yield GaugeMetricFamily("numawb_decode_batch_mean", "Mean sequences per decode pass",
                                 value=sch.pass_rows / sch.passes if sch.passes else 0.0)
         yield GaugeMetricFamily("numawb_predicted_tokens_seconds",
