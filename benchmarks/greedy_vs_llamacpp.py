@@ -5,11 +5,18 @@ too large for the golden tests: the seeds' shapes from `make_moe_model.py --shap
                                              [--llama-server PATH]
 
 llama.cpp's side is llama-server (built by `llamacpp_build.sh`) on a loopback port with the same
-thread count and flash attention off, asked for `-n` tokens of each prompt given as token ids
-(greedy: top-k 1, no other sampler; no prompt cache), its tokens returned as ids. numawb follows
-llama.cpp's non-flash attention (as the golden tests' references run); the server's default
-`-fa auto` turns flash attention on for the CPU, whose f16 sums of the weighted values moved a
-tiny DeepSeek file's logits by 0.3-0.6 and its greedy tokens with them (issue 46). numawb's side is the engine in this process
+thread count, flash attention off and no context checkpoints, asked for `-n` tokens of each prompt
+given as token ids (greedy: top-k 1, no other sampler; no prompt cache), its tokens returned as ids.
+numawb follows llama.cpp's non-flash attention (as the golden tests' references run); the server's
+default `-fa auto` turns flash attention on for the CPU, whose f16 sums of the weighted values moved a
+tiny DeepSeek file's logits by 0.3-0.6 and its greedy tokens with them (issue 46). With checkpoints
+on (its default, `--ctx-checkpoints 32`) the server evaluates an SWA model's prompt (Gemma 3) in two
+batches, the last 4 tokens apart, so each product of the prompt runs at other column counts (other
+kernels: the tiled matmul from 8 columns, vec_dot below) than numawb's one batch and the logits
+differ in the last bits (the default model at Q5_K_M: already the first token of one prompt in 64,
+Intel Xeon, 1 thread). `--ctx-checkpoints 0` evaluates the prompt as one batch, as `Session.eval`
+does; numawb given the server's two batches gives its bits (that prompt: every tensor and the logits,
+scripts/llama_dump.cpp with DECODE_BATCH=4 and scripts/compare_llama_tensors.py --decode-batch 4). numawb's side is the engine in this process
 (greedy: the argmax of the logits). Prompts are token ids drawn with a fixed seed from the
 vocabulary's ordinary tokens, of each length in `--prompt-len` (several thousand tokens check the
 attention at depth). Prints, per thread count and prompt, whether the tokens agree and where they
@@ -55,7 +62,7 @@ def llama_tokens(server: str, model: str, threads: int, prompts: list[list[int]]
     log = open(f"/tmp/greedy_llama_{port}.log", "w")
     proc = subprocess.Popen([server, "-m", model, "-t", str(threads), "-tb", str(threads), "-c", str(n_ctx),
                              "-np", "1", "--port", str(port), "--host", "127.0.0.1", "-b", "512", "-ub", "512",
-                             "-fa", "off"],
+                             "-fa", "off", "--ctx-checkpoints", "0"],
                             stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 600

@@ -6,6 +6,12 @@ First write the dump with the reference venv (see ``scripts/dump_llama_tensors.p
     /opt/refvenv/bin/python scripts/dump_llama_tensors.py --case 1 -o /tmp/llama_case1.npz
     PYTHONPATH=. python3 scripts/compare_llama_tensors.py /tmp/llama_case1.npz --case 1
 
+or with ``scripts/llama_dump.cpp`` (the vendored build's library; any model, FA=0 for the non-flash
+attention numawb follows), whose raw output is read as it is::
+
+    FA=0 /tmp/llama_dump MODEL /tmp/x.bin 1 2 818 5279 -- 1234
+    PYTHONPATH=. python3 scripts/compare_llama_tensors.py /tmp/x.bin -m MODEL --ids 2,818,5279 --decode 1234
+
 Prints, for each tapped tensor (see ``Decoder.tap``), the max abs difference, the
 max relative difference (abs diff / max |ref|) and how many elements differ.
 """
@@ -51,30 +57,52 @@ def llama_lookup(z) -> dict[str, np.ndarray]:
     return out
 
 
+def read_llama_dump(path: str) -> dict[str, np.ndarray]:
+    """scripts/llama_dump.cpp's records as the .npz holds them: numpy axis order (ne3, ne2, ne1, ne0)."""
+    out: dict[str, np.ndarray] = {}
+    with open(path, "rb") as f:
+        while head := f.read(4):
+            name = f.read(int(np.frombuffer(head, np.int32)[0])).decode()
+            ne = np.frombuffer(f.read(32), np.int64)
+            a = np.frombuffer(f.read(4 * int(np.prod(ne))), np.float32)
+            out[name] = a if name == "logits" else a.reshape(tuple(int(n) for n in ne[::-1]))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("dump")
     ap.add_argument("--case", type=int, default=1)
     ap.add_argument("--ids")
-    ap.add_argument("--decode", type=int, default=-1, help="compare the decode step of this token")
+    ap.add_argument("--decode", help="token ids decoded one at a time after the prompt (comma-separated): "
+                                     "compare the last one's step")
+    ap.add_argument("--decode-batch", type=int, default=1, help="decode ids a batch (llama_dump's DECODE_BATCH)")
+    ap.add_argument("-m", "--model", help="the GGUF file (default: the default model)")
+    ap.add_argument("-t", "--threads", type=int, default=1)
     ap.add_argument("--all", action="store_true", help="print every tensor, not only a summary per layer")
     args = ap.parse_args()
 
     from workbench.engine import Engine
+    from workbench.engine.engine import Placement
 
-    ref = llama_lookup(np.load(args.dump))
+    ref = llama_lookup(np.load(args.dump) if args.dump.endswith(".npz") else read_llama_dump(args.dump))
     ids = ([int(t) for t in args.ids.split(",")] if args.ids else
            json.loads((REPO / "tests/data/gemma3_golden.json").read_text())["greedy"][args.case]["prompt_ids"])
-    eng = Engine.load()
+    eng = Engine.load(args.model, placement=Placement(threads=args.threads))
     ours: dict[str, np.ndarray] = {}
 
     def tap(name, a):
         ours[name] = np.array(a, dtype=np.float32).reshape(a.shape[0], -1)
 
     sess = eng.new_session(512)
-    if args.decode >= 0:
+    if args.decode:
         sess.eval(ids)
-        ids = [args.decode]
+        dec = [int(t) for t in args.decode.split(",")]
+        step = args.decode_batch
+        while len(dec) > step:
+            sess.eval(dec[:step])
+            dec = dec[step:]
+        ids = dec
     eng.model.tap = tap
     sess.eval(ids)
     eng.model.tap = None

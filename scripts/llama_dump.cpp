@@ -7,15 +7,20 @@
 //       $L/build/src/libllama.a $L/build/ggml/src/libggml.a $L/build/ggml/src/libggml-cpu.a \
 //       $L/build/ggml/src/libggml-base.a -fopenmp -lpthread -ldl
 //   /tmp/llama_dump MODEL OUT THREADS id id ... [-- decode ids]   (env FA=0|1 flash attention, default auto;
-//                                                                  NCTX context size, default 512; SWAFULL=0|1)
+//                                                                  NCTX context size, default 512; SWAFULL=0|1;
+//                                                                  DECODE_BATCH decode ids a batch, default 1)
 //
-// With decode ids, the prompt is evaluated, then each decode id alone; only the last step is dumped.
+// With decode ids, the prompt is evaluated, then the decode ids DECODE_BATCH at a time (each alone by
+// default); only the last step is dumped. llama-server evaluates a prompt of an SWA model (Gemma 3) in
+// two batches, the last 4 tokens apart (its context checkpoints, `--ctx-checkpoints`): ids[:-4] --
+// ids[-4:] with DECODE_BATCH=4 is what it computes.
 // OUT holds records: int32 name length, the name ("index:tensor name"; "logits" last), int64 ne[4],
 // then ne0*ne1*ne2*ne3 float32 values in ggml order (ne0 fastest). numawb follows the non-flash
 // attention (FA=0); llama-server's default (-fa auto) turns flash attention on for the CPU.
 #include "llama.h"
 #include "ggml.h"
 #include "ggml-backend.h"
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -62,9 +67,11 @@ int main(int argc, char **argv) {
     active = dec.empty();
     llama_batch b = llama_batch_get_one(ids.data(), ids.size());
     if (llama_decode(ctx, b)) { fprintf(stderr, "decode failed\n"); return 1; }
-    for (size_t i = 0; i < dec.size(); i++) {
-        active = (i + 1 == dec.size());
-        llama_batch b1 = llama_batch_get_one(&dec[i], 1);
+    const size_t step = getenv("DECODE_BATCH") ? (size_t) atoi(getenv("DECODE_BATCH")) : 1;
+    for (size_t i = 0; i < dec.size(); i += step) {
+        const size_t n = std::min(step, dec.size() - i);
+        active = (i + n == dec.size());
+        llama_batch b1 = llama_batch_get_one(&dec[i], n);
         if (llama_decode(ctx, b1)) { fprintf(stderr, "decode failed\n"); return 1; }
     }
     int nv = llama_vocab_n_tokens(llama_model_get_vocab(m));

@@ -196,11 +196,14 @@ def emulate_k4_tiled(w, xq, xd, q5=False):
     return out
 
 
-def emulate_q4_K_vec(w, xq, xd):
-    """ggml_vec_dot_q4_K_q8_K (AVX2) per column: 8 f32 lanes fma(f32(lane), d_x * d_w, acc) with lane l =
-    sum_j sc_j * (elements 4l..4l+3 of sub-block j); mins in 4 lanes fma(-d_x * dmin, f32(m_2l bs_2l +
-    m_2l+1 bs_2l+1), .); hsum_float_8(acc) + ((m0 + m2) + (m1 + m3))."""
-    dw, dmin, q, sc, m = k4_quants(w)
+def emulate_k4_vec(w, xq, xd, q5=False):
+    """ggml_vec_dot_q4_K_q8_K / ggml_vec_dot_q5_K_q8_K (AVX2) per column: 8 f32 lanes fma(f32(lane),
+    d_x * d_w, acc) with lane l = sum_j sc_j * (elements 4l..4l+3 of sub-block j); hsum_float_8(acc) plus
+    the mins, each product of -d_x * dmin and its integer sum rounded once in an FMA: Q4_K's in 4 lanes
+    fma(-d_x * dmin, f32(m_2l bs_2l + m_2l+1 bs_2l+1), .), + ((m0 + m2) + (m1 + m3)); Q5_K's in one chain
+    summs = fma(-d_x * dmin, f32(M), summs), M = sum_j m_j * bs_j (the source's `summs += dmin * M`,
+    contracted by GCC's -ffp-contract=fast), + summs."""
+    dw, dmin, q, sc, m = k4_quants(w, q5)
     rows, nb = dw.shape
     n = xq.shape[0]
     out = np.empty((n, rows), f32)
@@ -208,13 +211,13 @@ def emulate_q4_K_vec(w, xq, xd):
         x = xq[j].astype(np.int64).reshape(nb, 8, 32)
         lanes = ((q * x[None]).reshape(rows, nb, 8, 8, 4).sum(-1) * sc[..., None]).sum(2)  # [rows, nb, 8]
         bs = x.sum(-1)                                                                     # [nb, 8]
-        L = (m * bs[None]).reshape(rows, nb, 4, 2).sum(-1)                                 # [rows, nb, 4]
+        L = (m * bs[None]).reshape(rows, nb, 1 if q5 else 4, -1).sum(-1)                   # [rows, nb, 1 or 4]
         acc = np.zeros((rows, 8), f32)
-        mins = np.zeros((rows, 4), f32)
+        mins = np.zeros((rows, L.shape[-1]), f32)
         for bb in range(nb):
             acc = fma32(lanes[:, bb].astype(f32), (xd[j, bb] * dw[:, bb])[:, None], acc)
             mins = fma32((-(xd[j, bb] * dmin[:, bb]))[:, None], L[:, bb].astype(f32), mins)
-        out[j] = hsum8(acc) + ((mins[:, 0] + mins[:, 2]) + (mins[:, 1] + mins[:, 3]))
+        out[j] = hsum8(acc) + (mins[:, 0] if q5 else ((mins[:, 0] + mins[:, 2]) + (mins[:, 1] + mins[:, 3])))
     return out
 
 
@@ -284,11 +287,11 @@ def emulate(t, w, xp, n):
     if t in (T.Q8_0, T.Q5_0, T.Q4_0):
         return emulate_legacy(t, w, xq, xd)
     if t == T.Q4_K and w.shape[0] % 8:  # not repacked by llama.cpp: tiled matmul from 8 columns, else vec_dot
-        return emulate_k4_tiled(w, xq, xd) if n >= 8 else emulate_q4_K_vec(w, xq, xd)
+        return emulate_k4_tiled(w, xq, xd) if n >= 8 else emulate_k4_vec(w, xq, xd)
     if t == T.Q4_K:
         return emulate_q4_K(w, xq, xd, n - n % 4 if n > 1 else 0)
-    if t == T.Q5_K:
-        return emulate_k4_tiled(w, xq, xd, q5=True)  # (n >= 8 only: below, vec_dot is not emulated here)
+    if t == T.Q5_K:  # never repacked on x86: the tiled matmul from 8 columns, else vec_dot
+        return emulate_k4_tiled(w, xq, xd, q5=True) if n >= 8 else emulate_k4_vec(w, xq, xd, q5=True)
     return emulate_q6_K(w, xq, xd, tiled=n >= 8)
 
 

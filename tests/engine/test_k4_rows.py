@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from kernel_emulation import SIMD_PATHS, emulate_q4_K, emulate_q4_K_vec, f32, weights
+from kernel_emulation import SIMD_PATHS, emulate_k4_vec, emulate_q4_K, f32, weights
 from workbench.engine import kernels as K
 from workbench.engine.kernels import x86
 from workbench.engine.kernels.x86 import k4_rows
@@ -53,7 +53,7 @@ def test_matvec_rows_1_to_40(path, k):
         if rows % 8 == 0:  # repacked by llama.cpp: the gemv's order
             np.testing.assert_array_equal(out, ref[:rows], err_msg=f"rows={rows}")
         else:  # not repacked: vec_dot's order
-            vec = emulate_q4_K_vec(wr, xp[0][None], xp[1][None])[0]
+            vec = emulate_k4_vec(wr, xp[0][None], xp[1][None])[0]
             np.testing.assert_array_equal(out, vec, err_msg=f"rows={rows}")
 
 

@@ -13,7 +13,8 @@ corrected, FMAs rounded once).  The kernels must equal the emulation bit for bit
                                     sub-blocks); the last n%4: ggml_gemv_q4_K_8x8_q8_K (FMA per super-block)
     Q4_K, rows % 8 != 0, Q5_K       n >= 8: the tiled matmul (r = f32(S) d_w; r = fma(-dmin, f32(M), r);
                                     out = fma(r, d_x, out)); n < 8: the type's vec_dot (Q4_K: 8 f32
-                                    lanes, mins in 4 lanes)
+                                    lanes, mins in 4 lanes; Q5_K: 8 f32 lanes, mins in one chain
+                                    summs = fma(-d_x dmin, f32(M), summs), GCC's contraction)
     mul_mat_id (one expert)         the same per token count, except a repacked Q4_K: the gemv per token
     Q6_K, n < 8                     ggml_vec_dot_q6_K_q8_K (AVX2 lanes, hsum_float_8)
     Q6_K, n >= 8                    tiled matmul: out = fma(f32(S_b) * d_w, d_x, out) (the source's
@@ -28,7 +29,7 @@ from gguf import quants as gq
 
 from workbench.engine import kernels as K
 from kernel_emulation import (KDIM, ROWS, SIMD_PATHS, activations, emulate, emulate_legacy,  # noqa: F401
-                              emulate_k4_tiled, emulate_q4_0_repacked, emulate_q4_K, emulate_q4_K_vec, emulate_q6_K,
+                              emulate_k4_tiled, emulate_q4_0_repacked, emulate_q4_K, emulate_k4_vec, emulate_q6_K,
                               f16, f32, f64, fma32, hsum8, tinyblas_float, vec_dot_float, weights)
 from workbench.engine.kernels.llama_build import WIDE
 
@@ -40,7 +41,7 @@ def _ref_matvec(t, w, x):
     return emulate(t, w, xp, 1)[0]
 
 
-@pytest.mark.parametrize("t", [T.Q8_0, T.Q5_0, T.Q4_K, T.Q6_K])
+@pytest.mark.parametrize("t", [T.Q8_0, T.Q5_0, T.Q4_K, T.Q5_K, T.Q6_K])
 def test_matvec_bit_exact(path, t):
     w = weights(t)
     x = activations(1)[0]
@@ -67,7 +68,7 @@ def test_legacy_matvec_bit_exact_for_any_block_count(path, t, k):
     np.testing.assert_array_equal(out, emulate(t, w, xp, 1)[0])
 
 
-@pytest.mark.parametrize("t", [T.Q8_0, T.Q5_0, T.Q4_K, T.Q6_K])
+@pytest.mark.parametrize("t", [T.Q8_0, T.Q5_0, T.Q4_K, T.Q5_K, T.Q6_K])
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7, 8, 9, 13])
 def test_matmat_bit_exact(path, t, n):
     w = weights(t)
@@ -83,7 +84,7 @@ def test_matmat_bit_exact(path, t, n):
 @pytest.mark.parametrize("n", [1, 3, 7, 8, 9, 33])
 def test_q5_K_and_plain_q4_K_follow_the_tiled_matmul(path, rows, n):
     """Q5_K (never repacked on x86) and a Q4_K weight llama.cpp does not repack (rows % 8 != 0): from 8
-    columns ggml's tiled matmul, below that vec_dot (Q4_K emulated; Q5_K's vec_dot is its matvec).
+    columns ggml's tiled matmul, below that vec_dot (each emulated).
     Q5_K on AVX-512 VNNI: whole 16-row groups in zmm lanes, a last 8 in ymm lanes, the rest per row."""
     for t in (T.Q5_K, T.Q4_K):
         w = weights(t, rows=rows)
@@ -96,10 +97,9 @@ def test_q5_K_and_plain_q4_K_follow_the_tiled_matmul(path, rows, n):
             ref = emulate_q4_K(w, xp[0], xp[1], n - n % 4 if n > 1 else 0)
         elif n >= 8:
             ref = emulate_k4_tiled(w, xp[0], xp[1], q5=t == T.Q5_K)
-        elif t == T.Q4_K:
-            ref = emulate_q4_K_vec(w, xp[0], xp[1])
         else:
-            ref = np.stack([_matvec(t, w, X[c], rows) for c in range(n)])
+            ref = emulate_k4_vec(w, xp[0], xp[1], q5=t == T.Q5_K)
+            np.testing.assert_array_equal(np.stack([_matvec(t, w, X[c], rows) for c in range(n)]), ref)
         np.testing.assert_array_equal(out, ref)
         whole = np.full((n, rows), np.nan, f32)
         K.matmat(int(t), w, xp, whole, 0, rows)

@@ -19,7 +19,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from gguf_factory import TinySpec, write_tiny_model
-from kernel_emulation import emulate_k4_tiled, emulate_legacy, emulate_q4_K_vec
+from kernel_emulation import emulate_k4_tiled, emulate_k4_vec, emulate_legacy
 from workbench.engine import Engine, kernels
 from workbench.engine.engine import Placement
 
@@ -57,7 +57,7 @@ def _llama_plain(t: int, w: np.ndarray, x: np.ndarray) -> np.ndarray:
     if t == T.Q4_0:   # ggml_vec_dot_q4_0_q8_0 (tinyBLAS_Q0_AVX's per-column chain is the same)
         return emulate_legacy(T.Q4_0, w, xp[0], xp[1])
     if t == T.Q4_K:   # vec_dot below 8 columns, the tiled matmul from 8
-        return emulate_k4_tiled(w, xp[0], xp[1]) if n >= 8 else emulate_q4_K_vec(w, xp[0], xp[1])
+        return emulate_k4_tiled(w, xp[0], xp[1]) if n >= 8 else emulate_k4_vec(w, xp[0], xp[1])
     # IQ4_NL / Q2_K: the file type's kernel on one row at a time (a matrix of one row is never
     # repacked; those orders are checked against llama.cpp's in test_kernels_lowbit)
     out = np.empty((n, w.shape[0]), np.float32)

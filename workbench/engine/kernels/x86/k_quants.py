@@ -210,8 +210,19 @@ def kernels(mode: int) -> dict:
         q4_K_gemv_rows8(w, xp, out, r0, r8)
         q4_K_matvec_rows(w, xp, out, r8, r1)
 
+    @numba.njit(inline="always")
+    def q5_K_mins(summs, dm, dx, summ):
+        """ggml_vec_dot_q5_K_q8_K's mins term of one super-block: `summs += dmin * M` with
+        dmin = -d_x * dmin_w, which GCC (-ffp-contract=fast, the build's -std=gnu11) contracts to one
+        vfmadd: the product M * dmin is not rounded on its own (issue 46 (c): rounding it put 876 of
+        the 2560 outputs of a Q5_K_M Gemma 3's blk.0.attn_output an ulp off for a 4-token batch, and
+        every decoded token's Q5_K products off too)."""
+        return fma_s(-(dx * dm), f32(summ), summs)
+
     @numba.njit(**_NB)
     def q5_K_matvec(w, xp, out, r0, r1):
+        """ggml_vec_dot_q5_K_q8_K row by row: acc = fma(f32(lanes), d_x * d_w, acc) in 8 f32 lanes,
+        summs = fma(-d_x * dmin, f32(M), summs); hsum_float_8(acc) + summs."""
         xq, xd, xb = xp
         nb = xd.shape[0]
         rb = w.shape[1]
@@ -220,13 +231,13 @@ def kernels(mode: int) -> dict:
         for j in range(r1 - r0):
             i = stream_row(j, r0, mid, 1)
             acc = f_zero()
-            accm = f32(0.0)
+            summs = f32(0.0)
             for b in range(nb):
                 o = i * rb + b * 176
                 lanes, summ = q5_K_dot(wf, o, xq, b * 256, xd, xb, b * 16)
                 acc = fmadd_i(acc, lanes, f16_to_f32(w, o) * xd[b])
-                accm += (f16_to_f32(w, o + 2) * xd[b]) * f32(summ)
-            out[i] = hsum_f(acc) - accm
+                summs = q5_K_mins(summs, f16_to_f32(w, o + 2), xd[b], summ)
+            out[i] = hsum_f(acc) + summs
 
     @numba.njit(**_NB)
     def q6_K_matvec(w, xp, out, r0, r1):
@@ -264,7 +275,7 @@ def kernels(mode: int) -> dict:
             return a, k4_tiled(mm, l, mins_dot(ml, mh, xb, bo), dw, dm, dx), v0, v1, v2, v3
         a = fmadd_i(a, l, dw * dx) if q5 else fmadd_i(a, l, dx * dw)
         if q5:
-            return a, mm + (dm * dx) * f32(mins_dot(ml, mh, xb, bo)), v0, v1, v2, v3
+            return a, q5_K_mins(mm, dm, dx, mins_dot(ml, mh, xb, bo)), v0, v1, v2, v3
         v0, v1, v2, v3 = k4_vmins(v0, v1, v2, v3, ml, mh, xb, bo, -(dx * dm))
         return a, mm, v0, v1, v2, v3
 
@@ -283,7 +294,7 @@ def kernels(mode: int) -> dict:
         if tiled:
             return mm
         if q5:
-            return hsum_f(a) - mm
+            return hsum_f(a) + mm
         return hsum_f(a) + ((v0 + v2) + (v1 + v3))
 
     def make_k4_matmat(q5, bsz):
