@@ -58,7 +58,12 @@ _PROBE_SRC = r'''
 import sys, time, json
 import numpy as np, numba
 sys.path.insert(0, sys.argv[4])
-from workbench.engine.kernels.intrinsics import prefetch, load_b32, b_xor, i_zero, dot_us, hsum_i, AVX2
+from workbench.engine.kernels.intrinsics.dots import dot_us
+from workbench.engine.kernels.intrinsics.lanes import b_xor, i_zero
+from workbench.engine.kernels.intrinsics.load_store import load_b32
+from workbench.engine.kernels.intrinsics.reductions import hsum_i
+from workbench.engine.kernels.intrinsics.streams import prefetch
+from workbench.engine.kernels.llvm_ir import AVX2
 
 STEP = 512     # bytes read from one stream before the other (two streams)
 AHEAD = 2048   # bytes prefetched ahead of each stream (streams == 3)
