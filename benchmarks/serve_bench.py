@@ -88,7 +88,9 @@ class Server:
 
 def stream(port: int, prompt: str | list[int], n: int, temperature: float = 0.0, seed: int = 0, ignore_eos: bool = True,
            close_after: int | None = None) -> dict:
-    """One streamed /v1/completions request; token arrival times, the server's timings."""
+    """One streamed /v1/completions request; token arrival times, the server's timings.
+    close_after: the client goes away after that many chunks, or after that many quarter seconds
+    when no chunk comes (a random-weight file's tokens print nothing, so they stream nothing)."""
     body = json.dumps({"prompt": prompt, "max_tokens": n, "temperature": temperature, "seed": seed,
                        "stream": True, "ignore_eos": ignore_eos, "cache_prompt": False})
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
@@ -101,8 +103,22 @@ def stream(port: int, prompt: str | list[int], n: int, temperature: float = 0.0,
         out["error"] = r.read().decode(errors="replace")
         c.close()
         return out
+    timer = None
+    if close_after is not None:
+        def hang_up() -> None:
+            try:
+                c.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        timer = threading.Timer(0.25 * close_after, hang_up)
+        timer.start()
     while True:
-        line = r.readline()
+        try:
+            line = r.readline()
+        except OSError:
+            line = b""
+        if not line and close_after is not None and not out["finish"]:
+            out["finish"] = "closed"
         if not line:
             break
         line = line.strip()
@@ -125,6 +141,8 @@ def stream(port: int, prompt: str | list[int], n: int, temperature: float = 0.0,
         if close_after is not None and chunks >= close_after and not out["finish"]:
             out["finish"] = "closed"
             break
+    if timer is not None:
+        timer.cancel()
     c.close()
     return out
 
