@@ -439,7 +439,8 @@ def main() -> int:
     ap.add_argument("-p", "--n-prompt", type=int, default=512)
     ap.add_argument("-n", "--n-gen", type=int, default=128)
     ap.add_argument("--depth", default="4096",
-                    help="KV depths, comma-separated: tg (and pp, with several) at each (0 alone: none)")
+                    help="KV depths, comma-separated: tg at each, and pp too when a list is given (0,4096 counts; "
+                         "0 alone: none)")
     ap.add_argument("--tg-target", type=float, default=None,
                     help="every decode test's target ratio (default: 1.0, or 1.2 for tg where llama.cpp is "
                          "compute-bound)")
@@ -456,9 +457,12 @@ def main() -> int:
         from workbench.engine.engine import default_model_path
         args.model = default_model_path()
     pp, tg = f"pp{args.n_prompt}", f"tg{args.n_gen}"
-    args.depths = [int(d) for d in str(args.depth).split(",") if int(d) > 0]
-    # one depth: decode there (issue 15's table); several: prompt processing there too
-    at_depth = [f"{tg} @ d{d}" for d in args.depths] if len(args.depths) <= 1 else \
+    listed = [int(d) for d in str(args.depth).split(",")]
+    args.depths = [d for d in listed if d > 0]
+    # one depth: decode there (issue 15's table); a list (0 counts: `--depth 0,4096` is the seeds'
+    # form): prompt processing at each depth too
+    args.pp_at_depth = len(listed) > 1
+    at_depth = [f"{tg} @ d{d}" for d in args.depths] if not args.pp_at_depth else \
         [f"{x} @ d{d}" for d in args.depths for x in (pp, tg)]
     args.tests = [pp, tg] + at_depth
     notes: list[str] = []
@@ -509,7 +513,7 @@ def main() -> int:
         for r in run_llama_bench(exe, args.model, t, args.n_prompt, args.n_gen, 0, args.reps):
             keep(lcpp, (r["test"], t), r)
         for d in args.depths if depth_ok else []:
-            p_at = args.n_prompt if len(args.depths) > 1 else 0
+            p_at = args.n_prompt if args.pp_at_depth else 0
             for r in run_llama_bench(exe, args.model, t, p_at, args.n_gen, d, args.reps):
                 keep(lcpp, (r["test"], t), r)
 
@@ -520,7 +524,7 @@ def main() -> int:
         for r in d["results"]:
             keep(numa, (r["test"], t), r)
         for depth in args.depths:
-            p_at = args.n_prompt if len(args.depths) > 1 else 0
+            p_at = args.n_prompt if args.pp_at_depth else 0
             d = run_numawb(args.model, t, p_at, args.n_gen, depth, args.reps, startup=False)
             for r in d["results"]:
                 keep(numa, (r["test"], t), r)
