@@ -260,6 +260,40 @@ def test_skipping_slid_out_values_changes_no_bit(model_path, eng, monkeypatch, t
             e.close()
 
 
+@pytest.mark.parametrize("threads,owners", [(1, 1), (2, 1), (2, 2)])
+def test_prompt_skips_slid_out_keys_without_changing_a_bit(tmp_path_factory, monkeypatch, threads, owners):
+    """A prompt at depth on sliding-window layers computes no dots and no value products for
+    keys that slid out of each piece's window (the full cache before: Gemma 3 at depth 16384
+    scored every global-sized row on its 512-wide windows); the logits keep every bit, with
+    one owner or the cache split between two, at 1 and 2 threads."""
+    from workbench.engine import attention, kernels
+    from workbench.engine.engine import Engine as E
+    path = tmp_path_factory.mktemp("swa") / "tiny-gemma-w100.gguf"
+    # a window of 100: each output sums ~100 terms, so a term moved to another lane shows
+    write_tiny_model(path, TinySpec(arch="gemma3", qtype=T.Q4_0, n_layer=2, n_ctx=512, sliding_window=100))
+    if owners == 2:
+        monkeypatch.setattr(E, "_owners", lambda self: [[0], [1]])
+    e = Engine.load(str(path), placement=Placement(threads=threads))
+    try:
+        assert e.new_session(16).kv.n_workers == owners
+        prompt = [2 + (i * 7) % 280 for i in range(400)]
+        matmat, skipped = kernels.matmat, []
+
+        def spy(qtype, w, x, out, lo, hi):
+            if qtype == attention.F16 and lo > 0:
+                skipped.append(lo)
+            return matmat(qtype, w, x, out, lo, hi)
+        monkeypatch.setattr(kernels, "matmat", spy)
+        fast = e.new_session(512)
+        got = fast.eval(prompt, logit_rows=slice(0, 400), batch=128)
+        assert skipped and max(skipped) >= 192 // owners  # later pieces start past their slid keys (slots per owner)
+        monkeypatch.setattr(attention, "SKIP_SLID_PROMPT", False)
+        full = e.new_session(512)
+        np.testing.assert_array_equal(full.eval(prompt, logit_rows=slice(0, 400), batch=128), got)
+    finally:
+        e.close()
+
+
 def _decoders():
     from workbench.engine import attention
     return attention._DECODERS

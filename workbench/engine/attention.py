@@ -461,6 +461,7 @@ def owners_attention(lead):
 
 SPREAD_ATTENTION = 2048  # key slots x query rows above which attention is spread over the workers
 SKIP_SLID_VALUES = True  # decode: no value products for keys outside the sliding window
+SKIP_SLID_PROMPT = True  # the prompt: neither dots nor value products for keys out of a piece's window
 CAUSAL_ROWS = 64  # prompt: query rows per attention piece (each piece stops at its last visible key)
 # prompt on one worker: rows a piece, CAUSAL_ROWS multiples whose scores take at most this many bytes
 # (Gemma 3 270M, one kv head, 512 tokens: 512 rows a piece; Qwen3-MoE's 4 kv heads: 128)
@@ -544,6 +545,13 @@ class AttentionPaths:
             """Owner o's slots that query rows < r1 can see (causal: up to token (r1 - 1) // group)."""
             return min(filled_slots(pos0 + (r1 - 1) // group + 1, o, no), n_slots[o])
 
+        def slid(o: int, r0: int, align: int = 1) -> int:
+            """The prompt: owner o's slots that slid out of the window of query row r0 and of every
+            row after it (rounded down to `align`): no dots and no value products for them."""
+            if decode or not window or not SKIP_SLID_PROMPT:
+                return 0
+            return min(filled_slots(max(pos0 + r0 // group - window + 1, 0), o, no), n_slots[o]) // align * align
+
         def scores_rows(o: int, r0: int, r1: int) -> None:
             ns = n_slots[o]
             if not ns or r1 <= r0:
@@ -555,10 +563,11 @@ class AttentionPaths:
                 if decode:
                     for r in range(r0, r1 if lo < ns else r0):
                         kernels.matvec(F16, keys, (xq[h, r],), sc[r], lo, ns)
-                else:  # the prompt, in pieces of rows: no dots for keys in a piece's future
+                else:  # the prompt, in pieces of rows: no dots for keys in a piece's future, nor for
+                    # keys that slid out of its first row's window (softmax_stats masks both)
                     for a in range(r0, r1, CAUSAL_ROWS):
                         b = min(a + CAUSAL_ROWS, r1)
-                        kernels.matmat(F16, keys, (xq[h, a:b],), sc[a:b], 0, visible(o, b))
+                        kernels.matmat(F16, keys, (xq[h, a:b],), sc[a:b], slid(o, a), visible(o, b))
             softmax_stats(scores[o][:, r0:r1, base:], o, no, ns - base, pos0 - base, group, window, scale,
                           mxs[o][:, r0:r1], sms[o][:, r0:r1], r0)
 
@@ -574,9 +583,13 @@ class AttentionPaths:
             # probability 0: pad with zeros to whole 16-lane (64 for one token) steps
             step = 64 if decode else 16
             kp = min(-(-ns // step) * step, kv.cap)
-            probs = probabilities(scores[o][:, r0:r1, base:], ns - base, kp - base, big_m[:, r0:r1],
-                                  inv_l[:, r0:r1])
-            xp = kernels.prepare(F16, probs.reshape(n_kv * (r1 - r0), kp - base))[0].reshape(n_kv, r1 - r0, kp - base)
+            # the prompt: the piece's probabilities from the first slot of its first row's window
+            # (on a 64-slot boundary, like `base` for one token); xp starts at slot base + first
+            first = slid(o, r0, 64)
+            probs = probabilities(scores[o][:, r0:r1, base + first:], ns - base - first, kp - base - first,
+                                  big_m[:, r0:r1], inv_l[:, r0:r1])
+            xp = kernels.prepare(F16, probs.reshape(n_kv * (r1 - r0), kp - base - first))[0].reshape(
+                n_kv, r1 - r0, kp - base - first)
             # one token: skip values of keys that slid out of the window, from a 64-slot boundary:
             # they have probability 0, and starting on the 64-wide step keeps every remaining
             # product in the same accumulator lane, so the sum is the same to the bit
@@ -594,12 +607,18 @@ class AttentionPaths:
                         kernels.matvec(F16, values, (xp[h, r, lo - base:],), out[r0 + r], 0, hdv)
                 else:
                     # per piece of rows, the sums stop at the last visible key's 16-slot step:
-                    # the dropped terms are 0 x v added last to accumulators that are never -0
+                    # the dropped terms are 0 x v added last to accumulators that are never -0;
+                    # and they start at the 64-slot step of the piece's first visible key: the
+                    # terms before it are 0 x v added to accumulators still +0, which stay +0,
+                    # and every other term keeps its lane (tests/engine/test_prompt_window.py)
                     for a in range(r0, r1, CAUSAL_ROWS):
                         b = min(a + CAUSAL_ROWS, r1)
                         width = min(-(-visible(o, b) // 16) * 16, kp)
-                        x = np.ascontiguousarray(xp[h, a - r0:b - r0, :width])
-                        kernels.matmat(F16, values, (x,), out[a:b], 0, hdv)
+                        s0 = max(slid(o, a, 64), first)
+                        x = np.ascontiguousarray(xp[h, a - r0:b - r0, s0 - first:width - first])
+                        vals = values if not s0 else np.lib.stride_tricks.as_strided(
+                            values.reshape(-1)[s0 * 2:], values.shape, values.strides)
+                        kernels.matmat(F16, vals, (x,), out[a:b], 0, hdv)
 
         spread = sum(n_slots) * rows > SPREAD_ATTENTION
         # one worker: pieces whose scores (f32, every kv head) fit in SOLO_PIECE_BYTES
