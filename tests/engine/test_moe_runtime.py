@@ -129,3 +129,40 @@ def test_routed_token_equals_router_then_moe(tmp_path, spec, threads):
     assert len(fast) == len(slow) > 1
     for a, b in zip(fast, slow):
         assert a.shape == b.shape and np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("spec", [
+    dict(arch="qwen3moe", qtype=T.Q4_K, n_expert=8, n_expert_used=3),
+    dict(arch="deepseek2", qtype=T.Q8_0, n_expert=8, n_expert_used=3, gating=2, probs_bias=True, n_groups=4,
+         n_group_used=2, n_expert_shared=1, q_lora_rank=64),
+], ids=["qwen3moe-q4_k", "deepseek2-q-lora"])
+def test_short_prompt_on_the_calling_thread_keeps_every_bit(tmp_path, monkeypatch, spec):
+    """A short prompt's small products run on the calling thread, each worker's share in turn
+    (`handoff.HANDOFF_SECONDS`: a thread hand-off costs more than they take): the same logits,
+    to the bit, as with every product handed to the workers; and the workers got none."""
+    from workbench.engine import handoff
+    from workbench.numa.workers import WorkerPool
+    path = tmp_path / "moe.gguf"
+    write_tiny_model(path, TinySpec(n_ff=256, n_ff_exp=256, seed=3, **spec))
+    eng = Engine.load(str(path), placement=Placement(threads=2))
+    runs = []
+    real_run = WorkerPool.run
+
+    def counted(self, fn, lead=False):
+        runs.append(fn)
+        return real_run(self, fn, lead)
+    monkeypatch.setattr(WorkerPool, "run", counted)
+    prompt = [3 + (i * 5) % 200 for i in range(12)]
+    try:
+        s = eng.new_session(64)
+        runs.clear()   # (the cache's first touch, by each worker)
+        inline = s.eval(prompt, logit_rows=slice(0, 12))
+        assert not runs
+        monkeypatch.setattr(handoff, "HANDOFF_SECONDS", 0.0)
+        s = eng.new_session(64)
+        runs.clear()
+        handed = s.eval(prompt, logit_rows=slice(0, 12))
+        assert len(runs) > 10
+        np.testing.assert_array_equal(inline, handed)
+    finally:
+        eng.close()

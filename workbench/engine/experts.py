@@ -18,6 +18,7 @@ from . import kernels, ops
 from .crew import (C_OWNER, C_SPAN, C_TASK, STEALABLE, T_OUT, T_OUTOFF, T_W, T_XROW, TASK_FIELDS, CrewError, Job,
                    Table)
 from .expert_token import GELU, SILU, expert_runner, fixed_format
+from .handoff import product_seconds
 from .kernels.jitcache import JIT
 from .rows_ffn import rows_routed_runner
 
@@ -272,7 +273,8 @@ class ExpertPaths:
                     if hi > lo:
                         loops[j](arr, xps[pidx[j]], ins, outs[j], outr, first, lo - first, hi - first, EXPERT_ROWS,
                                  per[j])
-        self.each_worker(work)
+        sub_bytes = sum(w.info.nbytes // self.n_sub(nm) for w, nm in zip(ws, names))
+        self.each_worker(work, sum(product_seconds(sub_bytes, len(ins)) for _e, ins, _o in groups))
         return outs
 
     def _expert_table(self, names: tuple[str, ...], ws: list, pidx: list[int], per: list[int]
@@ -380,5 +382,5 @@ class ExpertPaths:
                 else:
                     kernels.matmat(w.ggml_type, arr, xps[i], out[i, :, first:first + arr.shape[0]],
                                    lo - first, hi - first)
-        self.each_worker(work)
+        self.each_worker(work, product_seconds(w.info.nbytes, n))
         return out

@@ -32,6 +32,8 @@ from .attention import AttentionPaths
 from .crew import STEALABLE, Crew, CrewError, Job, Table, product_runner, product_runner_mixed, rows_job
 from .experts import ExpertPaths
 from .gguf_file import GGUFFile, ModelLoadError, TensorInfo
+from . import handoff
+from .handoff import product_seconds
 from .kv_cache import KVCache
 from .routing import TokenJournal
 from .specs import AttentionSpec, DenseSpec, MLASpec, RoutedSpec, SharedSpec
@@ -210,6 +212,7 @@ class _Group:
     job: Job | None = None  # the crew's job for one token (built on first use)
     runner: Callable | None = None  # compiled prepare + job for one token (None: not built yet)
     runner_lead: Callable | None = None  # the crew `lead` the runner was built around
+    nbytes: int = 0  # the group's weight bytes
 
 
 class _Watchdog:
@@ -550,7 +553,7 @@ class Runtime(AttentionPaths, ExpertPaths, TokenCalls):
                            [next(w.ggml_type for w, k in zip(ws, keys) if k == key) for key in prep],
                            whole, nbytes < SPLIT_BYTES,
                            _chunks(rows, max(CHUNK_BYTES * rows // nbytes, 1), self.n_workers) if shared else None,
-                           everyone)
+                           everyone, nbytes=nbytes)
             self._groups[names] = group
         return group
 
@@ -790,7 +793,7 @@ class Runtime(AttentionPaths, ExpertPaths, TokenCalls):
                 lo, hi = group.jobs[0][1][wk][2:]
                 if hi > lo:
                     finish(lo, hi)
-        self.each_worker(work)
+        self.each_worker(work, product_seconds(group.nbytes, outs[0].shape[0]))
 
     def _crew_job(self, group: _Group) -> Job:
         """A group's one-token products as a crew job. When every worker reads the same arrays:
@@ -834,10 +837,15 @@ class Runtime(AttentionPaths, ExpertPaths, TokenCalls):
         cut = _token_cuts(n, nw)
         self.each_worker(lambda wk: fn(cut[wk], cut[wk + 1]) if cut[wk + 1] > cut[wk] else None)
 
-    def each_worker(self, fn: Callable[[int], None]) -> None:
-        """fn(w) on every worker; a single worker runs inline (no hand-off cost)."""
+    def each_worker(self, fn: Callable[[int], None], work: float | None = None) -> None:
+        """fn(w) on every worker; a single worker runs inline (no hand-off cost), and so does
+        every worker's share in turn when `work` (its estimated one-thread seconds) is below
+        `handoff.HANDOFF_SECONDS` and no crew waits (a short prompt's products)."""
         if self.n_workers == 1:
             fn(0)
+        elif work is not None and work < handoff.HANDOFF_SECONDS and not self._crewing:
+            for w in range(self.n_workers):
+                fn(w)
         elif self._crewing:  # Python work: the crew leaves its loop for it
             solo = self._crew.solo
             self._crew.stop()
