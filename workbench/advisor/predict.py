@@ -24,6 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from gguf.constants import GGMLQuantizationType as _T
+
 from ..numa.budget import free_per_node
 from ..numa.plan import KVRequest, TensorSpec, make_plan, row_split
 from ..numa.modes import KV_FIXED, WEIGHT_MODES, kv_choices
@@ -35,8 +37,9 @@ from .probe import MemoryProfile
 GiB = 1 << 30
 KV_BLOCK = 32          # the engine deals cache positions to owners in blocks of this many
 PROMPT_BATCH = 512     # the engine's prompt batch (weights are read once per batch)
-TYPE_NAMES = {0: "F32", 1: "F16", 30: "BF16", 8: "Q8_0", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1",
-              12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
+#: the types whose measured kernels (`engine_cal`'s keys, ggml's type names) the engine model reads
+TYPE_NAMES = {int(t): t.name for t in (_T.F32, _T.F16, _T.BF16, _T.Q8_0, _T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1,
+                                      _T.Q4_K, _T.Q5_K, _T.Q6_K)}
 
 
 # ------------------------------------------------------------------------------------ the planner

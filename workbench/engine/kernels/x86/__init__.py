@@ -1,4 +1,5 @@
-"""Explicit-SIMD kernels (256-bit) for the "avx2" and "avx512-vnni" paths, by family as in ggml-cpu.
+"""Explicit-SIMD kernels for the "avx2" (ymm registers) and "avx512-vnni" (ymm and zmm) paths, by
+family as in ggml-cpu.
 
     legacy_quants  Q4_0, Q4_1, Q5_0, Q5_1, Q8_0          (ggml-cpu arch/x86/quants.c)
     k_quants       Q2_K, Q3_K, Q4_K, Q5_K, Q6_K          (arch/x86/quants.c, repack.cpp orders)
@@ -11,6 +12,7 @@
     q5_pairs       Q5_0 kept in a row-pair layout for the AVX-512 one-token product (Q5_0_x2)
     q8_pairs       Q8_0 kept in a row-pair layout for the AVX-512 one-token product (Q8_0_x2)
     q4_x8          Q4_0 / IQ4_NL kept in 8-row groups on AVX-512 (Q4_0_x8, IQ4_NL_x8)
+    f16_tiles      an F16 matrix against 8 inputs in 2-row register tiles (attention's heads, AVX-512)
     blocks         block-format helpers they share
 
 Every family exposes ``kernels(mode) -> {type name: (matvec, matmat[, mul_mat_id])}``: the factory closes over
@@ -23,20 +25,12 @@ from __future__ import annotations
 
 from .. import jitcache  # noqa: F401  (before any kernel is defined)
 from ..llvm_ir import AVX2, VNNI
+from ..type_ids import TYPE_IDS
 from . import floats, i_quants, k4_x8, k_quants, legacy_quants, q4_x8, q5_pairs, q8_pairs, rows_lowbit
 
 MODES = {"avx2": AVX2, "avx512-vnni": VNNI}
 #: family module of each type name (the order in which tables() builds them)
 FAMILIES = (legacy_quants, k_quants, i_quants, floats, k4_x8, q5_pairs, q8_pairs, q4_x8)
-TYPE_IDS = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q2_K": 10, "Q3_K": 11,
-            "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "IQ4_NL": 20, "IQ4_XS": 23, "BF16": 30,
-            "Q4_K_x8": 1012,   # (not ggml types: the engine's ids for Q4_K in the x8 layout
-            "Q5_0_x2": 1006,   # Q5_0 and Q8_0 in the row-pair layouts,
-            "Q8_0_x2": 1008,
-            "Q4_0_x8": 1002,   # Q4_0 and IQ4_NL in 8-row groups,
-            "IQ4_NL_x8": 1020,
-            "Q4_0_plain": 1102, "Q2_K_plain": 1110,   # and the file's bytes of a 3-D mul_mat weight,
-            "Q4_K_plain": 1112, "IQ4_NL_plain": 1120}  # which llama.cpp never repacks: kernels.PLAIN_TYPES)
 _cache: dict[str, tuple[dict, dict]] = {}
 
 
