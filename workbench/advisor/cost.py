@@ -18,60 +18,20 @@ Per decoded token the engine reads every weight matrix once (a row split over th
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
-from gguf.constants import GGMLQuantizationType
+if TYPE_CHECKING:  # the engine's reader is imported where a header is read (`_parse`)
+    from ..engine.gguf_file import TensorInfo
 
-_SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
 
 
 class HeaderError(ValueError):
     """A file whose header cannot be used; the message is one line."""
-
-
-@dataclass(frozen=True)
-class TensorCost:
-    """One tensor as the header describes it."""
-
-    name: str
-    shape: tuple[int, ...]        # GGUF order: shape[0] is the row length
-    ggml_type: int
-    nbytes: int
-    estimated: bool = False       # shape copied from a sibling layer (missing split part)
-
-    @property
-    def type_name(self) -> str:
-        try:
-            return GGMLQuantizationType(self.ggml_type).name
-        except ValueError:
-            return f"type#{self.ggml_type}"
-
-    @property
-    def n_elements(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
-
-    @property
-    def rows(self) -> int:
-        n = 1
-        for d in self.shape[1:]:
-            n *= d
-        return n
-
-    @property
-    def row_bytes(self) -> int:
-        return self.nbytes // max(self.rows, 1)
-
-    @property
-    def is_expert(self) -> bool:
-        """A routed experts' tensor (3-D, one slice per expert)."""
-        return "_exps" in self.name
 
 
 @dataclass
@@ -80,12 +40,14 @@ class Header:
 
     path: str
     metadata: dict[str, Any]
-    tensors: dict[str, TensorCost]
+    tensors: dict[str, TensorInfo]
     file_size: int
     header_bytes: int
     parts_found: int = 1
     parts_total: int = 1
     notes: list[str] = field(default_factory=list)
+    #: tensors whose info is copied from a sibling layer (a missing split part): no data behind them
+    estimated: set[str] = field(default_factory=set)
 
     @property
     def arch(self) -> str:
@@ -103,21 +65,19 @@ def _parse(path: str) -> Header:
         g = read_gguf_header(path)
     except ModelLoadError as e:
         raise HeaderError(str(e)) from None
-    tensors = {name: TensorCost(name, t.shape, t.ggml_type, t.nbytes) for name, t in g.tensors.items()}
     md = {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in g.metadata.items()}
-    return Header(path, md, tensors, g.file_size, g.header_bytes)
+    return Header(path, md, dict(g.tensors), g.file_size, g.header_bytes)
 
 
 def _split_parts(path: str, md: dict[str, Any]) -> tuple[list[str], int]:
     """Paths of the sibling parts of a split file (``-00001-of-00005.gguf``) and their count."""
-    m = _SPLIT_RE.match(os.path.basename(path))
+    from ..engine.gguf_file import SPLIT_NAME, split_part_path
+    m = SPLIT_NAME.match(os.path.basename(path))
     count = int(md.get("split.count", 0) or 0)
     if not m:
         return [], count or 1
     count = count or int(m.group("count"))
-    d = os.path.dirname(path)
-    return [os.path.join(d, f"{m.group('stem')}-{k:05d}-of-{m.group('count')}.gguf")
-            for k in range(1, count + 1)], count
+    return [split_part_path(path, k, int(m.group("count"))) for k in range(1, count + 1)], count
 
 
 def read_header(path: str | os.PathLike[str]) -> Header:
@@ -151,16 +111,21 @@ def _layer_kind(h: Header, il: int) -> str:
     return "dense" if il < n_dense else "moe" if h.key("expert_count") else "dense"
 
 
+def _estimate(template: TensorInfo, name: str) -> TensorInfo:
+    """A tensor of a missing split part, shaped as a seen one: its name, no data behind it."""
+    return dataclasses.replace(template, name=name, offset=-1, path="")
+
+
 def _estimate_missing(h: Header, total: int) -> None:
     """Fill layers the missing split parts hold with copies of a seen layer of the same kind."""
     n_layer = int(h.key("block_count", 0) or 0)
-    layers: dict[int, dict[str, TensorCost]] = {}
+    layers: dict[int, dict[str, TensorInfo]] = {}
     for t in h.tensors.values():
         m = _LAYER_RE.match(t.name)
         if m:
             layers.setdefault(int(m.group(1)), {})[m.group(2)] = t
     # a template per kind: the seen layer of that kind with the most tensors
-    templates: dict[str, dict[str, TensorCost]] = {}
+    templates: dict[str, dict[str, TensorInfo]] = {}
     for il, ts in sorted(layers.items()):
         k = _layer_kind(h, il)
         if len(ts) >= len(templates.get(k, {})):
@@ -171,12 +136,14 @@ def _estimate_missing(h: Header, total: int) -> None:
         for suffix, t in tpl.items():
             name = f"blk.{il}.{suffix}"
             if name not in h.tensors:
-                h.tensors[name] = TensorCost(name, t.shape, t.ggml_type, t.nbytes, estimated=True)
+                h.tensors[name] = _estimate(t, name)
+                h.estimated.add(name)
                 added += 1
     if "output.weight" not in h.tensors and "token_embd.weight" in h.tensors \
             and len(h.tensors) < total:
         t = h.tensors["token_embd.weight"]
-        h.tensors["output.weight"] = TensorCost("output.weight", t.shape, t.ggml_type, t.nbytes, True)
+        h.tensors["output.weight"] = _estimate(t, "output.weight")
+        h.estimated.add("output.weight")
         added += 1
     h.notes.append(f"{h.parts_total - h.parts_found} of {h.parts_total} split parts missing: "
                    f"{added} tensor infos estimated from layers seen ({len(h.tensors)} of {total} tensors)")
@@ -192,7 +159,7 @@ class ModelCost:
     path: str
     arch: str
     name: str
-    tensors: list[TensorCost]
+    tensors: list[TensorInfo]
     read_fraction: dict[str, float]     # tensor -> share of its bytes read per decoded token
     n_layer: int
     n_ctx_train: int
@@ -327,7 +294,7 @@ def model_cost(path_or_header: str | os.PathLike[str] | Header) -> ModelCost:
             frac[t.name] = n_used / n_exp
         else:
             frac[t.name] = 1.0
-    if any(t.estimated for t in tensors):
+    if h.estimated:
         notes.append("some tensor infos are estimated (split parts missing)")
     name = str(h.metadata.get("general.name", "") or os.path.basename(h.path))
     return ModelCost(
@@ -343,7 +310,7 @@ def tensor_specs(cost: ModelCost) -> list[tuple[str, int, int]]:
     return [(t.name, t.rows, t.row_bytes) for t in cost.tensors]
 
 
-def by_type(tensors: Iterable[TensorCost], fractions: dict[str, float]) -> dict[int, float]:
+def by_type(tensors: Iterable[TensorInfo], fractions: dict[str, float]) -> dict[int, float]:
     """Bytes read per token grouped by GGML type."""
     out: dict[int, float] = {}
     for t in tensors:

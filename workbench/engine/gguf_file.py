@@ -65,6 +65,13 @@ class TensorInfo:
             return f"type#{self.ggml_type}"
 
     @property
+    def n_elements(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
     def rows(self) -> int:
         n = 1
         for d in self.shape[1:]:
@@ -74,6 +81,11 @@ class TensorInfo:
     @property
     def row_bytes(self) -> int:
         return self.nbytes // max(self.rows, 1)
+
+    @property
+    def is_expert(self) -> bool:
+        """A routed experts' tensor (3-D, one slice per expert: ``blk.N.ffn_*_exps``)."""
+        return "_exps" in self.name
 
 
 @dataclass
