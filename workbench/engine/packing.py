@@ -26,10 +26,9 @@ A tensor is packed only when no piece or compute range of any plan with this man
 an 8-row group: its rows (per expert) are a multiple of 8 and at least 8 per worker, so
 `numa.plan.row_split` aligns every boundary to 8 rows.
 
-Where it pays depends on the kernel path: on the AVX2-only EPYC host (2026-12-03) the x8 gemv ran
-as fast as `k4_rows` in cache (7.3 against 7.0 GB/s) but 4.8-6.9 GB/s from memory against a steady
-7.0-7.2, and the engine decoded the synthetic Qwen3-MoE at 46-49 / 78-84 t/s (1 / 2 threads)
-packed against 61-64 / 109-110 unpacked. So by default only the AVX-512 VNNI path packs;
+Where it pays depends on the kernel path: on an AVX2-only host the x8 gemv read memory slower than
+`k4_rows` and a packed MoE model decoded slower (benchmarks/HISTORY.md, "Repacking on AVX2"). So by
+default only the AVX-512 VNNI path packs;
 `NUMAWB_REPACK=1` packs on any x86 path, `NUMAWB_REPACK=0` never.
 
 The other way round, a 3-D weight that is not a stack of experts (MLA's per-head attn_k_b /

@@ -45,14 +45,8 @@ from .type_ids import (  # noqa: F401  (the one definition of the type ids, re-e
     Q8_0_X2, SUPPORTED_TYPES, TYPE_IDS, TYPE_NAMES,
 )
 
-#: bumped when the kernels' speed changes (2: one-token products read two streams per thread; 3: the
-#: streams' prefetch windows primed at a product's start, the F16 heads in one call; 4: Q4_0 / Q5_0
-#: products and prompt tiles and the F16 products on zmm registers on AVX-512; 5: dense Q4_K
-#: matrices in the x8 layout, Q5_0 in row pairs on AVX-512 VNNI; 6: Q8_0 in row pairs there; 7: the
-#: pairs' leaner steps (GFNI nibbles, scales in an xmm), Q4_K / Q5_K / Q6_K dots on zmm registers;
-#: 8: Q4_0 and IQ4_NL matrices in 8-row groups on AVX-512 VNNI; 9: the x8 layout's prompt tiles two
-#: groups in zmm lanes): what the advisor measured of them before (`advisor.engine_cal`, cached per
-#: machine) is measured again
+#: bumped when the kernels' speed changes: what the advisor measured of them before
+#: (`advisor.engine_cal`, cached per machine) is measured again (each revision: benchmarks/HISTORY.md)
 SPEED_REVISION = 9
 
 #: ggml type id -> (elements per block, bytes per block)

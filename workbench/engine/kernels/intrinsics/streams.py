@@ -1,6 +1,6 @@
 """How the one-token kernels read their weight rows from memory: software prefetch (how far
 ahead, per CPU vendor and row length) and two streams per thread (the rows of a range read from
-both of its halves in turn). The distances are measured; the comments say where."""
+both of its halves in turn). The distances are measured: benchmarks/HISTORY.md, "Prefetch distances"."""
 from __future__ import annotations
 
 from llvmlite import ir
@@ -12,49 +12,28 @@ from ..cpu import cpu_vendor
 from ..llvm_ir import BYTE_DTYPES, check_array, declare, ll
 
 
-# Software prefetch for weight streams, measured on the EPYC host (one core, 64 MB from memory,
-# medians): with rows of at most 2048 weights the kernels' per-row (or per 8-row group) reduction
-# interrupts the stream often, and prefetching 4 KB ahead (about the memory latency at this speed)
-# helped: Q4_K K=768 21.1 -> 24.4, K=1024 20.3 -> 24.2 GB/s; with longer rows the hardware
-# prefetcher alone did better (Q4_K K=3072 25.5 -> 22.1, K=4096 21.3 -> 19.1 GB/s with it).
-# Expert matrices (K = 768..2048) and small models' rows are in the first group.
+# Each distance below is measured; the runs behind it are in benchmarks/HISTORY.md, "Prefetch
+# distances".
+# Rows of at most PREFETCH_MAX_K weights (experts, small models): prefetch 4 KB ahead (their
+# reductions interrupt the stream); longer rows: the hardware prefetcher alone did better.
 PREFETCH_BYTES = 4096
 
 
 PREFETCH_MAX_K = 2048
 
 
-# The K-quant one-token products that read a super-block record at a time (Q6_K rows, Q4_K's 8-row
-# x8 groups) prefetch every line of the record, nearer on Intel. Intel Xeon host, 1 core, 1 GB from
-# memory, 2 MB pages: Q6_K (K = 2048) 10.5 GB/s at 4096 bytes ahead, 14.7-15.5 at 1024-1792, 9.9
-# at 8192; Q4_K x8 (one prefetch per 1152-byte group before) 12.9 -> 15.1 with every line 1536
-# ahead, 9.4 at 4096 (side by side in one process); in the caches 23 and 39 GB/s. Q5_0 / Q8_0
-# (K = 640) did best at 4096 there too. The AMD EPYC hosts measured 4096 for Q4_K and Q6_K (above).
-# Plain Q4_K rows (k4_rows, the dense Q4_K weights), every line of a block at this distance
-# instead of two lines of its 144 bytes 4096 ahead: 640 x 1024 / 640 x 2048 matrices read cold, one
-# after another (`kernels_bench.py --cold-rows 640`), 13.3 -> 14.8 / 13.0 -> 15.8 GB/s on the Intel
-# Xeon host (unmeasured on AMD).
+# Super-block records read whole (Q6_K rows, Q4_K's x8 groups, plain Q4_K rows): every line of a
+# record, nearer on Intel.
 PREFETCH_NEAR = 1536 if cpu_vendor() == "GenuineIntel" else PREFETCH_BYTES
 
 
-# The legacy one-token products (Q8_0, Q5_0, Q4_0 rows) with two streams per thread (below): 2048
-# bytes ahead on Intel, where one stream had done best at 4096. Intel Xeon host, K = 640, 384 MB from
-# memory, two alternating runs: Q8_0 17.75 -> 18.15 GB/s (2560: 17.8), Q5_0 15.25 -> 15.25.
+# The legacy one-token products (Q8_0, Q5_0, Q4_0 rows) with two streams per thread: nearer on Intel.
 PREFETCH_LEGACY = 2048 if cpu_vendor() == "GenuineIntel" else PREFETCH_BYTES
 
 
 # Two streams per thread: a one-token product reads the rows of its range [r0, r1) from both halves
-# in turn, a row (or a kernel's row group) of each. One core keeps more lines in flight along two
-# streams than along one (the hardware prefetcher runs ahead of each; one stream's look-ahead
-# bounds it). Intel Xeon host, Q8_0 K = 640 from memory, 1 GB, side by side: 1 thread 15.7 -> 16.8
-# GB/s, 2 threads (a half each) 29.6 -> 32.9; alternating every row 18.0, every 8 rows (5.4 KB)
-# 16.1, every 64 (43 KB) 15.0 against 16.0 for one stream; halves 5 KB apart 13.0, 21 KB 15.1,
-# 85 KB and more 17.0-17.9 (four streams: 15.7). Below TWO_STREAMS_MIN bytes a half, one stream.
-# AMD EPYC host (Zen 5, cpuinfo family 26), 2026-12-04, one stream -> two: Q8_0 K = 640 from memory
-# (384 MB, two alternating runs) 35.7 / 37.4 -> 41.9 / 40.9 GB/s, Q5_0 27.5 / 27.6 -> 27.9 / 28.8;
-# decode_profile --ab, three rounds: 1 thread 120.4 / 120.3 / 118.1 -> 124.3 / 122.8 / 122.7 t/s,
-# 2 threads 169.2 / 158.7 / 152.1 -> 164.0 / 158.6 / 156.8 (noise). On everywhere (the AVX2-only
-# EPYC kinds unmeasured).
+# in turn, a row (or a kernel's row group) of each (a core keeps more lines in flight along two
+# streams than along one); below TWO_STREAMS_MIN bytes a half, one stream.
 TWO_STREAMS_MIN = 64 * 1024
 
 

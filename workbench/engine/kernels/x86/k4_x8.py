@@ -35,12 +35,8 @@ from ..jitcache import JIT as _NB
 from .k4_rows import f16x8_pairs
 
 GROUP = 8 * 144  # one 8-row group's super-block record
-# bytes of each record the one-token product prefetches: all of it. (The AMD EPYC hosts had
-# prefetched only its first line, measured on the experts alone; with the dense matrices packed too,
-# on the Zen 5 host (2026-12-05) a 2-thread worker's share of Gemma 3 270M's attention output,
-# 184 KB, took 8.7-10.0 us that way against 5.8-6.2 with every line; decode_profile --ab: Gemma
-# 140.7 -> 145.3 / 231.3 -> 236.2 t/s (1 / 2 threads), synthetic Qwen3-MoE 332.6 -> 349.0 /
-# 397.9 -> 497.5, a synthetic dense Q4_K model 2048 x 5632 248.1 -> 239.7 / 359.2 -> 387.2.)
+# bytes of each record the one-token product prefetches: all of it (faster than its first line
+# only; benchmarks/HISTORY.md, "The x8 layout's prefetch span")
 PREFETCH_SPAN = GROUP
 
 

@@ -96,16 +96,9 @@ def kernels(mode: int) -> dict:
     # Q4_0/Q5_0 matvec: ONE f32 chain per row in block order -- llama.cpp's order
     # (ggml_vec_dot_q5_0_q8_0: acc = fma(f32(lanes), d_w * d_x, acc), hsum_float_8), so results are
     # bit-identical to it; offsets pre-shifted once per call (see make_matmat).  Two rows a step, each
-    # with its own chain: one row's single chain held it back (Q5_0 ran 17.6 GB/s in the caches
-    # where Q8_0 ran 30).  The pair's prefetch walks both rows' bytes (2 * bsz a
-    # step): prefetching the first row's stream only left every second row unprefetched.  Intel Xeon
-    # host, K = 640, 1 GB from memory, 2 MB pages, side by side: 1 core 13.3 -> 15.2 GB/s, 2 cores
-    # 26.2 -> 30.2 (probe ~17.5 / 33.5); in the caches 17.6 -> 21.8.  (One zmm register holding both
-    # rows' lanes ran the same from memory there; four rows ran 15.0 / 30.0.)  The AVX-512 path runs
-    # that one-zmm form (make_pair_matvec): on the AMD EPYC host (Zen 5) this kernel was bound by its
-    # vector instructions, 27.9 GB/s from the L2 and from memory alike, and the pair reads 30.4-31.8;
-    # with the scales converted as one vector and a pair from each stream a step (two chains) 36.2-36.8
-    # from the L2 and from memory (33.5-33.9 before, K = 640, 2026-12-05).
+    # with its own chain (one row's single chain held it back); the pair's prefetch walks both rows'
+    # bytes (2 * bsz a step).  The AVX-512 path runs a one-zmm form of the pair (make_pair_matvec).
+    # The runs: benchmarks/HISTORY.md, "Q4_0 / Q5_0 one-token products, two rows a step".
     def make_offset_matvec(unpack, bsz, shift):
         @numba.njit(inline="always")
         def step(acc, w, o, ns, xq, xd, b):
