@@ -13,7 +13,13 @@ from .probe import GB, MemoryProfile, machine_profile, save_profile
 
 GiB = 1 << 30
 Progress = Callable[[str], None]
-ENGINE_ARCHS = ("gemma3", "llama", "qwen2", "qwen3", "qwen3moe", "deepseek2")
+
+
+def engine_runs(arch: str) -> bool:
+    """Whether the engine has a model class for ``arch`` (its own table, so the two never drift;
+    a Mixtral-style file is a ``llama`` one)."""
+    from ..engine.models import ARCHITECTURES
+    return arch in ARCHITECTURES
 
 
 @dataclass
@@ -253,7 +259,7 @@ def advise(path: str | os.PathLike[str] | None = None, topology: Topology | str 
             notes.append(f"more threads than the {n_cpus} CPUs this process may use: oversubscribed workers "
                          "wait for each other, the prediction does not model it")
         shape = None
-        if cost.arch in ENGINE_ARCHS:
+        if engine_runs(cost.arch):
             from .twins import TwinShape
             shape = TwinShape.from_header(header)
         if measure:
@@ -271,7 +277,7 @@ def advise(path: str | os.PathLike[str] | None = None, topology: Topology | str 
         engine = EngineModel.from_profile(profile, cost.arch, dominant_rows(cost),
                                           structure_key=shape.key if shape else None,
                                           cold_shapes=product_shapes(cost, K.is_supported))
-        if cost.arch not in ENGINE_ARCHS:
+        if not engine_runs(cost.arch):
             notes.append(f"the engine cannot run {cost.arch!r} yet: its overhead is taken from a tiny llama")
         load = float(profile.engine.get("load_average", 0.0))
         if load > 0.5 * len(topo.allowed_cpus):
