@@ -16,7 +16,6 @@ import numba
 
 from . import ops
 from .crew import ahead
-from .expert_token import GELU
 from .kernels.jitcache import JIT as _NB
 
 _RUNNERS: dict = {}
@@ -38,10 +37,7 @@ def dense_runner(gate_up: Callable, down: Callable) -> Callable:
         if not gate_up(ctl, n_workers, t, c, n, h[0], (g[0], u[0])):
             return False
         ahead(ctl, d_job)
-        if kind == GELU:
-            ops.gelu_mul(g, u, act, gelu_table)
-        else:
-            ops.silu_mul(g, u, act)
+        ops.gate_mul(g, u, act, kind, gelu_table)
         t, c, n = d_job
         return down(ctl, n_workers, t, c, n, act[0], (out,))
 

@@ -23,7 +23,7 @@ from .crew import C_TASK, NO_LIMIT, STEALABLE, T_OUTOFF, T_W, T_XROW, ahead, pre
 from .gating import _route, gate
 
 from .kernels.jitcache import JIT as _NB
-SILU, GELU = 0, 1
+from .ops import GELU, SILU  # noqa: F401  (the activation kinds; importers of this module use them)
 
 
 @numba.njit(**_NB)
@@ -122,10 +122,7 @@ def expert_runner(lead: Callable, prep_gu: Callable, prep_down: Callable, n_gu: 
         if not ok:
             return False
         a2 = act.reshape(k, n_ff)
-        if kind == GELU:
-            ops.gelu_mul(g2, u2, a2, gelu_table)
-        else:
-            ops.silu_mul(g2, u2, a2)
+        ops.gate_mul(g2, u2, a2, kind, gelu_table)
         xd = prep_down(a2, kd)
         tasks, chunks = compose(d_t3, d_c3, d_w, ids, np.arange(k), d_wa)
         if not lead(ctl, n_workers, tasks, chunks, chunks.shape[0] | STEALABLE, xd, xd, (d,), 0, NO_LIMIT, 0):
@@ -278,10 +275,7 @@ def shared_fused_runner(lead: Callable, prep_x: Callable, prep_act: Callable) ->
         td, cd, od = sd
         if not routed_on:
             ahead(ctl, sd)
-        if act_kind == GELU:
-            ops.gelu_mul(gs, us, acts, gelu_table)
-        else:
-            ops.silu_mul(gs, us, acts)
+        ops.gate_mul(gs, us, acts, act_kind, gelu_table)
         xs = prep_act(acts, fam_a)
         n_embd = out.shape[1]
         if not routed_on:
@@ -296,10 +290,7 @@ def shared_fused_runner(lead: Callable, prep_x: Callable, prep_act: Callable) ->
         if not lead(ctl, n_workers, tasks, chunks, chunks.shape[0] | STEALABLE, xq, xq, (g, u), 0, NO_LIMIT, 0):
             return False
         g2, u2, a2 = g.reshape(k, n_ff), u.reshape(k, n_ff), act.reshape(k, n_ff)
-        if act_kind == GELU:
-            ops.gelu_mul(g2, u2, a2, gelu_table)
-        else:
-            ops.silu_mul(g2, u2, a2)
+        ops.gate_mul(g2, u2, a2, act_kind, gelu_table)
         xd = prep_act(a2, fam_a)
         tasks, chunks = compose(d_t3, d_c3, d_w, ids, np.arange(k), d_wa)
         tasks, chunks, n_own = concat_jobs(tasks, chunks, chunks.shape[0], td, cd, od)

@@ -17,7 +17,7 @@ import numpy as np
 from . import kernels, ops
 from .crew import (C_OWNER, C_SPAN, C_TASK, STEALABLE, T_OUT, T_OUTOFF, T_W, T_XROW, TASK_FIELDS, CrewError, Job,
                    Table)
-from .expert_token import GELU, SILU, expert_runner, fixed_format
+from .expert_token import expert_runner, fixed_format
 from .handoff import product_seconds
 from .kernels.jitcache import JIT
 from .rows_ffn import rows_routed_runner
@@ -170,10 +170,7 @@ class ExpertPaths:
 
         def act(t0: int, t1: int) -> None:   # rows are (token, slot) pairs: token t's at t * k
             r0, r1 = t0 * k, t1 * k
-            if activation == "gelu":
-                ops.gelu_mul(g[r0:r1], u[r0:r1], a[r0:r1], ops.GELU_F16)
-            else:
-                ops.silu_mul(g[r0:r1], u[r0:r1], a[r0:r1])
+            ops.apply_activation(activation, g[r0:r1], u[r0:r1], a[r0:r1])
         self.token_rows(n, act)
         # down reads the activation row of each (token, slot)
         (d,) = self._expert_products((down,), a, [(e, rows, rows) for e, _, rows in groups], n * k)
@@ -237,7 +234,7 @@ class ExpertPaths:
         if not runner(crew.ctl, crew.n_workers, np.ascontiguousarray(x, dtype=np.float32),
                       np.ascontiguousarray(ids, dtype=np.int64), np.ascontiguousarray(weights, dtype=np.float32),
                       *gu, *dn, g, u, act, d, out[0], n_ff,
-                      GELU if activation == "gelu" else SILU, ops.GELU_F16):
+                      ops.activation_kind(activation), ops.GELU_F16):
             crew.stop()
             raise CrewError("a worker failed during an expert product")
         return out

@@ -512,3 +512,29 @@ def silu_mul(g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
 
 
 GELU_F16 = gelu_f16_table(np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32))
+
+#: a gated FFN's activation as the compiled calls take it (`gate_mul`'s kind; `activation_kind`)
+SILU, GELU = 0, 1
+
+
+def activation_kind(name: str) -> int:
+    """A model's activation name ("gelu", else SiLU) as `gate_mul`'s kind."""
+    return GELU if name == "gelu" else SILU
+
+
+@nb.njit(inline="always")
+def gate_mul(g, u, out, kind, gelu_table):
+    """out = act(g) * u, a gated FFN's activation in a compiled call: `gelu_mul` over ggml's f16
+    table (`GELU_F16`) for GELU, else `silu_mul`."""
+    if kind == GELU:
+        gelu_mul(g, u, out, gelu_table)
+    else:
+        silu_mul(g, u, out)
+
+
+def apply_activation(activation: str, g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
+    """`gate_mul` from Python, by the activation's name (the products' general path)."""
+    if activation == "gelu":
+        gelu_mul(g, u, out, GELU_F16)
+    else:
+        silu_mul(g, u, out)

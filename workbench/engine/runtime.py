@@ -587,20 +587,14 @@ class Runtime(AttentionPaths, ExpertPaths, TokenCalls):
             if outs is not None:
                 g, u = outs
                 a = np.empty_like(g)
-                if activation == "gelu":
-                    ops.gelu_mul(g, u, a, ops.GELU_F16)
-                else:
-                    ops.silu_mul(g, u, a)
+                ops.apply_activation(activation, g, u, a)
                 return g, u, a
             before = None   # done
         g, u = np.empty((n, rows), dtype=np.float32), np.empty((n, rows), dtype=np.float32)
         a = np.empty_like(g)
 
         def finish(t0: int, t1: int, lo: int, hi: int) -> None:
-            if activation == "gelu":
-                ops.gelu_mul(g[t0:t1, lo:hi], u[t0:t1, lo:hi], a[t0:t1, lo:hi], ops.GELU_F16)
-            else:
-                ops.silu_mul(g[t0:t1, lo:hi], u[t0:t1, lo:hi], a[t0:t1, lo:hi])
+            ops.apply_activation(activation, g[t0:t1, lo:hi], u[t0:t1, lo:hi], a[t0:t1, lo:hi])
         if self._token_split(group, x, finish, [g, u], before=before) is None:
             if before is not None:
                 before(0, n)

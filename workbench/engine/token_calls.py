@@ -20,7 +20,7 @@ from . import kernels, ops
 from .attention import SKIP_SLID_VALUES, one_token_attention, owners_attention, token_window
 from .crew import CHUNK_FIELDS, STEALABLE, T_OUT, T_PREP, TASK_FIELDS, Crew, CrewError, link
 from .dense_token import dense_runner
-from .expert_token import (GELU, SILU, compose, concat_jobs, fixed_format, routed_runner, shared_fused_runner,
+from .expert_token import (compose, concat_jobs, fixed_format, routed_runner, shared_fused_runner,
                            shared_runner)
 from .gating import Gating
 from .kv_cache import KVCache
@@ -198,7 +198,7 @@ class TokenCalls:
                 routed_runner(crew.lead, runner), rgroup.ne0,
                 (job.tasks, job.chunks, job.n_owned, logits, g_.kind, k, g_.bias, g_.n_groups, g_.n_group_used,
                  g_.norm, g_.scale, ids, wts, *gu, *dn, g, u, act, d, out[0], n_ff,
-                 GELU if spec.activation == "gelu" else SILU, ops.GELU_F16),
+                 ops.activation_kind(spec.activation), ops.GELU_F16),
                 (), (), (), out, (ids, names), first=(job.tasks, job.chunks, job.n_owned), rows=rows)
         self._rparts[key] = _Cached(crew.lead, ready)
         return ready
@@ -223,7 +223,7 @@ class TokenCalls:
             ready = _TokenParts(
                 dense_runner(run_gu, run_d), g_gu.ne0,
                 ((jg.tasks, jg.chunks, jg.n_owned), g, u, act, (jd.tasks, jd.chunks, jd.n_owned), out[0],
-                 GELU if spec.activation == "gelu" else SILU, ops.GELU_F16),
+                 ops.activation_kind(spec.activation), ops.GELU_F16),
                 (), (), (), out, first=(jg.tasks, jg.chunks, jg.n_owned), last=(jd.tasks, jd.chunks, jd.n_owned))
         self._rparts[key] = _Cached(crew.lead, ready)
         return ready
@@ -306,7 +306,7 @@ class TokenCalls:
                  g_.n_group_used, g_.norm, g_.scale, ids, np.empty(k, dtype=np.float32), *gu, *dtab, sd, g, u, act,
                  d, np.empty((1, n_sh), dtype=np.float32), np.empty((1, n_sh), dtype=np.float32),
                  np.empty((1, n_sh), dtype=np.float32), np.empty(g_d.rows[0], dtype=np.float32), out, n_ff,
-                 GELU if t.activation == "gelu" else SILU, ops.GELU_F16, fam_x, fam_a),
+                 ops.activation_kind(t.activation), ops.GELU_F16, fam_x, fam_a),
                 (), (), (), out, (ids, tuple(n for n in (t.gate, t.up, t.down) if n)) if on else (),
                 first=j1, last=sd, rows=rows_fused_runner(crew.lead, prep_x, prep_a))
         self._rparts[key] = _Cached(crew.lead, ready)
