@@ -21,6 +21,7 @@ from .modes import kv_node
 from .plan import KVPlan, KVRequest, Piece, PlacementPlan, TensorSpec, plan_for_pool, row_split, sliceable
 
 if TYPE_CHECKING:
+    from .topology import Topology
     from .workers import WorkerPool
 
 PIECE_ALIGN = 64
