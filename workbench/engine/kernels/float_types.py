@@ -12,6 +12,7 @@ import numpy as np
 from .intrinsics.scalars import bf16_to_f32, f16_to_f32
 
 from .jitcache import JIT as _NB
+from .rowwise import blockwise_dequant, float_products
 f32 = np.float32
 
 
@@ -74,50 +75,10 @@ def _dot_bf16(row, x):
     return acc
 
 
-# xp = (x,) with x float32 [k] or [n, k]
-@numba.njit(**_NB)
-def f32_matvec(w, xp, out, r0, r1):
-    x = xp[0]
-    for i in range(r0, r1):
-        out[i] = _dot_f32(w[i], x)
-
-
-@numba.njit(**_NB)
-def f32_matmat(w, xp, out, r0, r1):
-    x = xp[0]
-    for i in range(r0, r1):
-        for c in range(x.shape[0]):
-            out[c, i] = _dot_f32(w[i], x[c])
-
-
-@numba.njit(**_NB)
-def f16_matvec(w, xp, out, r0, r1):
-    x = xp[0]
-    for i in range(r0, r1):
-        out[i] = _dot_f16_vec(w[i], x)
-
-
-@numba.njit(**_NB)
-def f16_matmat(w, xp, out, r0, r1):
-    x = xp[0]
-    for i in range(r0, r1):
-        for c in range(x.shape[0]):
-            out[c, i] = _dot_f16(w[i], x[c])
-
-
-@numba.njit(**_NB)
-def bf16_matvec(w, xp, out, r0, r1):
-    x = xp[0]
-    for i in range(r0, r1):
-        out[i] = _dot_bf16(w[i], x)
-
-
-@numba.njit(**_NB)
-def bf16_matmat(w, xp, out, r0, r1):
-    x = xp[0]
-    for i in range(r0, r1):
-        for c in range(x.shape[0]):
-            out[c, i] = _dot_bf16(w[i], x[c])
+# xp = (x,) with x float32 [k] or [n, k]; one column of F16 in ggml_vec_dot_f16's order
+f32_matvec, f32_matmat = float_products(_dot_f32)
+f16_matvec, f16_matmat = float_products(_dot_f16, _dot_f16_vec)
+bf16_matvec, bf16_matmat = float_products(_dot_bf16)
 
 
 @numba.njit(**_NB)
@@ -125,21 +86,17 @@ def dequant_f32(w, r0, r1):
     return w[r0:r1].view(np.float32).copy()
 
 
-@numba.njit(**_NB)
-def dequant_f16(w, r0, r1):
-    k = w.shape[1] // 2
-    out = np.empty((r1 - r0, k), np.float32)
-    for i in range(r0, r1):
-        for j in range(k):
-            out[i - r0, j] = f16_to_f32(w[i], 2 * j)
-    return out
+@numba.njit(inline="always")
+def _deq_f16(row, o, dst, e):
+    dst[e] = f16_to_f32(row, o)
 
 
-@numba.njit(**_NB)
-def dequant_bf16(w, r0, r1):
-    k = w.shape[1] // 2
-    out = np.empty((r1 - r0, k), np.float32)
-    for i in range(r0, r1):
-        for j in range(k):
-            out[i - r0, j] = bf16_to_f32(w[i], 2 * j)
-    return out
+dequant_f16 = blockwise_dequant(_deq_f16, 2, 1)
+
+
+@numba.njit(inline="always")
+def _deq_bf16(row, o, dst, e):
+    dst[e] = bf16_to_f32(row, o)
+
+
+dequant_bf16 = blockwise_dequant(_deq_bf16, 2, 1)

@@ -21,7 +21,7 @@ from .intrinsics.scalars import f16_to_f32
 
 from .jitcache import JIT as _NB
 from .legacy_quants import dequant_x8
-from .rowwise import rowwise_products
+from .rowwise import blockwise_dequant, rowwise_products
 f32 = np.float32
 KVALUES = np.array(KVALUES_IQ4NL, np.int32)
 
@@ -41,20 +41,17 @@ def _dot_iq4_nl(row, xq, xd, _x3):
 
 
 # Same f32 operation order as ggml's dequantize_row_iq4_nl (and gguf.quants): d * value, exact.
-@numba.njit(**_NB)
-def dequant_iq4_nl(w, r0, r1):
-    nb = w.shape[1] // 18
+@numba.njit(inline="always")
+def _deq_iq4_nl(row, o, dst, e):
     kv = KVALUES
-    out = np.empty((r1 - r0, nb * 32), np.float32)
-    for i in range(r0, r1):
-        for b in range(nb):
-            o = b * 18
-            d = f16_to_f32(w[i], o)
-            for j in range(16):
-                v = np.int32(w[i, o + 2 + j])
-                out[i - r0, b * 32 + j] = d * f32(kv[v & 15])
-                out[i - r0, b * 32 + 16 + j] = d * f32(kv[v >> 4])
-    return out
+    d = f16_to_f32(row, o)
+    for j in range(16):
+        v = np.int32(row[o + 2 + j])
+        dst[e + j] = d * f32(kv[v & 15])
+        dst[e + 16 + j] = d * f32(kv[v >> 4])
+
+
+dequant_iq4_nl = blockwise_dequant(_deq_iq4_nl, 18, 32)
 
 
 @numba.njit(**_NB)
@@ -90,23 +87,19 @@ def _dot_iq4_xs(row, xq, xd, _x3):
 
 
 # ggml's dequantize_row_iq4_xs (and gguf.quants): dl = d * (ls - 32), then dl * value
-@numba.njit(**_NB)
-def dequant_iq4_xs(w, r0, r1):
-    nb = w.shape[1] // 136
+@numba.njit(inline="always")
+def _deq_iq4_xs(row, o, dst, e):
     kv = KVALUES
-    out = np.empty((r1 - r0, nb * 256), np.float32)
-    for i in range(r0, r1):
-        row = w[i]
-        for b in range(nb):
-            o = b * 136
-            d = f16_to_f32(row, o)
-            for j in range(8):
-                dl = d * f32(iq4_xs_scale(row, o, j))
-                for e in range(16):
-                    v = np.int32(row[o + 8 + 16 * j + e])
-                    out[i - r0, b * 256 + 32 * j + e] = dl * f32(kv[v & 15])
-                    out[i - r0, b * 256 + 32 * j + 16 + e] = dl * f32(kv[v >> 4])
-    return out
+    d = f16_to_f32(row, o)
+    for j in range(8):
+        dl = d * f32(iq4_xs_scale(row, o, j))
+        for t in range(16):
+            v = np.int32(row[o + 8 + 16 * j + t])
+            dst[e + 32 * j + t] = dl * f32(kv[v & 15])
+            dst[e + 32 * j + 16 + t] = dl * f32(kv[v >> 4])
+
+
+dequant_iq4_xs = blockwise_dequant(_deq_iq4_xs, 136, 256)
 
 
 # ----------------------------------------------------------------------------- products

@@ -17,8 +17,7 @@ import numpy as np
 
 from .intrinsics.scalars import f16_to_f32
 
-from .jitcache import JIT as _NB
-from .rowwise import rowwise_products
+from .rowwise import blockwise_dequant, rowwise_products
 f32 = np.float32
 
 BLOCK_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
@@ -124,78 +123,66 @@ def _dot_q6_K(row, xq, xd, xb):
 
 
 # ----------------------------------------------------------------------------- dequantize
-@numba.njit(**_NB)
-def dequant_q4_K(w, r0, r1):
-    nb = w.shape[1] // 144
-    out = np.empty((r1 - r0, nb * 256), np.float32)
-    for i in range(r0, r1):
-        row = w[i]
-        for b in range(nb):
-            o = b * 144
-            d = f16_to_f32(row, o)
-            dmin = f16_to_f32(row, o + 2)
-            for jp in range(4):
-                sc0, m0 = _scale_min(row, o + 4, 2 * jp)
-                sc1, m1 = _scale_min(row, o + 4, 2 * jp + 1)
-                d0 = d * f32(sc0); mm0 = dmin * f32(m0)
-                d1 = d * f32(sc1); mm1 = dmin * f32(m1)
-                for l in range(32):
-                    v = np.int32(row[o + 16 + 32 * jp + l])
-                    out[i - r0, b * 256 + 64 * jp + l] = d0 * f32(v & 15) - mm0
-                    out[i - r0, b * 256 + 64 * jp + 32 + l] = d1 * f32(v >> 4) - mm1
-    return out
+@numba.njit(inline="always")
+def _deq_q4_K(row, o, dst, e):
+    d = f16_to_f32(row, o)
+    dmin = f16_to_f32(row, o + 2)
+    for jp in range(4):
+        sc0, m0 = _scale_min(row, o + 4, 2 * jp)
+        sc1, m1 = _scale_min(row, o + 4, 2 * jp + 1)
+        d0 = d * f32(sc0); mm0 = dmin * f32(m0)
+        d1 = d * f32(sc1); mm1 = dmin * f32(m1)
+        for l in range(32):
+            v = np.int32(row[o + 16 + 32 * jp + l])
+            dst[e + 64 * jp + l] = d0 * f32(v & 15) - mm0
+            dst[e + 64 * jp + 32 + l] = d1 * f32(v >> 4) - mm1
 
 
-@numba.njit(**_NB)
-def dequant_q5_K(w, r0, r1):
-    nb = w.shape[1] // 176
-    out = np.empty((r1 - r0, nb * 256), np.float32)
-    for i in range(r0, r1):
-        row = w[i]
-        for b in range(nb):
-            o = b * 176
-            d = f16_to_f32(row, o)
-            dmin = f16_to_f32(row, o + 2)
-            for jp in range(4):
-                sc0, m0 = _scale_min(row, o + 4, 2 * jp)
-                sc1, m1 = _scale_min(row, o + 4, 2 * jp + 1)
-                d0 = d * f32(sc0); mm0 = dmin * f32(m0)
-                d1 = d * f32(sc1); mm1 = dmin * f32(m1)
-                for l in range(32):
-                    v = np.int32(row[o + 48 + 32 * jp + l])
-                    h = np.int32(row[o + 16 + l])
-                    q0 = (v & 15) | (((h >> (2 * jp)) & 1) << 4)
-                    q1 = (v >> 4) | (((h >> (2 * jp + 1)) & 1) << 4)
-                    out[i - r0, b * 256 + 64 * jp + l] = d0 * f32(q0) - mm0
-                    out[i - r0, b * 256 + 64 * jp + 32 + l] = d1 * f32(q1) - mm1
-    return out
+dequant_q4_K = blockwise_dequant(_deq_q4_K, 144, 256)
 
 
-@numba.njit(**_NB)
-def dequant_q6_K(w, r0, r1):
-    nb = w.shape[1] // 210
-    out = np.empty((r1 - r0, nb * 256), np.float32)
-    ws = w.view(np.int8)
-    for i in range(r0, r1):
-        row = w[i]
-        for b in range(nb):
-            o = b * 210
-            d = f16_to_f32(row, o + 208)
-            for h in range(2):
-                ql = o + 64 * h
-                qh = o + 128 + 32 * h
-                sc = o + 192 + 8 * h
-                e = b * 256 + 128 * h
-                for l in range(32):
-                    a = np.int32(row[ql + l])
-                    c = np.int32(row[ql + 32 + l])
-                    hh = np.int32(row[qh + l])
-                    isc = l // 16
-                    out[i - r0, e + l] = (d * f32(ws[i, sc + isc])) * f32(((a & 15) | ((hh & 3) << 4)) - 32)
-                    out[i - r0, e + 32 + l] = (d * f32(ws[i, sc + isc + 2])) * f32(((c & 15) | (((hh >> 2) & 3) << 4)) - 32)
-                    out[i - r0, e + 64 + l] = (d * f32(ws[i, sc + isc + 4])) * f32(((a >> 4) | (((hh >> 4) & 3) << 4)) - 32)
-                    out[i - r0, e + 96 + l] = (d * f32(ws[i, sc + isc + 6])) * f32(((c >> 4) | (((hh >> 6) & 3) << 4)) - 32)
-    return out
+@numba.njit(inline="always")
+def _deq_q5_K(row, o, dst, e):
+    d = f16_to_f32(row, o)
+    dmin = f16_to_f32(row, o + 2)
+    for jp in range(4):
+        sc0, m0 = _scale_min(row, o + 4, 2 * jp)
+        sc1, m1 = _scale_min(row, o + 4, 2 * jp + 1)
+        d0 = d * f32(sc0); mm0 = dmin * f32(m0)
+        d1 = d * f32(sc1); mm1 = dmin * f32(m1)
+        for l in range(32):
+            v = np.int32(row[o + 48 + 32 * jp + l])
+            h = np.int32(row[o + 16 + l])
+            q0 = (v & 15) | (((h >> (2 * jp)) & 1) << 4)
+            q1 = (v >> 4) | (((h >> (2 * jp + 1)) & 1) << 4)
+            dst[e + 64 * jp + l] = d0 * f32(q0) - mm0
+            dst[e + 64 * jp + 32 + l] = d1 * f32(q1) - mm1
+
+
+dequant_q5_K = blockwise_dequant(_deq_q5_K, 176, 256)
+
+
+@numba.njit(inline="always")
+def _deq_q6_K(row, o, dst, e0):
+    rs = row.view(np.int8)
+    d = f16_to_f32(row, o + 208)
+    for h in range(2):
+        ql = o + 64 * h
+        qh = o + 128 + 32 * h
+        sc = o + 192 + 8 * h
+        e = e0 + 128 * h
+        for l in range(32):
+            a = np.int32(row[ql + l])
+            c = np.int32(row[ql + 32 + l])
+            hh = np.int32(row[qh + l])
+            isc = l // 16
+            dst[e + l] = (d * f32(rs[sc + isc])) * f32(((a & 15) | ((hh & 3) << 4)) - 32)
+            dst[e + 32 + l] = (d * f32(rs[sc + isc + 2])) * f32(((c & 15) | (((hh >> 2) & 3) << 4)) - 32)
+            dst[e + 64 + l] = (d * f32(rs[sc + isc + 4])) * f32(((a >> 4) | (((hh >> 4) & 3) << 4)) - 32)
+            dst[e + 96 + l] = (d * f32(rs[sc + isc + 6])) * f32(((c >> 4) | (((hh >> 6) & 3) << 4)) - 32)
+
+
+dequant_q6_K = blockwise_dequant(_deq_q6_K, 210, 256)
 
 
 # ----------------------------------------------------------------------------- Q3_K
@@ -253,21 +240,17 @@ def _dot_q3_K(row, xq, xd, _x3):
 
 
 # ggml's dequantize_row_q3_K (and gguf.quants): dl = d * (sc - 32), then dl * q
-@numba.njit(**_NB)
-def dequant_q3_K(w, r0, r1):
-    nb = w.shape[1] // 110
-    out = np.empty((r1 - r0, nb * 256), np.float32)
-    for i in range(r0, r1):
-        row = w[i]
-        for b in range(nb):
-            o = b * 110
-            d = f16_to_f32(row, o + 108)
-            s0, s1, s2, s3 = q3_K_scales(row, o)
-            for sb in range(16):
-                dl = d * f32(q3_K_scale(s0, s1, s2, s3, sb))
-                for e in range(16 * sb, 16 * sb + 16):
-                    out[i - r0, b * 256 + e] = dl * f32(_q3_K_q(row, o, e))
-    return out
+@numba.njit(inline="always")
+def _deq_q3_K(row, o, dst, e0):
+    d = f16_to_f32(row, o + 108)
+    s0, s1, s2, s3 = q3_K_scales(row, o)
+    for sb in range(16):
+        dl = d * f32(q3_K_scale(s0, s1, s2, s3, sb))
+        for e in range(16 * sb, 16 * sb + 16):
+            dst[e0 + e] = dl * f32(_q3_K_q(row, o, e))
+
+
+dequant_q3_K = blockwise_dequant(_deq_q3_K, 110, 256)
 
 
 # ----------------------------------------------------------------------------- Q2_K
@@ -294,24 +277,20 @@ def _dot_q2_K(row, xq, xd, xb):
 
 
 # gguf.quants' dequantize (and ggml's dequantize_row_q2_K): dl = d * sc, ml = dmin * m, dl * q - ml
-@numba.njit(**_NB)
-def dequant_q2_K(w, r0, r1):
-    nb = w.shape[1] // 84
-    out = np.empty((r1 - r0, nb * 256), np.float32)
-    for i in range(r0, r1):
-        row = w[i]
-        for b in range(nb):
-            o = b * 84
-            d = f16_to_f32(row, o + 80)
-            dmin = f16_to_f32(row, o + 82)
-            for e in range(256):
-                sb = e // 16
-                dl = d * f32(np.int32(row[o + sb]) & 15)
-                ml = dmin * f32(np.int32(row[o + sb]) >> 4)
-                j, r = e // 128, e % 128
-                q = (np.int32(row[o + 16 + 32 * j + r % 32]) >> (2 * (r // 32))) & 3
-                out[i - r0, b * 256 + e] = dl * f32(q) - ml
-    return out
+@numba.njit(inline="always")
+def _deq_q2_K(row, o, dst, e0):
+    d = f16_to_f32(row, o + 80)
+    dmin = f16_to_f32(row, o + 82)
+    for e in range(256):
+        sb = e // 16
+        dl = d * f32(np.int32(row[o + sb]) & 15)
+        ml = dmin * f32(np.int32(row[o + sb]) >> 4)
+        j, r = e // 128, e % 128
+        q = (np.int32(row[o + 16 + 32 * j + r % 32]) >> (2 * (r // 32))) & 3
+        dst[e0 + e] = dl * f32(q) - ml
+
+
+dequant_q2_K = blockwise_dequant(_deq_q2_K, 84, 256)
 
 
 # ----------------------------------------------------------------------------- products

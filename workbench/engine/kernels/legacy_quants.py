@@ -17,7 +17,7 @@ import numpy as np
 from .intrinsics.scalars import f16_to_f32
 
 from .jitcache import JIT as _NB
-from .rowwise import rowwise_products
+from .rowwise import blockwise_dequant, rowwise_products
 f32 = np.float32
 
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34}
@@ -109,20 +109,18 @@ PRODUCTS = {name: rowwise_products(dot) for name, dot in (("Q4_0", _dot_q4_0), (
 
 
 # ----------------------------------------------------------------------------- dequantize
-# Same f32 operation order as ggml's dequantize_row_* (and gguf.quants), so results are exact.
-@numba.njit(**_NB)
-def dequant_q4_0(w, r0, r1):
-    nb = w.shape[1] // 18
-    out = np.empty((r1 - r0, nb * 32), np.float32)
-    for i in range(r0, r1):
-        for b in range(nb):
-            o = b * 18
-            d = f16_to_f32(w[i], o)
-            for j in range(16):
-                v = np.int32(w[i, o + 2 + j])
-                out[i - r0, b * 32 + j] = d * f32((v & 15) - 8)
-                out[i - r0, b * 32 + 16 + j] = d * f32((v >> 4) - 8)
-    return out
+# Each block as ggml's dequantize_row_* (and gguf.quants) computes it, in the same f32 operation
+# order, so results are exact (`rowwise.blockwise_dequant` makes a type's dequant(w, r0, r1)).
+@numba.njit(inline="always")
+def _deq_q4_0(row, o, dst, e):
+    d = f16_to_f32(row, o)
+    for j in range(16):
+        v = np.int32(row[o + 2 + j])
+        dst[e + j] = d * f32((v & 15) - 8)
+        dst[e + 16 + j] = d * f32((v >> 4) - 8)
+
+
+dequant_q4_0 = blockwise_dequant(_deq_q4_0, 18, 32)
 
 
 @numba.njit(inline="always")
@@ -157,59 +155,50 @@ def dequant_q4_0_x8(w, r0, r1):
     return dequant_x8(w, r0, r1, Q4_0_GRID)
 
 
-@numba.njit(**_NB)
-def dequant_q4_1(w, r0, r1):
-    nb = w.shape[1] // 20
-    out = np.empty((r1 - r0, nb * 32), np.float32)
-    for i in range(r0, r1):
-        for b in range(nb):
-            o = b * 20
-            d = f16_to_f32(w[i], o)
-            m = f16_to_f32(w[i], o + 2)
-            for j in range(16):
-                v = np.int32(w[i, o + 4 + j])
-                out[i - r0, b * 32 + j] = d * f32(v & 15) + m
-                out[i - r0, b * 32 + 16 + j] = d * f32(v >> 4) + m
-    return out
+@numba.njit(inline="always")
+def _deq_q4_1(row, o, dst, e):
+    d = f16_to_f32(row, o)
+    m = f16_to_f32(row, o + 2)
+    for j in range(16):
+        v = np.int32(row[o + 4 + j])
+        dst[e + j] = d * f32(v & 15) + m
+        dst[e + 16 + j] = d * f32(v >> 4) + m
 
 
-@numba.njit(**_NB)
-def dequant_q5_0(w, r0, r1):
-    nb = w.shape[1] // 22
-    out = np.empty((r1 - r0, nb * 32), np.float32)
-    for i in range(r0, r1):
-        for b in range(nb):
-            o = b * 22
-            d = f16_to_f32(w[i], o)
-            qh = (np.uint32(w[i, o + 2]) | (np.uint32(w[i, o + 3]) << 8) | (np.uint32(w[i, o + 4]) << 16)
-                  | (np.uint32(w[i, o + 5]) << 24))
-            for j in range(16):
-                v = np.int32(w[i, o + 6 + j])
-                h0 = np.int32((qh >> j) & 1) << 4
-                h1 = np.int32((qh >> (j + 16)) & 1) << 4
-                out[i - r0, b * 32 + j] = d * f32(((v & 15) | h0) - 16)
-                out[i - r0, b * 32 + 16 + j] = d * f32(((v >> 4) | h1) - 16)
-    return out
+dequant_q4_1 = blockwise_dequant(_deq_q4_1, 20, 32)
 
 
-@numba.njit(**_NB)
-def dequant_q5_1(w, r0, r1):
-    nb = w.shape[1] // 24
-    out = np.empty((r1 - r0, nb * 32), np.float32)
-    for i in range(r0, r1):
-        for b in range(nb):
-            o = b * 24
-            d = f16_to_f32(w[i], o)
-            m = f16_to_f32(w[i], o + 2)
-            qh = (np.uint32(w[i, o + 4]) | (np.uint32(w[i, o + 5]) << 8) | (np.uint32(w[i, o + 6]) << 16)
-                  | (np.uint32(w[i, o + 7]) << 24))
-            for j in range(16):
-                v = np.int32(w[i, o + 8 + j])
-                h0 = np.int32((qh >> j) & 1) << 4
-                h1 = np.int32((qh >> (j + 16)) & 1) << 4
-                out[i - r0, b * 32 + j] = d * f32((v & 15) | h0) + m
-                out[i - r0, b * 32 + 16 + j] = d * f32((v >> 4) | h1) + m
-    return out
+@numba.njit(inline="always")
+def _deq_q5_0(row, o, dst, e):
+    d = f16_to_f32(row, o)
+    qh = (np.uint32(row[o + 2]) | (np.uint32(row[o + 3]) << 8) | (np.uint32(row[o + 4]) << 16)
+          | (np.uint32(row[o + 5]) << 24))
+    for j in range(16):
+        v = np.int32(row[o + 6 + j])
+        h0 = np.int32((qh >> j) & 1) << 4
+        h1 = np.int32((qh >> (j + 16)) & 1) << 4
+        dst[e + j] = d * f32(((v & 15) | h0) - 16)
+        dst[e + 16 + j] = d * f32(((v >> 4) | h1) - 16)
+
+
+dequant_q5_0 = blockwise_dequant(_deq_q5_0, 22, 32)
+
+
+@numba.njit(inline="always")
+def _deq_q5_1(row, o, dst, e):
+    d = f16_to_f32(row, o)
+    m = f16_to_f32(row, o + 2)
+    qh = (np.uint32(row[o + 4]) | (np.uint32(row[o + 5]) << 8) | (np.uint32(row[o + 6]) << 16)
+          | (np.uint32(row[o + 7]) << 24))
+    for j in range(16):
+        v = np.int32(row[o + 8 + j])
+        h0 = np.int32((qh >> j) & 1) << 4
+        h1 = np.int32((qh >> (j + 16)) & 1) << 4
+        dst[e + j] = d * f32((v & 15) | h0) + m
+        dst[e + 16 + j] = d * f32((v >> 4) | h1) + m
+
+
+dequant_q5_1 = blockwise_dequant(_deq_q5_1, 24, 32)
 
 
 @numba.njit(**_NB)
@@ -233,15 +222,12 @@ def dequant_q8_0_x2(w, r0, r1):
     return out
 
 
-@numba.njit(**_NB)
-def dequant_q8_0(w, r0, r1):
-    nb = w.shape[1] // 34
-    out = np.empty((r1 - r0, nb * 32), np.float32)
-    ws = w.view(np.int8)
-    for i in range(r0, r1):
-        for b in range(nb):
-            o = b * 34
-            d = f16_to_f32(w[i], o)
-            for j in range(32):
-                out[i - r0, b * 32 + j] = d * f32(ws[i, o + 2 + j])
-    return out
+@numba.njit(inline="always")
+def _deq_q8_0(row, o, dst, e):
+    d = f16_to_f32(row, o)
+    rs = row.view(np.int8)
+    for j in range(32):
+        dst[e + j] = d * f32(rs[o + 2 + j])
+
+
+dequant_q8_0 = blockwise_dequant(_deq_q8_0, 34, 32)
