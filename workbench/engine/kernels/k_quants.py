@@ -124,7 +124,9 @@ def _dot_q6_K(row, xq, xd, xb):
 
 # ----------------------------------------------------------------------------- dequantize
 @numba.njit(inline="always")
-def _deq_q4_K(row, o, dst, e):
+def _deq_k_mins(row, o, dst, e, qs, qh):
+    """A Q4_K (qh < 0) or Q5_K (qh: where its fifth bits are) super-block: 8 sub-blocks of 32 with a
+    6-bit scale and min each, d * sc * q - dmin * m; the quants' nibbles at byte qs of the block."""
     d = f16_to_f32(row, o)
     dmin = f16_to_f32(row, o + 2)
     for jp in range(4):
@@ -133,9 +135,20 @@ def _deq_q4_K(row, o, dst, e):
         d0 = d * f32(sc0); mm0 = dmin * f32(m0)
         d1 = d * f32(sc1); mm1 = dmin * f32(m1)
         for l in range(32):
-            v = np.int32(row[o + 16 + 32 * jp + l])
-            dst[e + 64 * jp + l] = d0 * f32(v & 15) - mm0
-            dst[e + 64 * jp + 32 + l] = d1 * f32(v >> 4) - mm1
+            v = np.int32(row[o + qs + 32 * jp + l])
+            q0 = v & 15
+            q1 = v >> 4
+            if qh >= 0:
+                h = np.int32(row[o + qh + l])
+                q0 = q0 | (((h >> (2 * jp)) & 1) << 4)
+                q1 = q1 | (((h >> (2 * jp + 1)) & 1) << 4)
+            dst[e + 64 * jp + l] = d0 * f32(q0) - mm0
+            dst[e + 64 * jp + 32 + l] = d1 * f32(q1) - mm1
+
+
+@numba.njit(inline="always")
+def _deq_q4_K(row, o, dst, e):
+    _deq_k_mins(row, o, dst, e, 16, -1)
 
 
 dequant_q4_K = blockwise_dequant(_deq_q4_K, 144, 256)
@@ -143,20 +156,7 @@ dequant_q4_K = blockwise_dequant(_deq_q4_K, 144, 256)
 
 @numba.njit(inline="always")
 def _deq_q5_K(row, o, dst, e):
-    d = f16_to_f32(row, o)
-    dmin = f16_to_f32(row, o + 2)
-    for jp in range(4):
-        sc0, m0 = _scale_min(row, o + 4, 2 * jp)
-        sc1, m1 = _scale_min(row, o + 4, 2 * jp + 1)
-        d0 = d * f32(sc0); mm0 = dmin * f32(m0)
-        d1 = d * f32(sc1); mm1 = dmin * f32(m1)
-        for l in range(32):
-            v = np.int32(row[o + 48 + 32 * jp + l])
-            h = np.int32(row[o + 16 + l])
-            q0 = (v & 15) | (((h >> (2 * jp)) & 1) << 4)
-            q1 = (v >> 4) | (((h >> (2 * jp + 1)) & 1) << 4)
-            dst[e + 64 * jp + l] = d0 * f32(q0) - mm0
-            dst[e + 64 * jp + 32 + l] = d1 * f32(q1) - mm1
+    _deq_k_mins(row, o, dst, e, 48, 16)
 
 
 dequant_q5_K = blockwise_dequant(_deq_q5_K, 176, 256)
