@@ -20,7 +20,7 @@ import numpy as np
 
 from . import kernels, ops
 from .crew import C_TASK, NO_LIMIT, STEALABLE, T_OUTOFF, T_W, T_XROW, ahead, prep_families
-from .gating import _route, gate
+from .gating import gate, route_core
 
 from .kernels.jitcache import JIT as _NB
 from .ops import GELU, SILU  # noqa: F401  (the activation kinds; importers of this module use them)
@@ -144,7 +144,7 @@ def route_token(logits, kind, k, bias, n_groups, n_group_used, norm, scale, ids,
     """One token's router logits -> its k experts and weights (into ids, wts), by the gating
     functions the prompt path calls."""
     probs = gate(logits.reshape(1, -1), kind)
-    id2, w2 = _route(probs, k, bias, n_groups, n_group_used, norm, scale)
+    id2, w2 = route_core(probs, k, bias, n_groups, n_group_used, norm, scale)
     for i in range(k):
         ids[i] = id2[0, i]
         wts[i] = w2[0, i]

@@ -89,8 +89,10 @@ def _best(v: np.ndarray, k: int, out: np.ndarray) -> None:
 
 
 @nb.njit(**_JIT)
-def _route(probs: np.ndarray, k: int, bias: np.ndarray, n_groups: int, n_group_used: int, norm: bool,
+def route_core(probs: np.ndarray, k: int, bias: np.ndarray, n_groups: int, n_group_used: int, norm: bool,
            scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """`route`'s selection, compiled, on arguments it has checked (a compiled caller, such as a
+    token's experts call, `expert_token`, passes them checked already)."""
     n, n_exp = probs.shape
     ids = np.empty((n, k), dtype=np.int64)
     w = np.empty((n, k), dtype=np.float32)
@@ -142,7 +144,7 @@ def route(probs: np.ndarray, k: int, bias: np.ndarray | None = None, n_groups: i
     b = np.ascontiguousarray(bias, dtype=np.float32) if bias is not None else np.zeros(0, dtype=np.float32)
     if n_groups > 1 and (probs.shape[1] % n_groups or not 0 < n_group_used <= n_groups):
         raise ValueError(f"{probs.shape[1]} experts cannot be used as {n_group_used} of {n_groups} groups")
-    return _route(probs, k, b, n_groups, n_group_used, norm, float(scale))
+    return route_core(probs, k, b, n_groups, n_group_used, norm, float(scale))
 
 
 class Gating(NamedTuple):

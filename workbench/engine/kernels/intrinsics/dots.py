@@ -272,7 +272,7 @@ def q2_mins_lanes(typingctx, a, off, xb, xoff):
 
 @intrinsic
 def scales_k4(typingctx, u0, u1, u2, u3):
-    """The 16 bytes of four uint32 (e.g. _k4_scales' 6-bit scales and mins) -> i16x16, zero-extended."""
+    """The 16 bytes of four uint32 (e.g. k4_scales' 6-bit scales and mins) -> i16x16, zero-extended."""
     sig = v16s(u0, u1, u2, u3)
 
     def cg(context, builder, sig, args):

@@ -15,7 +15,7 @@ f32 = np.float32
 
 
 @numba.njit(**_NB)
-def _block_scales(w, r0, r1, nb, bsz):
+def block_scales(w, r0, r1, nb, bsz):
     """float32 [(r1 - r0) * nb]: the f16 scale (first field) of every block of rows r0..r1-1."""
     out = np.empty((r1 - r0) * nb, np.float32)
     rb = w.shape[1]
@@ -244,7 +244,7 @@ def pairs_to_file(w, r0, r1, out, at, unit=2) -> None:
 
 # ============================================================================= K quants
 @numba.njit(inline="always")
-def _k4_scales(wf, o):
+def k4_scales(wf, o):
     """The 12 packed Q4_K/Q5_K scale bytes at wf[o:] -> (scales 0-3, scales 4-7, mins 0-3, mins 4-7),
     one 6-bit value per byte of four uint32 (ggml's kmask word trick)."""
     u0 = ld_u32(wf, o)

@@ -22,7 +22,7 @@ from ..intrinsics.streams import prefetch, PREFETCH_MAX_K, PREFETCH_NEAR, prime_
 from ..llvm_ir import VNNI
 
 from . import k4_rows, repack
-from .blocks import _k4_scales
+from .blocks import k4_scales
 from ..k_quants import q3_K_scale, q3_K_scales
 
 
@@ -71,7 +71,7 @@ def kernels(mode: int) -> dict:
     @numba.njit(inline="always")
     def q4_K_dot(wf, o, xq, xo, xd, xb, bo):
         """(integer lanes of sum_j sc_j*dot_j, sum_j m_j*bsum_j) of one super-block."""
-        sl, sh, ml, mh = _k4_scales(wf, o + 4)
+        sl, sh, ml, mh = k4_scales(wf, o + 4)
         return q4_K_lanes(wf, o, xq, xo, scales_k4(sl, sh, ml, mh)), mins_dot(ml, mh, xb, bo)
 
     @numba.njit(inline="always")
@@ -105,7 +105,7 @@ def kernels(mode: int) -> dict:
         v0 = f32(0.0); v1 = f32(0.0); v2 = f32(0.0); v3 = f32(0.0)
         for b in range(nb):
             o = base + b * 144
-            sl, sh, ml, mh = _k4_scales(wf, o + 4)
+            sl, sh, ml, mh = k4_scales(wf, o + 4)
             sv = scales_k4(sl, sh, ml, mh)
             l = q4_K_lanes(wf, o, xq, xo + b * 256, sv)
             acc = fmadd_i(acc, l, xd[b] * f16_to_f32(wf, o))
@@ -114,7 +114,7 @@ def kernels(mode: int) -> dict:
 
     @numba.njit(inline="always")
     def q5_K_dot(wf, o, xq, xo, xd, xb, bo):
-        sl, sh, ml, mh = _k4_scales(wf, o + 4)
+        sl, sh, ml, mh = k4_scales(wf, o + 4)
         sv = scales_k4(sl, sh, ml, mh)
         if mode == VNNI:
             return k4_lanes512(wf, o, xq, xo, sv, 1), mins_dot(ml, mh, xb, bo)
@@ -322,7 +322,7 @@ def kernels(mode: int) -> dict:
                     v30 = f32(0.0); v31 = f32(0.0); v32 = f32(0.0); v33 = f32(0.0)
                     for b in range(nb):
                         o = i * rb + b * bsz
-                        sl, sh, ml, mh = _k4_scales(wf, o + 4)
+                        sl, sh, ml, mh = k4_scales(wf, o + 4)
                         sv = scales_k4(sl, sh, ml, mh)
                         qh = load_b32(wf, o + 16)  # (Q5_K's high bits; unused for Q4_K)
                         xo = c * k + b * 256
@@ -456,7 +456,7 @@ def kernels(mode: int) -> dict:
                 acc = f4_zero(); accm = f4_zero()
                 for b in range(nb):
                     o = i * rb + b * 144
-                    sl, sh, ml, mh = _k4_scales(wf, o + 4)
+                    sl, sh, ml, mh = k4_scales(wf, o + 4)
                     sv = scales_k4(sl, sh, ml, mh)
                     x4 = load_f32x4(xdT, b * n + c)
                     dd = f4_scale(x4, f16_to_f32(w, o))          # d_w * d_x per column (rounded once)

@@ -24,7 +24,7 @@ from ..intrinsics.regroup import quants_unsigned, store_fields16, transpose_word
 from ..intrinsics.scalars import f16_to_f32, fma_s, ld_u32
 from ..intrinsics.streams import stream_halves, stream_row
 
-from .blocks import _block_scales, _k4_scales
+from .blocks import block_scales, k4_scales
 from .rows_lowbit import iq4_xs_scales, pairs_of, q3_scales_m32
 from ..i_quants import iq4_xs_scale
 from ..k_quants import q3_K_scale, q3_K_scales
@@ -67,7 +67,7 @@ def _tile_setup(w, xp, r0, r1, bsz, shift):
     xq, xd, n4 = xp
     nb = xd.shape[1]
     xt, mt, st = _pack_q8_0(xq, xd, n4, shift)
-    return xq.shape[0], nb, w.shape[1], xt, mt, st, _block_scales(w, r0, r1, nb, bsz)
+    return xq.shape[0], nb, w.shape[1], xt, mt, st, block_scales(w, r0, r1, nb, bsz)
 
 
 def q0_matmat(mode, unpack, bits, bsz, shift):
@@ -369,7 +369,7 @@ def _k4_row_fields(w, wf, o, sc, s0, ss, mn, m0, ms, dw, dm, di, dm_sign):
     the mins as i16 pairs, pair p at mn[m0 + p * ms]."""
     dw[di] = f16_to_f32(w, o)
     dm[di] = dm_sign * f16_to_f32(w, o + 2)
-    sl, sh, ml, mh = _k4_scales(wf, o + 4)
+    sl, sh, ml, mh = k4_scales(wf, o + 4)
     for j in range(4):
         sc[s0 + j * ss] = np.int32((sl >> np.uint32(8 * j)) & np.uint32(0xFF))
         sc[s0 + (4 + j) * ss] = np.int32((sh >> np.uint32(8 * j)) & np.uint32(0xFF))
