@@ -371,19 +371,16 @@ def format_profile(prof: MemoryProfile) -> str:
            + (f", probed in {prof.seconds:.1f} s with {prof.buffer_bytes >> 20} MiB per node"
               if prof.source == "probed" else "")]
     head = "".join(f"{'node ' + str(j):>12}" for j in prof.nodes)
-    out.append("")
-    out.append("read bandwidth, GB/s (rows: CPUs of node; columns: memory of node)")
-    out.append(f"{'':10}{head}")
-    for i in prof.cpu_nodes:
-        out.append(f"{'node ' + str(i):10}" + "".join(
-            f"{prof.bandwidth.get(i, {}).get(j, float('nan')) / GB:12.1f}" for j in prof.nodes))
-    if prof.latency_ns:
-        out.append("")
-        out.append("idle latency, ns")
-        out.append(f"{'':10}{head}")
+
+    def matrix(title: str, table: dict, fmt: str, scale: float = 1.0) -> None:
+        out.extend(["", title, f"{'':10}{head}"])
         for i in prof.cpu_nodes:
             out.append(f"{'node ' + str(i):10}" + "".join(
-                f"{prof.latency_ns.get(i, {}).get(j, float('nan')):12.0f}" for j in prof.nodes))
+                format(table.get(i, {}).get(j, float('nan')) / scale, fmt) for j in prof.nodes))
+
+    matrix("read bandwidth, GB/s (rows: CPUs of node; columns: memory of node)", prof.bandwidth, "12.1f", GB)
+    if prof.latency_ns:
+        matrix("idle latency, ns", prof.latency_ns, "12.0f")
     out.append("")
     out.append("local bandwidth by threads, GB/s")
     for i in prof.cpu_nodes:
