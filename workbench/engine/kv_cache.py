@@ -126,7 +126,20 @@ def filled_slots(n_positions: int, w: int, n_workers: int) -> int:
     return count
 
 
-class KVCache:
+class _Filled:
+    """What both caches share: ``n``, the positions filled, and forgetting them from the end."""
+
+    n: int
+
+    def clear(self) -> None:
+        self.n = 0
+
+    def truncate(self, n: int) -> None:
+        """Forget positions >= n (later turns are recomputed from there)."""
+        self.n = min(self.n, max(n, 0))
+
+
+class KVCache(_Filled):
     def __init__(self, cfg: ModelConfig, n_ctx: int, n_workers: int = 1, region: KVRegionFn | None = None,
                  owner_workers: list[list[int]] | None = None):
         """`n_workers` owners of position blocks (one per node in use); `owner_workers[o]` lists the
@@ -178,13 +191,6 @@ class KVCache:
             if sel.any():
                 self.k[il][w][:, slots[sel]] = k16[:, sel]
                 self.v[il][w][:, :, slots[sel]] = v16[:, :, sel]
-
-    def clear(self) -> None:
-        self.n = 0
-
-    def truncate(self, n: int) -> None:
-        """Forget positions >= n (later turns are recomputed from there)."""
-        self.n = min(self.n, max(n, 0))
 
     def copy_from(self, other: "KVCache") -> None:
         """Take over another cache's contents (after a change of KV placement or workers)."""
@@ -238,7 +244,7 @@ class MLAView:
         pass
 
 
-class MLACache:
+class MLACache(_Filled):
     """Multi-head latent attention cache (DeepSeek 2/3): per position what llama.cpp stores, the
     normalised latent (kv_lora_rank) followed by the roped key part (n_rot), f16 -- not per-head
     keys and values -- and the latent once more, transposed ([latent dim, slot], as `KVCache`'s
@@ -303,12 +309,6 @@ class MLACache:
 
     def attention_view(self, il: int, n_positions: int) -> MLAView:
         return MLAView(self, il, n_positions)
-
-    def clear(self) -> None:
-        self.n = 0
-
-    def truncate(self, n: int) -> None:
-        self.n = min(self.n, max(n, 0))
 
     def copy_from(self, other: "MLACache") -> None:
         n = min(other.n, self.n_ctx)
