@@ -37,10 +37,12 @@ def _scale_min(row, o, j):
 
 # ----------------------------------------------------------------------------- row dots
 @numba.njit(inline="always")
-def _dot_q4_K(row, xq, xd, xb):
+def _dot_k_mins(row, xq, xd, xb, bsz, qs, qh):
+    """A Q4_K (qh < 0) or Q5_K (qh: where its fifth bits are) row against Q8_K activations: the
+    sub-blocks' scaled sums and the mins times the activation's 16-element sums, in ggml's order."""
     acc = f32(0.0)
     for b in range(xd.shape[0]):
-        o = b * 144
+        o = b * bsz
         sumi = np.int32(0)
         summ = np.int32(0)
         for jp in range(4):
@@ -49,9 +51,15 @@ def _dot_q4_K(row, xq, xd, xb):
             s0 = np.int32(0)
             s1 = np.int32(0)
             for l in range(32):
-                v = np.int32(row[o + 16 + 32 * jp + l])
-                s0 += (v & 15) * np.int32(xq[b * 256 + 64 * jp + l])
-                s1 += (v >> 4) * np.int32(xq[b * 256 + 64 * jp + 32 + l])
+                v = np.int32(row[o + qs + 32 * jp + l])
+                q0 = v & 15
+                q1 = v >> 4
+                if qh >= 0:
+                    h = np.int32(row[o + qh + l])
+                    q0 = q0 | (((h >> (2 * jp)) & 1) << 4)
+                    q1 = q1 | (((h >> (2 * jp + 1)) & 1) << 4)
+                s0 += q0 * np.int32(xq[b * 256 + 64 * jp + l])
+                s1 += q1 * np.int32(xq[b * 256 + 64 * jp + 32 + l])
             sumi += sc0 * s0 + sc1 * s1
             summ += m0 * (xb[b * 16 + 4 * jp] + xb[b * 16 + 4 * jp + 1])
             summ += m1 * (xb[b * 16 + 4 * jp + 2] + xb[b * 16 + 4 * jp + 3])
@@ -60,29 +68,13 @@ def _dot_q4_K(row, xq, xd, xb):
 
 
 @numba.njit(inline="always")
+def _dot_q4_K(row, xq, xd, xb):
+    return _dot_k_mins(row, xq, xd, xb, 144, 16, -1)
+
+
+@numba.njit(inline="always")
 def _dot_q5_K(row, xq, xd, xb):
-    acc = f32(0.0)
-    for b in range(xd.shape[0]):
-        o = b * 176
-        sumi = np.int32(0)
-        summ = np.int32(0)
-        for jp in range(4):
-            sc0, m0 = _scale_min(row, o + 4, 2 * jp)
-            sc1, m1 = _scale_min(row, o + 4, 2 * jp + 1)
-            s0 = np.int32(0)
-            s1 = np.int32(0)
-            for l in range(32):
-                v = np.int32(row[o + 48 + 32 * jp + l])
-                h = np.int32(row[o + 16 + l])
-                q0 = (v & 15) | (((h >> (2 * jp)) & 1) << 4)
-                q1 = (v >> 4) | (((h >> (2 * jp + 1)) & 1) << 4)
-                s0 += q0 * np.int32(xq[b * 256 + 64 * jp + l])
-                s1 += q1 * np.int32(xq[b * 256 + 64 * jp + 32 + l])
-            sumi += sc0 * s0 + sc1 * s1
-            summ += m0 * (xb[b * 16 + 4 * jp] + xb[b * 16 + 4 * jp + 1])
-            summ += m1 * (xb[b * 16 + 4 * jp + 2] + xb[b * 16 + 4 * jp + 3])
-        acc += (f16_to_f32(row, o) * xd[b]) * f32(sumi) - (f16_to_f32(row, o + 2) * xd[b]) * f32(summ)
-    return acc
+    return _dot_k_mins(row, xq, xd, xb, 176, 48, 16)
 
 
 @numba.njit(inline="always")

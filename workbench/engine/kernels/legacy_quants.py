@@ -24,68 +24,69 @@ BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34}
 
 
 # ----------------------------------------------------------------------------- row dots
+# Q4_0, Q4_1, Q5_0, Q5_1: a block is d f16 [| m f16] [| qh u32] | qs[16], so its nibbles start at
+# byte bsz - 16 and a 5-bit type's fifth bits just before them.
 @numba.njit(inline="always")
-def _dot_q4_0(row, xq, xd, _x3):
+def _fifth_bits(row, o):
+    """The u32 of fifth bits (bit j: quant j's) at byte o."""
+    return (np.uint32(row[o]) | (np.uint32(row[o + 1]) << 8) | (np.uint32(row[o + 2]) << 16)
+            | (np.uint32(row[o + 3]) << 24))
+
+
+@numba.njit(inline="always")
+def _quant_pair(row, qs, qh, j):
+    """Unsigned quants j and j + 16 of a block whose nibbles start at byte qs (qh: its fifth bits,
+    0 for a 4-bit type)."""
+    v = np.int32(row[qs + j])
+    h0 = np.int32((qh >> j) & 1) << 4
+    h1 = np.int32((qh >> (j + 16)) & 1) << 4
+    return (v & 15) | h0, (v >> 4) | h1
+
+
+@numba.njit(inline="always")
+def _block_qh(row, o, bsz, five):
+    return _fifth_bits(row, o + bsz - 20) if five else np.uint32(0)
+
+
+@numba.njit(inline="always")
+def _dot_nibbles(row, xq, xd, xs, bsz, five, offset, has_min):
+    """A Q4_0 / Q5_0 (quant - offset, no min) or Q4_1 / Q5_1 (a min times the activation block
+    sums, summed apart) row against Q8_0 / Q8_1 activations, in ggml's order."""
     acc = f32(0.0)
+    accm = f32(0.0)
     for b in range(xd.shape[0]):
-        o = b * 18
+        o = b * bsz
+        qh = _block_qh(row, o, bsz, five)
         s = np.int32(0)
         for j in range(16):
-            v = np.int32(row[o + 2 + j])
-            s += ((v & 15) - 8) * np.int32(xq[b * 32 + j]) + ((v >> 4) - 8) * np.int32(xq[b * 32 + 16 + j])
+            q0, q1 = _quant_pair(row, o + bsz - 16, qh, j)
+            s += (q0 - offset) * np.int32(xq[b * 32 + j]) + (q1 - offset) * np.int32(xq[b * 32 + 16 + j])
         acc += f32(s) * (f16_to_f32(row, o) * xd[b])
+        if has_min:
+            accm += f16_to_f32(row, o + 2) * xs[b]
+    if has_min:
+        return acc + accm
     return acc
+
+
+@numba.njit(inline="always")
+def _dot_q4_0(row, xq, xd, _x3):
+    return _dot_nibbles(row, xq, xd, xd, 18, False, 8, False)
 
 
 @numba.njit(inline="always")
 def _dot_q4_1(row, xq, xd, xs):
-    acc = f32(0.0)
-    accm = f32(0.0)
-    for b in range(xd.shape[0]):
-        o = b * 20
-        s = np.int32(0)
-        for j in range(16):
-            v = np.int32(row[o + 4 + j])
-            s += (v & 15) * np.int32(xq[b * 32 + j]) + (v >> 4) * np.int32(xq[b * 32 + 16 + j])
-        acc += f32(s) * (f16_to_f32(row, o) * xd[b])
-        accm += f16_to_f32(row, o + 2) * xs[b]
-    return acc + accm
+    return _dot_nibbles(row, xq, xd, xs, 20, False, 0, True)
 
 
 @numba.njit(inline="always")
 def _dot_q5_0(row, xq, xd, _x3):
-    acc = f32(0.0)
-    for b in range(xd.shape[0]):
-        o = b * 22
-        qh = (np.uint32(row[o + 2]) | (np.uint32(row[o + 3]) << 8) | (np.uint32(row[o + 4]) << 16)
-              | (np.uint32(row[o + 5]) << 24))
-        s = np.int32(0)
-        for j in range(16):
-            v = np.int32(row[o + 6 + j])
-            h0 = np.int32((qh >> j) & 1) << 4
-            h1 = np.int32((qh >> (j + 16)) & 1) << 4
-            s += (((v & 15) | h0) - 16) * np.int32(xq[b * 32 + j]) + (((v >> 4) | h1) - 16) * np.int32(xq[b * 32 + 16 + j])
-        acc += f32(s) * (f16_to_f32(row, o) * xd[b])
-    return acc
+    return _dot_nibbles(row, xq, xd, xd, 22, True, 16, False)
 
 
 @numba.njit(inline="always")
 def _dot_q5_1(row, xq, xd, xs):
-    acc = f32(0.0)
-    accm = f32(0.0)
-    for b in range(xd.shape[0]):
-        o = b * 24
-        qh = (np.uint32(row[o + 4]) | (np.uint32(row[o + 5]) << 8) | (np.uint32(row[o + 6]) << 16)
-              | (np.uint32(row[o + 7]) << 24))
-        s = np.int32(0)
-        for j in range(16):
-            v = np.int32(row[o + 8 + j])
-            h0 = np.int32((qh >> j) & 1) << 4
-            h1 = np.int32((qh >> (j + 16)) & 1) << 4
-            s += ((v & 15) | h0) * np.int32(xq[b * 32 + j]) + ((v >> 4) | h1) * np.int32(xq[b * 32 + 16 + j])
-        acc += f32(s) * (f16_to_f32(row, o) * xd[b])
-        accm += f16_to_f32(row, o + 2) * xs[b]
-    return acc + accm
+    return _dot_nibbles(row, xq, xd, xs, 24, True, 0, True)
 
 
 @numba.njit(inline="always")
@@ -112,15 +113,45 @@ PRODUCTS = {name: rowwise_products(dot) for name, dot in (("Q4_0", _dot_q4_0), (
 # Each block as ggml's dequantize_row_* (and gguf.quants) computes it, in the same f32 operation
 # order, so results are exact (`rowwise.blockwise_dequant` makes a type's dequant(w, r0, r1)).
 @numba.njit(inline="always")
-def _deq_q4_0(row, o, dst, e):
+def _deq_nibbles(row, o, dst, e, bsz, five, offset, has_min):
+    """A Q4_0 / Q5_0 block (d * (q - offset)) or a Q4_1 / Q5_1 one (d * q + m)."""
     d = f16_to_f32(row, o)
+    m = f16_to_f32(row, o + 2) if has_min else f32(0.0)
+    qh = _block_qh(row, o, bsz, five)
     for j in range(16):
-        v = np.int32(row[o + 2 + j])
-        dst[e + j] = d * f32((v & 15) - 8)
-        dst[e + 16 + j] = d * f32((v >> 4) - 8)
+        q0, q1 = _quant_pair(row, o + bsz - 16, qh, j)
+        if has_min:
+            dst[e + j] = d * f32(q0) + m
+            dst[e + 16 + j] = d * f32(q1) + m
+        else:
+            dst[e + j] = d * f32(q0 - offset)
+            dst[e + 16 + j] = d * f32(q1 - offset)
+
+
+@numba.njit(inline="always")
+def _deq_q4_0(row, o, dst, e):
+    _deq_nibbles(row, o, dst, e, 18, False, 8, False)
+
+
+@numba.njit(inline="always")
+def _deq_q4_1(row, o, dst, e):
+    _deq_nibbles(row, o, dst, e, 20, False, 0, True)
+
+
+@numba.njit(inline="always")
+def _deq_q5_0(row, o, dst, e):
+    _deq_nibbles(row, o, dst, e, 22, True, 16, False)
+
+
+@numba.njit(inline="always")
+def _deq_q5_1(row, o, dst, e):
+    _deq_nibbles(row, o, dst, e, 24, True, 0, True)
 
 
 dequant_q4_0 = blockwise_dequant(_deq_q4_0, 18, 32)
+dequant_q4_1 = blockwise_dequant(_deq_q4_1, 20, 32)
+dequant_q5_0 = blockwise_dequant(_deq_q5_0, 22, 32)
+dequant_q5_1 = blockwise_dequant(_deq_q5_1, 24, 32)
 
 
 @numba.njit(inline="always")
@@ -153,52 +184,6 @@ Q4_0_GRID = np.arange(-8, 8, dtype=np.int32)   # a Q4_0 nibble's value
 def dequant_q4_0_x8(w, r0, r1):
     """`dequant_q4_0`'s numbers from a matrix kept in 8-row groups (`dequant_x8`)."""
     return dequant_x8(w, r0, r1, Q4_0_GRID)
-
-
-@numba.njit(inline="always")
-def _deq_q4_1(row, o, dst, e):
-    d = f16_to_f32(row, o)
-    m = f16_to_f32(row, o + 2)
-    for j in range(16):
-        v = np.int32(row[o + 4 + j])
-        dst[e + j] = d * f32(v & 15) + m
-        dst[e + 16 + j] = d * f32(v >> 4) + m
-
-
-dequant_q4_1 = blockwise_dequant(_deq_q4_1, 20, 32)
-
-
-@numba.njit(inline="always")
-def _deq_q5_0(row, o, dst, e):
-    d = f16_to_f32(row, o)
-    qh = (np.uint32(row[o + 2]) | (np.uint32(row[o + 3]) << 8) | (np.uint32(row[o + 4]) << 16)
-          | (np.uint32(row[o + 5]) << 24))
-    for j in range(16):
-        v = np.int32(row[o + 6 + j])
-        h0 = np.int32((qh >> j) & 1) << 4
-        h1 = np.int32((qh >> (j + 16)) & 1) << 4
-        dst[e + j] = d * f32(((v & 15) | h0) - 16)
-        dst[e + 16 + j] = d * f32(((v >> 4) | h1) - 16)
-
-
-dequant_q5_0 = blockwise_dequant(_deq_q5_0, 22, 32)
-
-
-@numba.njit(inline="always")
-def _deq_q5_1(row, o, dst, e):
-    d = f16_to_f32(row, o)
-    m = f16_to_f32(row, o + 2)
-    qh = (np.uint32(row[o + 4]) | (np.uint32(row[o + 5]) << 8) | (np.uint32(row[o + 6]) << 16)
-          | (np.uint32(row[o + 7]) << 24))
-    for j in range(16):
-        v = np.int32(row[o + 8 + j])
-        h0 = np.int32((qh >> j) & 1) << 4
-        h1 = np.int32((qh >> (j + 16)) & 1) << 4
-        dst[e + j] = d * f32((v & 15) | h0) + m
-        dst[e + 16 + j] = d * f32((v >> 4) | h1) + m
-
-
-dequant_q5_1 = blockwise_dequant(_deq_q5_1, 24, 32)
 
 
 @numba.njit(**_NB)
