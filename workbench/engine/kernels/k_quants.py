@@ -37,6 +37,20 @@ def _scale_min(row, o, j):
 
 # ----------------------------------------------------------------------------- row dots
 @numba.njit(inline="always")
+def _k_pair(row, o, qs, qh, jp, l):
+    """Quants l of sub-blocks 2 jp and 2 jp + 1 of a Q4_K / Q5_K super-block at byte o: the nibbles
+    of byte qs + 32 jp + l, with Q5_K's fifth bits from byte qh + l (qh < 0: Q4_K, none)."""
+    v = np.int32(row[o + qs + 32 * jp + l])
+    q0 = v & 15
+    q1 = v >> 4
+    if qh >= 0:
+        h = np.int32(row[o + qh + l])
+        q0 = q0 | (((h >> (2 * jp)) & 1) << 4)
+        q1 = q1 | (((h >> (2 * jp + 1)) & 1) << 4)
+    return q0, q1
+
+
+@numba.njit(inline="always")
 def _dot_k_mins(row, xq, xd, xb, bsz, qs, qh):
     """A Q4_K (qh < 0) or Q5_K (qh: where its fifth bits are) row against Q8_K activations: the
     sub-blocks' scaled sums and the mins times the activation's 16-element sums, in ggml's order."""
@@ -51,13 +65,7 @@ def _dot_k_mins(row, xq, xd, xb, bsz, qs, qh):
             s0 = np.int32(0)
             s1 = np.int32(0)
             for l in range(32):
-                v = np.int32(row[o + qs + 32 * jp + l])
-                q0 = v & 15
-                q1 = v >> 4
-                if qh >= 0:
-                    h = np.int32(row[o + qh + l])
-                    q0 = q0 | (((h >> (2 * jp)) & 1) << 4)
-                    q1 = q1 | (((h >> (2 * jp + 1)) & 1) << 4)
+                q0, q1 = _k_pair(row, o, qs, qh, jp, l)
                 s0 += q0 * np.int32(xq[b * 256 + 64 * jp + l])
                 s1 += q1 * np.int32(xq[b * 256 + 64 * jp + 32 + l])
             sumi += sc0 * s0 + sc1 * s1
@@ -127,13 +135,7 @@ def _deq_k_mins(row, o, dst, e, qs, qh):
         d0 = d * f32(sc0); mm0 = dmin * f32(m0)
         d1 = d * f32(sc1); mm1 = dmin * f32(m1)
         for l in range(32):
-            v = np.int32(row[o + qs + 32 * jp + l])
-            q0 = v & 15
-            q1 = v >> 4
-            if qh >= 0:
-                h = np.int32(row[o + qh + l])
-                q0 = q0 | (((h >> (2 * jp)) & 1) << 4)
-                q1 = q1 | (((h >> (2 * jp + 1)) & 1) << 4)
+            q0, q1 = _k_pair(row, o, qs, qh, jp, l)
             dst[e + 64 * jp + l] = d0 * f32(q0) - mm0
             dst[e + 64 * jp + 32 + l] = d1 * f32(q1) - mm1
 

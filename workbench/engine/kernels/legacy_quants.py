@@ -70,26 +70,6 @@ def _dot_nibbles(row, xq, xd, xs, bsz, five, offset, has_min):
 
 
 @numba.njit(inline="always")
-def _dot_q4_0(row, xq, xd, _x3):
-    return _dot_nibbles(row, xq, xd, xd, 18, False, 8, False)
-
-
-@numba.njit(inline="always")
-def _dot_q4_1(row, xq, xd, xs):
-    return _dot_nibbles(row, xq, xd, xs, 20, False, 0, True)
-
-
-@numba.njit(inline="always")
-def _dot_q5_0(row, xq, xd, _x3):
-    return _dot_nibbles(row, xq, xd, xd, 22, True, 16, False)
-
-
-@numba.njit(inline="always")
-def _dot_q5_1(row, xq, xd, xs):
-    return _dot_nibbles(row, xq, xd, xs, 24, True, 0, True)
-
-
-@numba.njit(inline="always")
 def _dot_q8_0(row, xq, xd, _x3):
     acc = f32(0.0)
     rs = row.view(np.int8)
@@ -100,13 +80,6 @@ def _dot_q8_0(row, xq, xd, _x3):
             s += np.int32(rs[o + 2 + j]) * np.int32(xq[b * 32 + j])
         acc += f32(s) * (f16_to_f32(row, o) * xd[b])
     return acc
-
-
-# ----------------------------------------------------------------------------- products
-#: each type's portable (matvec, matmat) around its row dot; xp: Q8_0 -> (qs, d, n4), Q8_1 -> (qs, d, s)
-PRODUCTS = {name: rowwise_products(dot) for name, dot in (("Q4_0", _dot_q4_0), ("Q4_1", _dot_q4_1),
-                                                          ("Q5_0", _dot_q5_0), ("Q5_1", _dot_q5_1),
-                                                          ("Q8_0", _dot_q8_0))}
 
 
 # ----------------------------------------------------------------------------- dequantize
@@ -128,26 +101,29 @@ def _deq_nibbles(row, o, dst, e, bsz, five, offset, has_min):
             dst[e + 16 + j] = d * f32(q1 - offset)
 
 
-@numba.njit(inline="always")
-def _deq_q4_0(row, o, dst, e):
-    _deq_nibbles(row, o, dst, e, 18, False, 8, False)
+def _nibble_type(bsz: int, five: bool, offset: int, has_min: bool):
+    """(row dot, block decoder) of Q4_0 (18, False, 8, False), Q4_1 (20, False, 0, True), Q5_0
+    (22, True, 16, False) or Q5_1 (24, True, 0, True)."""
+    if has_min:
+        @numba.njit(inline="always")
+        def dot(row, xq, xd, xs):
+            return _dot_nibbles(row, xq, xd, xs, bsz, five, offset, True)
+    else:
+        @numba.njit(inline="always")
+        def dot(row, xq, xd, _x3):
+            return _dot_nibbles(row, xq, xd, xd, bsz, five, offset, False)
+
+    @numba.njit(inline="always")
+    def block(row, o, dst, e):
+        _deq_nibbles(row, o, dst, e, bsz, five, offset, has_min)
+
+    return dot, block
 
 
-@numba.njit(inline="always")
-def _deq_q4_1(row, o, dst, e):
-    _deq_nibbles(row, o, dst, e, 20, False, 0, True)
-
-
-@numba.njit(inline="always")
-def _deq_q5_0(row, o, dst, e):
-    _deq_nibbles(row, o, dst, e, 22, True, 16, False)
-
-
-@numba.njit(inline="always")
-def _deq_q5_1(row, o, dst, e):
-    _deq_nibbles(row, o, dst, e, 24, True, 0, True)
-
-
+_dot_q4_0, _deq_q4_0 = _nibble_type(18, False, 8, False)
+_dot_q4_1, _deq_q4_1 = _nibble_type(20, False, 0, True)
+_dot_q5_0, _deq_q5_0 = _nibble_type(22, True, 16, False)
+_dot_q5_1, _deq_q5_1 = _nibble_type(24, True, 0, True)
 dequant_q4_0 = blockwise_dequant(_deq_q4_0, 18, 32)
 dequant_q4_1 = blockwise_dequant(_deq_q4_1, 20, 32)
 dequant_q5_0 = blockwise_dequant(_deq_q5_0, 22, 32)
@@ -216,3 +192,10 @@ def _deq_q8_0(row, o, dst, e):
 
 
 dequant_q8_0 = blockwise_dequant(_deq_q8_0, 34, 32)
+
+
+# ----------------------------------------------------------------------------- products
+#: each type's portable (matvec, matmat) around its row dot; xp: Q8_0 -> (qs, d, n4), Q8_1 -> (qs, d, s)
+PRODUCTS = {name: rowwise_products(dot) for name, dot in (("Q4_0", _dot_q4_0), ("Q4_1", _dot_q4_1),
+                                                          ("Q5_0", _dot_q5_0), ("Q5_1", _dot_q5_1),
+                                                          ("Q8_0", _dot_q8_0))}
