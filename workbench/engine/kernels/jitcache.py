@@ -64,11 +64,9 @@ JIT = dict(nogil=True, cache=True, error_model="numpy")
 
 #: LLVM's optimization level for the process's compiles (Numba's NUMBA_OPT, default 3) unless the
 #: user set one. The kernels spell out their vector instructions, so -O3's extra passes bought
-#: nothing measurable, and cost a quarter of the compile time of the biggest kernels (Q4_K's prompt
-#: product 13.0 -> 9.2 s) and ~4 s of a fresh install's first start (32-33.5 -> 27.6-29.0 s,
-#: `benchmarks/first_start.py`), AVX2 EPYC, 2026-12-03; pp512 and tg128 the same or faster
-#: (`numawb bench`, two alternating runs). Numba re-reads NUMBA_* variables before each compile,
-#: and the compile helper inherits the environment.
+#: nothing measurable and cost a quarter of the compile time (benchmarks/HISTORY.md, "LLVM -O2").
+#: Numba re-reads NUMBA_* variables before each compile, and the compile helper inherits the
+#: environment.
 DEFAULT_OPT = "2"
 os.environ.setdefault("NUMBA_OPT", DEFAULT_OPT)
 
