@@ -148,22 +148,7 @@ def kernels(mode: int) -> dict:
             acc = fma_s(f32(hsum_i(xs_lanes(w, o, xq, xo + b * 256))) * f16_to_f32(w, o), xd[b], acc)
         return acc
 
-    @numba.njit(**_NB)
-    def iq4_xs_rows_matmat(w, xp, out, r0, r1):
-        """vec_dot per output below 8 columns, ggml's tiled matmul from 8 (IQ4_XS is never repacked)."""
-        xq, xd, _ = xp
-        n, k = xq.shape
-        nb = xd.shape[1]
-        rb = w.shape[1]
-        xf = xq.reshape(-1)
-        wf = w.reshape(-1)
-        tiled = n >= 8
-        for i in range(r0, r1):
-            for c in range(n):
-                if tiled:
-                    out[c, i] = xs_tiled(wf, i * rb, nb, xf, c * k, xd[c])
-                else:
-                    out[c, i] = xs_dot(wf, i * rb, nb, xf, c * k, xd[c])
+    iq4_xs_rows_matmat = repack.vec_or_tiled(xs_dot, xs_tiled)   # (IQ4_XS is never repacked)
 
     # from 8 columns the tiled order with 8 rows in lanes (`repack.k16_rows8`) on AVX-512 VNNI (AVX2's
     # pmaddubsw would saturate on the grid values + 128: 241 * 127 * 2)

@@ -624,22 +624,7 @@ def kernels(mode: int) -> dict:
             acc = fma_s(f32(hsum_i(q3_K_lanes(wf, o, xq, xo + b * 256))) * f16_to_f32(wf, o + 108), xd[b], acc)
         return acc
 
-    @numba.njit(**_NB)
-    def q3_K_rows_matmat(w, xp, out, r0, r1):
-        """vec_dot per output below 8 columns, ggml's tiled matmul from 8 (Q3_K is never repacked)."""
-        xq, xd, _ = xp
-        n, k = xq.shape
-        nb = xd.shape[1]
-        rb = w.shape[1]
-        wf = w.reshape(-1)
-        xf = xq.reshape(-1)
-        tiled = n >= 8
-        for i in range(r0, r1):
-            for c in range(n):
-                if tiled:
-                    out[c, i] = q3_K_tiled(wf, i * rb, nb, xf, c * k, xd[c])
-                else:
-                    out[c, i] = q3_K_dot(wf, i * rb, nb, xf, c * k, xd[c])
+    q3_K_rows_matmat = repack.vec_or_tiled(q3_K_dot, q3_K_tiled)   # (Q3_K is never repacked)
 
     # from 8 columns the tiled order with 8 rows in lanes (`repack.k16_rows8`)
     q3_K_matmat = repack.tiled_from8(repack.k16_rows8(mode, repack.K16_Q3_TILED), q3_K_rows_matmat,

@@ -636,6 +636,29 @@ def tiled_from8(lanes, rows, on: bool = True, wide=None):
     return matmat
 
 
+def vec_or_tiled(dot, tiled):
+    """A prompt product one row at a time for a type llama.cpp never repacks: per output its
+    vec_dot (`dot`) below 8 columns, ggml's tiled matmul (`tiled`) from 8; both
+    (wf, row byte, blocks, xf, column's first quant, column's scales) -> f32."""
+
+    @numba.njit(**_NB)
+    def matmat(w, xp, out, r0, r1):
+        xq, xd, _ = xp
+        n, k = xq.shape
+        nb = xd.shape[1]
+        rb = w.shape[1]
+        wf = w.reshape(-1)
+        xf = xq.reshape(-1)
+        on = n >= 8
+        for i in range(r0, r1):
+            for c in range(n):
+                if on:
+                    out[c, i] = tiled(wf, i * rb, nb, xf, c * k, xd[c])
+                else:
+                    out[c, i] = dot(wf, i * rb, nb, xf, c * k, xd[c])
+    return matmat
+
+
 #: the float orders `k16_rows8` follows, per output and super-block (S, M exact integers)
 K16_Q3_TILED = 0     # Q3_K, ggml's tiled matmul: out = fma(f32(S - 4 * M) * d_w, d_x, out) (M: sc * bsum)
 K16_Q2_REPACKED = 1  # Q2_K, llama.cpp's repacked gemm / gemv (AVX-512, rows % 8 == 0): see q2_K below
