@@ -157,10 +157,7 @@ class _BatchRuntime:
             before(0, x.shape[0])
         g, u = self._linear(x, (gate, up))
         a = np.empty_like(g)
-        if activation == "gelu":
-            ops.gelu_mul(g, u, a, ops.GELU_F16)
-        else:
-            ops.silu_mul(g, u, a)
+        ops.apply_activation(activation, g, u, a)
         return g, u, a
 
     def attention(self, q, k, v, kv, il, pos0, window, scale):

@@ -23,7 +23,6 @@ from .crew import C_TASK, NO_LIMIT, STEALABLE, T_OUTOFF, T_W, T_XROW, ahead, pre
 from .gating import gate, route_core
 
 from .kernels.jitcache import JIT as _NB
-from .ops import GELU, SILU  # noqa: F401  (the activation kinds; importers of this module use them)
 
 
 @numba.njit(**_NB)

@@ -20,7 +20,7 @@ import numpy as np
 
 from . import ops
 from .crew import C_SPAN, C_TASK, NO_LIMIT, STEALABLE, T_OUTOFF, T_TYPE, T_W, T_XROW, prep_families
-from .expert_token import GELU, concat_jobs, route_token
+from .expert_token import concat_jobs, route_token
 from .kernels import F16, q8_families
 from .kernels.jitcache import JIT as _NB
 
@@ -104,15 +104,6 @@ def _weighted_rows(d, wts, out, n_out):
 
 
 @numba.njit(inline="always")
-def _activate(g, u, out, kind, gelu_table):
-    """out = act(g) * u, the one-token calls' functions (`ops.gelu_mul` / `ops.silu_mul`)."""
-    if kind == GELU:
-        ops.gelu_mul(g, u, out, gelu_table)
-    else:
-        ops.silu_mul(g, u, out)
-
-
-@numba.njit(inline="always")
 def _route_rows(logits, kind, bias, n_groups, n_group_used, norm, scale, ids, wts):
     for r in range(ids.shape[0]):
         route_token(logits[r], kind, ids.shape[1], bias, n_groups, n_group_used, norm, scale, ids[r], wts[r])
@@ -158,7 +149,7 @@ def rows_routed_runner(lead: Callable, prep_gu: Callable, prep_down: Callable, n
                 return False
             gu = g.reshape(pairs, 2 * n_ff)
             g2, u2 = gu[:, :n_ff], gu[:, n_ff:]
-        _activate(g2, u2, act, act_kind, gelu_table)
+        ops.gate_mul(g2, u2, act, act_kind, gelu_table)
         xd = prep_down(act, kd)
         tasks, chunks = compose_rows(d_t3, d_c3, d_w, d_wa, ids, True)
         if not lead(ctl, n_workers, tasks, chunks, chunks.shape[0] | STEALABLE, xd, xd, (d,), 0, NO_LIMIT, 0):
@@ -194,7 +185,7 @@ def rows_fused_runner(lead: Callable, prep_x: Callable, prep_act: Callable) -> C
         t1, c1, o1 = j1
         if not lead(ctl, n_workers, t1, c1, o1, xr, xq, (logits, gs, us), 0, NO_LIMIT, 0):
             return False
-        _activate(gs, us, acts, act_kind, gelu_table)
+        ops.gate_mul(gs, us, acts, act_kind, gelu_table)
         xs = prep_act(acts, fam_a)
         td, cd, od = sd
         n, n_embd = out.shape
@@ -211,7 +202,7 @@ def rows_fused_runner(lead: Callable, prep_x: Callable, prep_act: Callable) -> C
             return False
         pairs = act.shape[0]
         g2, u2 = g.reshape(pairs, n_ff), u.reshape(pairs, n_ff)
-        _activate(g2, u2, act, act_kind, gelu_table)
+        ops.gate_mul(g2, u2, act, act_kind, gelu_table)
         xd = prep_act(act, fam_a)
         tasks, chunks = compose_rows(d_t3, d_c3, d_w, d_wa, ids, True)
         tasks, chunks, n_own = concat_jobs(tasks, chunks, chunks.shape[0], td, cd, od)
