@@ -610,7 +610,7 @@ class AttentionPaths:
                     # the dropped terms are 0 x v added last to accumulators that are never -0;
                     # and they start at the 64-slot step of the piece's first visible key: the
                     # terms before it are 0 x v added to accumulators still +0, which stay +0,
-                    # and every other term keeps its lane (tests/engine/test_prompt_window.py)
+                    # and every other term keeps its lane (test_engine_api.py::test_prompt_skips_slid_out_keys_without_changing_a_bit)
                     for a in range(r0, r1, CAUSAL_ROWS):
                         b = min(a + CAUSAL_ROWS, r1)
                         width = min(-(-visible(o, b) // 16) * 16, kp)

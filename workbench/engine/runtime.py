@@ -33,7 +33,6 @@ from .crew import STEALABLE, Crew, CrewError, Job, Table, product_runner, produc
 from .experts import ExpertPaths
 from .gguf_file import GGUFFile, ModelLoadError, TensorInfo
 from . import handoff
-from .handoff import product_seconds
 from .kv_cache import KVCache
 from .routing import TokenJournal
 from .specs import AttentionSpec, DenseSpec, MLASpec, RoutedSpec, SharedSpec
@@ -787,7 +786,7 @@ class Runtime(AttentionPaths, ExpertPaths, TokenCalls):
                 lo, hi = group.jobs[0][1][wk][2:]
                 if hi > lo:
                     finish(lo, hi)
-        self.each_worker(work, product_seconds(group.nbytes, outs[0].shape[0]))
+        self.each_worker(work, handoff.product_seconds(group.nbytes, outs[0].shape[0]))
 
     def _crew_job(self, group: _Group) -> Job:
         """A group's one-token products as a crew job. When every worker reads the same arrays:
