@@ -109,8 +109,32 @@ def check_f16_heads(wide: bool) -> None:
         assert np.isnan(got[:, :2]).all() and np.isnan(got[:, rows - 1:]).all(), (rows, k, nh)
 
 
+def check_f16_prompt_tiles(wide: bool) -> None:
+    """A prompt's F16 products (kernels/x86/f16_tiles.prompt_tiles: 3-row tiles over blocks of
+    rows, long rows in segments whose partial sums carry) give tinyBLAS's outputs to the bit:
+    several blocks of whole rows, several blocks of segmented rows with a short last segment,
+    left-over rows and left-over inputs, a row range that starts inside the matrix."""
+    from workbench.engine import kernels as K
+    from workbench.engine.kernels.x86 import f16_tiles
+    rng = np.random.default_rng(5)
+    lanes = 16 if wide else 8
+    many = 2 * 3 * (f16_tiles.PROMPT_BLOCK_BYTES // (3 * 2 * 256)) + 7   # > 2 blocks of 256-wide rows
+    long_k = f16_tiles.PROMPT_SEGMENT_MAX + 80   # 3 segments, the last one short
+    for rows, k, n, r0, r1 in ((many, 256, 17, 0, many), (13, 1600, 19, 1, 12), (300, long_k, 19, 3, 300),
+                               (9, 576, 64, 0, 9), (6, 64, 8, 2, 6)):
+        assert k % lanes == 0
+        w16 = rng.standard_normal((rows, k)).astype(np.float16)
+        X = rng.standard_normal((n, k)).astype(np.float32)
+        xp = K.prepare(int(T.F16), X)
+        out = np.full((n, rows), np.nan, np.float32)
+        K.matmat(int(T.F16), w16.view(np.uint8).reshape(rows, -1), xp, out, r0, r1)
+        want = tinyblas_float(w16.astype(np.float32)[r0:r1], xp[0], wide)
+        assert np.array_equal(out[:, r0:r1].view(np.uint32), want.view(np.uint32)), (rows, k, n)
+        assert np.isnan(out[:, :r0]).all() and np.isnan(out[:, r1:]).all(), (rows, k, n)
+
+
 CHECKS = (check_expf, check_silu)
-SIMD_CHECKS = (check_float_products, check_f16_heads)
+SIMD_CHECKS = (check_float_products, check_f16_heads, check_f16_prompt_tiles)
 
 
 def _this_build() -> bool:

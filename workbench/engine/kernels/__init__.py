@@ -47,7 +47,7 @@ from .type_ids import (  # noqa: F401  (the one definition of the type ids, re-e
 
 #: bumped when the kernels' speed changes: what the advisor measured of them before
 #: (`advisor.engine_cal`, cached per machine) is measured again (each revision: benchmarks/HISTORY.md)
-SPEED_REVISION = 9
+SPEED_REVISION = 10
 
 #: ggml type id -> (elements per block, bytes per block)
 BLOCK_SIZES: dict[int, tuple[int, int]] = {

@@ -1,4 +1,5 @@
-"""One F16 matrix against 8 inputs at a time in register tiles of 2 rows x 8 inputs (AVX-512).
+"""F16 matrices against many inputs in register tiles: a decoded token's heads (2 rows x 8 inputs,
+AVX-512) and a prompt's products (3 rows x 4 inputs, blocks of rows, segments of long rows).
 
 A decoded token's attention is this product twice a layer: the key rows against the query heads
 that share them (scores), the V^T rows against the heads' probabilities (weighted values). With
@@ -144,3 +145,110 @@ def tiled_heads(rest, tail16, prefetch_bytes: int):
         if g < nh:
             rest(w, x[g * xs:], xs, k, nh - g, out[g * os:], os, r0, r1)
     return heads
+
+
+# ---- the prompt's F16 products (`kernels.matmat` of F16 with k % lanes == 0): llamafile's
+# tinyBLAS order, one accumulator of `lanes` lanes per output summed in order over the row, then the
+# build's horizontal sum. A prompt's attention is this product twice a layer: key rows against a
+# piece's query rows (scores), V^T rows against its probabilities (weighted values). The plain tiles
+# (floats._tiled_matmat: 3 rows x 4 inputs, each group of 4 inputs over every row) read the whole
+# key or V^T matrix again for every 4 inputs: at depth 16384 on V3's MLA widths (18.9 MB of keys,
+# 16.8 MB of V^T a layer) that is 16 passes over memory a piece of 64 query rows; the scores ran
+# 24-34 GFLOP/s a core (58-84 here), the values 51-58 (58-74), and a 512-token prompt at that depth
+# 12-17 -> 19-23 t/s at 1 thread (Intel Xeon family 6 model 106, one process at a time, 19:45 UTC).
+# Here a block of row triples is taken by every group of inputs while it is in L2, and rows longer than
+# PROMPT_SEGMENT_MAX run in segments whose partial sums carry, in order, in a scratch buffer; each
+# output's lanes, their order and its tree stay tinyBLAS's, so the tiling changes no bit.
+PROMPT_SEGMENT = 512          # values a segment of a long row (4 inputs' segment: 8 KB, in L1)
+PROMPT_SEGMENT_MAX = 1024     # rows up to this long run whole (MLA key rows: 576)
+PROMPT_BLOCK_BYTES = 96 << 10   # a block's rows (whole rows): read from memory once for all inputs
+PROMPT_STATE_BYTES = 256 << 10  # segmented rows: a block's carried partial sums (every input group)
+
+
+def prompt_tiles(load, es: int, load_x, store_x, zero, hsum, lanes: int, rest):
+    """`kernels.matmat` of F16 (k % lanes == 0, tinyBLAS<lanes>) in tiles of 3 rows x 4 inputs (12
+    accumulators: the AVX2 build's 16 ymm registers hold them with the 3 rows' and an input's
+    lanes; 2 x 8 tiles on zmm registers measured no faster on the MLA shape and slower on a GQA
+    one) over blocks of rows and segments of long rows; `rest` (floats' plain tiled matmat, same
+    signature and order) takes the left-over rows and inputs and the small products."""
+    @numba.njit(inline="always")
+    def tile34(w, o0, rb, x, xo, xs, j, end, carry, sc, so):
+        """Rows at bytes o0, o0 + rb, o0 + 2 rb against the inputs x[xo + h xs], h < 4, over values
+        [j, end): 12 accumulators that start from sc[so:] when `carry` (an earlier segment's partial
+        sums), else from zero, and are stored back there (input major, then row)."""
+        if carry:
+            a0 = load_x(sc, so); b0 = load_x(sc, so + lanes); c0 = load_x(sc, so + 2 * lanes)
+            a1 = load_x(sc, so + 3 * lanes); b1 = load_x(sc, so + 4 * lanes); c1 = load_x(sc, so + 5 * lanes)
+            a2 = load_x(sc, so + 6 * lanes); b2 = load_x(sc, so + 7 * lanes); c2 = load_x(sc, so + 8 * lanes)
+            a3 = load_x(sc, so + 9 * lanes); b3 = load_x(sc, so + 10 * lanes); c3 = load_x(sc, so + 11 * lanes)
+        else:
+            a0 = zero(); b0 = zero(); c0 = zero(); a1 = zero(); b1 = zero(); c1 = zero()
+            a2 = zero(); b2 = zero(); c2 = zero(); a3 = zero(); b3 = zero(); c3 = zero()
+        o1 = o0 + rb
+        o2 = o1 + rb
+        while j < end:
+            wa = load(w, o0 + es * j)
+            wb = load(w, o1 + es * j)
+            wc = load(w, o2 + es * j)
+            v = load_x(x, xo + j)
+            a0 = fma_f(a0, wa, v); b0 = fma_f(b0, wb, v); c0 = fma_f(c0, wc, v)
+            v = load_x(x, xo + xs + j)
+            a1 = fma_f(a1, wa, v); b1 = fma_f(b1, wb, v); c1 = fma_f(c1, wc, v)
+            v = load_x(x, xo + 2 * xs + j)
+            a2 = fma_f(a2, wa, v); b2 = fma_f(b2, wb, v); c2 = fma_f(c2, wc, v)
+            v = load_x(x, xo + 3 * xs + j)
+            a3 = fma_f(a3, wa, v); b3 = fma_f(b3, wb, v); c3 = fma_f(c3, wc, v)
+            j += lanes
+        store_x(sc, so, a0); store_x(sc, so + lanes, b0); store_x(sc, so + 2 * lanes, c0)
+        store_x(sc, so + 3 * lanes, a1); store_x(sc, so + 4 * lanes, b1); store_x(sc, so + 5 * lanes, c1)
+        store_x(sc, so + 6 * lanes, a2); store_x(sc, so + 7 * lanes, b2); store_x(sc, so + 8 * lanes, c2)
+        store_x(sc, so + 9 * lanes, a3); store_x(sc, so + 10 * lanes, b3); store_x(sc, so + 11 * lanes, c3)
+
+    tr, tc = 3, 4
+    tile_floats = tr * tc * lanes
+    tile = tile34
+    seg_len = PROMPT_SEGMENT // lanes * lanes
+
+    @numba.njit(**_NB)
+    def matmat(w, xp, out, r0, r1):
+        x = xp[0]
+        n, k = x.shape
+        tiles = (r1 - r0) // tr
+        groups = n // tc
+        if k % lanes or groups == 0 or tiles < 2:
+            rest(w, xp, out, r0, r1)
+            return
+        xf = x.reshape(-1)
+        rb = w.shape[1]
+        seg = k if k <= PROMPT_SEGMENT_MAX else seg_len
+        nseg = -(-k // seg)
+        if nseg == 1:   # whole rows: a block's rows stay in L2 while every input group takes them
+            bp = max(1, PROMPT_BLOCK_BYTES // (tr * es * k))
+        else:           # long rows: a block's partial sums for every input group stay in L2
+            bp = max(1, PROMPT_STATE_BYTES // (4 * groups * tile_floats))
+        bp = min(bp, tiles)
+        sc = empty_aligned(1, bp * groups * tile_floats)[0]
+        for p0 in range(0, tiles, bp):
+            p1 = min(p0 + bp, tiles)
+            for s in range(nseg):
+                j0 = s * seg
+                j1 = min(j0 + seg, k)
+                for u in range(groups):   # the block's rows (segments) from L2 after the first group
+                    xo = u * tc * k
+                    for t in range(p0, p1):
+                        o0 = (r0 + tr * t) * rb
+                        tile(w, o0, rb, xf, xo, k, j0, j1, s > 0, sc,
+                             ((t - p0) * groups + u) * tile_floats)
+            for t in range(p0, p1):
+                i = r0 + tr * t
+                for u in range(groups):
+                    so = ((t - p0) * groups + u) * tile_floats
+                    for h in range(tc):
+                        for r in range(tr):
+                            out[u * tc + h, i + r] = hsum(load_x(sc, so + (tr * h + r) * lanes))
+        if r0 + tr * tiles < r1:   # rows left over: every input
+            rest(w, xp, out, r0 + tr * tiles, r1)
+        if groups * tc < n:       # inputs left over: the tiled rows
+            rest(w, (x[groups * tc:],), out[groups * tc:], r0, r0 + tr * tiles)
+
+    return matmat

@@ -9,12 +9,13 @@ import numba
 import numpy as np
 
 from ..intrinsics.lanes import f_add, f_zero, f_zero16, fma_f
-from ..intrinsics.load_store import load_bf16x8, load_f16x16, load_f16x8, load_f32x16, load_f32x8
+from ..intrinsics.load_store import (load_bf16x8, load_f16x16, load_f16x8, load_f32x16, load_f32x8, store_f32x16,
+                                     store_f32x8)
 from ..intrinsics.reductions import hsum16, hsum_f, hsum_hadd_f
 from ..intrinsics.scalars import bf16_to_f32, f16_to_f32, fma_s
 from ..intrinsics.streams import prefetch
 from ..llama_build import WIDE
-from .f16_tiles import tiled_heads
+from .f16_tiles import prompt_tiles, tiled_heads
 
 from ..jitcache import JIT as _NB
 f32 = np.float32
@@ -253,7 +254,8 @@ def _orders512():
     # row's 16 values are converted once for 4 columns.  Per output the lanes, their order and the
     # final tree are dot16_tiny's, so results do not depend on the tiling.
     f16_tile, f16_row4 = _tiles(load_f16x16, 2, load_f32x16, f_zero16, hsum16, 16)
-    f16_matmat = _tiled_matmat(16, dot16_vec, f16_tile, f16_row4, dot16_tiny)
+    f16_matmat = prompt_tiles(load_f16x16, 2, load_f32x16, store_f32x16, f_zero16, hsum16, 16,
+                              _tiled_matmat(16, dot16_vec, f16_tile, f16_row4, dot16_tiny))
     f16_matvec = _rowwise(dot16_vec, dot16_tiny)[0]
 
     @numba.njit(inline="always")
@@ -459,7 +461,8 @@ def _orders256():
         out[oo + os] = dot16_vec(w, o, x, xo + xs, k)
 
     f16_matvec = _rowwise(dot16_vec, dot16_tiny)[0]
-    f16_matmat = _tiled_matmat(8, dot16_vec, f16_tile, f16_row4, dot16_tiny)
+    f16_matmat = prompt_tiles(load_f16x8, 2, load_f32x8, store_f32x8, f_zero, hsum_f, 8,
+                              _tiled_matmat(8, dot16_vec, f16_tile, f16_row4, dot16_tiny))
     f32_matvec, f32_matmat = _f32_products(8, dot32_vec, dot32_tiny, f32_tile, f32_row4)
     return f16_matvec, f16_matmat, f32_matvec, f32_matmat, _heads(dot16_heads4, dot16_pair, dot16_pf, 32, HEADS_MAX_K)
 
