@@ -25,9 +25,9 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from . import crew as _crew
-from .crew import (CHUNK_ARGS, CHUNK_FN, T_N0, T_ROWLEN, T_TYPE, T_W, T_WSHIFT, _call_chunk, _view,
+from .crew import (CHUNK_ARGS, CHUNK_FN, T_N0, T_ROWLEN, T_TYPE, T_W, T_WSHIFT, array_at, call_chunk,
                    compiled_address, fetch_add)
+from .kernels import F16
 from .kernels.jitcache import JIT
 
 SYMBOL = "numawb_chunk_log_ctl"
@@ -65,10 +65,10 @@ def _getcpu(typingctx):
 def logged_chunk(tasks, t, span, lo, hi):
     """run_chunk(tasks, t, span, lo, hi) after one record in the log (a full log drops records,
     counting them)."""
-    ctl = _view(_ctl_address(), 16, np.int64)
+    ctl = array_at(_ctl_address(), 16, np.int64)
     i = fetch_add(ctl, L_N, 1)
     if i < ctl[L_CAP]:
-        lg = _view(ctl[L_LOG] + 8 * FIELDS * i, FIELDS, np.int64)
+        lg = array_at(ctl[L_LOG] + 8 * FIELDS * i, FIELDS, np.int64)
         lg[0] = _getcpu()
         lg[1] = tasks[t, T_TYPE]
         lg[2] = tasks[t, T_W] + tasks[t, T_WSHIFT] + lo * tasks[t, T_ROWLEN]
@@ -77,7 +77,7 @@ def logged_chunk(tasks, t, span, lo, hi):
         lg[5] = lo
         lg[6] = hi
         lg[7] = span
-    _call_chunk(ctl[L_FN], tasks, t, span, lo, hi)
+    call_chunk(ctl[L_FN], tasks, t, span, lo, hi)
 
 
 @dataclass(frozen=True)
@@ -110,18 +110,18 @@ class ChunkLog:
     def __enter__(self) -> "ChunkLog":
         if _CTL[L_LOG] != 0:
             raise RuntimeError("a chunk log is already open")
-        self._orig = self.crew._chunk
+        self._orig = self.crew.chunk_fn
         _CTL[L_FN] = self._orig
         _CTL[L_LOG] = self.buf.ctypes.data
         _CTL[L_CAP] = self.buf.shape[0]
         _CTL[L_N] = 0
         spy = compiled_address(logged_chunk, CHUNK_ARGS)
-        self.crew._chunk = spy          # what `Crew.start` puts back into the control block
+        self.crew.chunk_fn = spy          # what `Crew.start` puts back into the control block
         self.crew.ctl[CHUNK_FN] = spy   # and the running crew's next job
         return self
 
     def __exit__(self, *exc) -> None:
-        self.crew._chunk = self._orig
+        self.crew.chunk_fn = self._orig
         self.crew.ctl[CHUNK_FN] = self._orig
         n = int(_CTL[L_N])
         kept = min(n, self.buf.shape[0])
@@ -143,7 +143,7 @@ def bytes_by_page(reads: list[Read]) -> dict[int, int]:
     from ..numa.memory import PAGE
     starts, ends = [], []
     for r in reads:
-        width = min(r.row_bytes, 2 * r.n_in) if r.type == _crew.kernels.F16 and r.n_in > 0 else r.row_bytes
+        width = min(r.row_bytes, 2 * r.n_in) if r.type == F16 and r.n_in > 0 else r.row_bytes
         if width == r.row_bytes:   # whole rows: one run of bytes
             starts.append(np.array([r.addr]))
             ends.append(np.array([r.addr + (r.hi - r.lo) * r.row_bytes]))

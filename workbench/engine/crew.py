@@ -201,7 +201,7 @@ def _ahead_rows(ctl, me):
 def _next_rows(tasks_at, me):
     """`_ahead_rows` of the job linked after the one whose task table is at `tasks_at` (`link`);
     (0, 0) when none is."""
-    task = _view(tasks_at, TASK_FIELDS, np.int64)
+    task = array_at(tasks_at, TASK_FIELDS, np.int64)
     if task[T_NEXT_T] == 0:
         return 0, 0
     return _rows_of(task[T_NEXT_T], task[T_NEXT_C], task[T_NEXT_NC], task[T_NEXT_NO], me)
@@ -209,7 +209,7 @@ def _next_rows(tasks_at, me):
 
 @numba.njit(inline="always")
 def _rows_of(tasks_at, chunks_at, n_chunks, n_owned, me):
-    chunks = _view(chunks_at, n_chunks * CHUNK_FIELDS, np.int64)
+    chunks = array_at(chunks_at, n_chunks * CHUNK_FIELDS, np.int64)
     c = -1
     for i in range(n_owned):
         if chunks[i * CHUNK_FIELDS + C_OWNER] == me:
@@ -226,7 +226,7 @@ def _rows_of(tasks_at, chunks_at, n_chunks, n_owned, me):
            and chunks[(last + 1) * CHUNK_FIELDS + C_TASK] == t
            and chunks[(last + 1) * CHUNK_FIELDS + C_LO] == chunks[last * CHUNK_FIELDS + C_HI]):
         last += 1
-    task = _view(tasks_at + 8 * TASK_FIELDS * t, TASK_FIELDS, np.int64)
+    task = array_at(tasks_at + 8 * TASK_FIELDS * t, TASK_FIELDS, np.int64)
     w = task[T_W] + task[T_WSHIFT]
     # rows count from T_LO and stop at T_HI (attention: the previous call's window, one row off)
     lo = task[T_LO] + chunks[c * CHUNK_FIELDS + C_LO]
@@ -342,7 +342,7 @@ def _call_by_address(context, builder, restype, argtypes, addr, args):
 
 
 @intrinsic
-def _call_chunk(typingctx, addr, tasks, t, span, lo, hi):
+def call_chunk(typingctx, addr, tasks, t, span, lo, hi):
     """run_chunk(tasks, t, span, lo, hi) called through its address (ctl[CHUNK_FN]), like `_call_core`."""
     if tasks != _TAB:
         raise numba.core.errors.TypingError(f"run_chunk takes {_TAB}, got {tasks}")
@@ -378,7 +378,8 @@ def core_address(lead_core) -> int:
 
 
 @numba.njit(inline="always")
-def _view(addr, n, dtype):
+def array_at(addr, n, dtype):
+    """The `n` items of `dtype` at address `addr` as a 1-D array (no copy)."""
     return numba.carray(_voidptr(addr), (n,), dtype)
 
 
@@ -440,7 +441,7 @@ def _trace(ctl, at, a, b, c, d):
     log drops records."""
     i = fetch_add(ctl, at + 1, 4)
     if i + 4 <= ctl[TRACE_CAP]:
-        lg = _view(ctl[at], ctl[TRACE_CAP], np.int64)
+        lg = array_at(ctl[at], ctl[TRACE_CAP], np.int64)
         lg[i] = a
         lg[i + 1] = b
         lg[i + 2] = c
@@ -500,23 +501,23 @@ def _build(mv: dict):
     def run_task(tasks, t, lo, hi):
         typ = tasks[t, T_TYPE]
         w = numba.carray(_voidptr(tasks[t, T_W] + tasks[t, T_WSHIFT]), (tasks[t, T_ROWS], tasks[t, T_ROWLEN]), u8)
-        out = _view(tasks[t, T_OUTADDR], tasks[t, T_ROWS], f32)
+        out = array_at(tasks[t, T_OUTADDR], tasks[t, T_ROWS], f32)
         x0, n0 = tasks[t, T_X0], tasks[t, T_N0]
         x1, n1, x2, n2 = tasks[t, T_X1], tasks[t, T_N1], tasks[t, T_X2], tasks[t, T_N2]
         if typ == F16:
-            mv_f16(w, (_view(x0, n0, f32),), out, lo, hi)
+            mv_f16(w, (array_at(x0, n0, f32),), out, lo, hi)
         elif typ == F32:
-            mv_f32(w, (_view(x0, n0, f32),), out, lo, hi)
+            mv_f32(w, (array_at(x0, n0, f32),), out, lo, hi)
         elif typ == BF16:
-            mv_bf16(w, (_view(x0, n0, f32),), out, lo, hi)
+            mv_bf16(w, (array_at(x0, n0, f32),), out, lo, hi)
         elif typ == Q4_1 or typ == Q5_1:
-            xp = (_view(x0, n0, i8), _view(x1, n1, f32), _view(x2, n2, f32))
+            xp = (array_at(x0, n0, i8), array_at(x1, n1, f32), array_at(x2, n2, f32))
             if typ == Q4_1:
                 mv_q4_1(w, xp, out, lo, hi)
             else:
                 mv_q5_1(w, xp, out, lo, hi)
         else:
-            xp = (_view(x0, n0, i8), _view(x1, n1, f32), _view(x2, n2, i32))
+            xp = (array_at(x0, n0, i8), array_at(x1, n1, f32), array_at(x2, n2, i32))
             if typ == Q8_0_X2:
                 mv_q8_0_x2(w, xp, out, lo, hi)
             elif typ == Q8_0:
@@ -565,8 +566,8 @@ def _build(mv: dict):
         if xs >= 0:
             rows, n0 = tasks[t, T_ROWS], tasks[t, T_N0]
             w = numba.carray(_voidptr(tasks[t, T_W] + tasks[t, T_WSHIFT]), (rows, tasks[t, T_ROWLEN]), u8)
-            x = _view(tasks[t, T_X0], (span - 1) * xs + n0, f32)
-            out = _view(tasks[t, T_OUTADDR], (span - 1) * os + rows, f32)
+            x = array_at(tasks[t, T_X0], (span - 1) * xs + n0, f32)
+            out = array_at(tasks[t, T_OUTADDR], (span - 1) * os + rows, f32)
             mv_f16_heads(w, x, xs, n0, span, out, os, lo, hi)
             return
         if span == 1:
@@ -590,7 +591,7 @@ def _build(mv: dict):
         t0 = chunks[c, C_TASK]
         lo, hi = tasks[t0, T_LO] + chunks[c, C_LO], min(tasks[t0, T_LO] + chunks[last, C_HI], tasks[t0, T_HI])
         if lo < hi:
-            _call_chunk(fn, tasks, t0, chunks[c, C_SPAN], lo, hi)
+            call_chunk(fn, tasks, t0, chunks[c, C_SPAN], lo, hi)
 
     @numba.njit(**_NB)
     def steal_pinned(ctl, me, tasks, chunks, n_owned):
@@ -679,7 +680,7 @@ def _build(mv: dict):
             if lo >= tasks[t0, T_HI]:  # shared chunks past the limit come last (attention): none left
                 break
             if lo < hi:
-                _call_chunk(ctl[CHUNK_FN], tasks, t0, chunks[c, C_SPAN], lo, hi)
+                call_chunk(ctl[CHUNK_FN], tasks, t0, chunks[c, C_SPAN], lo, hi)
 
     @numba.njit(**_NB)
     def serve(ctl, me, seen):
@@ -705,7 +706,7 @@ def _build(mv: dict):
                 if pa < pend:  # read ahead 512 bytes at a time, looking for the job in between
                     pa = _read_ahead(pa)
                 elif hop != 0 and budget > 0:  # a long wait (the caller's Python between tokens):
-                    hop = _view(hop, TASK_FIELDS, np.int64)[T_NEXT_T]   # the job after that one
+                    hop = array_at(hop, TASK_FIELDS, np.int64)[T_NEXT_T]   # the job after that one
                     if hop != 0:
                         pstart, pend = _next_rows(hop, me)
                         pa = pstart
@@ -1077,7 +1078,8 @@ class Crew:
         # `lead` is public for compiled callers that post jobs themselves (attention, runners)
         self._serve, self.lead, core, chunk = _compiled()
         self._core = core_address(core)
-        self._chunk = compiled_address(chunk, CHUNK_ARGS)
+        # run_chunk's address, what `start` puts into ctl[CHUNK_FN] (chunk_log swaps in its own)
+        self.chunk_fn = compiled_address(chunk, CHUNK_ARGS)
         self._init_ctl()
 
     @property
@@ -1089,7 +1091,7 @@ class Crew:
         """The fields no job changes: lead_core's and run_chunk's addresses, the cursors' place and
         steal groups."""
         self.ctl[LEAD_FN] = self._core
-        self.ctl[CHUNK_FN] = self._chunk
+        self.ctl[CHUNK_FN] = self.chunk_fn
         self.ctl[CURSORS] = self._cursors
         # read-ahead hints only where every worker reads its node's memory (on several nodes a
         # worker would pull another node's weights across the interconnect for nothing)
