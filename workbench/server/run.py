@@ -12,10 +12,9 @@ from .config import ServeOptions
 from .http import HttpServer
 
 
-# The scheduler thread takes the GIL back after each of a pass's compiled calls (some 180 a pass
-# on R1's 61 blocks); with the event loop thread streaming the slots' tokens, each take waited up
-# to Python's default 5 ms switch interval behind it. 0.2 ms: R1 shape, 2 threads, 4 clients
-# 48-53 -> 58-77 t/s (Intel Xeon family 6 model 106, 2026-12-06).
+# The scheduler thread takes the GIL back after each of a pass's compiled calls; at Python's 5 ms
+# default each take could wait that long behind the event loop thread streaming tokens (the runs:
+# benchmarks/HISTORY.md, "The server's switch interval").
 SWITCH_INTERVAL = 0.0002
 
 
