@@ -458,6 +458,51 @@ def _as_bool(v, default: bool) -> bool:
     return bool(v)
 
 
+def _merge_symbols(n: int, rank) -> tuple[list[int], list[int]]:
+    """llama.cpp's merge loop, shared by its SentencePiece and byte-level BPE tokenizers: `n`
+    one-character symbols in a linked list; the adjacent pair of the lowest rank merges first (the
+    leftmost of equal ranks), and the merged symbol is ranked again with both neighbours.
+    `rank(i, li, j, lj)` ranks the symbol at `i` (`li` characters) followed by the one at `j`, None
+    where they do not merge. Returns each symbol's length (0: merged into the one before) and the
+    index of the symbol after it (-1 at the end), the first symbol at 0."""
+    length = [1] * n
+    prev = list(range(-1, n - 1))
+    nxt = list(range(1, n + 1))
+    if n:
+        nxt[-1] = -1
+    heap: list = []
+    for i in range(n - 1):
+        r = rank(i, 1, i + 1, 1)
+        if r is not None:
+            heap.append((r, i, i + 1, 2))
+    heapq.heapify(heap)
+    push = heapq.heappush
+    pop = heapq.heappop
+    while heap:
+        _, left, right, size = pop(heap)
+        ln = length[left]
+        rn = length[right]
+        # a stale pair: either side merged since (lengths only grow, so equal sizes mean equal text)
+        if ln == 0 or rn == 0 or ln + rn != size:
+            continue
+        length[left] = size
+        length[right] = 0
+        r_next = nxt[right]
+        nxt[left] = r_next
+        if r_next >= 0:
+            prev[r_next] = left
+        p = prev[left]
+        if p >= 0:
+            r = rank(p, length[p], left, size)
+            if r is not None:
+                push(heap, (r, p, left, length[p] + size))
+        if r_next >= 0:
+            r = rank(left, size, r_next, length[r_next])
+            if r is not None:
+                push(heap, (r, left, r_next, size + length[r_next]))
+    return length, nxt
+
+
 class Tokenizer:
     """A llama.cpp-compatible tokenizer (see module docstring)."""
 
@@ -790,49 +835,17 @@ class Tokenizer:
 
     # -- SentencePiece BPE over characters (llm_tokenizer_spm)
     def _spm(self, text: str, out: list[int]) -> None:
-        n = len(text)
-        if n == 0:
+        if not text:
             return
         get = self._t2i.get
         scores = self._scores
-        if n == 1:
-            self._spm_emit(text, out)
-            return
-        length = [1] * n
-        prev = list(range(-1, n - 1))
-        nxt = list(range(1, n + 1))
-        nxt[-1] = -1
-        heap: list = []
-        push = heapq.heappush
-        pop = heapq.heappop
-        for i in range(n - 1):
-            tid = get(text[i:i + 2])
-            if tid is not None:
-                heap.append((-scores[tid], i, i + 1, 2))
-        heapq.heapify(heap)
-        while heap:
-            _, left, right, size = pop(heap)
-            ln = length[left]
-            rn = length[right]
-            if ln == 0 or rn == 0 or ln + rn != size:
-                continue
-            length[left] = size
-            length[right] = 0
-            r_next = nxt[right]
-            nxt[left] = r_next
-            if r_next >= 0:
-                prev[r_next] = left
-            p = prev[left]
-            if p >= 0:
-                s = length[p] + size
-                tid = get(text[p:p + s])
-                if tid is not None:
-                    push(heap, (-scores[tid], p, left, s))
-            if r_next >= 0:
-                s = size + length[r_next]
-                tid = get(text[left:left + s])
-                if tid is not None:
-                    push(heap, (-scores[tid], left, r_next, s))
+
+        def rank(i: int, li: int, j: int, lj: int):
+            # the merged piece's score, highest first
+            tid = get(text[i:i + li + lj])
+            return None if tid is None else -scores[tid]
+
+        length, nxt = _merge_symbols(len(text), rank)
         i = 0
         while i != -1:
             self._spm_emit(text[i:i + length[i]], out)
@@ -871,44 +884,14 @@ class Tokenizer:
             tid = get(w)
             if tid is not None:
                 return [tid]
-        n = len(w)
         ranks = self._bpe_ranks
-        length = [1] * n
-        prev = list(range(-1, n - 1))
-        nxt = list(range(1, n + 1))
-        if n:
-            nxt[-1] = -1
-        heap: list = []
-        for i in range(n - 1):
-            r = ranks.get((w[i], w[i + 1]))
-            if r is not None:
-                heap.append((r, i, i + 1, w[i:i + 2]))
-        heapq.heapify(heap)
-        while heap:
-            _, left, right, txt = heapq.heappop(heap)
-            ln = length[left]
-            rn = length[right]
-            if ln == 0 or rn == 0 or w[left:left + ln] + w[right:right + rn] != txt:
-                continue
-            length[left] = ln + rn
-            length[right] = 0
-            r_next = nxt[right]
-            nxt[left] = r_next
-            if r_next >= 0:
-                prev[r_next] = left
-            p = prev[left]
-            if p >= 0:
-                a = w[p:p + length[p]]
-                b = w[left:left + length[left]]
-                r = ranks.get((a, b))
-                if r is not None:
-                    heapq.heappush(heap, (r, p, left, a + b))
-            if r_next >= 0:
-                a = w[left:left + length[left]]
-                b = w[r_next:r_next + length[r_next]]
-                r = ranks.get((a, b))
-                if r is not None:
-                    heapq.heappush(heap, (r, left, r_next, a + b))
+
+        def rank(i: int, li: int, j: int, lj: int):
+            # the pair's merge rank, lowest first
+            return ranks.get((w[i:i + li], w[j:j + lj]))
+
+        n = len(w)
+        length, nxt = _merge_symbols(n, rank)
         out: list[int] = []
         i = 0 if n else -1
         while i != -1:
