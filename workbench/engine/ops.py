@@ -309,6 +309,36 @@ def apply_rope(x: np.ndarray, cs: np.ndarray, neox: bool) -> None:
                     x[t, k, 2 * i + 1] = fma32(a, s, b * c)
 
 
+@nb.njit(inline="always")
+def qkv_steps(q, k, v, bq, bk, bv, q_norm, k_norm, eps, cs, neox, prescale, scale):
+    """The steps between the q/k/v products and the attention, in place on each row of q, k, v
+    ([n, heads, head_dim]): the biases, the q/k norms, RoPE (`cs` [n, rot / 2, 2]) and, with
+    `prescale`, q times `scale`. A bias, a norm weight or `cs` of size 0 is skipped. Returns the
+    scale the attention still applies (1.0 after a prescale). The compiled attention calls of one
+    token (`token_attention`) and of a decode batch's rows (`rows_attention`) share it."""
+    for r in range(q.shape[0]):
+        if bq.size:
+            q[r] += bq.reshape(q.shape[1:])
+        if bk.size:
+            k[r] += bk.reshape(k.shape[1:])
+        if bv.size:
+            v[r] += bv.reshape(v.shape[1:])
+    if q_norm.size:
+        rms_norm_heads(q, q_norm, eps)
+    if k_norm.size:
+        rms_norm_heads(k, k_norm, eps)
+    if cs.size:
+        apply_rope(q, cs, neox)
+        apply_rope(k, cs, neox)
+    if not prescale:
+        return scale
+    for r in range(q.shape[0]):
+        for i in range(q.shape[1]):
+            for j in range(q.shape[2]):
+                q[r, i, j] *= np.float32(scale)
+    return 1.0
+
+
 @intrinsic
 def f16_bits(typingctx, x):
     """Bits of float32 x rounded to the nearest half (ties to even), as an int32 in [0, 65536)."""

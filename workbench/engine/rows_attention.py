@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Callable
 
 import numba
-import numpy as np
 
 from . import ops
 from .kernels.jitcache import JIT as _NB
@@ -43,26 +42,7 @@ def rows_block_runner(qkv: Callable, attend: Callable, out: Callable, combined: 
         t, c, m = qkv_job
         if not qkv(ctl, n_workers, t, c, m, h, (q.reshape(n, -1), k.reshape(n, -1), v.reshape(n, -1))):
             return False
-        for r in range(n):
-            if bq.size:
-                q[r] += bq.reshape(q.shape[1:])
-            if bk.size:
-                k[r] += bk.reshape(k.shape[1:])
-            if bv.size:
-                v[r] += bv.reshape(v.shape[1:])
-        if q_norm.size:
-            ops.rms_norm_heads(q, q_norm, eps)
-        if k_norm.size:
-            ops.rms_norm_heads(k, k_norm, eps)
-        if cs.size:
-            ops.apply_rope(q, cs, neox)
-            ops.apply_rope(k, cs, neox)
-        if prescale:
-            for r in range(n):
-                for i in range(q.shape[1]):
-                    for j in range(q.shape[2]):
-                        q[r, i, j] *= np.float32(scale)
-            scale = 1.0
+        scale = ops.qkv_steps(q, k, v, bq, bk, bv, q_norm, k_norm, eps, cs, neox, prescale, scale)
         if combined:
             att, ok = attend(ctl, n_workers, keys_all, values_all, q, k, v, caches, pos0s, window, skip_slid, scale)
             if not ok:

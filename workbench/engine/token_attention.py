@@ -5,15 +5,14 @@ biases, the q/k norms, RoPE on q and k, the attention over the cache, the output
 is fast compiled code, but each is a separate call from Python (argument unboxing, a dict lookup,
 fresh outputs): measured ~30-50 us a layer, as much as a small model's products. `block_runner`
 builds, per set of compiled pieces, one function that runs them in the general path's order with
-the same functions (`ops.rms_norm_heads`, `ops.apply_rope`, `attention.one_token_attention`, the
-crew's product runner), so the result is the same to the bit (tests/engine/test_token_attention.py).
+the same functions (`ops.qkv_steps`: the biases, `ops.rms_norm_heads`, `ops.apply_rope`;
+`attention.one_token_attention`, the crew's product runner), so the result is the same to the bit (tests/engine/test_token_attention.py).
 """
 from __future__ import annotations
 
 from typing import Callable
 
 import numba
-import numpy as np
 
 from . import ops
 from .crew import ahead, write_ahead
@@ -44,26 +43,9 @@ def block_runner(qkv: Callable, attend: Callable, out: Callable) -> Callable:
         if not qkv(ctl, n_workers, t, c, n, h, (q.reshape(-1), k.reshape(-1), v.reshape(-1))):
             return False
         ahead(ctl, keys_job)   # the workers read their keys while the norms and RoPE run here
-        if bq.size:
-            q += bq.reshape(q.shape)
-        if bk.size:
-            k += bk.reshape(k.shape)
-        if bv.size:
-            v += bv.reshape(v.shape)
-        q3 = q.reshape(1, q.shape[0], q.shape[1])
-        k3 = k.reshape(1, k.shape[0], k.shape[1])
-        if q_norm.size:
-            ops.rms_norm_heads(q3, q_norm, eps)
-        if k_norm.size:
-            ops.rms_norm_heads(k3, k_norm, eps)
-        if cs.size:
-            ops.apply_rope(q3, cs, neox)
-            ops.apply_rope(k3, cs, neox)
-        if prescale:
-            for i in range(q.shape[0]):
-                for j in range(q.shape[1]):
-                    q[i, j] *= np.float32(scale)
-            scale = 1.0
+        scale = ops.qkv_steps(q.reshape(1, q.shape[0], q.shape[1]), k.reshape(1, k.shape[0], k.shape[1]),
+                              v.reshape(1, v.shape[0], v.shape[1]), bq, bk, bv, q_norm, k_norm, eps, cs, neox,
+                              prescale, scale)
         att, ok = attend(ctl, n_workers, keys_job, values_job, q, k, v, kc, vc, pos0, window, scale, lo, base,
                          cap)
         if not ok:
