@@ -31,7 +31,7 @@ from .kernels.activations import empty_aligned
 from .kernels.intrinsics.scalars import round_f16
 from .kernels.llama_build import SOFTMAX_LANES
 
-F16 = 1
+F16 = kernels.F16  # its type id (kernels.type_ids)
 
 from .kernels.jitcache import JIT as _JIT
 # a max reduction LLVM vectorizes only without NaNs and signed zeros (`_scale_max`)

@@ -36,9 +36,8 @@ from . import handoff
 from .kv_cache import KVCache
 from .routing import TokenJournal
 from .specs import AttentionSpec, DenseSpec, MLASpec, RoutedSpec, SharedSpec
-from .token_calls import TokenCalls, _Cached
+from .token_calls import CachedCall, TokenCalls
 
-F32, F16, BF16 = 0, 1, 30
 # weight bytes of a one-token product below which the calling thread computes it alone (when it
 # stands in for worker 0): a hand-off to the other workers costs more than it saves
 SPLIT_BYTES = 8 << 20
@@ -275,7 +274,7 @@ class Runtime(AttentionPaths, ExpertPaths, TokenCalls):
         # a decoded token's compiled sub-layers with their fixed arguments: per KV cache (attention)
         # and per tensors (routed FFN), remade when the layout or the crew changes
         self._tparts: "weakref.WeakKeyDictionary[KVCache, dict]" = weakref.WeakKeyDictionary()
-        self._rparts: dict[tuple, _Cached] = {}
+        self._rparts: dict[tuple, CachedCall] = {}
         self._journals: dict[tuple, TokenJournal] = {}  # routed experts of token_layers' calls
         self._step_keys: dict[tuple, tuple] = {}
         self._leading = False

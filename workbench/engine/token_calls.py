@@ -59,7 +59,9 @@ class _TokenParts:
 
 
 @dataclass
-class _Cached:
+class CachedCall:
+    """A built one-token call kept per layer and cache: `ready` (None: the layer has no such call)
+    holds while `lead` is still the crew's (a new crew builds it again)."""
     lead: Callable
     ready: _TokenParts | None
 
@@ -135,7 +137,7 @@ class TokenCalls:
                 (spec.neox, spec.prescale, keys, values, kc, vc),
                 (spec.window, spec.scale), (kv.cap, (jo.tasks, jo.chunks, jo.n_owned), o[0], b[3]), o,
                 first=chain[0], last=chain[-1])
-        per_kv[key] = _Cached(crew.lead, ready)
+        per_kv[key] = CachedCall(crew.lead, ready)
         return ready
 
     def _cache_args(self, kv, il: int) -> tuple[Callable, object, object]:
@@ -200,7 +202,7 @@ class TokenCalls:
                  g_.norm, g_.scale, ids, wts, *gu, *dn, g, u, act, d, out[0], n_ff,
                  ops.activation_kind(spec.activation), ops.GELU_F16),
                 (), (), (), out, (ids, names), first=(job.tasks, job.chunks, job.n_owned), rows=rows)
-        self._rparts[key] = _Cached(crew.lead, ready)
+        self._rparts[key] = CachedCall(crew.lead, ready)
         return ready
 
     def _dense_parts(self, spec: DenseSpec) -> "_TokenParts | None":
@@ -225,7 +227,7 @@ class TokenCalls:
                 ((jg.tasks, jg.chunks, jg.n_owned), g, u, act, (jd.tasks, jd.chunks, jd.n_owned), out[0],
                  ops.activation_kind(spec.activation), ops.GELU_F16),
                 (), (), (), out, first=(jg.tasks, jg.chunks, jg.n_owned), last=(jd.tasks, jd.chunks, jd.n_owned))
-        self._rparts[key] = _Cached(crew.lead, ready)
+        self._rparts[key] = CachedCall(crew.lead, ready)
         return ready
 
     def _ffn_parts(self, spec: "RoutedSpec | DenseSpec | SharedSpec") -> "_TokenParts | None":
@@ -309,7 +311,7 @@ class TokenCalls:
                  ops.activation_kind(t.activation), ops.GELU_F16, fam_x, fam_a),
                 (), (), (), out, (ids, tuple(n for n in (t.gate, t.up, t.down) if n)) if on else (),
                 first=j1, last=sd, rows=rows_fused_runner(crew.lead, prep_x, prep_a))
-        self._rparts[key] = _Cached(crew.lead, ready)
+        self._rparts[key] = CachedCall(crew.lead, ready)
         return ready
 
     def _sub_job(self, name: str) -> tuple:
@@ -370,7 +372,7 @@ class TokenCalls:
                  np.empty((1, lora), dtype=np.float32)),
                 (0, float(spec.scale)), (kv.cap, jvb, np.empty((H, dv), dtype=np.float32), jo, o[0]), o,
                 first=chain[0], last=chain[-1])
-        per_kv[key] = _Cached(crew.lead, ready)
+        per_kv[key] = CachedCall(crew.lead, ready)
         return ready
 
     def layer_token(self, x: np.ndarray, h: np.ndarray, attention: "AttentionSpec", kv: KVCache, il: int,
@@ -498,7 +500,7 @@ class TokenCalls:
             per_kv = self._tparts[kv] = {}
         cached = per_kv.get(key)
         if cached is None or cached.lead is not self._crew.lead:
-            cached = per_kv[key] = _Cached(self._crew.lead, build())
+            cached = per_kv[key] = CachedCall(self._crew.lead, build())
         return cached.ready
 
     def _token_layers(self, steps: Sequence[tuple], kv: KVCache, output: str | None,

@@ -619,7 +619,8 @@ def kernels(mode: int, per_row: dict) -> dict:
 
     @numba.njit(inline="always")
     def q3_lanes(wf, o, xq, xo, x4):
-        """The i32x8 lanes of k_quants.q3_K_lanes (exact), scales as one i16x16 vector."""
+        """The i32x8 lanes of k_quants.q3_K_lanes (exact), scales as one i16x16 vector; on the VNNI
+        path two quarters a zmm register (`q3_lanes512`), on AVX2 a quarter a ymm one."""
         sv = q3_scales_m32(wf, o)
         if mode == VNNI:
             return q3_lanes512(wf, o, xq, xo, sv, x4)
@@ -660,7 +661,8 @@ def kernels(mode: int, per_row: dict) -> dict:
     @numba.njit(inline="always")
     def xs_lanes(wf, o, xq, xo):
         """The i32x8 lanes of i_quants.xs_lanes (exact): sign trick, pmaddubsw, then pmaddwd by the
-        sub-block scale (ggml's order of integer operations), scales as one i16x16 vector."""
+        sub-block scale (ggml's order of integer operations), scales as one i16x16 vector; on the
+        VNNI path four sub-blocks a zmm register (`xs_lanes512`), on AVX2 one a ymm one."""
         sv = iq4_xs_scales(wf, o)
         if mode == VNNI:   # xq: the activations regrouped by _xs_regroup
             return xs_lanes512(wf, o, xq, xo, sv)
