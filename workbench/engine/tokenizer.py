@@ -219,6 +219,18 @@ def _byte_encode(word: str) -> str:
 # pre-tokenizer scanners (return lists of words; concatenation == input)
 # --------------------------------------------------------------------------
 
+def _contraction(text: str, pos: int, fold: bool) -> int:
+    """The length of the contraction 's|'t|'re|'ve|'m|'ll|'d at `text[pos]` (an apostrophe with a
+    character after it), 0 for none; `fold`: any case, as Llama-3's (?i:...)."""
+    c1 = text[pos + 1]
+    c2 = text[pos + 2] if pos + 2 < len(text) else ""
+    if fold:
+        c1, c2 = c1.lower(), c2.lower()
+    if c1 in ("s", "t", "m", "d"):
+        return 2
+    return 3 if c2 and c1 + c2 in ("re", "ve", "ll") else 0
+
+
 def split_gpt2(text: str) -> list[str]:
     """GPT-2: 's|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"""
     n = len(text)
@@ -229,14 +241,10 @@ def split_gpt2(text: str) -> list[str]:
         c = text[pos]
         start = pos
         if c == "'" and pos + 1 < n:
-            c1 = text[pos + 1]
-            if c1 in "stmd":
-                out.append(text[pos:pos + 2])
-                pos += 2
-                continue
-            if pos + 2 < n and c1 + text[pos + 2] in ("re", "ve", "ll"):
-                out.append(text[pos:pos + 3])
-                pos += 3
+            k = _contraction(text, pos, False)
+            if k:
+                out.append(text[pos:pos + k])
+                pos += k
                 continue
         if c == " ":
             f2 = fl[pos + 1] if pos + 1 < n else -1
@@ -291,14 +299,10 @@ def _split_llama3_like(text: str, max_digits: int) -> list[str]:
         start = pos
         # (?i:'s|'t|'re|'ve|'m|'ll|'d)
         if c == "'" and pos + 1 < n:
-            c1 = text[pos + 1].lower()
-            if c1 in ("s", "t", "m", "d"):
-                out.append(text[pos:pos + 2])
-                pos += 2
-                continue
-            if pos + 2 < n and c1 + text[pos + 2].lower() in ("re", "ve", "ll"):
-                out.append(text[pos:pos + 3])
-                pos += 3
+            k = _contraction(text, pos, True)
+            if k:
+                out.append(text[pos:pos + k])
+                pos += k
                 continue
         # [^\r\n\p{L}\p{N}]?\p{L}+
         if not (c == "\r" or c == "\n" or f & F_NUMBER):
