@@ -57,7 +57,7 @@ def main() -> None:
         s.eval(eng.tokenizer.encode("The capital of France is")[:16])
     for i in range(4):
         s.eval([100 + i])
-    crew = eng.rt._crew
+    crew = eng.rt.crew
     crew.trace()
     bounds, walls = [0], []
     rng = np.random.default_rng(0)

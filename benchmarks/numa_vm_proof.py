@@ -122,7 +122,7 @@ def attention(path: str, prompt: int, decode: int, warm: bool) -> bool:
         no = kv.n_workers
         s.eval([int(rng.integers(4, cfg.n_vocab))])   # the crew starts at the first decoded token
         prompt += 1
-        with ChunkLog(eng.rt._crew) as log:
+        with ChunkLog(eng.rt.crew) as log:
             for i in range(decode):
                 s.eval([int(rng.integers(4, cfg.n_vocab))])
         loaded = time.time() - t0
@@ -291,7 +291,7 @@ def expert_decode(eng, decode: int, mode: str, warm: bool) -> bool:
     rng = np.random.default_rng(3)
     s.eval([int(t) for t in rng.integers(4, eng.cfg.n_vocab, 8)])
     s.eval([int(rng.integers(4, eng.cfg.n_vocab))])   # the crew starts at the first decoded token
-    with ChunkLog(eng.rt._crew) as log:
+    with ChunkLog(eng.rt.crew) as log:
         for i in range(decode):
             s.eval([int(rng.integers(4, eng.cfg.n_vocab))])
     if warm:

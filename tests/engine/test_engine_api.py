@@ -319,10 +319,10 @@ def test_two_kv_owners_decode_through_the_crew(model_path, eng, monkeypatch):
             monkeypatch.setattr(runtime, "USE_CREW", False)
             np.testing.assert_array_equal(plain.eval([t]), a)
             monkeypatch.setattr(runtime, "USE_CREW", True)
-        assert two.rt._crew is not None
+        assert two.rt.crew is not None
         two.rt.release_crew()  # it stays launched between decoded tokens (runtime.LINGER)
-        assert not two.rt._crew.active
-        assert two.rt._crew.lead in {key[1] for key in _decoders() if isinstance(key, tuple)}  # owners' path ran
+        assert not two.rt.crew.active
+        assert two.rt.crew.lead in {key[1] for key in _decoders() if isinstance(key, tuple)}  # owners' path ran
     finally:
         two.close()
 
@@ -356,7 +356,7 @@ def test_starved_crew_backs_off_to_solo_passes(eng, monkeypatch):
             assert eng.rt.crew_backoff == 0
     assert eng.rt.crew_backoff == runtime.CREW_BACKOFF - 2  # backed off after 3, then 2 tokens solo
     assert starts[-2:] == [True, True] and not any(starts[:-2])
-    assert not eng.rt._crew.active and eng.rt._crew.ctl[crew_mod.SEQ] == 0  # no job was posted solo
+    assert not eng.rt.crew.active and eng.rt.crew.ctl[crew_mod.SEQ] == 0  # no job was posted solo
     for a, b in zip(ref_logits, got):
         np.testing.assert_array_equal(a, b)
     # the retry starves again: twice as long a back-off
@@ -383,7 +383,7 @@ def test_the_crew_stays_launched_between_tokens_and_yields_to_the_pool(eng, monk
     ref.eval(PROMPT)
     monkeypatch.setattr(runtime, "LINGER", False)
     want = [ref.eval([t]).copy() for t in (5, 6, 7, 8)]
-    assert not rt._crew.active  # released after every pass
+    assert not rt.crew.active  # released after every pass
     monkeypatch.setattr(runtime, "LINGER", True)
     monkeypatch.setattr(runtime, "LINGER_IDLE", 3600.0)  # the watchdog stays out of the first part
     # on a busy machine a token may take longer than LINGER_MAX, or its waits count as a starved
@@ -394,7 +394,7 @@ def test_the_crew_stays_launched_between_tokens_and_yields_to_the_pool(eng, monk
     s = eng.new_session(256)
     s.eval(PROMPT)
     got = [s.eval([5]).copy()]
-    crew = rt._crew
+    crew = rt.crew
     assert crew.active and rt._lingering
     seen = []
     t = threading.Thread(target=lambda: seen.append(eng.pool.check()))

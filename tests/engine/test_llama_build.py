@@ -113,7 +113,8 @@ def check_f16_prompt_tiles(wide: bool) -> None:
     """A prompt's F16 products (kernels/x86/f16_tiles.prompt_tiles: 3-row tiles over blocks of
     rows, long rows in segments whose partial sums carry) give tinyBLAS's outputs to the bit:
     several blocks of whole rows, several blocks of segmented rows with a short last segment,
-    left-over rows and left-over inputs, a row range that starts inside the matrix."""
+    left-over rows and left-over inputs, a row range that starts inside the matrix, and empty
+    rows (a piece of a prompt that sees no key of an owner: every output 0)."""
     from workbench.engine import kernels as K
     from workbench.engine.kernels.x86 import f16_tiles
     rng = np.random.default_rng(5)
@@ -121,7 +122,7 @@ def check_f16_prompt_tiles(wide: bool) -> None:
     many = 2 * 3 * (f16_tiles.PROMPT_BLOCK_BYTES // (3 * 2 * 256)) + 7   # > 2 blocks of 256-wide rows
     long_k = f16_tiles.PROMPT_SEGMENT_MAX + 80   # 3 segments, the last one short
     for rows, k, n, r0, r1 in ((many, 256, 17, 0, many), (13, 1600, 19, 1, 12), (300, long_k, 19, 3, 300),
-                               (9, 576, 64, 0, 9), (6, 64, 8, 2, 6)):
+                               (9, 576, 64, 0, 9), (6, 64, 8, 2, 6), (12, 0, 8, 0, 12)):   # k 0: no visible key
         assert k % lanes == 0
         w16 = rng.standard_normal((rows, k)).astype(np.float16)
         X = rng.standard_normal((n, k)).astype(np.float32)

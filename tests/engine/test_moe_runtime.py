@@ -35,7 +35,7 @@ def _moe_outputs(path: str, threads: int, fused: bool, activation: str) -> list[
                 ids = rng.choice(cfg.n_expert, size=(1, cfg.n_expert_used), replace=False).astype(np.int64)
                 w = rng.random((1, cfg.n_expert_used)).astype(np.float32)
                 with rt.step(1):
-                    assert rt._crewing
+                    assert rt.crewing
                     outs.append(rt.moe(x, gate, up, p + "ffn_down_exps.weight", ids, w, activation))
         # the compiled path really ran (it falls back to the general one for types it cannot take)
         assert fused == any(entry[1] is not None for entry in rt._etoken.values())
@@ -103,7 +103,7 @@ def _decoded_ffn(path: str, threads: int, routed: bool) -> list[tuple[np.ndarray
             for _ in range(3):
                 h = (rng.standard_normal((1, eng.cfg.n_embd)) * 3).astype(np.float32)
                 with rt.step(1):
-                    assert rt._crewing
+                    assert rt.crewing
                     outs.append(model.ffn(il, h))
         hits = eng.routing().hits.copy()
         assert ran and all(ran) == routed  # every decoded token took the compiled call, or none did

@@ -131,6 +131,6 @@ def test_decode_past_the_window_is_identical_at_one_and_two_threads(engine):
         np.testing.assert_array_equal(s1.eval(deep), s2.eval(deep))
         for t in (7, 3, 260, 8, 1000, 20000):
             np.testing.assert_array_equal(s1.eval([t]), s2.eval([t]))
-        assert engine.rt._crew is not None and engine.rt._crew.n_workers == 2  # the crew did the work
+        assert engine.rt.crew is not None and engine.rt.crew.n_workers == 2  # the crew did the work
     finally:
         one.close()

@@ -62,7 +62,7 @@ def test_decoded_attention_reads_only_its_nodes_kv(which, topo, record):
         assert kv.n_workers == 2
         owner_node = [pool.workers[ws[0]].node for ws in kv.owner_workers]
         assert sorted(owner_node) == sorted(topo.cpu_node_ids)
-        with ChunkLog(eng.rt._crew) as log:
+        with ChunkLog(eng.rt.crew) as log:
             for _ in range(DECODE):
                 s.eval([int(rng.integers(4, eng.cfg.n_vocab))])
         assert log.reads and log.dropped == 0

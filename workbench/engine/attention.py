@@ -495,7 +495,7 @@ class AttentionPaths:
         is read once a token whatever the workers (the heads split between workers read it once
         per worker)."""
         n = q.shape[0]
-        if n == 1 and self._crewing:
+        if n == 1 and self.crewing:
             lora = kv.kv_lora
             return self._attend_token(q, rows.reshape(1, 1, -1), rows[:, :lora].reshape(1, 1, lora), kv, il, pos0,
                                       0, scale)
@@ -513,7 +513,7 @@ class AttentionPaths:
         positions in order. On one node that is exactly llama.cpp's order, whatever the threads.
         """
         n, n_head, hd = q.shape
-        if n == 1 and self._crewing and compiled:
+        if n == 1 and self.crewing and compiled:
             return self._attend_token(q, k, v, kv, il, pos0, window, scale)
         kv.store(il, k, v, pos0)
         n_kv = kv.cfg.n_head_kv

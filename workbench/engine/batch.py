@@ -131,7 +131,7 @@ class _BatchRuntime:
         row in one compiled call (`rows_ffn`: the one-token call's steps per row, experts grouped
         over the rows); None where the one-token call has no compiled form (the caller's steps)."""
         rt = self._rt
-        if not rt._crewing or not isinstance(spec, (RoutedSpec, SharedSpec)):
+        if not rt.crewing or not isinstance(spec, (RoutedSpec, SharedSpec)):
             return None
         fused = isinstance(spec, SharedSpec)
         parts = rt._fused_parts(spec) if fused else rt._routed_parts(spec)
@@ -143,7 +143,7 @@ class _BatchRuntime:
         if hit is None or hit[0] is not parts:
             hit = rt._rows_jobs[key] = (parts, *_rows_ffn_args(parts.head, n, fused))
         _parts, args, ids, out = hit
-        crew = rt._crew
+        crew = rt.crew
         if not parts.rows(crew.ctl, crew.n_workers, np.ascontiguousarray(h, dtype=np.float32), *args):
             crew.stop()
             raise CrewError("a worker failed during an expert product")
@@ -177,14 +177,14 @@ class _BatchRuntime:
         or size 0); None where the one-token call has none (the caller's steps)."""
         rt = self._rt
         caches = self._caches
-        if not rt._crewing or any(c.n_workers != 1 for c in caches):
+        if not rt.crewing or any(c.n_workers != 1 for c in caches):
             return None
         parts = [rt._attention_parts(spec, c, il) for c in caches]
         if any(p is None for p in parts):
             return None
         fn, args = self._rows_static(("rows-attn", spec.output, il), lambda: self._rows_attention_args(spec, parts))
         rows = self._rows_caches(("rows-attn", il), parts, lambda p: (p.mid[2], p.mid[3], p.mid[4], p.mid[5], p.tail[0]))
-        crew = rt._crew
+        crew = rt.crew
         pos0s = np.array([c.n for c in caches], dtype=np.int64)
         if not fn(crew.ctl, crew.n_workers, np.ascontiguousarray(h, dtype=np.float32), *args[:10], rope, *args[10:12],
                   *rows, pos0s, *args[12:]):
@@ -198,8 +198,8 @@ class _BatchRuntime:
         rt = self._rt
         key = key + (len(self._caches),)
         hit = rt._rows_jobs.get(key)
-        if hit is None or hit[0] is not rt._crew.lead:
-            hit = rt._rows_jobs[key] = (rt._crew.lead, build())
+        if hit is None or hit[0] is not rt.crew.lead:
+            hit = rt._rows_jobs[key] = (rt.crew.lead, build())
         return hit[1]
 
     def _rows_caches(self, key: tuple, parts: list, row: Callable) -> tuple:
@@ -232,7 +232,7 @@ class _BatchRuntime:
         (neox, prescale, *_rest) = parts[0].mid
         (window, scale) = parts[0].win
         (_cap, jo, o, bo) = parts[0].tail
-        fn = rows_block_runner(run_qkv, rows_token_attention(rt._crew.lead), run_out, combined=True)
+        fn = rows_block_runner(run_qkv, rows_token_attention(rt.crew.lead), run_out, combined=True)
         return fn, (_rows_table(jq, n), np.empty((n,) + q.shape, np.float32), np.empty((n,) + k.shape, np.float32),
                     np.empty((n,) + v.shape, np.float32), bq, bk, bv, q_norm, k_norm, eps, neox, prescale,
                     int(window), bool(SKIP_SLID_VALUES), float(scale), _rows_table(jo, n),
@@ -244,7 +244,7 @@ class _BatchRuntime:
         one-token call has none (the caller's steps)."""
         rt = self._rt
         caches = self._caches
-        if not rt._crewing or len({c.n_workers for c in caches}) != 1:
+        if not rt.crewing or len({c.n_workers for c in caches}) != 1:
             return None
         parts = [rt._mla_parts(spec, c, il) for c in caches]
         if any(p is None for p in parts):
@@ -252,7 +252,7 @@ class _BatchRuntime:
         fn, args = self._rows_static(("rows-mla", spec.output, il, caches[0].n_workers),  # (owners: their attention)
                                      lambda: self._rows_mla_args(spec, parts, len(caches)))
         rows = self._rows_caches(("rows-mla", il), parts, lambda p: (p.mid[3], p.mid[4], p.mid[5], p.mid[6], p.tail[0]))
-        crew = rt._crew
+        crew = rt.crew
         pos0s = np.array([c.n for c in caches], dtype=np.int64)
         o = args[-1]
         if not fn(crew.ctl, crew.n_workers, np.ascontiguousarray(h, dtype=np.float32), *args[:10], rope, *args[10:13],
@@ -274,14 +274,14 @@ class _BatchRuntime:
         run_qb = rt.product_runner(g_qb, rows=True) if g_qb is not None else run1
         preps = [kernels.preparer(rt.weights[nm].ggml_type, floats=True) for nm in (spec.k_b, spec.v_b)]
         combined = self._caches[0].n_workers == 1
-        attend = rows_token_attention(rt._crew.lead) if combined else rt._cache_args(self._caches[0], 0)[0]
+        attend = rows_token_attention(rt.crew.lead) if combined else rt._cache_args(self._caches[0], 0)[0]
         H = q_abs.shape[0]
 
         def job(j, stride: int = 1) -> tuple:
             return _rows_table(j, n, stride)
         qa = np.empty((n, g1.rows[0]), np.float32)
         q = np.empty((n, g_qb.rows[0]), np.float32) if g_qb is not None else qa
-        fn = rows_mla_runner(run1, run_qb, rt._crew.lead, preps[0], preps[1], attend, run_out, combined)
+        fn = rows_mla_runner(run1, run_qb, rt.crew.lead, preps[0], preps[1], attend, run_out, combined)
         return fn, (job(j1), qa, np.empty((n, g1.rows[1]), np.float32), qa_norm, eps,
                     job(jqb) if g_qb is not None else job(j1), q, job(jkb, H), np.empty((n * H, qn.shape[1]), np.float32),
                     np.empty((n, q_abs.size), np.float32), neox, nope, kv_norm, float(spec.scale), job(jvb, H),
@@ -307,7 +307,7 @@ class _BatchRuntime:
         single-sequence decode's operations in its order."""
         rt = self._rt
         pos0 = kv.n
-        if rt._crewing or kv.n_workers != 1 or not USE_CREW:
+        if rt.crewing or kv.n_workers != 1 or not USE_CREW:
             return rt.attention(q, k, v, kv, il, pos0, window, scale)
         keys, values = rt._token_jobs(kv, il, q.shape[1] // kv.cfg.n_head_kv)
         start, base = token_window(pos0, window)
@@ -404,20 +404,9 @@ def decode_batch(engine: Engine, sessions: list[Session], tokens: list[int]) -> 
     Row i's logits are those `sessions[i].eval([tokens[i]])` gives, to the bit, whatever the
     other rows. The caller holds `engine.lock` (one pass at a time).
     """
-    if len(sessions) != len(tokens) or not sessions:
-        raise ValueError("one token per session, at least one session")
-    for s in sessions:
-        if s.kv.n + 1 > s.kv.n_ctx:
-            raise ContextFullError(f"context full: {s.kv.n} + 1 tokens exceed n_ctx {s.kv.n_ctx}")
-    if len(sessions) == 1 or not batchable(engine.model):
+    if not _one_pass(engine, sessions, len(tokens), "one token per session, at least one session"):
         return np.stack([s.eval([int(t)]) for s, t in zip(sessions, tokens)])
-    model, rt = engine.model, engine.rt
-    caches = [s.kv for s in sessions]
-    view = copy.copy(model)
-    view.rt = _BatchRuntime(rt, caches)
-    ids = np.asarray(tokens, dtype=np.int64)
-    with rt.step(len(ids), rows=True):
-        logits = view._forward(ids, _BatchKV(caches), slice(0, len(ids)))
+    logits = _rows_forward(engine, sessions, np.asarray(tokens, dtype=np.int64))
     for s, t in zip(sessions, tokens):
         s.tokens.append(int(t))
     return logits
@@ -429,16 +418,26 @@ def stage_batch(engine: Engine, sessions: list[Session], inp: np.ndarray) -> np.
     [n, n_embd]; returns this stage's hidden rows, or on the last stage the logits [n, n_vocab].
     Row i's numbers are those of `sessions[i].forward_stage` for its row alone. The caller holds
     `engine.lock`."""
-    if len(sessions) != len(inp) or not sessions:
-        raise ValueError("one input row per session, at least one session")
+    if not _one_pass(engine, sessions, len(inp), "one input row per session, at least one session"):
+        return np.concatenate([s.forward_stage(inp[i:i + 1], s.kv.n) for i, s in enumerate(sessions)])
+    return _rows_forward(engine, sessions, inp)
+
+
+def _one_pass(engine: Engine, sessions: list[Session], n: int, shape_error: str) -> bool:
+    """Check a batch of one new position per session (ValueError: `shape_error`; ContextFullError:
+    a full cache); whether it runs as one pass (more than one row, a batchable model)."""
+    if len(sessions) != n or not sessions:
+        raise ValueError(shape_error)
     for s in sessions:
         if s.kv.n + 1 > s.kv.n_ctx:
             raise ContextFullError(f"context full: {s.kv.n} + 1 tokens exceed n_ctx {s.kv.n_ctx}")
-    if len(sessions) == 1 or not batchable(engine.model):
-        return np.concatenate([s.forward_stage(inp[i:i + 1], s.kv.n) for i, s in enumerate(sessions)])
-    model, rt = engine.model, engine.rt
+    return len(sessions) > 1 and batchable(engine.model)
+
+
+def _rows_forward(engine: Engine, sessions: list[Session], inp: np.ndarray) -> np.ndarray:
+    """The model's forward over one row per session, each row on its own cache."""
     caches = [s.kv for s in sessions]
-    view = copy.copy(model)
-    view.rt = _BatchRuntime(rt, caches)
-    with rt.step(len(inp), rows=True):
+    view = copy.copy(engine.model)
+    view.rt = _BatchRuntime(engine.rt, caches)
+    with engine.rt.step(len(inp), rows=True):
         return view._forward(inp, _BatchKV(caches), slice(0, len(inp)))

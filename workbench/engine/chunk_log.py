@@ -98,7 +98,7 @@ class Read:
 
 
 class ChunkLog:
-    """`with ChunkLog(engine.rt._crew) as log: ...` -- every chunk the crew runs meanwhile is in
+    """`with ChunkLog(engine.rt.crew) as log: ...` -- every chunk the crew runs meanwhile is in
     `log.reads` afterwards (`dropped`: records past the capacity)."""
 
     def __init__(self, crew, capacity: int = 1 << 20):

@@ -151,7 +151,7 @@ class ExpertPaths:
             raise ValueError(f"expert ids outside [0, {n_exp})")
         if self.routing is not None:
             self.routing.record(up, ids, tuple(n for n in (gate, up, down) if n))
-        if n == 1 and self._crewing:
+        if n == 1 and self.crewing:
             out = self._moe_token(x, gate, up, down, ids[0], weights[0], activation)
             if out is not None:
                 return out
@@ -256,7 +256,7 @@ class ExpertPaths:
         outs = [np.empty((m_out, r), dtype=np.float32) for r in per]
         x = np.ascontiguousarray(x, dtype=np.float32)
         xps = [kernels.prepare(t, x) for t in prep_types]
-        if self._crewing:  # one token's pass: the crew's workers wait in compiled code
+        if self.crewing:  # one token's pass: the crew's workers wait in compiled code
             self._expert_crew(names, ws, pidx, per, xps, groups, outs)
             return outs
         loops = [_expert_loop(w.ggml_type) for w in ws]

@@ -514,8 +514,15 @@ class Runtime(AttentionPaths, ExpertPaths, TokenCalls):
             self._backoff_next = CREW_BACKOFF
 
     @property
-    def _crewing(self) -> bool:
+    def crew(self) -> Crew | None:
+        """The pinned workers' crew (None before the first pass that starts it)."""
+        return self._crew
+
+    @property
+    def crewing(self) -> bool:
+        """Whether the crew runs this pass's products (a pass started it and it is active)."""
         return self._passing and self._crew is not None and self._crew.active
+
 
     def _plan(self, name: str) -> list[tuple[np.ndarray, int, int, int]]:
         """Per worker: (array it reads, first row that array holds, lo, hi)."""
@@ -560,7 +567,7 @@ class Runtime(AttentionPaths, ExpertPaths, TokenCalls):
         after(t0, t1, outs): token-wise work on the outputs' rows [t0, t1), run by the worker that
         computed them when the tokens are shared out (`_token_split`), else once over all rows."""
         group = self._group(names)
-        if x.shape[0] == 1 and self._crewing:
+        if x.shape[0] == 1 and self.crewing:
             outs = self._one_token(group, x)
             if outs is not None:
                 return then_after(after, outs)
@@ -578,7 +585,7 @@ class Runtime(AttentionPaths, ExpertPaths, TokenCalls):
         by the worker that multiplies them when the tokens are shared out, else once first."""
         group = self._group((gate, up))
         n, rows = x.shape[0], group.rows[0]
-        if n == 1 and self._crewing:
+        if n == 1 and self.crewing:
             if before is not None:
                 before(0, 1)
             outs = self._one_token(group, x)
@@ -671,7 +678,7 @@ class Runtime(AttentionPaths, ExpertPaths, TokenCalls):
         one crew job (`crew.rows_job`: each weight piece read once for all rows, every output the
         one-token kernel's dot); None when the crew is not running or the group's inputs take more
         than two formats."""
-        if not self._crewing or len(group.prep_types) > 2:
+        if not self.crewing or len(group.prep_types) > 2:
             return None
         n = x.shape[0]
         if x.shape[1] != group.ne0:
@@ -746,7 +753,7 @@ class Runtime(AttentionPaths, ExpertPaths, TokenCalls):
         other load takes fewer); else each worker computes its `row_split` range.
         """
         whole = group.whole
-        if single and self._crewing:
+        if single and self.crewing:
             if group.job is None:
                 group.job = self._crew_job(group)
             self._crew.run(group.job, xps[0], xps[-1], [o[0] for o in outs])
@@ -835,10 +842,10 @@ class Runtime(AttentionPaths, ExpertPaths, TokenCalls):
         `handoff.HANDOFF_SECONDS` and no crew waits (a short prompt's products)."""
         if self.n_workers == 1:
             fn(0)
-        elif work is not None and work < handoff.HANDOFF_SECONDS and not self._crewing:
+        elif work is not None and work < handoff.HANDOFF_SECONDS and not self.crewing:
             for w in range(self.n_workers):
                 fn(w)
-        elif self._crewing:  # Python work: the crew leaves its loop for it
+        elif self.crewing:  # Python work: the crew leaves its loop for it
             solo = self._crew.solo
             self._crew.stop()
             try:

@@ -83,7 +83,7 @@ class TokenCalls:
         head_dim, head_dim_v). Returns o [1, n_embd], the same bits as the general path; None when
         there is no such call here (several tokens, no crew, float weights, a cache split between
         nodes): the caller takes the general path."""
-        if h.shape[0] != 1 or not self._crewing:
+        if h.shape[0] != 1 or not self.crewing:
             return None
         parts = self._attention_parts(AttentionSpec(qkv, output, shape, window, scale, tuple(biases), q_norm, k_norm,
                                                     eps, neox, prescale), kv, il)
@@ -155,7 +155,7 @@ class TokenCalls:
         functions and `moe`; the experts are recorded in `routing` as `moe` does. None when there
         is no such call here (several tokens, no crew, a router that is not float32, experts
         without a compiled path): the caller routes and calls `moe`."""
-        if h.shape[0] != 1 or not self._crewing:
+        if h.shape[0] != 1 or not self.crewing:
             return None
         parts = self._routed_parts(RoutedSpec(router, gating, gate, up, down, activation))
         if parts is None:
@@ -385,7 +385,7 @@ class TokenCalls:
         `post_ffn` first, when given); returns x normed by `next_norm` (the next layer's input
         norm), the same bits as the calls one by one. x is updated in place. None when either half
         has no compiled call here: the caller runs the layer step by step."""
-        if h.shape[0] != 1 or not self._crewing:
+        if h.shape[0] != 1 or not self.crewing:
             return None
         a = self._attention_parts(attention, kv, il)
         f = self._ffn_parts(ffn) if a is not None else None
@@ -414,7 +414,7 @@ class TokenCalls:
         `output` times it when that product runs in the same call, else None). None when a layer
         has no compiled call or the layers' calls differ (tensor types): the caller goes layer by
         layer."""
-        if h.shape[0] != 1 or not self._crewing:
+        if h.shape[0] != 1 or not self.crewing:
             return None
         crew = self._crew
         ready = self._token_parts(kv, self._steps_key("token", steps, output),
@@ -440,7 +440,7 @@ class TokenCalls:
         None when there is no such call (see `token_layers`; an embedding split between workers
         or kept in an engine layout). The prologue's RoPE base is an array: every base the steps'
         indexes name."""
-        if not self._crewing:
+        if not self.crewing:
             return None
         crew = self._crew
         ready = self._token_parts(kv, self._steps_key("program", steps, output),

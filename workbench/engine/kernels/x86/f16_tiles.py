@@ -215,7 +215,7 @@ def prompt_tiles(load, es: int, load_x, store_x, zero, hsum, lanes: int, rest):
         n, k = x.shape
         tiles = (r1 - r0) // tr
         groups = n // tc
-        if k % lanes or groups == 0 or tiles < 2:
+        if k == 0 or k % lanes or groups == 0 or tiles < 2:   # (k == 0: every output 0, from `rest`)
             rest(w, xp, out, r0, r1)
             return
         xf = x.reshape(-1)
