@@ -12,8 +12,10 @@ and their address; the bytes' nodes again from move_pages). The guest is emulate
 rates mean nothing and none are printed. Output: markdown on stdout (the shell script collects it
 into benchmarks/results-numa-vm.md).
 
---warm (on the one-node host): two KV owners stand for two nodes (as tests/engine/test_token_owners
-does), so the same compiled calls as in the guest go into the cache; nothing is proven then.
+--warm (on the one-node host): the host's CPUs seen as the guest's two nodes (`numa_vm_fake.py`: the
+same plans, layouts, KV owners and so compiled calls as in the guest go into the cache; before, two
+KV owners on one node stood in, and the calls over weights split between two nodes were missing);
+nothing is proven then.
 """
 from __future__ import annotations
 
@@ -57,10 +59,11 @@ def drop_caches() -> None:
         pass
 
 
-def fake_owners() -> None:
-    """--warm on a one-node host: every worker its own KV owner (as on two nodes)."""
-    from workbench.engine import engine as eng_mod
-    eng_mod.kv_owners = lambda pool: [[w.index] for w in pool.workers]
+def fake_nodes() -> None:
+    """--warm on a one-node host: its CPUs seen as two nodes (each worker its node's KV owner)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from numa_vm_fake import two_nodes
+    two_nodes()
 
 
 def node_counts(arrays) -> dict[int, int]:
@@ -339,11 +342,10 @@ def main() -> int:
     ap.add_argument("--decode", type=int, default=4)
     ap.add_argument("--warm", action="store_true", help="on a one-node host: fill the Numba cache only")
     a = ap.parse_args()
-    topo = load_topology()
     no_backoff()
     if a.warm:
-        fake_owners()
-    elif len(topo.node_ids) < 2:
+        fake_nodes()
+    elif len(load_topology().node_ids) < 2:
         sys.exit("needs a kernel with >= 2 NUMA nodes (or --warm)")
     modes = a.modes.split(",")
     ok = True

@@ -17,8 +17,9 @@
 # tree while the guest runs change nothing. The Numba cache: the guest's CPU (QEMU's "max" under
 # TCG: AVX2, no AVX-512) differs from the host's, so both run numawb's AVX2 kernels compiled for
 # one fixed LLVM target (NUMBA_CPU_NAME / NUMBA_CPU_FEATURES below) into one cache folder: the host
-# runs each proof once first (`--warm`, two KV owners standing for two nodes), and the guest loads
-# that code instead of compiling it under emulation. The cache keys on llama.cpp's SIMD width
+# runs each proof once first (`--warm`, its CPUs seen as the guest's two nodes by
+# benchmarks/numa_vm_fake.py, so weights split or copied per node take the guest's calls), and the
+# guest loads that code instead of compiling it under emulation. The cache keys on llama.cpp's SIMD width
 # (`kernels/llama_build.py`): the host (AVX-512) would take 512, the guest 256, so both are told 256.
 # In the guest no compile helper (NUMAWB_PARALLEL_COMPILE=0): under emulation even a cache load
 # takes longer than a compile's threshold, so the engine took every start for a first one and its
@@ -85,7 +86,7 @@ for c in "${cmds[@]}"; do
     if [ "$1" = tests ]; then   # the attention proof's code is the engine test's
         warm=(benchmarks/numa_vm_proof.py attention "$MODELS/llama-tiny-q4_k.gguf" "$MODELS/deepseek2-tiny-q8_0.gguf" --warm)
     elif [ "$1" = record ]; then
-        warm=(-c "import sys; from workbench.engine import engine as e; e.kv_owners = lambda pool: [[w.index] for w in pool.workers]; from workbench.cli import main; sys.exit(main(sys.argv[1:]))" -m "$2" --record "$WORK/record-warm" --script docs/screenshot-2node.session)
+        warm=(-c "import sys; sys.path.insert(0, 'benchmarks'); import numa_vm_fake; numa_vm_fake.two_nodes(); from workbench.cli import main; sys.exit(main(sys.argv[1:]))" -m "$2" --record "$WORK/record-warm" --script docs/screenshot-2node.session)
     else
         # shellcheck disable=SC2206
         warm=(benchmarks/numa_vm_proof.py $c --warm)
