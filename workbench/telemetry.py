@@ -8,10 +8,13 @@ decode speed implies. ``Sampler`` runs it on its own niced thread (off the worke
 when there are spare ones) every ``interval`` seconds; it can be paused.
 
 Worker 0's share of a forward pass does not run on the pool's thread 0: the thread that
-calls the engine runs it, pinned to worker 0's node for the pass (``WorkerPool.lead``). That
-thread tells the telemetry who it is (``Telemetry.note_caller``) and worker 0's row shows
-where it last ran (the kernel's record of the thread's CPU), marked ``thread="caller"``; until
-a thread has said so, worker 0's CPU and node are unknown (None), not the idle pool thread's.
+calls the engine runs it, pinned to worker 0's node for the pass (``WorkerPool.lead``), and
+free again between passes. Worker 0's row shows where that thread ran at the end of its last
+pass (``WorkerPool.lead_seen``), marked ``thread="caller"``: where it sits between passes says
+nothing about the placement (an idle chat's thread on the other node read as "misplaced").
+Before any pass, a thread that said it drives the engine (``Telemetry.note_caller``) is shown
+where it runs now; with neither, worker 0's CPU and node are unknown (None), not the idle pool
+thread's.
 
 With a fixture topology (``--simulate-topology``) the memory and worker figures are
 *simulated*: computed deterministically from the fixture, the engine's tensors and the
@@ -418,8 +421,13 @@ class Telemetry:
         thread): worker 0's share runs there, and its row follows that thread."""
         self._caller = threading.get_native_id() if tid is None else tid
 
-    def _caller_where(self, topo: Topology) -> CallerSeen | None:
-        """Where the engine's calling thread runs now, else where it was last seen."""
+    def _caller_where(self, topo: Topology, pool: Any = None) -> CallerSeen | None:
+        """Where worker 0's share last ran (the pool's record at the end of the last pass), else
+        where the engine's calling thread runs now, else where it was last seen."""
+        seen = getattr(pool, "lead_seen", None)
+        if seen is not None:
+            tid, cpu = seen
+            return CallerSeen(tid, cpu, topo.cpu_node.get(cpu))
         tid = self._caller
         if tid is None:
             return None
@@ -514,7 +522,7 @@ class Telemetry:
             weight_bufs = [(b.label, tuple(b.intended)) for b in bufs if b.kind == "weights"]
             pool = eng.pool
             busy = pool.busy_fraction()
-            caller = self._caller_where(topo)
+            caller = self._caller_where(topo, pool)
             rows = []
             for i, w in enumerate(pool.workers):
                 b = busy[i] if i < len(busy) else 0.0

@@ -242,6 +242,39 @@ def test_worker_zero_shows_the_thread_that_ran_its_share(tmp_path):
     assert (w0_after.thread, w0_after.actual_cpu) == ("caller", last)  # kept: where it last ran
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_worker_zero_shows_where_its_share_ran_not_where_the_caller_idles(tmp_path):
+    """With a crew, each pass pins the calling thread to worker 0's node (`WorkerPool.lead`) and
+    frees it after: worker 0's row says where the share ran at the end of the last pass, not where
+    the thread idles between passes (an idle chat thread on the other node read "misplaced" in the
+    emulated 2-node guest's recorded picture)."""
+    first, last = min(os.sched_getaffinity(0)), max(os.sched_getaffinity(0))
+    path = tmp_path / "tiny.gguf"
+    write_tiny_model(path, TinySpec(n_ctx=128))
+    eng = Engine.load(str(path), placement=Placement(threads=1, cpus=[first]))
+    tel = Telemetry(eng)
+    seen: list = []
+
+    def drive() -> None:
+        os.sched_setaffinity(0, {last})
+        tel.note_caller()
+        with eng.pool.lead():   # a pass's pinning: worker 0's node's CPUs the pool uses (the first)
+            seen.append((threading.get_native_id(), os.sched_getaffinity(0)))
+        seen.append(os.sched_getaffinity(0))   # freed again: back on the last CPU
+    t = threading.Thread(target=drive)
+    t.start()
+    t.join(60)
+    try:
+        (tid, inside), after = seen
+        assert inside == {first} and after == {last}
+        assert eng.pool.lead_seen == (tid, first)
+        w0 = tel.sample().workers[0]
+        assert (w0.thread, w0.actual_cpu, w0.misplaced) == ("caller", first, False)
+        assert w0.actual_node == eng.pool.topology.node_of(first)
+    finally:
+        eng.close()
+
+
 def test_dense_model_has_no_routing(engine):
     eng, _ = engine
     snap = Telemetry(eng).sample()

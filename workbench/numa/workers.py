@@ -131,6 +131,9 @@ class WorkerPool:
         self._run_lock = threading.Lock()
         self._holder: Callable[[], None] | None = None
         self._lead_cpus: set[int] | None = None
+        #: (thread id, cpu) of the thread that last ran worker 0's share, seen at its pass's end
+        #: (inside `lead`, while still pinned there); None before the first pass
+        self.lead_seen: tuple[int, int] | None = None
         self._launched: list[_Worker] = []
         self._closed = False
         self._w = [_Worker(i, cpu, nd) for i, (cpu, nd) in enumerate(plan)]
@@ -281,6 +284,9 @@ class WorkerPool:
     def lead_end(self, state: tuple) -> None:
         saved, t0 = state
         self._w[0].busy += time.perf_counter() - t0
+        where = sc.getcpu()   # where worker 0's share ran: after the pass the thread may go anywhere
+        if where:
+            self.lead_seen = (threading.get_native_id(), where.value[0])
         if saved is not None:
             os.sched_setaffinity(0, saved)
 
