@@ -5,15 +5,16 @@ from __future__ import annotations
 
 from ..config import ModelConfig
 from .moe import MoEDecoder
+from .qwen3 import Qwen3
 
 
 class Qwen3MoE(MoEDecoder):
     arch = "qwen3moe"
-    qk_norm = True
+    qk_norm = Qwen3.qk_norm
 
     @staticmethod
     def configure(cfg: ModelConfig, md: dict) -> None:
-        cfg.rope_neox = True
+        Qwen3.configure(cfg, md)   # Qwen3's attention
         cfg.expert_gating = 1
         if not cfg.n_ff_exp and cfg.n_expert_used:  # llama.cpp's fallback without the key
             cfg.n_ff_exp = cfg.n_ff // cfg.n_expert_used
