@@ -615,7 +615,7 @@ class AttentionPaths:
                         b = min(a + CAUSAL_ROWS, r1)
                         width = min(-(-visible(o, b) // 16) * 16, kp)
                         s0 = max(slid(o, a, 64), first)
-                        x = empty_aligned(b - a, width - s0)   # whole 64-byte lines for the tiles' loads
+                        x = empty_aligned(b - a, max(width - s0, 0))   # whole 64-byte lines for the tiles' loads
                         x[:] = xp[h, a - r0:b - r0, s0 - first:width - first]
                         vals = values if not s0 else np.lib.stride_tricks.as_strided(
                             values.reshape(-1)[s0 * 2:], values.shape, values.strides)
