@@ -119,9 +119,10 @@ def check_f16_prompt_tiles(wide: bool) -> None:
     from workbench.engine.kernels.x86 import f16_tiles
     rng = np.random.default_rng(5)
     lanes = 16 if wide else 8
-    many = 2 * 3 * (f16_tiles.PROMPT_BLOCK_BYTES // (3 * 2 * 256)) + 7   # > 2 blocks of 256-wide rows
+    many = f16_tiles.PROMPT_MIN_BYTES // (2 * 256) + 7   # > 2 blocks of 256-wide rows, past the size the tiles take
     long_k = f16_tiles.PROMPT_SEGMENT_MAX + 80   # 3 segments, the last one short
-    for rows, k, n, r0, r1 in ((many, 256, 17, 0, many), (13, 1600, 19, 1, 12), (300, long_k, 19, 3, 300),
+    tall = f16_tiles.PROMPT_MIN_BYTES // (2 * long_k) + 40
+    for rows, k, n, r0, r1 in ((many, 256, 17, 0, many), (13, 1600, 19, 1, 12), (tall, long_k, 19, 3, tall),
                                (9, 576, 64, 0, 9), (6, 64, 8, 2, 6), (12, 0, 8, 0, 12)):   # k 0: no visible key
         assert k % lanes == 0
         w16 = rng.standard_normal((rows, k)).astype(np.float16)

@@ -163,6 +163,8 @@ PROMPT_SEGMENT = 512          # values a segment of a long row (4 inputs' segmen
 PROMPT_SEGMENT_MAX = 1024     # rows up to this long run whole (MLA key rows: 576)
 PROMPT_BLOCK_BYTES = 96 << 10   # a block's rows (whole rows): read from memory once for all inputs
 PROMPT_STATE_BYTES = 256 << 10  # segmented rows: a block's carried partial sums (every input group)
+PROMPT_MIN_BYTES = 1 << 20      # smaller matrices stay in L2 anyway: the plain tiles (R1's 192-wide
+#                                 keys at depth 0 ran slower here: 2-thread pp512 118-133 vs 139-151 t/s)
 
 
 def prompt_tiles(load, es: int, load_x, store_x, zero, hsum, lanes: int, rest):
@@ -215,7 +217,7 @@ def prompt_tiles(load, es: int, load_x, store_x, zero, hsum, lanes: int, rest):
         n, k = x.shape
         tiles = (r1 - r0) // tr
         groups = n // tc
-        if k == 0 or k % lanes or groups == 0 or tiles < 2:   # (k == 0: every output 0, from `rest`)
+        if k == 0 or k % lanes or groups == 0 or tiles < 2 or (r1 - r0) * k * es < PROMPT_MIN_BYTES:   # (k == 0: every output 0, from `rest`)
             rest(w, xp, out, r0, r1)
             return
         xf = x.reshape(-1)
