@@ -310,6 +310,30 @@ def test_step_imbalance_of_owned_experts_is_measured_per_layer_step():
     assert snap.step_imbalance == pytest.approx((1.5 + 1.5) / 2)             # ... but not per step
 
 
+def test_a_batch_pass_is_counted_as_its_layers_recorded_one_by_one():
+    """A decode batch's pass (`record_pass`: every routed layer's rows at once, counted later) gives
+    the snapshot that recording each layer's rows in turn gives: hits, bytes per node (each distinct
+    expert once per layer and pass) and the per-step imbalance; past PASSES_DUE passes too."""
+    from workbench.engine.routing import PASSES_DUE, RoutingStats
+    owner = lambda e: 0 if e < 4 else 1  # noqa: E731
+    rng = np.random.default_rng(3)
+    keys = [(f"blk.{il}.ffn_gate_exps.weight", (f"blk.{il}.ffn_gate_exps.weight",)) for il in (1, 2)]
+
+    def stats():
+        return RoutingStats(3, 8, window=16, bytes_by_node=lambda name, e: {owner(e): 100.0}, nodes=lambda: [0, 1])
+    one, passes = stats(), stats()
+    for _ in range(PASSES_DUE + 3):
+        ids = rng.integers(0, 8, size=(2, int(rng.integers(1, 5)), 2))   # [layers, rows, k]
+        for (tensor, tensors), rows in zip(keys, ids):
+            one.record(tensor, rows, tensors)
+        passes.record_pass(keys, ids)
+        ids[:] = 0   # the caller's buffer is reused: the pass keeps its own copy
+    a, b = one.snapshot(), passes.snapshot()
+    assert b.window == a.window == 16 and b.layers == a.layers == (1, 2)
+    np.testing.assert_array_equal(b.hits, a.hits)
+    assert b.node_bytes == a.node_bytes and b.step_imbalance == a.step_imbalance
+
+
 @pytest.mark.parametrize("arch", ["qwen3moe", "deepseek2"])
 def test_fused_gate_up_experts_give_the_same_logits(tmp_path, arch):
     """A file converted with --fuse-gate-up-exps (one ffn_gate_up_exps per layer) computes the same

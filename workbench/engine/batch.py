@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import copy
 import weakref
-from typing import Callable
+from typing import Callable, Sequence
 
+import numba
 import numpy as np
 
 from . import kernels, ops
@@ -29,10 +30,11 @@ from .events import ContextFullError
 from .kernels.q8_0_rows import ONES, q8_0_rows_vnni
 from .kv_cache import KVCache
 from .rows_attention import rows_block_runner
+from .rows_layers import rows_pass_runner
 from .rows_mla import rows_mla_runner
 from .runtime import USE_CREW, After, Before, then_after
 from .specs import AttentionSpec, MLASpec, RoutedSpec, SharedSpec
-from .token_layer import typed_layers
+from .token_layer import list_address, one_call_layers, typed_layers
 
 
 # ----------------------------------------------------------------------------- the batched pass
@@ -191,6 +193,111 @@ class _BatchRuntime:
             crew.stop()
             raise CrewError("a worker failed during attention")
         return args[-2]
+
+    batch_rows = True
+
+    def rows_layers(self, x: np.ndarray, h: np.ndarray, steps: Sequence[tuple], ropes: np.ndarray) -> np.ndarray | None:
+        """Every layer of the pass in one compiled call (`rows_layers.rows_pass_runner`): `steps`
+        as `Runtime.token_layers` takes them (`Decoder._token_layers_steps`), ropes [bases, n,
+        rot / 2, 2] each row's RoPE per base; x (the residual) is updated in place. Returns the
+        last layer's output normed by its next norm; None when a layer has no rows call or the
+        layers' calls differ (the caller goes layer by layer: the same numbers)."""
+        rt, caches = self._rt, self._caches
+        owners = caches[0].n_workers
+        if not rt.crewing or not steps or any(c.n_workers != owners for c in caches):
+            return None
+        # (a model's steps are one list per layer range; the pass's model is a copy, which may make its own)
+        static = self._rows_static(("rows-pass", owners, steps[0][1], len(steps)),
+                                   lambda: self._rows_pass_static(steps))
+        if static is None:
+            return None
+        run = self._rows_pass_caches(steps, static)
+        if run is None:
+            return None
+        _typed, layers_at, pass_ids, keys, h_last, _fns = static
+        fn, items_at, jobs_at = run[2:5]
+        crew = rt.crew
+        pos0s = np.array([c.n for c in caches], dtype=np.int64)
+        if not fn(crew.ctl, crew.n_workers, x, np.ascontiguousarray(h, dtype=np.float32), layers_at, items_at,
+                  jobs_at, ropes, pos0s, pass_ids):
+            crew.stop()
+            raise CrewError("a worker failed during a batch's layers")
+        rt.rows_passes += 1
+        if rt.routing is not None and keys:
+            rt.routing.record_pass(keys, pass_ids)
+        return h_last
+
+    def _rows_pass_static(self, steps: Sequence[tuple]) -> tuple | None:
+        """`rows_layers`' fixed part for this row count and crew: each layer's attention and FFN
+        arguments as `rows_mla` / `rows_attention` and `rows_ffn` pass them (built from the first
+        row's one-token parts; the rows' caches come apart), as a typed list; None when a layer
+        has no rows call or the layers' calls or argument types differ."""
+        rt, caches = self._rt, self._caches
+        n, c0 = len(caches), caches[0]
+        layers, keys, fns = [], [], set()
+        k = 1
+        for attention, il, ffn_norm, ffn, next_norm, eps, post_a, post_f, rope_i in steps:
+            mla = isinstance(attention, MLASpec)
+            if not mla and (c0.n_workers != 1 or not isinstance(attention, AttentionSpec)):
+                return None
+            if not isinstance(ffn, (RoutedSpec, SharedSpec)):
+                return None
+            ap = rt._mla_parts(attention, c0, il) if mla else rt._attention_parts(attention, c0, il)
+            fused = isinstance(ffn, SharedSpec)
+            fp = rt._fused_parts(ffn) if fused else rt._routed_parts(ffn)
+            if ap is None or fp is None or fp.rows is None:
+                return None
+            if mla:
+                afn, args = self._rows_mla_args(attention, [ap], n)
+                a_pre, a_mid, a_post, o = args[:10], args[10:13], args[13:], args[-1]
+            else:
+                afn, args = self._rows_attention_args(attention, [ap] * n)
+                a_pre, a_mid, a_post, o = args[:10], args[10:12], args[12:], args[-2]
+            f_args, ids, out = _rows_ffn_args(fp.head, n, fused)
+            f_ids = ids[:0]
+            if fp.routing:   # a routed layer: its experts go to the pass's journal row
+                f_ids, names = ids, fp.routing[1]
+                keys.append((names[-2], names))
+                k = ids.shape[1]
+            fns.add((afn, fp.rows))
+            layers.append((a_pre, a_mid, a_post, o, ffn_norm, f_args, out, f_ids, next_norm, float(eps),
+                           np.empty_like(out), post_a, post_f, int(rope_i)))
+        typed = one_call_layers(layers, fns)
+        if typed is None:
+            return None
+        return (typed, list_address(typed), np.zeros((len(keys), n, k), dtype=np.int64), keys, layers[-1][10],
+                next(iter(fns)))
+
+    def _rows_pass_caches(self, steps: Sequence[tuple], static: tuple) -> tuple | None:
+        """`rows_layers`' part that changes when a request joins or leaves: every layer's rows'
+        cache entries (as `_rows_caches`), layer after layer, and each layer's rows' attention jobs
+        combined (one-owner caches; else empty tables), as typed lists, with the compiled pass
+        for their types. One entry, for the last set of sequences (it holds their caches)."""
+        rt, caches = self._rt, self._caches
+        hit = rt._rows_jobs.get(("rows-pass-caches",))
+        if hit is not None and hit[1] is static and len(hit[0]) == len(caches) and all(
+                r() is c for r, c in zip(hit[0], caches)):
+            return hit
+        items, jobs = [], []
+        combined = all(c.n_workers == 1 for c in caches)
+        empty = (np.zeros((0, TASK_FIELDS), np.int64), np.zeros((0, CHUNK_FIELDS), np.int64), 0)
+        for attention, il, *_rest in steps:
+            if isinstance(attention, MLASpec):
+                parts = [rt._mla_parts(attention, c, il) for c in caches]
+                row = [(p.mid[3], p.mid[4], p.mid[5], p.mid[6], p.tail[0]) for p in parts if p is not None]
+            else:
+                parts = [rt._attention_parts(attention, c, il) for c in caches]
+                row = [(p.mid[2], p.mid[3], p.mid[4], p.mid[5], p.tail[0]) for p in parts if p is not None]
+            if len(row) != len(caches):
+                return None
+            items.extend(row)
+            jobs.append(tuple(combine_row_jobs([it[i] for it in row]) for i in (0, 1)) if combined else (empty, empty))
+        ti, tj = typed_layers(tuple(items), check=False), typed_layers(tuple(jobs), check=False)
+        afn, ffn = static[5]
+        fn = rows_pass_runner(afn, ffn, numba.typeof(static[0]), numba.typeof(ti), numba.typeof(tj))
+        hit = rt._rows_jobs[("rows-pass-caches",)] = (tuple(weakref.ref(c) for c in caches), static, fn,
+                                                       list_address(ti), list_address(tj), ti, tj)
+        return hit
 
     def _rows_static(self, key: tuple, build: Callable[[], tuple]) -> tuple:
         """A layer's rows call and its arguments that depend only on the row count and the crew

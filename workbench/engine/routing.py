@@ -70,6 +70,10 @@ class TokenJournal:
         return int(self.written[0]) - self.read >= self.ids.shape[0] // 2
 
 
+#: decode batches' passes kept before they are counted (`RoutingStats.record_pass`)
+PASSES_DUE = 32
+
+
 class RoutingStats:
     """Routed experts per layer over the last ``window`` tokens, thread-safe.
 
@@ -93,6 +97,7 @@ class RoutingStats:
         self._lock = threading.Lock()
         self._layers: set[int] = set()
         self._journals: "weakref.WeakSet[TokenJournal]" = weakref.WeakSet()
+        self._passes: list[tuple[tuple, np.ndarray]] = []   # decode batches' passes not yet counted
 
     def attach(self, journal: TokenJournal) -> None:
         """Count the rows compiled code writes into `journal` from now on (see TokenJournal)."""
@@ -106,7 +111,23 @@ class RoutingStats:
         with self._lock:
             self._read_journals()
 
+    def record_pass(self, keys: list[tuple[str, tuple[str, ...]]], ids: np.ndarray) -> None:
+        """A decode batch's pass in one compiled call (`engine.batch`): routed layer i's rows'
+        experts ids[i] [n, k], keys[i] its (tensor, expert tensors) as `record` takes them. Kept and
+        counted with the journals (at a snapshot, or every `PASSES_DUE` passes): a pass costs no
+        Python per layer."""
+        with self._lock:
+            self._passes.append((tuple(keys), ids.copy()))
+            if len(self._passes) >= PASSES_DUE:
+                self._read_journals()
+
     def _read_journals(self) -> None:
+        passes, self._passes = self._passes, []
+        for keys, ids in passes:
+            for key, rows in zip(keys, ids):
+                entry = self._layer_table(*key)
+                if entry is not None:
+                    self._add(entry, key, rows)
         for j in list(self._journals):
             written = int(j.written[0])
             n = written - j.read
@@ -224,6 +245,7 @@ class RoutingStats:
         with self._lock:
             for j in self._journals:  # what they hold now was routed before the switch
                 j.read = int(j.written[0])
+            self._passes = []
             self._tables = {}
             self._ring = [None] * self.n_layer
             self._filled = [0] * self.n_layer

@@ -270,6 +270,7 @@ class Runtime(AttentionPaths, ExpertPaths, TokenCalls):
         self._eplans: dict[tuple[str, int], list[tuple[np.ndarray, int, int, int]]] = {}
         self._eblocks: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._rows_jobs: dict[tuple, Table] = {}  # (group names, rows) -> a decode batch's job
+        self.rows_passes = 0   # decode batches' passes that ran every layer in one call (`engine.batch`)
         self._etoken: dict[tuple, tuple] = {}  # (gate, up, down) -> compiled one-token expert FFN
         # a decoded token's compiled sub-layers with their fixed arguments: per KV cache (attention)
         # and per tensors (routed FFN), remade when the layout or the crew changes
@@ -671,6 +672,14 @@ class Runtime(AttentionPaths, ExpertPaths, TokenCalls):
     def rows_mla(self, spec: "MLASpec", h: np.ndarray, il: int, rope: np.ndarray) -> np.ndarray | None:
         """DeepSeek's MLA sub-layer over a decode batch's rows in one call: only a decode batch's
         pass has one (`engine.batch`); here None, the caller's steps."""
+        return None
+
+    #: whether this runtime runs a decode batch's pass (`engine.batch`), whose layers may go in one call
+    batch_rows = False
+
+    def rows_layers(self, x: np.ndarray, h: np.ndarray, steps: Sequence[tuple], ropes: np.ndarray) -> np.ndarray | None:
+        """A decode batch's every layer in one call: only a decode batch's pass has one
+        (`engine.batch`); here None, the caller's steps."""
         return None
 
     def rows_products(self, group: _Group, x: np.ndarray) -> list[np.ndarray] | None:

@@ -29,7 +29,7 @@ from .routing import TokenJournal
 from .rows_ffn import rows_fused_runner
 from .specs import AttentionSpec, DenseSpec, MLASpec, RoutedSpec, SharedSpec
 from .token_attention import block_runner
-from .token_layer import layer_runner, list_address, token_runner, typed_layers
+from .token_layer import layer_runner, list_address, one_call_layers, token_runner, typed_layers
 
 _EMPTY = np.zeros(0, dtype=np.float32)
 _NO_TASKS = np.zeros((0, TASK_FIELDS), dtype=np.int64)
@@ -531,11 +531,8 @@ class TokenCalls:
             layers.append((a.head, a.mid, int(attention.window), float(attention.scale), a.tail, a.o, ffn_norm,
                            f.head, f.o, next_norm, float(eps), np.empty_like(f.o), ids, post_attn, post_ffn,
                            int(rope_i), a.first, f.first))
-        if len(fns) != 1:
-            return None
-        try:
-            typed = typed_layers(tuple(layers))
-        except numba.core.errors.TypingError:  # the layers' arguments differ in type
+        typed = one_call_layers(layers, fns)
+        if typed is None:
             return None
         (attn, ffn), = fns
         run_out = None

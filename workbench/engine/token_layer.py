@@ -94,8 +94,20 @@ def typed_layers(layers: tuple, check: bool = True) -> numba.typed.List:
     return out
 
 
+def one_call_layers(layers: list, fns: set) -> numba.typed.List | None:
+    """The layers' typed list (`typed_layers`) when they can run in one compiled call: one set of
+    sub-layer functions (`fns`) and arguments of one type; else None (the caller goes layer by
+    layer)."""
+    if len(fns) != 1:
+        return None
+    try:
+        return typed_layers(tuple(layers))
+    except numba.core.errors.TypingError:  # the layers' arguments differ in type
+        return None
+
+
 @intrinsic
-def _borrowed(typingctx, addr, list_ref):
+def borrowed(typingctx, addr, list_ref):
     """The typed list (of type list_ref) whose C list pointer is stored at `addr` (`list_address`),
     without a reference of its own (a null meminfo: NRT's incref and decref skip it); the caller
     keeps the List alive. A typed List passed from Python is unboxed through Python code (numba's
@@ -124,9 +136,9 @@ def _unowned(context, builder, ty, val):
 
 
 @intrinsic
-def _item(typingctx, lst, index):
+def unowned_item(typingctx, lst, index):
     """Item `index` of a typed list of tuples, its arrays without references of their own (null
-    meminfos, as `_borrowed`); the list keeps them alive. numba's getitem increfs every array of
+    meminfos, as `borrowed`); the list keeps them alive. numba's getitem increfs every array of
     the item (a layer's ~50) and the loop decrefs them, each an atomic add on a line of its own
     that a token's streamed weights had pushed out of the caches: ~1.5 % of a decoded token in
     `perf_decode.py`."""
@@ -164,7 +176,7 @@ def token_runner(attn: Callable, ffn: Callable, layers_type: types.Type, out: Ca
     embedding row, its scale, the first layer's input norm and the RoPE table of the position
     (the functions the Python path calls, in its order), from a prologue tuple made once.
 
-    The typed lists come as `list_address` ints (see `_borrowed`) of the types `layers_type` and
+    The typed lists come as `list_address` ints (see `borrowed`) of the types `layers_type` and
     `prologue_type` (numba.typeof of the lists; the latter with `embed`).
 
     The layer loop and the layer are compiled into the call (inline="always"): numba optimizes a
@@ -183,16 +195,16 @@ def token_runner(attn: Callable, ffn: Callable, layers_type: types.Type, out: Ca
     @numba.njit(**_NB, inline="always")
     def layers_(ctl, n_workers, x, h, layers_at, ropes, pos0, skip_slid, journal, written, last_first):
         """... last_first: the crew job after the last layer (the output product's, or none)."""
-        layers = _borrowed(layers_at, layers_type)
+        layers = borrowed(layers_at, layers_type)
         row = written[0] % journal.shape[0]
         n = len(layers)
         routed = 0   # the journal's row of the next routed layer (a dense layer journals nothing)
         for i in range(n):
             (a_head, a_mid, window, scale, a_tail, o, ffn_norm, f_args, f_out, next_norm, eps, h_next,
-             ids, a_post, f_post, rope_i, _a_first, f_first) = _item(layers, i)
+             ids, a_post, f_post, rope_i, _a_first, f_first) = unowned_item(layers, i)
             start = max(pos0 - window + 1, 0) if window else 0
             base = start // 64 * 64 if skip_slid else 0
-            next_first = _item(layers, i + 1)[A_FIRST] if i + 1 < n else last_first
+            next_first = unowned_item(layers, i + 1)[A_FIRST] if i + 1 < n else last_first
             if not layer(ctl, n_workers, x, h, a_head, ropes[rope_i], a_mid, pos0, (window, scale), start, base,
                          a_tail, o, ffn_norm, f_args, f_out, next_norm, eps, h_next, a_post, f_post, f_first,
                          next_first):
@@ -219,7 +231,7 @@ def token_runner(attn: Callable, ffn: Callable, layers_type: types.Type, out: Ca
             """Token id `tok` at position pos0: its logits into `logits` [rows of the output]; False if
             a worker failed."""
             (emb, scale, norm_w, eps, n_rot, bases, freq_scale, freq_factors, ext, attn_f, c0,
-             c1) = _borrowed(prologue, prologue_type)[0]
+             c1) = borrowed(prologue, prologue_type)[0]
             x = embed(emb, tok, tok + 1)
             if scale != 0.0:
                 x *= np.float32(scale)

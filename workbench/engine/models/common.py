@@ -357,6 +357,15 @@ class Decoder:
         tables = np.stack([self._rope_of(b, positions, ropes) for b in self._rope_bases()])
         return self.rt.token_layers(x, h, steps, kv, pos0, tables, self.output_name if self.is_last else None)
 
+    def _rows_layers(self, x: np.ndarray, h: np.ndarray, positions: np.ndarray, ropes: dict) -> np.ndarray | None:
+        """A decode batch's layers in one runtime call (`Runtime.rows_layers`), each row at its own
+        position: the last layer's normed output, or None (the caller goes layer by layer)."""
+        steps = self._token_layers_steps()
+        if not steps:
+            return None
+        tables = np.stack([self._rope_of(b, positions, ropes) for b in self._rope_bases()])
+        return self.rt.rows_layers(x, h, steps, tables)
+
     def _token_layers_steps(self) -> list:
         """Every layer's `_layer_token_step` when all have one, else []."""
         steps = self._all_steps
@@ -413,6 +422,12 @@ class Decoder:
         positions = kv.positions(n) if hasattr(kv, "positions") else np.arange(pos0, pos0 + n, dtype=np.int64)
         ropes: dict[float, np.ndarray] = {}
         h = self.norm(x, f"blk.{self.layers.start}.attn_norm.weight")
+        if n > 1 and not tap and self.rt.batch_rows and logit_rows is not None and \
+                range(*logit_rows.indices(n)) == range(n):
+            hn = self._rows_layers(x, h, positions, ropes)   # a decode batch's rows (engine.batch)
+            if hn is not None:
+                kv.n = pos0 + n
+                return self._output(x, hn)
         if one:
             done = self._token_layers(x, h, kv, pos0, positions, ropes)
             if done is not None:
