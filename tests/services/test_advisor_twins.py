@@ -87,7 +87,7 @@ def test_filled_cache_is_what_a_decoded_token_attends(r1_header, tmp_path):
 def test_structure_costs_are_cached_per_engine_revision(r1_header, tmp_path, monkeypatch):
     calls = []
 
-    def fake(shape, threads, n_dense, bpp, progress=None, weight_bytes_block=0.0):
+    def fake(shape, threads, n_dense, bpp, progress=None, weight_bytes_block=0.0, weight_bytes_token=0.0):
         calls.append((shape.key, threads, n_dense, bpp))
         return {"base": 1e-4, "dense_block": 2e-5, "moe_block": 3e-5, "expert": 1e-6, "prompt_base": 0.0,
                 "prompt_dense_block": 1e-5, "prompt_moe_block": 2e-5, "prompt_expert": 0.0,
@@ -195,3 +195,18 @@ def test_advise_prints_the_breakdown(r1_header):
     d = json.loads(r.stdout)
     for c in d["candidates"]:
         assert c["decode_breakdown"]["attention_flops"] > 0 and c["llamacpp_breakdown"]["graph_nodes"] > 0
+
+
+def test_attention_twin_streams_a_token_of_the_targets_bytes():
+    """The attention twin's blocks stream, a token, what the target streams between two visits of a
+    block's cache (its whole token's weights), so a narrow deep target's cache at depth is read from
+    memory in the twin too: R1's narrow shape, 61 blocks of 1.6 MB, a 16-block twin."""
+    block, token = 1.6e6, 61 * 1.6e6
+    per = engine_cal.twin_block_bytes(block, token, 16)
+    assert 16 * per == pytest.approx(token) and 16 * per > engine_cal.LLC_BYTES > 16 * block
+    # a deeper target: twice the cache, not more
+    assert 16 * engine_cal.twin_block_bytes(block, 200 * block, 16) == pytest.approx(2 * engine_cal.LLC_BYTES)
+    # a wide target: its own block's bytes (capped at 64 MiB a block) are already more
+    assert engine_cal.twin_block_bytes(300e6, 4 * 300e6, 7) == float(64 << 20)
+    # a small model: no more than it streams itself
+    assert engine_cal.twin_block_bytes(1e5, 6e5, 4) == pytest.approx(1.5e5)

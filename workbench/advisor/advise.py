@@ -271,7 +271,8 @@ def advise(path: str | os.PathLike[str] | None = None, topology: Topology | str 
                                         progress, shape=shape, n_dense=n_dense_lead, kv_bpp_block=bpp,
                                         cold=product_shapes(cost, K.is_supported),
                                         expert_cols=expert_columns(cost, K.is_supported),
-                                        weight_bytes_block=cost.weight_bytes_per_token / max(cost.n_layer, 1)):
+                                        weight_bytes_block=cost.weight_bytes_per_token / max(cost.n_layer, 1),
+                                        weight_bytes_token=cost.weight_bytes_per_token):
                 save_profile(profile, topo)
         from ..engine import kernels as K
         engine = EngineModel.from_profile(profile, cost.arch, dominant_rows(cost),

@@ -228,7 +228,8 @@ def cold_key(ggml_type: int, k: int, rows: int) -> str:
 def ensure_engine(profile: MemoryProfile, types: dict[int, int], arch: str, threads: list[int],
                   progress: Progress | None = None, *, shape=None, n_dense: int = 0, kv_bpp_block: int = 0,
                   cold: dict[int, tuple[int, int]] | None = None,
-                  expert_cols: dict[int, tuple[int, int]] | None = None, weight_bytes_block: float = 0.0) -> bool:
+                  expert_cols: dict[int, tuple[int, int]] | None = None, weight_bytes_block: float = 0.0,
+                  weight_bytes_token: float = 0.0) -> bool:
     """Measure what ``profile.engine`` lacks for these kernels (type -> row length), architecture
     and thread counts; with ``shape`` (``twins.TwinShape``) also the twins' fixed and attention costs
     (``measure_structure``), and with ``cold`` (type -> (row length, rows a product)) the cost of a
@@ -314,7 +315,8 @@ def ensure_engine(profile: MemoryProfile, types: dict[int, int], arch: str, thre
         for n in threads:
             if str(n) in per_shape:
                 continue
-            per_shape[str(n)] = measure_structure(shape, n, n_dense, kv_bpp_block, progress, weight_bytes_block)
+            per_shape[str(n)] = measure_structure(shape, n, n_dense, kv_bpp_block, progress, weight_bytes_block,
+                                                  weight_bytes_token=weight_bytes_token)
             changed = True
     return changed
 
@@ -448,11 +450,22 @@ def _twin_times(path: str, threads: int, *, prompt: bool = True) -> tuple[float,
         eng.close()
 
 
-def attention_blocks(bytes_per_position_block: int, depth: int, llc_bytes: int = 64 << 20) -> int:
+LLC_BYTES = 64 << 20   # a large last-level cache: what the attention twin's cache must exceed
+
+
+def attention_blocks(bytes_per_position_block: int, depth: int, llc_bytes: int = LLC_BYTES) -> int:
     """Blocks of the attention twin: enough that its cache at ``depth`` is twice a large last-level
     cache (a real model's cache is read from memory), 2 to 16."""
     per_block = max(1, bytes_per_position_block * depth)
     return max(2, min(16, -(-2 * llc_bytes // per_block)))
+
+
+def twin_block_bytes(weight_bytes_block: float, weight_bytes_token: float, blocks: int) -> float:
+    """Weight bytes each of the attention twin's ``blocks`` blocks streams a token: together the
+    target's bytes a token, up to twice `LLC_BYTES` (then every cache line is evicted anyway), at
+    least the target's bytes a block, at most 64 MiB a block."""
+    token = min(max(float(weight_bytes_token), float(weight_bytes_block)), 2.0 * LLC_BYTES)
+    return min(max(float(weight_bytes_block), token / blocks), float(64 << 20))
 
 
 def _attention_times(path: str, threads: int, blocks: int) -> dict[str, float]:
@@ -480,7 +493,8 @@ def _attention_times(path: str, threads: int, blocks: int) -> dict[str, float]:
 
 
 def measure_structure(shape, threads: int, n_dense_target: int, kv_bytes_per_position_block: int,
-                      progress: Progress | None = None, weight_bytes_block: float = 0.0) -> dict[str, float]:
+                      progress: Progress | None = None, weight_bytes_block: float = 0.0,
+                      weight_bytes_token: float = 0.0) -> dict[str, float]:
     """The engine's fixed costs on twins of ``shape`` (``twins.TwinShape``) at ``threads``, in seconds:
     ``base`` a token, ``dense_block`` and ``moe_block`` (at the target's experts used) a block,
     ``expert`` each routed expert used (its share of ``moe_block``), the ``prompt_*`` of the same
@@ -527,19 +541,28 @@ def measure_structure(shape, threads: int, n_dense_target: int, kv_bytes_per_pos
                         pre + "expert": expert[i]})
         say(f"measuring the engine's attention on a twin of {shape.key} ({threads} thread{plural}) ...")
         blocks = attention_blocks(kv_bytes_per_position_block, max(ATTN_DEPTHS))
-        # each block streams the target's weight bytes a block (up to 64 MiB): between two tokens
-        # the cache is evicted as the target's is (without it, a twin's cache at 4096 stays in L3)
-        per_block = min(float(weight_bytes_block), 64 << 20)
+        # between two visits of a block's cache the target streams a whole token's weights (and the
+        # other blocks' caches): the twin's blocks stream as many weight bytes a token, up to twice
+        # a large last-level cache (at least the target's bytes a block, at most 64 MiB a block), so
+        # the twin's cache comes from memory when the target's does. With a block's bytes only, R1's
+        # narrow blocks (1.6 MB) left the twin's 16 blocks' cache at depth 4096 (25 MB) in L3:
+        # attention predicted at 31 ms a token against ~50 measured (advisor_check, 23:33 UTC)
+        per_block = twin_block_bytes(weight_bytes_block, weight_bytes_token, blocks)
         ffn = max(FFN_MIN, int(per_block / (3 * shape.width * 34 / 32)) // 32 * 32)
         out.update(_attention_times(twin(blocks, 0, full_attention=True, ffn=ffn), threads, blocks))
     return out
 
 
 def engine_revision() -> str:
-    """A hash of the engine's sources: the twins' figures are measured again when it changes."""
+    """A hash of the engine's sources and of the twins' measurement (this module, `twins`): the
+    twins' figures are measured again when either changes."""
     import hashlib
     from .. import engine as pkg
     h = hashlib.sha256()
+    here = os.path.dirname(os.path.abspath(__file__))
+    for f in ("engine_cal.py", "twins.py"):
+        with open(os.path.join(here, f), "rb") as fh:
+            h.update(f.encode() + b"\0" + fh.read())
     root = os.path.dirname(pkg.__file__)
     for dirpath, dirnames, files in sorted(os.walk(root)):
         dirnames[:] = sorted(x for x in dirnames if x != "__pycache__")
