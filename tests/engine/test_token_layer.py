@@ -1,4 +1,4 @@
-"""`token_layer`'s typed lists passed to the token call by address (`list_address`, `_borrowed`).
+"""`token_layer`'s typed lists passed to the token call by address (`list_address`, `borrowed`).
 
 The token call takes its layers' arguments as the address of a typed list (numba unboxes a List
 object through Python code: ~50 us a token when the interpreter ran cold). The compiled side must
@@ -11,7 +11,7 @@ import numba
 import pytest
 import numpy as np
 
-from workbench.engine.token_layer import _borrowed, list_address, typed_layers
+from workbench.engine.token_layer import borrowed, list_address, typed_layers
 
 
 def test_a_list_passed_by_address_reads_its_items_and_leaves_its_reference_count():
@@ -22,7 +22,7 @@ def test_a_list_passed_by_address_reads_its_items_and_leaves_its_reference_count
     def weighted_sum(addr):
         total = 0.0
         n = 0
-        for arr, w in _borrowed(addr, list_type):
+        for arr, w in borrowed(addr, list_type):
             total += arr.sum() * w
             n += 1
         return total, n
