@@ -545,7 +545,7 @@ class WorkbenchApp(App[int]):
         pane = self.chat_pane
         pane.prompt.value = ""
         await pane.add_user(text)
-        self._reply = await pane.start_reply()
+        self._reply = await pane.start_reply(streaming=True)
         self._cancel = threading.Event()
         self.generating = True
         pane.set_status("generating… (Esc stops)")
@@ -593,6 +593,7 @@ class WorkbenchApp(App[int]):
         self._save_turn()
         await self._flush_stream()
         if self._reply is not None:
+            await self._reply.finish()
             self._reply.set_stats(stats_line(msg.stats, msg.placement))
         self.generating = False
         self.chat_pane.set_status("stopped; partial reply kept" if msg.stats.stop_reason == "cancelled" else "")
@@ -602,6 +603,7 @@ class WorkbenchApp(App[int]):
         self._save_turn()
         await self._flush_stream()
         if self._reply is not None:
+            await self._reply.finish()
             self._reply.set_stats(f"✗ {msg.error} (partial reply kept)", error=True)
         self.generating = False
         self.last_error = msg.error

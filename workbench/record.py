@@ -302,11 +302,15 @@ class Recorder:
 
 
 async def _wait(pilot: Any, busy: Any, timeout: float, poll: float = 0.1) -> bool:
+    """Poll ``busy()`` until it is false (True) or ``timeout`` passes (False). A plain sleep, not
+    ``pilot.pause``: a pause first waits for every widget on the screen to take a callback, then
+    updates the screen; 10 times a second that is UI work the interactive app does not do, taking
+    CPU from the decode being recorded. The step's screenshot pauses after it."""
     end = time.monotonic() + timeout
     while busy():
         if time.monotonic() > end:
             return False
-        await pilot.pause(poll)
+        await asyncio.sleep(poll)
     return True
 
 

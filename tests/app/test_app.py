@@ -202,6 +202,73 @@ async def test_escape_stops_and_keeps_partial_reply(tiny):
         assert "cancelled" in stats_text(app.chat_pane.last_reply())
 
 
+def rendered(app, widget) -> list[list]:
+    """The segments (text and style) the screen shows in ``widget``'s region."""
+    r = widget.region
+    assert r.width and r.height, "not on screen"
+    return [list(strip.crop(r.x, r.right)) for strip in app.screen._compositor.render_strips()[r.y:r.bottom]]
+
+
+MARKDOWN_REPLY = "A **NUMA node** is\n\n- local memory: fast\n- remote: slower\n\n```sh\nnumactl -H\n```\n"
+
+
+@aio
+async def test_streaming_reply_is_plain_then_markdown_once_it_ends(tiny):
+    """While a reply streams the flushes go to a plain Static, not to the Markdown (which re-parsed at
+    every flush and slowed decoding ~3x on 2 CPUs); the reply's end renders the Markdown once."""
+    app = make_app(tiny)
+    app.settings.sampling.n_predict = 12
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(app, pilot)
+        seen, go = threading.Event(), threading.Event()
+        real_token = app.telemetry.rates.token
+        count = [0]
+
+        def gated(t: float) -> None:  # hold generation after 3 tokens until the flushes were looked at
+            real_token(t)
+            count[0] += 1
+            if count[0] == 3:
+                seen.set()
+                go.wait(10)
+        app.telemetry.rates.token = gated
+        await app.send_message("the cat")
+        await until(pilot, seen.is_set)
+        reply = app.chat_pane.last_reply()
+        await until(pilot, lambda: not app._pending and reply.text)  # flushed
+        plain = reply.query_one(".reply-plain")
+        assert reply.streaming and str(plain.render()) == reply.text
+        assert reply.body.source == "" and not reply.body.display
+        go.set()
+        await until(pilot, lambda: not app.generating)
+        await pilot.pause()
+        assert not reply.streaming and not reply.query(".reply-plain") and reply.body.display
+        assert reply.text == reply.body.source == app.chat.messages[-1].content
+        assert "tokens" in stats_text(reply)
+
+
+@aio
+async def test_finished_reply_renders_as_a_restored_one():
+    """A streamed reply's Markdown, once finished, is the same on screen as a reply given its whole
+    text (restored from the history), Markdown syntax included."""
+    app = make_app(None, autoload=False)
+    async with app.run_test(size=SIZE) as pilot:
+        pane = app.chat_pane
+        streamed = await pane.start_reply(streaming=True)
+        for i in range(0, len(MARKDOWN_REPLY), 5):
+            await streamed.append(MARKDOWN_REPLY[i:i + 5])
+        await pilot.pause()
+        assert str(streamed.query_one(".reply-plain").render()) == MARKDOWN_REPLY
+        assert streamed.body.source == ""
+        await streamed.finish()
+        restored = await pane.start_reply(MARKDOWN_REPLY)
+        await pilot.pause()
+        assert streamed.text == streamed.body.source == restored.text == MARKDOWN_REPLY
+        assert rendered(app, streamed.body) == rendered(app, restored.body)
+        assert "NUMA node" in "".join(seg.text for line in rendered(app, streamed.body) for seg in line)
+        await streamed.finish()  # a second end changes nothing
+        assert streamed.body.source == MARKDOWN_REPLY
+
+
 @aio
 async def test_regenerate_replaces_last_reply(tiny):
     app = make_app(tiny)
