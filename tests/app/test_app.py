@@ -14,7 +14,7 @@ import pytest
 from gguf_factory import TinySpec, write_tiny_model
 from workbench.app import WorkbenchApp
 from workbench.engine.engine import Placement
-from workbench.screens.chat import Reply, UserMessage
+from workbench.screens.chat import PlainText, Reply, UserMessage
 from workbench.screens.dashboard import Controls, LoadPanel
 from workbench.screens.dialogs import ErrorScreen, HelpScreen, OpenModelScreen, SamplingScreen
 from workbench.screens.main import MainScreen
@@ -84,6 +84,23 @@ async def chat_once(app, pilot, text: str = "the cat sat") -> Reply:
     reply = app.chat_pane.last_reply()
     assert reply is not None
     return reply
+
+
+def hold_after(app, n: int) -> tuple[threading.Event, threading.Event]:
+    """Hold generation after ``n`` tokens: the first event is set then, and it goes on (at most
+    10 s later) when the test sets the second."""
+    seen, go = threading.Event(), threading.Event()
+    real_token = app.telemetry.rates.token
+    count = [0]
+
+    def gated(t: float) -> None:
+        real_token(t)
+        count[0] += 1
+        if count[0] == n:
+            seen.set()
+            go.wait(10)
+    app.telemetry.rates.token = gated
+    return seen, go
 
 
 def stats_text(reply: Reply) -> str:
@@ -180,17 +197,7 @@ async def test_escape_stops_and_keeps_partial_reply(tiny):
     app.settings.sampling.temperature = 1.5
     async with app.run_test(size=SIZE) as pilot:
         await loaded(app, pilot)
-        seen, go = threading.Event(), threading.Event()
-        real_token = app.telemetry.rates.token
-        count = [0]
-
-        def gated(t: float) -> None:  # hold generation after 3 tokens until Esc was pressed
-            real_token(t)
-            count[0] += 1
-            if count[0] == 3:
-                seen.set()
-                go.wait(10)
-        app.telemetry.rates.token = gated
+        seen, go = hold_after(app, 3)  # until Esc was pressed
         await app.send_message("the dog")
         await until(pilot, seen.is_set)
         await pilot.press("escape")
@@ -220,17 +227,7 @@ async def test_streaming_reply_is_plain_then_markdown_once_it_ends(tiny):
     app.settings.sampling.n_predict = 12
     async with app.run_test(size=SIZE) as pilot:
         await loaded(app, pilot)
-        seen, go = threading.Event(), threading.Event()
-        real_token = app.telemetry.rates.token
-        count = [0]
-
-        def gated(t: float) -> None:  # hold generation after 3 tokens until the flushes were looked at
-            real_token(t)
-            count[0] += 1
-            if count[0] == 3:
-                seen.set()
-                go.wait(10)
-        app.telemetry.rates.token = gated
+        seen, go = hold_after(app, 3)  # until the flushes were looked at
         await app.send_message("the cat")
         await until(pilot, seen.is_set)
         reply = app.chat_pane.last_reply()
@@ -267,6 +264,29 @@ async def test_finished_reply_renders_as_a_restored_one():
         assert "NUMA node" in "".join(seg.text for line in rendered(app, streamed.body) for seg in line)
         await streamed.finish()  # a second end changes nothing
         assert streamed.body.source == MARKDOWN_REPLY
+
+
+@aio
+async def test_streamed_text_lays_the_screen_out_only_when_it_needs_more_rows(monkeypatch):
+    """A layout re-arranges the whole screen: text that fits the rows the plain widget has is only
+    repainted, and when it needs more the widget takes RESERVE rows to spare."""
+    app = make_app(None, autoload=False)
+    async with app.run_test(size=SIZE) as pilot:
+        reply = await app.chat_pane.start_reply(streaming=True)
+        await reply.append("x")
+        await pilot.pause()
+        plain = reply.query_one(PlainText)
+        assert plain.outer_size.height == 1 + PlainText.RESERVE
+        layouts = []  # the widget's own requests (the screen may lay out for other reasons)
+        real = plain.refresh
+        monkeypatch.setattr(plain, "refresh", lambda *a, **kw: (layouts.append(kw.get("layout", False)), real(*a, **kw))[1])
+        for _ in range(20):
+            await reply.append("y")
+            await pilot.pause()
+        assert layouts and not any(layouts) and str(plain.render()) == "x" + "y" * 20
+        await reply.append("\nz" * (PlainText.RESERVE + 1))  # one row more than it has
+        await pilot.pause()
+        assert any(layouts) and plain.outer_size.height == PlainText.RESERVE + 2 + PlainText.RESERVE
 
 
 @aio

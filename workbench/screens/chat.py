@@ -16,8 +16,8 @@ class PlainText(Static):
 
     A new text repaints this widget alone while it fits the rows the widget has; only when it needs
     more does the screen get laid out again, and then with ``RESERVE`` rows to spare. A layout
-    re-arranges every widget of the screen, dashboard included: about 10 ms of the UI thread on a
-    2-CPU machine, which ``Static.update`` spent at every update and a reply growing a line at a
+    re-arranges every widget of the screen, dashboard included: 10-50 ms of the UI thread on a
+    2-CPU machine, which ``Static.update`` spends at every update and a reply growing a line at a
     time would spend at every line."""
 
     #: blank rows kept below the text while it grows: one layout per RESERVE + 1 new lines
@@ -25,6 +25,7 @@ class PlainText(Static):
 
     def __init__(self, text: str = "", **kw) -> None:
         super().__init__(text, markup=False, **kw)
+        self.styles.min_height = 1 + self.RESERVE
 
     def show(self, text: str) -> None:
         """Replace the text; lay the screen out again only when it needs more rows than it has."""
@@ -43,10 +44,10 @@ class Reply(Vertical):
     """One assistant reply: its text and a stats line under it.
 
     A streaming reply (``streaming=True``) shows its text plain (`PlainText`) while tokens arrive
-    and renders it as Markdown once, at `finish`. Appending to the Markdown re-parsed and re-built
-    its last block and laid the whole screen out at every flush: on 2 CPUs the app decoded at
-    48-55 t/s where ``numawb bench`` gives ~146. A reply given its whole text (restored from
-    history or a replay) is Markdown from the start.
+    and renders it as Markdown once, at `finish`. Appending to a Markdown widget re-parses its last
+    block and lays the whole screen out at every flush: during a reply the UI thread took 35-49% of
+    a CPU, and on 2 CPUs the app decoded at about a third of ``numawb bench``'s rate. A reply given
+    its whole text (restored from history or a replay) is Markdown from the start.
     """
 
     def __init__(self, text: str = "", stats: str = "", streaming: bool = False, **kw) -> None:
@@ -69,6 +70,7 @@ class Reply(Vertical):
 
     @property
     def text(self) -> str:
+        """The reply so far (all of it once finished)."""
         return self._text
 
     @property
