@@ -115,7 +115,7 @@ SPECS = {
 
 # families whose batched pass runs every layer in one compiled call (`rows_layers`); the others go
 # layer by layer
-SPECS_PASS = {"qwen3moe": True, "deepseek2": True}
+SPECS_PASS = {"qwen3moe", "deepseek2"}
 
 
 @pytest.fixture(scope="module", params=list(SPECS))
@@ -161,7 +161,7 @@ def test_batch_rows_equal_single_sequences(tiny):
         for r, i in enumerate(rows):
             got[i].append(lg[r])
             fed[i] += 1
-    if SPECS_PASS.get(tiny.model.cfg.arch):  # the mixtures of experts' passes ran every layer in one call
+    if tiny.model.cfg.arch in SPECS_PASS:  # the mixtures of experts' passes ran every layer in one call
         assert tiny.rt.rows_passes > 0
     for i in range(len(PROMPTS)):
         assert sessions[i].kv.n == len(PROMPTS[i]) + fed[i] == len(sessions[i].tokens)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 import weakref
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numba
 import numpy as np
@@ -185,7 +185,7 @@ class _BatchRuntime:
         if any(p is None for p in parts):
             return None
         fn, args = self._rows_static(("rows-attn", spec.output, il), lambda: self._rows_attention_args(spec, parts))
-        rows = self._rows_caches(("rows-attn", il), parts, lambda p: (p.mid[2], p.mid[3], p.mid[4], p.mid[5], p.tail[0]))
+        rows = self._rows_caches(("rows-attn", il), spec, parts)
         crew = rt.crew
         pos0s = np.array([c.n for c in caches], dtype=np.int64)
         if not fn(crew.ctl, crew.n_workers, np.ascontiguousarray(h, dtype=np.float32), *args[:10], rope, *args[10:12],
@@ -214,20 +214,18 @@ class _BatchRuntime:
         run = self._rows_pass_caches(steps, static)
         if run is None:
             return None
-        _typed, layers_at, pass_ids, keys, h_last, _fns = static
-        fn, items_at, jobs_at = run[2:5]
         crew = rt.crew
         pos0s = np.array([c.n for c in caches], dtype=np.int64)
-        if not fn(crew.ctl, crew.n_workers, x, np.ascontiguousarray(h, dtype=np.float32), layers_at, items_at,
-                  jobs_at, ropes, pos0s, pass_ids):
+        if not run.fn(crew.ctl, crew.n_workers, x, np.ascontiguousarray(h, dtype=np.float32), static.at, run.items_at,
+                      run.jobs_at, ropes, pos0s, static.pass_ids):
             crew.stop()
             raise CrewError("a worker failed during a batch's layers")
         rt.rows_passes += 1
-        if rt.routing is not None and keys:
-            rt.routing.record_pass(keys, pass_ids)
-        return h_last
+        if rt.routing is not None and static.keys:
+            rt.routing.record_pass(static.keys, static.pass_ids)
+        return static.h_last
 
-    def _rows_pass_static(self, steps: Sequence[tuple]) -> tuple | None:
+    def _rows_pass_static(self, steps: Sequence[tuple]) -> _PassStatic | None:
         """`rows_layers`' fixed part for this row count and crew: each layer's attention and FFN
         arguments as `rows_mla` / `rows_attention` and `rows_ffn` pass them (built from the first
         row's one-token parts; the rows' caches come apart), as a typed list; None when a layer
@@ -265,38 +263,34 @@ class _BatchRuntime:
         typed = one_call_layers(layers, fns)
         if typed is None:
             return None
-        return (typed, list_address(typed), np.zeros((len(keys), n, k), dtype=np.int64), keys, layers[-1][10],
-                next(iter(fns)))
+        (attn, ffn_fn), = fns
+        return _PassStatic(typed, list_address(typed), np.zeros((len(keys), n, k), dtype=np.int64), keys,
+                           layers[-1][10], attn, ffn_fn)
 
-    def _rows_pass_caches(self, steps: Sequence[tuple], static: tuple) -> tuple | None:
+    def _rows_pass_caches(self, steps: Sequence[tuple], static: _PassStatic) -> _PassCaches | None:
         """`rows_layers`' part that changes when a request joins or leaves: every layer's rows'
-        cache entries (as `_rows_caches`), layer after layer, and each layer's rows' attention jobs
-        combined (one-owner caches; else empty tables), as typed lists, with the compiled pass
-        for their types. One entry, for the last set of sequences (it holds their caches)."""
+        cache entries (`_cache_row`), layer after layer, and each layer's combined attention jobs
+        (`_combined_jobs`), as typed lists, with the compiled pass for their types. One entry, for
+        the last set of sequences (it holds their caches)."""
         rt, caches = self._rt, self._caches
         hit = rt._rows_jobs.get(("rows-pass-caches",))
-        if hit is not None and hit[1] is static and len(hit[0]) == len(caches) and all(
-                r() is c for r, c in zip(hit[0], caches)):
+        if hit is not None and hit.static is static and len(hit.refs) == len(caches) and all(
+                r() is c for r, c in zip(hit.refs, caches)):
             return hit
         items, jobs = [], []
         combined = all(c.n_workers == 1 for c in caches)
-        empty = (np.zeros((0, TASK_FIELDS), np.int64), np.zeros((0, CHUNK_FIELDS), np.int64), 0)
         for attention, il, *_rest in steps:
-            if isinstance(attention, MLASpec):
-                parts = [rt._mla_parts(attention, c, il) for c in caches]
-                row = [(p.mid[3], p.mid[4], p.mid[5], p.mid[6], p.tail[0]) for p in parts if p is not None]
-            else:
-                parts = [rt._attention_parts(attention, c, il) for c in caches]
-                row = [(p.mid[2], p.mid[3], p.mid[4], p.mid[5], p.tail[0]) for p in parts if p is not None]
-            if len(row) != len(caches):
+            parts_of = rt._mla_parts if isinstance(attention, MLASpec) else rt._attention_parts
+            parts = [parts_of(attention, c, il) for c in caches]
+            if any(p is None for p in parts):
                 return None
+            row = [_cache_row(attention, p) for p in parts]
             items.extend(row)
-            jobs.append(tuple(combine_row_jobs([it[i] for it in row]) for i in (0, 1)) if combined else (empty, empty))
+            jobs.append(_combined_jobs(row, combined))
         ti, tj = typed_layers(tuple(items), check=False), typed_layers(tuple(jobs), check=False)
-        afn, ffn = static[5]
-        fn = rows_pass_runner(afn, ffn, numba.typeof(static[0]), numba.typeof(ti), numba.typeof(tj))
-        hit = rt._rows_jobs[("rows-pass-caches",)] = (tuple(weakref.ref(c) for c in caches), static, fn,
-                                                       list_address(ti), list_address(tj), ti, tj)
+        fn = rows_pass_runner(static.attn, static.ffn, numba.typeof(static.typed), numba.typeof(ti), numba.typeof(tj))
+        hit = rt._rows_jobs[("rows-pass-caches",)] = _PassCaches(tuple(weakref.ref(c) for c in caches), static, fn,
+                                                                 list_address(ti), list_address(tj), (ti, tj))
         return hit
 
     def _rows_static(self, key: tuple, build: Callable[[], tuple]) -> tuple:
@@ -309,11 +303,9 @@ class _BatchRuntime:
             hit = rt._rows_jobs[key] = (rt.crew.lead, build())
         return hit[1]
 
-    def _rows_caches(self, key: tuple, parts: list, row: Callable) -> tuple:
-        """The typed list of each row's cache arguments (`row(parts)`: keys job, values job, keys,
-        values, capacity) for this batch's sequences, and with one-owner caches every row's keys
-        and values jobs combined into one job each (`attention.combine_row_jobs`; otherwise empty
-        tables), kept with the first cache's one-token parts until the sequences or their parts
+    def _rows_caches(self, key: tuple, spec: AttentionSpec | MLASpec, parts: list) -> tuple:
+        """The typed list of each row's cache arguments (`_cache_row`) for this batch's sequences,
+        and their attention jobs combined (`_combined_jobs`), kept with the first cache's one-token parts until the sequences or their parts
         change (a server's batch changes as requests join and leave: one entry per layer)."""
         caches = self._caches
         per = self._rt._tparts.setdefault(caches[0], {})
@@ -321,11 +313,8 @@ class _BatchRuntime:
         hit = per.get(key)
         if (hit is None or any(r() is not c for r, c in zip(hit[0], caches))
                 or any(a is not b for a, b in zip(hit[1], parts))):
-            items = tuple(row(p) for p in parts)
-            if all(c.n_workers == 1 for c in caches):
-                keys, values = (combine_row_jobs([it[i] for it in items]) for i in (0, 1))
-            else:
-                keys = values = (np.zeros((0, TASK_FIELDS), np.int64), np.zeros((0, CHUNK_FIELDS), np.int64), 0)
+            items = tuple(_cache_row(spec, p) for p in parts)
+            keys, values = _combined_jobs(items, all(c.n_workers == 1 for c in caches))
             per[key] = hit = (tuple(weakref.ref(c) for c in caches), list(parts),
                               (typed_layers(items, check=False), keys, values))
         return hit[2]
@@ -358,7 +347,7 @@ class _BatchRuntime:
             return None
         fn, args = self._rows_static(("rows-mla", spec.output, il, caches[0].n_workers),  # (owners: their attention)
                                      lambda: self._rows_mla_args(spec, parts, len(caches)))
-        rows = self._rows_caches(("rows-mla", il), parts, lambda p: (p.mid[3], p.mid[4], p.mid[5], p.mid[6], p.tail[0]))
+        rows = self._rows_caches(("rows-mla", il), spec, parts)
         crew = rt.crew
         pos0s = np.array([c.n for c in caches], dtype=np.int64)
         o = args[-1]
@@ -424,6 +413,45 @@ class _BatchRuntime:
         if not ok:
             raise RuntimeError("attention failed")
         return out.reshape(1, q.shape[1], -1)
+
+
+_NO_ROWS_JOB = (np.zeros((0, TASK_FIELDS), np.int64), np.zeros((0, CHUNK_FIELDS), np.int64), 0)
+
+
+def _cache_row(spec: AttentionSpec | MLASpec, p) -> tuple:
+    """A row's cache arguments for the rows attention calls, from its one-token parts `p`: (keys
+    job, values job, keys, values, capacity)."""
+    mid = p.mid[3:7] if isinstance(spec, MLASpec) else p.mid[2:6]
+    return (*mid, p.tail[0])
+
+
+def _combined_jobs(items: list | tuple, combined: bool) -> tuple:
+    """The rows' keys and values jobs combined into one job each (`attention.combine_row_jobs`)
+    for one-owner caches; else empty tables (each row runs its own)."""
+    if not combined:
+        return _NO_ROWS_JOB, _NO_ROWS_JOB
+    return tuple(combine_row_jobs([it[i] for it in items]) for i in (0, 1))
+
+
+class _PassStatic(NamedTuple):
+    """`rows_layers`' part fixed for a row count and crew."""
+    typed: object            # the layers' typed list (alive for `at`)
+    at: int                  # its `list_address`
+    pass_ids: np.ndarray     # [routed layers, n, k]: the pass's routed experts
+    keys: list               # each routed layer's (tensor, expert tensors) for `RoutingStats`
+    h_last: np.ndarray       # the last layer's normed output
+    attn: Callable           # the layers' one attention call
+    ffn: Callable            # and FFN call
+
+
+class _PassCaches(NamedTuple):
+    """`rows_layers`' part for one set of sequences (rebuilt when a request joins or leaves)."""
+    refs: tuple              # weakrefs of the sequences' caches
+    static: _PassStatic      # the fixed part it was made for
+    fn: Callable             # the compiled pass for these lists' types
+    items_at: int            # `list_address` of every layer's rows' cache entries
+    jobs_at: int             # and of each layer's combined attention jobs
+    lists: tuple             # the two typed lists (alive for the addresses)
 
 
 def _rows_table(job: tuple, n: int, x_stride: int = 1) -> tuple:
