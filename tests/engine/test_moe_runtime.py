@@ -11,7 +11,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from gguf_factory import TinySpec, write_tiny_model
-from workbench.engine import Engine
+from workbench.engine import Engine, kernels
 from workbench.engine.engine import Placement
 
 
@@ -152,12 +152,22 @@ def test_short_prompt_on_the_calling_thread_keeps_every_bit(tmp_path, monkeypatc
         runs.append(fn)
         return real_run(self, fn, lead)
     monkeypatch.setattr(WorkerPool, "run", counted)
+    calls = []   # (weight rows, r0, r1) of every quantized product the prompt runs
+    real_matmat = kernels.matmat
+
+    def matmat(t, w, xp, out, r0, r1):
+        if t != kernels.F16:
+            calls.append((w.shape[0], r0, r1))
+        return real_matmat(t, w, xp, out, r0, r1)
+    monkeypatch.setattr(kernels, "matmat", matmat)
     prompt = [3 + (i * 5) % 200 for i in range(12)]
     try:
         s = eng.new_session(64)
         runs.clear()   # (the cache's first touch, by each worker)
         inline = s.eval(prompt, logit_rows=slice(0, 12))
         assert not runs
+        # on the calling thread each product is one call over all its rows, as one worker runs it
+        assert calls and all(r0 == 0 and r1 == rows for rows, r0, r1 in calls)
         monkeypatch.setattr(handoff, "HANDOFF_SECONDS", 0.0)
         s = eng.new_session(64)
         runs.clear()

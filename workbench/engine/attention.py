@@ -22,7 +22,7 @@ import numpy as np
 
 from typing import Callable
 
-from . import kernels
+from . import handoff, kernels
 from .crew import CrewError, Job
 # the cache owns its slot layout; slot_position and store_f16 are used by the compiled kernels here
 from .kv_cache import BLOCK, KVCache, filled_slots, owner_slots, slot_position, store_f16  # noqa: F401
@@ -459,7 +459,6 @@ def owners_attention(lead):
     return attend
 
 
-SPREAD_ATTENTION = 2048  # key slots x query rows above which attention is spread over the workers
 SKIP_SLID_VALUES = True  # decode: no value products for keys outside the sliding window
 SKIP_SLID_PROMPT = True  # the prompt: neither dots nor value products for keys out of a piece's window
 CAUSAL_ROWS = 64  # prompt: query rows per attention piece (each piece stops at its last visible key)
@@ -621,7 +620,7 @@ class AttentionPaths:
                             values.reshape(-1)[s0 * 2:], values.shape, values.strides)
                         kernels.matmat(F16, vals, (x,), out[a:b], 0, hdv)
 
-        spread = sum(n_slots) * rows > SPREAD_ATTENTION
+        spread = handoff.attention_seconds(n_kv * rows, sum(n_slots), hd, hdv) >= handoff.HANDOFF_SECONDS
         # one worker: pieces whose scores (f32, every kv head) fit in SOLO_PIECE_BYTES
         solo = max(CAUSAL_ROWS, SOLO_PIECE_BYTES // (4 * n_kv * max(max(n_slots), 1)) // CAUSAL_ROWS * CAUSAL_ROWS)
         self._attention_pass(kv, rows, spread, scores_rows, solo)

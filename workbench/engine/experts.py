@@ -270,9 +270,24 @@ class ExpertPaths:
                     if hi > lo:
                         loops[j](arr, xps[pidx[j]], ins, outs[j], outr, first, lo - first, hi - first, EXPERT_ROWS,
                                  per[j])
+
+        def at_once() -> None:   # on the calling thread: each expert's rows in one call where it can
+            for e, ins, outr in groups:
+                for j, nm in enumerate(names):
+                    whole = self._whole_expert(nm, e, per[j])
+                    for arr, first, lo, hi in (self._expert_plan(nm, e) if whole is None else (whole,)):
+                        if hi > lo:
+                            loops[j](arr, xps[pidx[j]], ins, outs[j], outr, first, lo - first, hi - first,
+                                     EXPERT_ROWS, per[j])
         sub_bytes = sum(w.info.nbytes // self.n_sub(nm) for w, nm in zip(ws, names))
-        self.each_worker(work, sum(product_seconds(sub_bytes, len(ins)) for _e, ins, _o in groups))
+        self.each_worker(work, sum(product_seconds(sub_bytes, len(ins)) for _e, ins, _o in groups), at_once)
         return outs
+
+    def _whole_expert(self, name: str, e: int, per: int) -> tuple[np.ndarray, int, int, int] | None:
+        """Worker 0's plan entry for sub-matrix e of `name` widened to all `per` rows when its copy
+        holds them all (what one worker computes), else None."""
+        arr, first, _lo, _hi = self._expert_plan(name, e)[0]
+        return (arr, 0, 0, per) if first == 0 and arr.shape[0] >= per else None
 
     def _expert_table(self, names: tuple[str, ...], ws: list, pidx: list[int], per: list[int]
                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -368,16 +383,18 @@ class ExpertPaths:
         out = np.empty((m, n, rows), dtype=np.float32)
         xps = [kernels.prepare(w.ggml_type, np.ascontiguousarray(x[i] if n > 1 else x[i, 0])) for i in range(m)]
 
-        def work(wk: int) -> None:
+        def work(wk: int, at_once: bool = False) -> None:
             for i in range(m):
-                arr, first, lo, hi = self._expert_plan(name, i)[wk]
-                if hi <= lo:
-                    continue
-                if n == 1:
-                    kernels.matvec(w.ggml_type, arr, xps[i], out[i, 0, first:first + arr.shape[0]],
-                                   lo - first, hi - first)
-                else:
-                    kernels.matmat(w.ggml_type, arr, xps[i], out[i, :, first:first + arr.shape[0]],
-                                   lo - first, hi - first)
-        self.each_worker(work, product_seconds(w.info.nbytes, n))
+                plan = self._expert_plan(name, i)
+                whole = self._whole_expert(name, i, rows) if at_once else None
+                for arr, first, lo, hi in ((plan[wk],) if not at_once else plan if whole is None else (whole,)):
+                    if hi <= lo:
+                        continue
+                    if n == 1:
+                        kernels.matvec(w.ggml_type, arr, xps[i], out[i, 0, first:first + arr.shape[0]],
+                                       lo - first, hi - first)
+                    else:
+                        kernels.matmat(w.ggml_type, arr, xps[i], out[i, :, first:first + arr.shape[0]],
+                                       lo - first, hi - first)
+        self.each_worker(work, product_seconds(w.info.nbytes, n), lambda: work(0, at_once=True))
         return out

@@ -13,9 +13,16 @@ from __future__ import annotations
 HANDOFF_SECONDS = 1e-3
 STREAM_SECONDS_PER_BYTE = 1 / 13e9    # one core's read from memory (the probe on that host: 13 GB/s)
 PRODUCT_SECONDS_PER_BYTE = 0.07e-9    # a quantized matmat's arithmetic per weight byte and column
+ATTENTION_SECONDS_PER_FLOP = 1 / 10e9  # a prompt's F16 scores and values with their softmax, one thread
 
 
 def product_seconds(nbytes: float, columns: float) -> float:
     """A rough one-thread time of a product over `nbytes` of quantized weights and `columns`
     inputs: each byte streamed once, then multiplied by each column."""
     return nbytes * (STREAM_SECONDS_PER_BYTE + columns * PRODUCT_SECONDS_PER_BYTE)
+
+
+def attention_seconds(query_rows: int, key_slots: int, key_width: int, value_width: int) -> float:
+    """A rough one-thread time of a prompt's attention: every query row's dots with `key_slots`
+    keys and its weighted sum of as many values (as if no key were masked)."""
+    return 2.0 * query_rows * key_slots * (key_width + value_width) * ATTENTION_SECONDS_PER_FLOP

@@ -801,7 +801,17 @@ class Runtime(AttentionPaths, ExpertPaths, TokenCalls):
                 lo, hi = group.jobs[0][1][wk][2:]
                 if hi > lo:
                     finish(lo, hi)
-        self.each_worker(work, handoff.product_seconds(group.nbytes, outs[0].shape[0]))
+
+        def at_once() -> None:   # worker 0's arrays hold every row: one call a product
+            for (qtype, arr, p, rows), out in zip(whole, outs):
+                if single:
+                    kernels.matvec(qtype, arr, xps[p], out[0], 0, rows)
+                else:
+                    kernels.matmat(qtype, arr, xps[p], out, 0, rows)
+            if finish is not None:
+                finish(0, group.rows[0])
+        self.each_worker(work, handoff.product_seconds(group.nbytes, outs[0].shape[0]),
+                         at_once if whole is not None else None)
 
     def _crew_job(self, group: _Group) -> Job:
         """A group's one-token products as a crew job. When every worker reads the same arrays:
@@ -845,13 +855,19 @@ class Runtime(AttentionPaths, ExpertPaths, TokenCalls):
         cut = _token_cuts(n, nw)
         self.each_worker(lambda wk: fn(cut[wk], cut[wk + 1]) if cut[wk + 1] > cut[wk] else None)
 
-    def each_worker(self, fn: Callable[[int], None], work: float | None = None) -> None:
+    def each_worker(self, fn: Callable[[int], None], work: float | None = None,
+                    whole: Callable[[], None] | None = None) -> None:
         """fn(w) on every worker; a single worker runs inline (no hand-off cost), and so does
-        every worker's share in turn when `work` (its estimated one-thread seconds) is below
-        `handoff.HANDOFF_SECONDS` and no crew waits (a short prompt's products)."""
+        every worker's share when `work` (its estimated one-thread seconds) is below
+        `handoff.HANDOFF_SECONDS` and no crew waits (a short prompt's products): `whole()` if
+        given (the same work in one piece, as one worker computes it: half the kernel calls at
+        two workers, and read from the calling thread's own copy), else each share in turn."""
         if self.n_workers == 1:
             fn(0)
         elif work is not None and work < handoff.HANDOFF_SECONDS and not self.crewing:
+            if whole is not None:
+                whole()
+                return
             for w in range(self.n_workers):
                 fn(w)
         elif self.crewing:  # Python work: the crew leaves its loop for it
