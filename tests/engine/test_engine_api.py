@@ -334,6 +334,8 @@ def test_starved_crew_backs_off_to_solo_passes(eng, monkeypatch):
     from workbench.engine import crew as crew_mod
     from workbench.engine import runtime
     assert eng.rt.n_workers > 1
+    # (the prompts' passes without the crew: this counts the decoded tokens' passes)
+    monkeypatch.setattr(runtime, "PROMPT_CREW", False)
     starts: list[bool] = []
     orig_start = crew_mod.Crew.start
     monkeypatch.setattr(crew_mod.Crew, "start", lambda self, solo=False: starts.append(solo) or orig_start(self, solo))
@@ -405,7 +407,8 @@ def test_the_crew_stays_launched_between_tokens_and_yields_to_the_pool(eng, monk
     got.append(s.eval([6]).copy())
     assert crew.active
     s2 = eng.new_session(256)
-    s2.eval(PROMPT)  # a prompt's pass uses the pool its own way: the crew leaves first
+    long = (PROMPT * 100)[:runtime.TOKEN_SPLIT_MIN * rt.n_workers]
+    s2.eval(long)  # a long prompt's pass uses the pool its own way: the crew leaves first
     assert not crew.active
     got.append(s.eval([7]).copy())
     monkeypatch.setattr(runtime, "LINGER_IDLE", 0.05)

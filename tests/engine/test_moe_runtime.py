@@ -139,8 +139,10 @@ def test_routed_token_equals_router_then_moe(tmp_path, spec, threads):
 def test_short_prompt_on_the_calling_thread_keeps_every_bit(tmp_path, monkeypatch, spec):
     """A short prompt's small products run on the calling thread, each worker's share in turn
     (`handoff.HANDOFF_SECONDS`: a thread hand-off costs more than they take): the same logits,
-    to the bit, as with every product handed to the workers; and the workers got none."""
-    from workbench.engine import handoff
+    to the bit, as with every product handed to the workers; and the workers got none. (Without
+    the prompt's crew jobs, `test_prompt_jobs.py`'s, which take such prompts by default.)"""
+    from workbench.engine import handoff, runtime
+    monkeypatch.setattr(runtime, "PROMPT_CREW", False)
     from workbench.numa.workers import WorkerPool
     path = tmp_path / "moe.gguf"
     write_tiny_model(path, TinySpec(n_ff=256, n_ff_exp=256, seed=3, **spec))

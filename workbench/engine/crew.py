@@ -45,8 +45,9 @@ _X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
 (T_TYPE, T_W, T_ROWS, T_ROWLEN, T_PREP, T_OUT, T_OUTOFF, T_XROW, T_OUTROW,
  T_X0, T_N0, T_X1, T_N1, T_X2, T_N2, T_OUTADDR,
  T_LO, T_HI, T_WSHIFT, T_XOFF, T_XLEN, T_NEXT_T, T_NEXT_C, T_NEXT_NC, T_NEXT_NO,
- T_WA_AT, T_WA_N, T_WA_STRIDE, T_WA_PER) = range(29)
-TASK_FIELDS = 29
+ T_WA_AT, T_WA_N, T_WA_STRIDE, T_WA_PER,
+ T_NCOL, T_OSTRIDE, T_FN, T_FULLROWS, T_XFAM) = range(34)
+TASK_FIELDS = 34
 # T_LO, T_HI: a chunk's rows count from T_LO and stop at T_HI (attention: the filled, in-window
 # key positions; products: 0 and no limit); T_WSHIFT: bytes added to the weight address
 # (attention: values seen from a later slot); T_XOFF, T_XLEN: the input starts T_XOFF elements
@@ -58,6 +59,10 @@ TASK_FIELDS = 29
 # T_WA_AT, T_WA_N, T_WA_STRIDE, T_WA_PER (the first task's row only, `write_ahead`): T_WA_N runs of
 # T_WA_PER lines, T_WA_STRIDE bytes apart from address T_WA_AT, that the caller stores to (or reads)
 # after the job: it asks for them, owned, right after posting the job (once; the count is cleared)
+# T_NCOL, T_OSTRIDE, T_FN, T_FULLROWS, T_XFAM: a prompt's product (`prompt_jobs`, run by its own
+# chunk function): T_NCOL consecutive input rows from the task's input row into as many output
+# rows T_OSTRIDE bytes apart, by the kernel compiled at address T_FN (the sub-matrix's full row
+# count T_FULLROWS; T_XFAM the prepared input's arrays, `prompt_jobs.FAMILIES`)
 NO_LIMIT = 1 << 62
 # ---- chunk table: one row per piece of work ----------------------------------------------
 C_TASK, C_LO, C_HI, C_OWNER, C_SPAN = range(5)  # tasks C_TASK.. C_TASK + C_SPAN - 1
@@ -331,7 +336,7 @@ def compiled_address(dispatcher, argtypes: tuple) -> int:
 CHUNK_ARGS = (_TAB, _I64, _I64, _I64, _I64)
 
 
-def _call_by_address(context, builder, restype, argtypes, addr, args):
+def call_by_address(context, builder, restype, argtypes, addr, args):
     """Call the function compiled for `argtypes` at address `addr` (numba's calling convention)."""
     cc = context.call_conv
     fn = builder.inttoptr(addr, cc.get_function_type(restype, argtypes).as_pointer())
@@ -349,7 +354,7 @@ def call_chunk(typingctx, addr, tasks, t, span, lo, hi):
     sig = types.none(_I64, *CHUNK_ARGS)
 
     def codegen(context, builder, sig, args):
-        _call_by_address(context, builder, types.none, CHUNK_ARGS, args[0], args[1:])
+        call_by_address(context, builder, types.none, CHUNK_ARGS, args[0], args[1:])
         return context.get_dummy_value()
     return sig, codegen
 
@@ -368,7 +373,7 @@ def _call_core(typingctx, addr, ctl, n_workers, tasks, chunks, n_owned, xa, xb, 
     sig = types.boolean(_I64, *CORE_ARGS)
 
     def codegen(context, builder, sig, args):
-        return _call_by_address(context, builder, types.boolean, CORE_ARGS, args[0], args[1:])
+        return call_by_address(context, builder, types.boolean, CORE_ARGS, args[0], args[1:])
     return sig, codegen
 
 
@@ -1173,6 +1178,17 @@ class Crew:
             t.records = (t.lead[:4 * n_lead].reshape(-1, 4).copy(), t.work[:4 * n_work].reshape(-1, 4).copy())
         self.ctl[TRACE_LEAD:TRACE_CAP + 1] = 0
         return t
+
+    def run_with(self, chunk_fn: int, job: "Job | Table", xa: tuple, xb: tuple, outs: Sequence[np.ndarray]) -> None:
+        """`run` with every chunk of this job run by the compiled function at `chunk_fn` (the
+        signature of `run_chunk`; `prompt_jobs`' products of several inputs) instead of the one
+        in place (`run_chunk`, or a `chunk_log`'s), which is put back after the job."""
+        keep = int(self.ctl[CHUNK_FN])
+        self.ctl[CHUNK_FN] = chunk_fn
+        try:
+            self.run(job, xa, xb, outs)
+        finally:
+            self.ctl[CHUNK_FN] = keep
 
     def run(self, job: Job, xa: tuple, xb: tuple, outs: Sequence[np.ndarray]) -> None:
         """Run a job: prepared inputs `xa`, `xb` (tasks' prep 0 / 1) into outputs `outs` (1-D,

@@ -11,7 +11,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from . import crew, kernels, packing, warm_ops
+from . import crew, kernels, packing, prompt_jobs, warm_ops
 from .chat import ChatFormatter, Message
 from .config import ModelConfig, config_from_metadata
 from .events import Cancelled, ContextFullError, DoneEvent, Stats, TokenEvent  # noqa: F401 (Stats: re-exported)
@@ -162,7 +162,8 @@ def precompile_kernels(g: GGUFFile, progress: ProgressFn | None = None, n_worker
     if uses and experts:
         uses += ",experts"
     kernels.precompile(sorted(mats), report, dequantize=sorted(deq), experts=experts,
-                       after=crew.compile_tasks() + warm_ops.compile_tasks(uses))
+                       after=crew.compile_tasks() + warm_ops.compile_tasks(uses)
+                       + prompt_jobs.compile_tasks(sorted(mats), experts))
     crew.warm()
     warm_expert_loops(experts)
 

@@ -4,8 +4,9 @@
 for many tokens (`moe`: tokens grouped by expert so each routed expert's rows are read once, as
 ggml's mul_mat_id), one token's in one compiled call with the crew (`expert_token`), the per-head
 products of MLA's 3-D attn_k_b / attn_v_b (`sub_products`), and the per-expert crew tables those
-calls compose their jobs from. Every output row is one vec_dot per (row, token) whatever the
-grouping and thread count.
+calls compose their jobs from; a short prompt's routed experts and per-head products as crew jobs
+(`prompt_jobs`, the tokens sorted by expert). Every output row is one vec_dot per (row, token)
+whatever the grouping and thread count.
 """
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from typing import Callable, Iterable
 import numba
 import numpy as np
 
-from . import kernels, ops
-from .crew import (C_OWNER, C_SPAN, C_TASK, STEALABLE, T_OUT, T_OUTOFF, T_W, T_XROW, TASK_FIELDS, CrewError, Job,
-                   Table)
+from . import kernels, ops, prompt_jobs
+from .crew import (C_OWNER, C_SPAN, C_TASK, STEALABLE, T_NCOL, T_OUT, T_OUTOFF, T_OUTROW, T_TYPE, T_W, T_XROW,
+                   TASK_FIELDS, CrewError, Job, Table)
 from .expert_token import expert_runner, fixed_format
 from .handoff import product_seconds
 from .kernels.jitcache import JIT
@@ -155,6 +156,10 @@ class ExpertPaths:
             out = self._moe_token(x, gate, up, down, ids[0], weights[0], activation)
             if out is not None:
                 return out
+        if self.crewing and self._prompt_pass:   # a short prompt: each product group one crew job
+            out = self._moe_prompt(x, gate, up, down, ids, weights, activation)
+            if out is not None:
+                return out
         # (expert, input rows, output rows): gate/up read token t, write row t*k + i
         rows: dict[int, list[int]] = {}
         for r, e in enumerate(ids.reshape(-1).tolist()):
@@ -283,6 +288,91 @@ class ExpertPaths:
         self.each_worker(work, sum(product_seconds(sub_bytes, len(ins)) for _e, ins, _o in groups), at_once)
         return outs
 
+    def _moe_prompt(self, x: np.ndarray, gate: str | None, up: str, down: str, ids: np.ndarray,
+                    weights: np.ndarray, activation: str) -> np.ndarray | None:
+        """`moe` for a short prompt with the crew (`prompt_jobs`): the (token, slot) pairs sorted by
+        expert (stable: an expert's pairs in token, then slot order, as `moe`'s groups), gate/up
+        and down each one job over every routed expert (its pairs as consecutive input rows, in
+        the expert order of `_expert_loop`), the activation on the sorted rows, the down rows put
+        back in pair order for the weighted sum. None when a product group needs more than two
+        input formats (the general path runs)."""
+        n, k = ids.shape
+        names_gu = (up,) if gate is None else (gate, up)
+        flat = ids.reshape(-1)
+        order = np.argsort(flat, kind="stable")
+        es, counts = np.unique(flat[order], return_counts=True)
+        starts = np.cumsum(counts) - counts
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        gu = self._prompt_group(names_gu, x[order // k], es, starts, counts, prompt_jobs.MUL_MAT_ID)
+        if gu is None:
+            return None
+        if gate is None:
+            half = gu[0].shape[1] // 2
+            g, u = np.ascontiguousarray(gu[0][:, :half]), np.ascontiguousarray(gu[0][:, half:])
+        else:
+            g, u = gu
+        a = np.empty_like(g)
+        ops.apply_activation(activation, g, u, a)
+        dn = self._prompt_group((down,), a, es, starts, counts, prompt_jobs.MUL_MAT_ID)
+        if dn is None:
+            return None
+        d = np.empty_like(dn[0])
+        d[order] = dn[0]
+        out = np.empty((n, d.shape[1]), dtype=np.float32)
+        ops.weighted_slots(d.reshape(n, k, -1), np.ascontiguousarray(weights, dtype=np.float32), out)
+        return out
+
+    def _prompt_table(self, names: tuple[str, ...], mode: int) -> tuple | None:
+        """`_expert_table` of `names` with the prompt fields set (`prompt_jobs.set_products`), its
+        input types and each task's input index; None when the products take more than two
+        input formats. Made once per layout."""
+        key = ("prompt", mode) + tuple(names)
+        if key in self._eblocks:
+            return self._eblocks[key]
+        ws = [self.weights[nm] for nm in names]
+        keys = [kernels.prepare_key(w.ggml_type) for w in ws]
+        prep = list(dict.fromkeys(keys))
+        entry = None
+        if len(prep) <= 2:
+            prep_types = [next(w.ggml_type for w, kk in zip(ws, keys) if kk == key) for key in prep]
+            pidx = [prep.index(kk) for kk in keys]
+            per = [w.rows // self.n_sub(nm) for w, nm in zip(ws, names)]
+            t3, c3, width = self._expert_table(tuple(names), ws, pidx, per)
+            t3 = t3.copy()
+            flat = t3.reshape(-1, t3.shape[2])
+            real = flat[:, T_W] != 0   # (an expert with fewer tasks than another is padded)
+            sub = flat[real]
+            w = width.reshape(-1)[real]
+            prompt_jobs.set_products(sub, sub[:, T_TYPE], mode, 0, w * 4, w)
+            flat[real] = sub
+            entry = (t3, c3, prep_types, per)
+        self._eblocks[key] = entry
+        return entry
+
+    def _prompt_group(self, names: tuple[str, ...], xs: np.ndarray, es: np.ndarray, starts: np.ndarray,
+                      counts: np.ndarray, mode: int, outs: list[np.ndarray] | None = None) -> list[np.ndarray] | None:
+        """Sub-matrix es[i] of each of `names` times input rows starts[i] .. + counts[i] of xs (the
+        rows grouped by sub-matrix already), in one crew job: outputs [rows of xs, sub-matrix rows]
+        (into `outs` when given). None when the products take more than two input formats."""
+        entry = self._prompt_table(names, mode)
+        if entry is None:
+            return None
+        t3, c3, prep_types, per = entry
+        xps = [kernels.prepare(t, xs) for t in prep_types]
+        if outs is None:
+            outs = [np.empty((xs.shape[0], r), dtype=np.float32) for r in per]
+        n_g, n_t = es.shape[0], t3.shape[1]
+        tasks = t3[es]
+        tasks[:, :, T_XROW] = starts[:, None]
+        tasks[:, :, T_OUTROW] = starts[:, None]
+        tasks[:, :, T_NCOL] = counts[:, None]
+        chunks = c3[es]
+        chunks[:, :, C_TASK] += (np.arange(n_g, dtype=np.int64) * n_t)[:, None]
+        table = Table(tasks.reshape(n_g * n_t, -1), chunks.reshape(-1, chunks.shape[2]))
+        table.n_owned |= STEALABLE
+        self._crew.run_with(prompt_jobs.chunk_address(), table, xps[0], xps[-1], outs)
+        return outs
+
     def _whole_expert(self, name: str, e: int, per: int) -> tuple[np.ndarray, int, int, int] | None:
         """Worker 0's plan entry for sub-matrix e of `name` widened to all `per` rows when its copy
         holds them all (what one worker computes), else None."""
@@ -381,6 +471,13 @@ class ExpertPaths:
             (out1,) = self._expert_products((name,), x[:, 0, :], [(i, heads[i:i + 1], heads[i:i + 1]) for i in range(m)], m)
             return out1.reshape(m, 1, rows)
         out = np.empty((m, n, rows), dtype=np.float32)
+        if self.crewing and self._prompt_pass:   # a short prompt's crew job: head i's rows i * n ..
+            heads = np.arange(m, dtype=np.int64)
+            done = self._prompt_group((name,), np.ascontiguousarray(x, dtype=np.float32).reshape(m * n, k), heads,
+                                      heads * n, np.full(m, n, dtype=np.int64), prompt_jobs.MATMAT,
+                                      [out.reshape(m * n, rows)])
+            if done is not None:
+                return out
         xps = [kernels.prepare(w.ggml_type, np.ascontiguousarray(x[i] if n > 1 else x[i, 0])) for i in range(m)]
 
         def work(wk: int, at_once: bool = False) -> None:

@@ -1,12 +1,15 @@
 """When a prompt's work is worth handing to the other workers.
 
-A prompt's products (no crew: the crew's workers wait in compiled code for one token or a decode
-batch only) go to the workers through Python threads (`WorkerPool.run`): a hand-off measured
+A long prompt's products, and a prompt's attention (the crew's workers wait in compiled code for
+one token, a decode batch and a short prompt's products, `prompt_jobs`, only; the crew leaves its
+loop for such work) go to the workers through Python threads (`WorkerPool.run`): a hand-off measured
 0.2-0.4 ms on the Intel Xeon VM (family 6 model 106: wake, GIL, join), more than a short prompt's
 product takes on the calling thread. On the R1 shape (`make_moe_model.py --shape r1`), 8 tokens at
 2 threads: 720 hand-offs, 215-252 ms a prompt; with each worker's share run in turn on the calling
 thread, 96-105 ms (1 thread: 82-97 ms). Work estimated under HANDOFF_SECONDS runs there
-(`Runtime.each_worker`): the same kernel calls on the same rows, so the same bits.
+(`Runtime.each_worker`) in one piece when it can (each product over all its rows, as one worker
+computes it: the R1 shape's 32-token prompt at 2 threads went from 300-450 to ~200 ms; 1 thread
+~180 ms): the same kernel calls on the same rows, so the same bits.
 """
 from __future__ import annotations
 

@@ -29,10 +29,11 @@ import numpy as np
 from . import kernels
 from . import ops
 from .attention import AttentionPaths
-from .crew import STEALABLE, Crew, CrewError, Job, Table, product_runner, product_runner_mixed, rows_job
+from .crew import (STEALABLE, T_NCOL, T_OUT, T_TYPE, Crew, CrewError, Job, Table, product_runner, product_runner_mixed,
+                   rows_job)
 from .experts import ExpertPaths
 from .gguf_file import GGUFFile, ModelLoadError, TensorInfo
-from . import handoff
+from . import handoff, prompt_jobs
 from .kv_cache import KVCache
 from .routing import TokenJournal
 from .specs import AttentionSpec, DenseSpec, MLASpec, RoutedSpec, SharedSpec
@@ -64,6 +65,9 @@ FIRST_PIECE = 0.75
 TOKEN_SPLIT_MIN = 32
 TOKEN_ALIGN = 16
 USE_CREW = os.environ.get("NUMAWB_CREW", "1") != "0"
+# a prompt of 2 .. TOKEN_SPLIT_MIN x workers - 1 tokens runs its products as crew jobs (`prompt_jobs`)
+PROMPT_CREW = os.environ.get("NUMAWB_PROMPT_CREW", "1") != "0"
+PROMPT_ROWS = 64  # a prompt job's rows per chunk (a worker's share in pieces a worker of its node may take)
 # a pass whose caller waited for the crew's workers longer than this share of it is "starved":
 # another process holds a worker's CPU and the spinning only delays it. After CREW_STARVED such
 # passes in a row the next tokens run solo (`Crew.start(solo=True)`: the calling thread computes
@@ -210,6 +214,7 @@ class _Group:
     job: Job | None = None  # the crew's job for one token (built on first use)
     runner: Callable | None = None  # compiled prepare + job for one token (None: not built yet)
     runner_lead: Callable | None = None  # the crew `lead` the runner was built around
+    prompt_job: Job | None = None  # a short prompt's crew job (`prompt_jobs`, built on first use)
     nbytes: int = 0  # the group's weight bytes
 
 
@@ -279,6 +284,7 @@ class Runtime(AttentionPaths, ExpertPaths, TokenCalls):
         self._journals: dict[tuple, TokenJournal] = {}  # routed experts of token_layers' calls
         self._step_keys: dict[tuple, tuple] = {}
         self._leading = False
+        self._prompt_pass = False  # this pass is a short prompt whose products are crew jobs
         self._crew: Crew | None = None
         # the crew between passes (see LINGER): transitions under _crew_lock; _vacating asks the
         # pass in progress to release it instead of lingering
@@ -384,9 +390,10 @@ class Runtime(AttentionPaths, ExpertPaths, TokenCalls):
     def step(self, n_tokens: int = 0, rows: bool = False) -> Iterator[None]:
         """One forward pass: the calling thread stands in for worker 0 (see `WorkerPool.lead`).
 
-        For one token, or for a decode batch (`rows`: n_tokens sequences, one token each), the
-        other workers wait in the crew's compiled loop for the whole pass, and after it until the
-        next one (see LINGER). `begin_pass`/`end_pass` are the same without a generator (a decoded
+        For one token, a decode batch (`rows`: n_tokens sequences, one token each) or a prompt
+        shorter than TOKEN_SPLIT_MIN tokens a worker (its products as crew jobs, `prompt_jobs`),
+        the other workers wait in the crew's compiled loop for the whole pass, and after it until
+        the next one (see LINGER). `begin_pass`/`end_pass` are the same without a generator (a decoded
         token's Python runs cold: every frame counts).
         """
         state = self.begin_pass(n_tokens, rows)
@@ -414,8 +421,10 @@ class Runtime(AttentionPaths, ExpertPaths, TokenCalls):
                     self._crew.start()
                     return (self._crew, False, None, 0.0, t0)
                 return (None, False, None, 0.0, t0)
-            want = (n_tokens == 1 or rows) and USE_CREW
+            prompt = (not rows and PROMPT_CREW and USE_CREW and 2 <= n_tokens < TOKEN_SPLIT_MIN * self.n_workers)
+            want = ((n_tokens == 1 or rows) and USE_CREW) or prompt
             solo = want and self.crew_backoff > 0
+            self._prompt_pass = prompt
             crew = self._crew
             if self._lingering and (not want or crew is None or crew.solo != solo or self._vacating):
                 self._stop_crew()
@@ -447,6 +456,7 @@ class Runtime(AttentionPaths, ExpertPaths, TokenCalls):
         if state is None:
             return
         crew, solo, lead, w0, t0 = state
+        self._prompt_pass = False
         try:
             if lead is None:  # one worker
                 if crew is not None:
@@ -769,6 +779,11 @@ class Runtime(AttentionPaths, ExpertPaths, TokenCalls):
             if finish is not None:
                 finish(0, group.rows[0])
             return
+        if not single and self._prompt_pass and self.crewing and len(group.prep_types) <= 2:
+            self._prompt_products(group, xps, outs)
+            if finish is not None:
+                finish(0, group.rows[0])
+            return
         if single and whole is not None and (self.n_workers == 1 or (self._leading and group.small)):
             for (qtype, arr, p, rows), out in zip(whole, outs):
                 kernels.matvec(qtype, arr, xps[p], out[0], 0, rows)
@@ -812,6 +827,28 @@ class Runtime(AttentionPaths, ExpertPaths, TokenCalls):
                 finish(0, group.rows[0])
         self.each_worker(work, handoff.product_seconds(group.nbytes, outs[0].shape[0]),
                          at_once if whole is not None else None)
+
+    def _prompt_products(self, group: _Group, xps: list[tuple], outs: list[np.ndarray]) -> None:
+        """A short prompt's group of products as one crew job (`prompt_jobs`): each worker its
+        `row_split` range of its own arrays in PROMPT_ROWS pieces (a worker of the same node done
+        first takes the last ones), each piece over all the tokens by the type's matmat."""
+        job = group.prompt_job
+        if job is None:
+            tasks, owned = [], []
+            for j, (qtype, plan, p) in enumerate(group.jobs):
+                for wk, (arr, first, lo, hi) in enumerate(plan):
+                    if hi > lo:
+                        owned += [(len(tasks), a - first, min(a + PROMPT_ROWS, hi) - first, wk)
+                                  for a in range(lo, hi, PROMPT_ROWS)]
+                        tasks.append((qtype, arr, p, j, first))
+            job = Job(tasks, owned, [])
+            job.n_owned |= STEALABLE
+            t = job.tasks
+            prompt_jobs.set_products(t, t[:, T_TYPE], prompt_jobs.MATMAT, 0,
+                                     np.array(group.rows, dtype=np.int64)[t[:, T_OUT]] * 4, 0)
+            group.prompt_job = job
+        job.tasks[:, T_NCOL] = outs[0].shape[0]
+        self._crew.run_with(prompt_jobs.chunk_address(), job, xps[0], xps[-1], outs)
 
     def _crew_job(self, group: _Group) -> Job:
         """A group's one-token products as a crew job. When every worker reads the same arrays:
@@ -864,7 +901,7 @@ class Runtime(AttentionPaths, ExpertPaths, TokenCalls):
         two workers, and read from the calling thread's own copy), else each share in turn."""
         if self.n_workers == 1:
             fn(0)
-        elif work is not None and work < handoff.HANDOFF_SECONDS and not self.crewing:
+        elif work is not None and work < handoff.HANDOFF_SECONDS and (not self.crewing or self._prompt_pass):
             if whole is not None:
                 whole()
                 return

@@ -227,6 +227,16 @@ def _per_input(mv: Callable) -> Callable:
     return heads
 
 
+def matvec_kernel(ggml_type: int) -> Callable:
+    """The active path's compiled matvec of a type (what `matvec` calls), for compiled callers."""
+    return _MATVEC[ggml_type]
+
+
+def matmat_kernel(ggml_type: int) -> Callable:
+    """The active path's compiled matmat of a type (what `matmat` calls), for compiled callers."""
+    return _MATMAT[ggml_type]
+
+
 def matmat(ggml_type: int, w: np.ndarray, xp: tuple, out: np.ndarray, r0: int, r1: int) -> None:
     """out[j, i] = dot(row i of w, X[j]) for all j and i in [r0, r1); xp from prepare() of a 2-D X."""
     _MATMAT[ggml_type](w, xp, out, r0, r1)
