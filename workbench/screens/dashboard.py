@@ -17,6 +17,7 @@ from textual.widgets import Button, DataTable, Input, Label, ProgressBar, Select
 from ..numa.budget import fmt_bytes
 from ..numa.modes import EXPERT_MODES, POLICIES, WEIGHT_MODES, kv_choices
 from ..telemetry import Rates, RoutingInfo, Snapshot, empty_snapshot
+from .inplace import Readout, repaint
 from .themes import Palette
 
 _BALANCING = {0: "off", 1: "on", 2: "on (tiering)", 3: "on (normal + tiering)"}
@@ -59,7 +60,7 @@ class MemoryBars(Widget):
 
     def show(self, snapshot: Snapshot, palette: Palette) -> None:
         self.snapshot, self.palette = snapshot, palette
-        self.refresh(layout=True)
+        repaint(self)  # a layout only when the nodes, buffers or hosts change the height
 
     def get_content_height(self, container, viewport, width: int) -> int:  # noqa: ANN001
         s = self.snapshot
@@ -137,7 +138,7 @@ class RatesPanel(Vertical):
     """Prompt / decode tokens per second with sparklines, ttft and implied bandwidth."""
 
     def compose(self) -> ComposeResult:
-        yield Static(id="rates-text")
+        yield Readout(id="rates-text")
         with Horizontal(classes="spark-row"):
             yield Label("prompt ", classes="spark-label")
             yield Sparkline([], id="spark-prompt", summary_function=max)
@@ -147,16 +148,12 @@ class RatesPanel(Vertical):
 
     def show(self, snapshot: Snapshot) -> None:
         r: Rates = snapshot.rates
-        t = Table.grid(padding=(0, 2))
-        for _ in range(4):
-            t.add_column(justify="right")
-        t.add_row("", Text("current", style="bold"), Text("average", style="bold"), Text("peak", style="bold"))
+        rows: list[tuple[str, str, str, str]] = []
 
         def row(name: str, values: tuple[float, ...], fmt, live: float | None = None) -> None:  # noqa: ANN001
             cap = Rates.cur_avg_peak(values)
             cur = live if live is not None else (cap[0] if cap else None)
-            t.add_row(Text(name, style="bold"), fmt(cur), fmt(cap[1] if cap else None),
-                      fmt(max(cap[2], live or 0) if cap else live))
+            rows.append((name, fmt(cur), fmt(cap[1] if cap else None), fmt(max(cap[2], live or 0) if cap else live)))
 
         row("prompt", r.prompt_tps, fmt_rate)
         row("decode", r.decode_tps, fmt_rate, r.live_decode_tps)
@@ -164,11 +161,21 @@ class RatesPanel(Vertical):
         wb = snapshot.weight_bytes
         row("bandwidth", tuple(wb * v for v in r.decode_tps), fmt_bw,
             wb * r.live_decode_tps if r.live_decode_tps else None)
-        note = Text("bandwidth = weight bytes per token × decode t/s" +
-                    ("   ● generating" if r.generating else ""), style="dim")
-        self.query_one("#rates-text", Static).update(Group(t, note))
+        self.query_one("#rates-text", Readout).show(lambda: self._table(rows, r.generating), (rows, r.generating))
         self.query_one("#spark-prompt", Sparkline).data = list(r.prompt_tps)
         self.query_one("#spark-decode", Sparkline).data = list(r.decode_tps)
+
+    @staticmethod
+    def _table(rows: list[tuple[str, str, str, str]], generating: bool) -> RenderableType:
+        t = Table.grid(padding=(0, 2))
+        for _ in range(4):
+            t.add_column(justify="right")
+        t.add_row("", Text("current", style="bold"), Text("average", style="bold"), Text("peak", style="bold"))
+        for name, *cells in rows:
+            t.add_row(Text(name, style="bold"), *cells)
+        note = Text("bandwidth = weight bytes per token × decode t/s" +
+                    ("   ● generating" if generating else ""), style="dim")
+        return Group(t, note)
 
 
 def topology_view(s: Snapshot, palette: Palette) -> RenderableType:
@@ -260,7 +267,7 @@ class RoutingView(Widget):
 
     def show(self, routing: RoutingInfo | None, palette: Palette) -> None:
         self.routing, self.palette = routing, palette
-        self.refresh(layout=True)
+        repaint(self)
 
     def get_content_height(self, container, viewport, width: int) -> int:  # noqa: ANN001
         r = self.routing
@@ -432,18 +439,18 @@ class Dashboard(VerticalScroll):
         self.advice = AdviceView()
 
     def compose(self) -> ComposeResult:
-        yield Static("", id="banner")
+        yield Readout("", id="banner")
         yield LoadPanel(id="load-panel")
         yield DashPanel("placement", Controls(id="controls"), id="controls-panel")
         yield DashPanel("memory per node", MemoryBars(id="memory"), id="memory-panel")  # per host, then node
         requests: DataTable = DataTable(id="requests", cursor_type="none", zebra_stripes=True)
-        yield DashPanel("serving", Static("", id="serving-text"), requests, id="serving-panel")
+        yield DashPanel("serving", Readout("", id="serving-text"), requests, id="serving-panel")
         yield DashPanel("token rates", RatesPanel(id="rates"), id="rates-panel")
-        yield DashPanel("advice", Static("", id="advice-text"), id="advice-panel")
+        yield DashPanel("advice", Readout("", id="advice-text"), id="advice-panel")
         yield DashPanel("expert routing", RoutingView(id="routing"), id="routing-panel")
         table: DataTable = DataTable(id="workers", cursor_type="none", zebra_stripes=True)
         yield DashPanel("workers", table, id="workers-panel")
-        yield DashPanel("topology", Static("", id="topology"), id="topology-panel")
+        yield DashPanel("topology", Readout("", id="topology"), id="topology-panel")
 
     def on_mount(self) -> None:
         self.query_one("#workers", DataTable).add_columns("worker", "thread", "cpu", "node", "reads", "busy",
@@ -459,7 +466,7 @@ class Dashboard(VerticalScroll):
 
     def _advice(self, s: Snapshot) -> None:
         try:
-            self.query_one("#advice-text", Static).update(advice_view(self.advice, s.rates.current_decode))
+            self.query_one("#advice-text", Readout).show(advice_view(self.advice, s.rates.current_decode))
         except NoMatches:
             pass
 
@@ -469,11 +476,14 @@ class Dashboard(VerticalScroll):
 
     def watch_snapshot(self, s: Snapshot) -> None:
         try:
-            banner = self.query_one("#banner", Static)
+            banner = self.query_one("#banner", Readout)
         except NoMatches:  # not composed yet: on_mount shows it
             return
-        banner.update(self._banner(s))
-        self.query_one("#memory-panel").border_title = "memory per host and node" if s.hosts else "memory per node"
+        banner.show(self._banner(s))
+        memory = self.query_one("#memory-panel")
+        title = "memory per host and node" if s.hosts else "memory per node"
+        if memory.border_title != title:
+            memory.border_title = title
         self.query_one(MemoryBars).show(s, self.palette)
         self.query_one(RatesPanel).show(s)
         self._advice(s)
@@ -483,7 +493,7 @@ class Dashboard(VerticalScroll):
             self.query_one(RoutingView).show(s.routing, self.palette)
         self._requests(s)
         self._workers(s)
-        self.query_one("#topology", Static).update(topology_view(s, self.palette))
+        self.query_one("#topology", Readout).show(lambda: topology_view(s, self.palette), (s.topo, self.palette))
 
     def _banner(self, s: Snapshot) -> Text:
         t = Text()
@@ -537,7 +547,7 @@ class Dashboard(VerticalScroll):
             return
         running = [q for q in s.requests if q.state != "queued"]
         agg = sum(q.tps for q in running)
-        self.query_one("#serving-text", Static).update(
+        self.query_one("#serving-text", Readout).show(
             Text(f"{s.serving} · {len(running)} running, {len(s.requests) - len(running)} queued · "
                  f"{agg:,.1f} t/s together", style="bold"))
         table = self.query_one("#requests", DataTable)
