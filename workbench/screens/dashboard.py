@@ -9,6 +9,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.css.query import NoMatches
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.coordinate import Coordinate
 from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import Widget
@@ -427,6 +428,20 @@ class LoadPanel(Vertical):
         self.query_one("#load-text", Static).update(text)
 
 
+def fill_table(table: DataTable, rows: list[tuple[RenderableType, ...]]) -> None:
+    """Show ``rows`` in ``table``. With as many rows as it has, only the cells that changed are
+    replaced (a repaint); else it is filled anew (clearing re-measures every cell and resets the
+    scroll)."""
+    if table.row_count == len(rows):
+        for y, row in enumerate(rows):
+            for x, value in enumerate(row):
+                if table.get_cell_at(Coordinate(y, x)) != value:
+                    table.update_cell_at(Coordinate(y, x), value, update_width=True)
+        return
+    table.clear()
+    table.add_rows(rows)
+
+
 class Dashboard(VerticalScroll):
     """Everything the sampler measures, refreshed on each snapshot."""
 
@@ -518,14 +533,13 @@ class Dashboard(VerticalScroll):
     def _workers(self, s: Snapshot) -> None:
         """One row per worker, showing where its share actually runs: worker 0's runs on the
         thread that calls the engine ("caller"), the others on their pinned pool threads."""
-        table = self.query_one("#workers", DataTable)
-        table.clear()
+        rows: list[tuple[RenderableType, ...]] = []
         host = None
         for w in s.workers:
             if s.hosts and w.host != host:  # a pipeline: a heading row per host, its workers under it
                 host = w.host
                 heading = next((h for h in s.hosts if h.split(" ", 2)[1] == host), f"host {host}")
-                table.add_row(Text(heading.split(" · ")[0], style="bold underline"), "", "", "", "", "", "")
+                rows.append((Text(heading.split(" · ")[0], style="bold underline"), "", "", "", "", "", ""))
             node = w.actual_node if w.actual_node is not None else None
             where = Text("-", style="dim") if node is None else Text(f"● {node}", style=self.palette.node(node))
             if w.actual_cpu is None:
@@ -536,8 +550,9 @@ class Dashboard(VerticalScroll):
                 state.append(f" ({meant})")
             else:
                 state = Text("ok", style="green")
-            table.add_row(str(w.index), w.thread, "-" if w.actual_cpu is None else str(w.actual_cpu), where,
-                          w.uses, f"{100 * w.busy:5.1f}%", state)
+            rows.append((str(w.index), w.thread, "-" if w.actual_cpu is None else str(w.actual_cpu), where,
+                         w.uses, f"{100 * w.busy:5.1f}%", state))
+        fill_table(self.query_one("#workers", DataTable), rows)
 
     def _requests(self, s: Snapshot) -> None:
         """The in-process server's active requests (``numawb --serve``); hidden when not serving."""
@@ -550,8 +565,7 @@ class Dashboard(VerticalScroll):
         self.query_one("#serving-text", Readout).show(
             Text(f"{s.serving} · {len(running)} running, {len(s.requests) - len(running)} queued · "
                  f"{agg:,.1f} t/s together", style="bold"))
-        table = self.query_one("#requests", DataTable)
-        table.clear()
+        rows: list[tuple[RenderableType, ...]] = []
         for q in s.requests:
             if q.kv_bytes:  # measured: each node's share of its slot's KV cache
                 kv = Text()
@@ -560,6 +574,7 @@ class Dashboard(VerticalScroll):
             else:
                 kv = Text("-", style="dim") if not q.kv_nodes else Text(
                     ",".join(str(n) for n in q.kv_nodes), style=self.palette.node(q.kv_nodes[0]))
-            table.add_row(q.id, q.state, "-" if q.slot < 0 else str(q.slot),
-                          str(q.prompt_tokens) + (f" ({q.reused_tokens} reused)" if q.reused_tokens else ""),
-                          str(q.tokens), f"{q.tps:,.1f}" if q.tps else "-", kv, f"{q.age:,.1f} s")
+            rows.append((q.id, q.state, "-" if q.slot < 0 else str(q.slot),
+                         str(q.prompt_tokens) + (f" ({q.reused_tokens} reused)" if q.reused_tokens else ""),
+                         str(q.tokens), f"{q.tps:,.1f}" if q.tps else "-", kv, f"{q.age:,.1f} s"))
+        fill_table(self.query_one("#requests", DataTable), rows)
