@@ -6,6 +6,8 @@ from textual.containers import Vertical, VerticalScroll
 from textual.message import Message
 from textual.widgets import Input, Markdown, Static
 
+from .inplace import rows
+
 
 class UserMessage(Static):
     """What the user sent."""
@@ -28,16 +30,13 @@ class PlainText(Static):
         self.styles.min_height = 1 + self.RESERVE
 
     def show(self, text: str) -> None:
-        """Replace the text; lay the screen out again only when it needs more rows than it has."""
-        box, gutter = self.outer_size, self.styles.gutter
-        width, height = box.width - gutter.width, box.height - gutter.height
+        """Replace the text; lay the screen out only when it needs more rows than it has."""
         self.update(text, layout=False)
-        if width <= 0:  # not laid out yet
+        fit = rows(self)
+        if fit is None:  # not laid out yet
             self.refresh(layout=True)
-            return
-        rows = self.get_content_height(box, box, width)
-        if rows > height:
-            self.styles.min_height = rows + self.RESERVE + gutter.height  # a style change lays out
+        elif fit[0] > fit[1]:
+            self.styles.min_height = fit[0] + self.RESERVE + self.styles.gutter.height  # a style change lays out
 
 
 class Reply(Vertical):

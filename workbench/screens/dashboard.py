@@ -9,6 +9,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.css.query import NoMatches
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.coordinate import Coordinate
 from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import Widget
@@ -17,6 +18,7 @@ from textual.widgets import Button, DataTable, Input, Label, ProgressBar, Select
 from ..numa.budget import fmt_bytes
 from ..numa.modes import EXPERT_MODES, POLICIES, WEIGHT_MODES, kv_choices
 from ..telemetry import Rates, RoutingInfo, Snapshot, empty_snapshot
+from .inplace import Readout, repaint
 from .themes import Palette
 
 _BALANCING = {0: "off", 1: "on", 2: "on (tiering)", 3: "on (normal + tiering)"}
@@ -59,7 +61,7 @@ class MemoryBars(Widget):
 
     def show(self, snapshot: Snapshot, palette: Palette) -> None:
         self.snapshot, self.palette = snapshot, palette
-        self.refresh(layout=True)
+        repaint(self)  # a layout only when the nodes, buffers or hosts change the height
 
     def get_content_height(self, container, viewport, width: int) -> int:  # noqa: ANN001
         s = self.snapshot
@@ -137,7 +139,7 @@ class RatesPanel(Vertical):
     """Prompt / decode tokens per second with sparklines, ttft and implied bandwidth."""
 
     def compose(self) -> ComposeResult:
-        yield Static(id="rates-text")
+        yield Readout(id="rates-text")
         with Horizontal(classes="spark-row"):
             yield Label("prompt ", classes="spark-label")
             yield Sparkline([], id="spark-prompt", summary_function=max)
@@ -147,16 +149,12 @@ class RatesPanel(Vertical):
 
     def show(self, snapshot: Snapshot) -> None:
         r: Rates = snapshot.rates
-        t = Table.grid(padding=(0, 2))
-        for _ in range(4):
-            t.add_column(justify="right")
-        t.add_row("", Text("current", style="bold"), Text("average", style="bold"), Text("peak", style="bold"))
+        rows: list[tuple[str, str, str, str]] = []
 
         def row(name: str, values: tuple[float, ...], fmt, live: float | None = None) -> None:  # noqa: ANN001
             cap = Rates.cur_avg_peak(values)
             cur = live if live is not None else (cap[0] if cap else None)
-            t.add_row(Text(name, style="bold"), fmt(cur), fmt(cap[1] if cap else None),
-                      fmt(max(cap[2], live or 0) if cap else live))
+            rows.append((name, fmt(cur), fmt(cap[1] if cap else None), fmt(max(cap[2], live or 0) if cap else live)))
 
         row("prompt", r.prompt_tps, fmt_rate)
         row("decode", r.decode_tps, fmt_rate, r.live_decode_tps)
@@ -164,11 +162,21 @@ class RatesPanel(Vertical):
         wb = snapshot.weight_bytes
         row("bandwidth", tuple(wb * v for v in r.decode_tps), fmt_bw,
             wb * r.live_decode_tps if r.live_decode_tps else None)
-        note = Text("bandwidth = weight bytes per token × decode t/s" +
-                    ("   ● generating" if r.generating else ""), style="dim")
-        self.query_one("#rates-text", Static).update(Group(t, note))
+        self.query_one("#rates-text", Readout).show(lambda: self._table(rows, r.generating), (rows, r.generating))
         self.query_one("#spark-prompt", Sparkline).data = list(r.prompt_tps)
         self.query_one("#spark-decode", Sparkline).data = list(r.decode_tps)
+
+    @staticmethod
+    def _table(rows: list[tuple[str, str, str, str]], generating: bool) -> RenderableType:
+        t = Table.grid(padding=(0, 2))
+        for _ in range(4):
+            t.add_column(justify="right")
+        t.add_row("", Text("current", style="bold"), Text("average", style="bold"), Text("peak", style="bold"))
+        for name, *cells in rows:
+            t.add_row(Text(name, style="bold"), *cells)
+        note = Text("bandwidth = weight bytes per token × decode t/s" +
+                    ("   ● generating" if generating else ""), style="dim")
+        return Group(t, note)
 
 
 def topology_view(s: Snapshot, palette: Palette) -> RenderableType:
@@ -260,7 +268,7 @@ class RoutingView(Widget):
 
     def show(self, routing: RoutingInfo | None, palette: Palette) -> None:
         self.routing, self.palette = routing, palette
-        self.refresh(layout=True)
+        repaint(self)
 
     def get_content_height(self, container, viewport, width: int) -> int:  # noqa: ANN001
         r = self.routing
@@ -420,6 +428,20 @@ class LoadPanel(Vertical):
         self.query_one("#load-text", Static).update(text)
 
 
+def fill_table(table: DataTable, rows: list[tuple[RenderableType, ...]]) -> None:
+    """Show ``rows`` in ``table``. With as many rows as it has, only the cells that changed are
+    replaced (a repaint); else it is filled anew (clearing re-measures every cell and resets the
+    scroll)."""
+    if table.row_count == len(rows):
+        for y, row in enumerate(rows):
+            for x, value in enumerate(row):
+                if table.get_cell_at(Coordinate(y, x)) != value:
+                    table.update_cell_at(Coordinate(y, x), value, update_width=True)
+        return
+    table.clear()
+    table.add_rows(rows)
+
+
 class Dashboard(VerticalScroll):
     """Everything the sampler measures, refreshed on each snapshot."""
 
@@ -432,18 +454,18 @@ class Dashboard(VerticalScroll):
         self.advice = AdviceView()
 
     def compose(self) -> ComposeResult:
-        yield Static("", id="banner")
+        yield Readout("", id="banner")
         yield LoadPanel(id="load-panel")
         yield DashPanel("placement", Controls(id="controls"), id="controls-panel")
         yield DashPanel("memory per node", MemoryBars(id="memory"), id="memory-panel")  # per host, then node
         requests: DataTable = DataTable(id="requests", cursor_type="none", zebra_stripes=True)
-        yield DashPanel("serving", Static("", id="serving-text"), requests, id="serving-panel")
+        yield DashPanel("serving", Readout("", id="serving-text"), requests, id="serving-panel")
         yield DashPanel("token rates", RatesPanel(id="rates"), id="rates-panel")
-        yield DashPanel("advice", Static("", id="advice-text"), id="advice-panel")
+        yield DashPanel("advice", Readout("", id="advice-text"), id="advice-panel")
         yield DashPanel("expert routing", RoutingView(id="routing"), id="routing-panel")
         table: DataTable = DataTable(id="workers", cursor_type="none", zebra_stripes=True)
         yield DashPanel("workers", table, id="workers-panel")
-        yield DashPanel("topology", Static("", id="topology"), id="topology-panel")
+        yield DashPanel("topology", Readout("", id="topology"), id="topology-panel")
 
     def on_mount(self) -> None:
         self.query_one("#workers", DataTable).add_columns("worker", "thread", "cpu", "node", "reads", "busy",
@@ -459,7 +481,7 @@ class Dashboard(VerticalScroll):
 
     def _advice(self, s: Snapshot) -> None:
         try:
-            self.query_one("#advice-text", Static).update(advice_view(self.advice, s.rates.current_decode))
+            self.query_one("#advice-text", Readout).show(advice_view(self.advice, s.rates.current_decode))
         except NoMatches:
             pass
 
@@ -469,11 +491,14 @@ class Dashboard(VerticalScroll):
 
     def watch_snapshot(self, s: Snapshot) -> None:
         try:
-            banner = self.query_one("#banner", Static)
+            banner = self.query_one("#banner", Readout)
         except NoMatches:  # not composed yet: on_mount shows it
             return
-        banner.update(self._banner(s))
-        self.query_one("#memory-panel").border_title = "memory per host and node" if s.hosts else "memory per node"
+        banner.show(self._banner(s))
+        memory = self.query_one("#memory-panel")
+        title = "memory per host and node" if s.hosts else "memory per node"
+        if memory.border_title != title:
+            memory.border_title = title
         self.query_one(MemoryBars).show(s, self.palette)
         self.query_one(RatesPanel).show(s)
         self._advice(s)
@@ -483,7 +508,7 @@ class Dashboard(VerticalScroll):
             self.query_one(RoutingView).show(s.routing, self.palette)
         self._requests(s)
         self._workers(s)
-        self.query_one("#topology", Static).update(topology_view(s, self.palette))
+        self.query_one("#topology", Readout).show(lambda: topology_view(s, self.palette), (s.topo, self.palette))
 
     def _banner(self, s: Snapshot) -> Text:
         t = Text()
@@ -508,14 +533,13 @@ class Dashboard(VerticalScroll):
     def _workers(self, s: Snapshot) -> None:
         """One row per worker, showing where its share actually runs: worker 0's runs on the
         thread that calls the engine ("caller"), the others on their pinned pool threads."""
-        table = self.query_one("#workers", DataTable)
-        table.clear()
+        rows: list[tuple[RenderableType, ...]] = []
         host = None
         for w in s.workers:
             if s.hosts and w.host != host:  # a pipeline: a heading row per host, its workers under it
                 host = w.host
                 heading = next((h for h in s.hosts if h.split(" ", 2)[1] == host), f"host {host}")
-                table.add_row(Text(heading.split(" · ")[0], style="bold underline"), "", "", "", "", "", "")
+                rows.append((Text(heading.split(" · ")[0], style="bold underline"), "", "", "", "", "", ""))
             node = w.actual_node if w.actual_node is not None else None
             where = Text("-", style="dim") if node is None else Text(f"● {node}", style=self.palette.node(node))
             if w.actual_cpu is None:
@@ -526,8 +550,9 @@ class Dashboard(VerticalScroll):
                 state.append(f" ({meant})")
             else:
                 state = Text("ok", style="green")
-            table.add_row(str(w.index), w.thread, "-" if w.actual_cpu is None else str(w.actual_cpu), where,
-                          w.uses, f"{100 * w.busy:5.1f}%", state)
+            rows.append((str(w.index), w.thread, "-" if w.actual_cpu is None else str(w.actual_cpu), where,
+                         w.uses, f"{100 * w.busy:5.1f}%", state))
+        fill_table(self.query_one("#workers", DataTable), rows)
 
     def _requests(self, s: Snapshot) -> None:
         """The in-process server's active requests (``numawb --serve``); hidden when not serving."""
@@ -537,11 +562,10 @@ class Dashboard(VerticalScroll):
             return
         running = [q for q in s.requests if q.state != "queued"]
         agg = sum(q.tps for q in running)
-        self.query_one("#serving-text", Static).update(
+        self.query_one("#serving-text", Readout).show(
             Text(f"{s.serving} · {len(running)} running, {len(s.requests) - len(running)} queued · "
                  f"{agg:,.1f} t/s together", style="bold"))
-        table = self.query_one("#requests", DataTable)
-        table.clear()
+        rows: list[tuple[RenderableType, ...]] = []
         for q in s.requests:
             if q.kv_bytes:  # measured: each node's share of its slot's KV cache
                 kv = Text()
@@ -550,6 +574,7 @@ class Dashboard(VerticalScroll):
             else:
                 kv = Text("-", style="dim") if not q.kv_nodes else Text(
                     ",".join(str(n) for n in q.kv_nodes), style=self.palette.node(q.kv_nodes[0]))
-            table.add_row(q.id, q.state, "-" if q.slot < 0 else str(q.slot),
-                          str(q.prompt_tokens) + (f" ({q.reused_tokens} reused)" if q.reused_tokens else ""),
-                          str(q.tokens), f"{q.tps:,.1f}" if q.tps else "-", kv, f"{q.age:,.1f} s")
+            rows.append((q.id, q.state, "-" if q.slot < 0 else str(q.slot),
+                         str(q.prompt_tokens) + (f" ({q.reused_tokens} reused)" if q.reused_tokens else ""),
+                         str(q.tokens), f"{q.tps:,.1f}" if q.tps else "-", kv, f"{q.age:,.1f} s"))
+        fill_table(self.query_one("#requests", DataTable), rows)
