@@ -62,7 +62,7 @@ TASK_FIELDS = 34
 # T_NCOL, T_OSTRIDE, T_FN, T_FULLROWS, T_XFAM: a prompt's product (`prompt_jobs`, run by its own
 # chunk function): T_NCOL consecutive input rows from the task's input row into as many output
 # rows T_OSTRIDE bytes apart, by the kernel compiled at address T_FN (the sub-matrix's full row
-# count T_FULLROWS; T_XFAM the prepared input's arrays, `prompt_jobs.FAMILIES`)
+# count T_FULLROWS; T_XFAM the prepared input's arrays, `prompt_jobs.FAMILY_INPUTS`)
 NO_LIMIT = 1 << 62
 # ---- chunk table: one row per piece of work ----------------------------------------------
 C_TASK, C_LO, C_HI, C_OWNER, C_SPAN = range(5)  # tasks C_TASK.. C_TASK + C_SPAN - 1

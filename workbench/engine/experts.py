@@ -21,9 +21,9 @@ from .crew import (C_OWNER, C_SPAN, C_TASK, STEALABLE, T_NCOL, T_OUT, T_OUTOFF, 
 from .expert_token import expert_runner, fixed_format
 from .handoff import product_seconds
 from .kernels.jitcache import JIT
+from .prompt_jobs import EXPERT_ROWS
 from .rows_ffn import rows_routed_runner
 
-EXPERT_ROWS = 32  # prompt: expert rows per piece, read once from memory for all of its tokens
 # one token: a worker's rows of an expert in pinned pieces of this many rows (a multiple of the
 # kernels' 8-row groups): the pieces a worker of the same node may take over at the end
 STEAL_ROWS = 64
@@ -253,11 +253,7 @@ class ExpertPaths:
         ne0 = ws[0].ne0
         if x.shape[1] != ne0:
             raise ValueError(f"input width {x.shape[1]} != row length {ne0}")
-        keys = [kernels.prepare_key(w.ggml_type) for w in ws]
-        prep = list(dict.fromkeys(keys))
-        prep_types = [next(w.ggml_type for w, kk in zip(ws, keys) if kk == key) for key in prep]
-        pidx = [prep.index(kk) for kk in keys]
-        per = [w.rows // self.n_sub(nm) for w, nm in zip(ws, names)]
+        prep_types, pidx, per = self._formats(names, ws)
         outs = [np.empty((m_out, r), dtype=np.float32) for r in per]
         x = np.ascontiguousarray(x, dtype=np.float32)
         xps = [kernels.prepare(t, x) for t in prep_types]
@@ -313,30 +309,32 @@ class ExpertPaths:
             g, u = gu
         a = np.empty_like(g)
         ops.apply_activation(activation, g, u, a)
-        dn = self._prompt_group((down,), a, es, starts, counts, prompt_jobs.MUL_MAT_ID)
-        if dn is None:
-            return None
+        dn = self._prompt_group((down,), a, es, starts, counts, prompt_jobs.MUL_MAT_ID)   # (one format)
         d = np.empty_like(dn[0])
         d[order] = dn[0]
         out = np.empty((n, d.shape[1]), dtype=np.float32)
         ops.weighted_slots(d.reshape(n, k, -1), np.ascontiguousarray(weights, dtype=np.float32), out)
         return out
 
+    def _formats(self, names: tuple[str, ...], ws: list) -> tuple[list[int], list[int], list[int]]:
+        """The products' prepared inputs (one weight type per vec_dot format, as ggml quantizes src1
+        once per format), each product's index among them, and its rows per sub-matrix."""
+        keys = [kernels.prepare_key(w.ggml_type) for w in ws]
+        prep = list(dict.fromkeys(keys))
+        prep_types = [next(w.ggml_type for w, kk in zip(ws, keys) if kk == key) for key in prep]
+        return prep_types, [prep.index(kk) for kk in keys], [w.rows // self.n_sub(nm) for w, nm in zip(ws, names)]
+
     def _prompt_table(self, names: tuple[str, ...], mode: int) -> tuple | None:
-        """`_expert_table` of `names` with the prompt fields set (`prompt_jobs.set_products`), its
-        input types and each task's input index; None when the products take more than two
-        input formats. Made once per layout."""
+        """`_expert_table` of `names` with the prompt fields set (`prompt_jobs.set_products`), the
+        input formats' weight types and each product's rows per sub-matrix; None when the
+        products take more than two input formats. Made once per layout."""
         key = ("prompt", mode) + tuple(names)
         if key in self._eblocks:
             return self._eblocks[key]
         ws = [self.weights[nm] for nm in names]
-        keys = [kernels.prepare_key(w.ggml_type) for w in ws]
-        prep = list(dict.fromkeys(keys))
+        prep_types, pidx, per = self._formats(names, ws)
         entry = None
-        if len(prep) <= 2:
-            prep_types = [next(w.ggml_type for w, kk in zip(ws, keys) if kk == key) for key in prep]
-            pidx = [prep.index(kk) for kk in keys]
-            per = [w.rows // self.n_sub(nm) for w, nm in zip(ws, names)]
+        if len(prep_types) <= 2:
             t3, c3, width = self._expert_table(tuple(names), ws, pidx, per)
             t3 = t3.copy()
             flat = t3.reshape(-1, t3.shape[2])
@@ -473,18 +471,19 @@ class ExpertPaths:
         out = np.empty((m, n, rows), dtype=np.float32)
         if self.crewing and self._prompt_pass:   # a short prompt's crew job: head i's rows i * n ..
             heads = np.arange(m, dtype=np.int64)
-            done = self._prompt_group((name,), np.ascontiguousarray(x, dtype=np.float32).reshape(m * n, k), heads,
-                                      heads * n, np.full(m, n, dtype=np.int64), prompt_jobs.MATMAT,
-                                      [out.reshape(m * n, rows)])
-            if done is not None:
-                return out
+            self._prompt_group((name,), np.ascontiguousarray(x, dtype=np.float32).reshape(m * n, k), heads,
+                               heads * n, np.full(m, n, dtype=np.int64), prompt_jobs.MATMAT, [out.reshape(m * n, rows)])
+            return out
         xps = [kernels.prepare(w.ggml_type, np.ascontiguousarray(x[i] if n > 1 else x[i, 0])) for i in range(m)]
 
         def work(wk: int, at_once: bool = False) -> None:
             for i in range(m):
                 plan = self._expert_plan(name, i)
-                whole = self._whole_expert(name, i, rows) if at_once else None
-                for arr, first, lo, hi in ((plan[wk],) if not at_once else plan if whole is None else (whole,)):
+                entries = (plan[wk],)
+                if at_once:   # every worker's rows here: in one piece where worker 0's copy holds them
+                    whole = self._whole_expert(name, i, rows)
+                    entries = plan if whole is None else (whole,)
+                for arr, first, lo, hi in entries:
                     if hi <= lo:
                         continue
                     if n == 1:

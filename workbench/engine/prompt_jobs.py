@@ -29,7 +29,9 @@ from .crew import (T_FN, T_FULLROWS, T_N0, T_N1, T_N2, T_NCOL, T_OSTRIDE, T_OUTA
                    T_X0, T_X1, T_X2, T_XFAM, CHUNK_ARGS, array_at, call_by_address, compiled_address)
 from .kernels.jitcache import JIT as _NB
 
-EXPERT_ROWS = 32  # an expert's rows per mul_mat_id call (as `experts._expert_loop`'s pieces)
+# a prompt's expert rows per piece, read once from memory for all of its tokens (`experts._expert_loop`'s
+# pieces, and the mul_mat_id calls of these jobs)
+EXPERT_ROWS = 32
 
 # the prepared input's arrays (T_XFAM): Q8 formats (int8 quants, f32 scales, i32 sums), Q8_1-like
 # (Q4_1 / Q5_1: int8, f32, f32), float inputs (one f32 array)
@@ -152,7 +154,7 @@ def product_address(ggml_type: int, mode: int) -> int:
         if mode == MATMAT:
             fn = _matmat(kernels.matmat_kernel(ggml_type))
         else:
-            fn = _mul_mat_id(kernels.matvec_kernel(ggml_type), kernels.mul_mat_id_kernel(ggml_type), fam)
+            fn = _mul_mat_id(kernels.matvec_kernels()[ggml_type], kernels.mul_mat_id_kernel(ggml_type), fam)
         addr = _PRODUCTS[key] = compiled_address(fn, (_U8, FAMILY_INPUTS[fam], _F32, _I64, _I64, _I64))
     return addr
 

@@ -227,11 +227,6 @@ def _per_input(mv: Callable) -> Callable:
     return heads
 
 
-def matvec_kernel(ggml_type: int) -> Callable:
-    """The active path's compiled matvec of a type (what `matvec` calls), for compiled callers."""
-    return _MATVEC[ggml_type]
-
-
 def matmat_kernel(ggml_type: int) -> Callable:
     """The active path's compiled matmat of a type (what `matmat` calls), for compiled callers."""
     return _MATMAT[ggml_type]
