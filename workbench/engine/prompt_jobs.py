@@ -1,8 +1,8 @@
 """A short prompt's products as crew jobs: several inputs per task, hand-offs without the GIL.
 
 A prompt's products ran as Python hand-offs to the pool's threads (`Runtime.each_worker`): on the
-R1 shape (`make_moe_model.py --shape r1`, 61 blocks, experts of 256 x 256) a 32-token prompt makes
-~15 of them a block, each worker's share a Python loop of kernel calls, and two threads were no
+R1 shape (`make_moe_model.py --shape r1`, 61 blocks, experts of 256 x 256) a 32-token prompt made
+~12 of them a block (720 in all), each worker's share a Python loop of kernel calls, and two threads were no
 faster than one (the GIL and the wake-ups). For a prompt of a few dozen tokens the crew's workers
 now wait in compiled code for the whole pass, as for a decoded token, and each product group is
 one job: a task is one weight matrix (a worker's rows of it) times `T_NCOL` consecutive rows of a
