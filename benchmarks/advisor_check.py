@@ -47,16 +47,10 @@ def err(pred: float, meas: float) -> str:
     return f"{(pred / meas - 1) * 100:+.0f} %" if meas else "-"
 
 
-def cpu_seconds() -> float:
-    """CPU time of this process (all threads), user + system."""
-    t = os.times()
-    return t.user + t.system
-
-
 def this_machine(model: str | None, label: str, threads: list[int], reps: int) -> list[str]:
-    """Predicted against measured, per thread count. The machine is shared: next to each
-    measurement, the share of CPU time the bench's threads got (process CPU seconds over wall
-    seconds x threads) and the measurement divided by it (what the rate per full core would be)."""
+    """Predicted against measured, per thread count. The machine may be shared: next to each
+    measurement, the share of CPU time the bench's threads got (bench's `cpu_share`) and the
+    measurement divided by it (what the rate per full core would be)."""
     prog = bench.Progress(True)
     prog(f"{label}: advise ...")
     adv = advise(model, None, 4096, threads=threads, weights=["none"], kvs=["first-touch"],
@@ -65,18 +59,17 @@ def this_machine(model: str | None, label: str, threads: list[int], reps: int) -
     for t in threads:
         la0 = loadavg()
         prog(f"{label}: bench -t {t} ...")
-        c0, w0 = cpu_seconds(), time.perf_counter()
         rep = bench.run_bench(model, [t], (512,), (128,), (0,), reps, ("none",), ("first-touch",),
                               measure_startup=False, progress=prog)
-        share = min(1.0, (cpu_seconds() - c0) / ((time.perf_counter() - w0) * t))
         c = adv.find("none", "first-touch", threads=t)
         tg = next(r for r in rep.results if r.n_gen)
         pp = next(r for r in rep.results if r.n_prompt)
+        share = tg.cpu_share
         rows.append(f"| {label} | {t} | {c.predicted_decode_tps:.1f} | {tg.avg_ts:.1f} ± {tg.stdev_ts:.1f} | "
                     f"{err(c.predicted_decode_tps, tg.avg_ts)} | {share * 100:.0f} % | "
                     f"{err(c.predicted_decode_tps, tg.avg_ts / share)} | {c.predicted_prompt_tps:.0f} | "
                     f"{pp.avg_ts:.0f} ± {pp.stdev_ts:.0f} | {err(c.predicted_prompt_tps, pp.avg_ts)} | "
-                    f"{err(c.predicted_prompt_tps, pp.avg_ts / share)} | {la0} | {c.decode_limit} |")
+                    f"{err(c.predicted_prompt_tps, pp.avg_ts / pp.cpu_share)} | {la0} | {c.decode_limit} |")
     return rows
 
 
@@ -233,24 +226,19 @@ def shape_file(shape: str) -> str:
 
 def bench_results(path: str, threads: list[int], depths: list[int], reps: int, saved: str | None) -> dict:
     """(test, threads, depth) -> (mean t/s, sd, CPU share or None, load average) from a saved
-    ``bench --json`` (no CPU share known) or a bench run now, one per thread count, with the share of
-    CPU time its threads got (process CPU seconds over wall seconds x threads: the machine is shared)."""
+    ``bench --json`` or a bench run now over every thread count (each depth filled once), with the
+    share of CPU time each test's threads got (the machine may be shared)."""
     import json
     if saved:
         with open(saved) as f:
             rows = json.load(f)["results"]
-        return {(("pp" if r["n_prompt"] else "tg"), r["threads"], r["n_depth"]): (r["avg_ts"], r["stdev_ts"], None, "?")
-                for r in rows}
-    out = {}
-    for t in threads:
-        la = loadavg().split(" / ")[0]
-        c0, w0 = cpu_seconds(), time.perf_counter()
-        rep = bench.run_bench(path, [t], (512,), (32,), tuple(depths), reps, ("none",), ("first-touch",),
-                              measure_startup=False, progress=bench.Progress(True))
-        share = min(1.0, (cpu_seconds() - c0) / ((time.perf_counter() - w0) * t))
-        out.update({(("pp" if r.n_prompt else "tg"), r.threads, r.n_depth): (r.avg_ts, r.stdev_ts, share, la)
-                    for r in rep.results})
-    return out
+        return {(("pp" if r["n_prompt"] else "tg"), r["threads"], r["n_depth"]):
+                (r["avg_ts"], r["stdev_ts"], r.get("cpu_share"), "?") for r in rows}
+    la = loadavg().split(" / ")[0]
+    rep = bench.run_bench(path, threads, (512,), (32,), tuple(depths), reps, ("none",), ("first-touch",),
+                          measure_startup=False, progress=bench.Progress(True))
+    return {(("pp" if r.n_prompt else "tg"), r.threads, r.n_depth): (r.avg_ts, r.stdev_ts, r.cpu_share, la)
+            for r in rep.results}
 
 
 def shapes_grid(threads: list[int], depths: list[int], reps: int, saved: dict[str, str],

@@ -7,8 +7,12 @@ deviation).
 * ``pp<P>``: a prompt of P random token ids evaluated at once (one ``Session.eval``);
 * ``tg<N>``: N single-token evaluations;
 * ``... @ d<D>``: the same after a D-token prefix already in the KV cache.  The prefix is
-  evaluated once per configuration and depth (untimed) and the cache is truncated back to it
-  before every run, so a run sees exactly D cached positions.
+  evaluated once per depth (untimed; the filled cache is kept for the run's other configurations,
+  moved with each placement switch) and truncated back to it before every run, so a run sees
+  exactly D cached positions.
+
+Each result also carries the share of CPU time its timed repetitions got (the process's CPU seconds
+over wall seconds x threads): below ~90 % the machine was shared and the figure is not the engine's.
 
 Also reported: model load time with a cold page cache for the model file (its pages evicted with
 ``posix_fadvise(DONTNEED)``; if that cannot be verified the row says so) and with a warm one, and
@@ -58,6 +62,12 @@ class TestResult:
     n_depth: int
     samples_ts: list[float] = field(default_factory=list)
     samples_s: list[float] = field(default_factory=list)
+    samples_cpu: list[float] = field(default_factory=list)  # CPU share per timed repetition
+
+    @property
+    def cpu_share(self) -> float | None:
+        """Mean share of the threads' CPU time the repetitions got (None when not measured)."""
+        return statistics.fmean(self.samples_cpu) if self.samples_cpu else None
 
     @property
     def avg_ts(self) -> float:
@@ -73,7 +83,7 @@ class TestResult:
 
     def as_dict(self) -> dict:
         d = asdict(self)
-        d.update(avg_ts=self.avg_ts, stdev_ts=self.stdev_ts, median_ts=self.median_ts)
+        d.update(avg_ts=self.avg_ts, stdev_ts=self.stdev_ts, median_ts=self.median_ts, cpu_share=self.cpu_share)
         return d
 
 
@@ -395,7 +405,22 @@ def _run_tg(session, tokens: list[int], depth: int) -> float:
     return time.perf_counter() - t0
 
 
-def run_config(eng, session, *, threads: int, weights: str, kv: str, n_prompts: Sequence[int],
+def _prefix_session(eng, prefixes: dict, depth: int, n_ctx: int, rng: np.random.Generator, n_vocab: int,
+                    progress: Progress, cfg: str):
+    """The session holding ``depth`` random tokens, filled on first use and kept for the other
+    configurations (a placement switch moves its cache with its contents)."""
+    session = prefixes.get(depth)
+    if session is None:
+        session = prefixes[depth] = eng.new_session(n_ctx)
+        if depth:
+            progress(f"{cfg}: filling depth {depth} ...")
+            t0 = time.perf_counter()
+            session.eval(_random_ids(rng, n_vocab, depth))
+            progress(f"{cfg}: depth {depth} filled in {time.perf_counter() - t0:.1f} s", final=True)
+    return session
+
+
+def run_config(eng, prefixes: dict, *, threads: int, weights: str, kv: str, n_prompts: Sequence[int],
                n_gens: Sequence[int], depths: Sequence[int], reps: int, rng: np.random.Generator,
                progress: Progress, label: str, size: int, n_params: int, kpath: str) -> list[TestResult]:
     n_vocab = eng.cfg.n_vocab if hasattr(eng.cfg, "n_vocab") else eng.tokenizer.n_vocab
@@ -403,12 +428,8 @@ def run_config(eng, session, *, threads: int, weights: str, kv: str, n_prompts: 
     out: list[TestResult] = []
     cfg = f"t={threads} weights={weights} kv={kv}"
     for depth in depths:
-        session.reset()
-        if depth:
-            progress(f"{cfg}: filling depth {depth} ...")
-            t0 = time.perf_counter()
-            session.eval(_random_ids(rng, n_vocab, depth))
-            progress(f"{cfg}: depth {depth} filled in {time.perf_counter() - t0:.1f} s", final=True)
+        n_ctx = depth + max(n_prompt or n_gen for n_prompt, n_gen in tests) + 8 if tests else depth + 8
+        session = _prefix_session(eng, prefixes, depth, n_ctx, rng, n_vocab, progress, cfg)
         for n_prompt, n_gen in tests:
             name = test_name(n_prompt, n_gen, depth)
             res = TestResult(label, eng.path, size, n_params, kpath, threads, weights, kv, name,
@@ -419,14 +440,18 @@ def run_config(eng, session, *, threads: int, weights: str, kv: str, n_prompts: 
                 what = "warm-up" if rep == 0 else f"rep {rep}/{reps}"
                 progress(f"{cfg}: {name} {what}"
                          + (f"  ({res.samples_ts[-1]:.1f} t/s)" if res.samples_ts else ""))
+                c0 = time.process_time()  # every thread of the process, fine-grained
                 dt = _run_pp(session, ids, depth) if n_prompt else _run_tg(session, ids, depth)
                 if rep > 0:
                     res.samples_s.append(dt)
                     res.samples_ts.append(n_tok / dt)
+                    res.samples_cpu.append(min(1.0, (time.process_time() - c0) / (dt * threads)))
             progress(f"{cfg}: {name} {res.avg_ts:.2f} ± {res.stdev_ts:.2f} t/s", final=True)
             out.append(res)
     return out
 
+
+SHARED_BELOW = 0.9   # a test whose threads got less of their CPU time shared the machine
 
 COMPILE_WAIT_NOTED_S = 0.2   # a load that waited longer on compiling kernels was a first start
 
@@ -489,16 +514,16 @@ def run_bench(model: str | None = None, threads: Sequence[int] = (1,), n_prompts
         n_params = eng.n_params
         kpath = kernel_path()
         n_ctx = max(depths) + max([*n_prompts, *n_gens, 1]) + 8
-        session = eng.new_session(n_ctx)
-        if session.n_ctx < n_ctx:
-            raise ValueError(f"depth + test length {n_ctx} exceeds the model's context {session.n_ctx}")
+        if n_ctx > eng.cfg.n_ctx_train:
+            raise ValueError(f"depth + test length {n_ctx} exceeds the model's context {eng.cfg.n_ctx_train}")
+        prefixes: dict = {}  # depth -> the session filled to it
         results: list[TestResult] = []
         for t in threads:
             for wm in weights:
                 for kv in kvs:
                     progress(f"placing: threads={t} weights={wm} kv={kv} ...")
                     eng.switch(weights=wm, kv=kv, threads=t)
-                    results += run_config(eng, session, threads=t, weights=wm, kv=kv, n_prompts=n_prompts,
+                    results += run_config(eng, prefixes, threads=t, weights=wm, kv=kv, n_prompts=n_prompts,
                                           n_gens=n_gens, depths=depths, reps=reps, rng=rng, progress=progress,
                                           label=label, size=size, n_params=n_params, kpath=kpath)
         path = eng.path
@@ -571,6 +596,11 @@ def format_markdown(rep: BenchReport) -> str:
         out.append(f"time to first token, fresh process: failed ({rep.ttft.get('error')})")
     if rep.memory.get("ok") or rep.memory.get("error") != "not measured":
         out.append(format_memory(rep.memory))
+    shared = [r for r in rep.results if r.cpu_share is not None and r.cpu_share < SHARED_BELOW]
+    if shared:
+        out.append("shared machine: " + ", ".join(f"{r.test} at {r.threads} t got {r.cpu_share * 100:.0f} %"
+                                                  for r in shared)
+                   + " of its threads' CPU time: those rows are not the engine's speed")
     m = rep.machine
     out.append(f"machine: {m['cpu']}, {m['cores']} cores, kernels {m['kernel_path']}, {m['date']}")
     return "\n".join(out)

@@ -208,3 +208,40 @@ def test_cold_load_is_timed_again_when_the_first_load_waited_on_compiling(tiny, 
     plan[:] = [(0.6, 0.05), (0.3, 0.0)]
     report, eng = bench.measure_load(tiny, None, bench.Progress(False))
     assert len(loads) == 2 and report["cold_s"] == 0.6 and bench._first_start_note(report) == ""
+
+
+def test_depth_filled_once_and_kept_across_configurations(tiny, monkeypatch):
+    """A depth's prefix is evaluated once per run; the second thread count's runs still see it
+    (the placement switch moved the cache with its contents), and each repetition's CPU share is
+    measured."""
+    seen = []
+    run_tg = bench._run_tg
+
+    def spy(session, tokens, depth):
+        session.kv.truncate(depth)
+        del session.tokens[depth:]
+        seen.append((depth, session.kv.n, len(session.tokens), session.engine.placement.threads))
+        return run_tg(session, tokens, depth)
+
+    monkeypatch.setattr(bench, "_run_tg", spy)
+    log = io.StringIO()
+    prog = bench.Progress(True, stream=log)
+    rep = bench.run_bench(tiny, threads=[1, 2], n_prompts=[0], n_gens=[3], depths=[0, 12], reps=1,
+                          weights=["none"], kvs=["first-touch"], measure_startup=False, progress=prog)
+    assert log.getvalue().count("filling depth 12") == 1
+    deep = [s for s in seen if s[0] == 12]
+    assert {w for *_, w in deep} == {1, 2}
+    assert all(n == 12 and toks == 12 for _, n, toks, _ in deep)
+    assert [(r.threads, r.n_depth) for r in rep.results] == [(1, 0), (1, 12), (2, 0), (2, 12)]
+    for r in rep.results:
+        assert r.cpu_share is not None and 0.0 < r.cpu_share <= 1.0
+        assert r.as_dict()["cpu_share"] == r.cpu_share
+
+
+def test_markdown_names_a_shared_machine(report):
+    """A test whose threads got under 90 % of their CPU time is named under the table."""
+    quiet = dataclasses.replace(report, results=[dataclasses.replace(r, samples_cpu=[1.0]) for r in report.results])
+    assert "shared machine" not in bench.format_markdown(quiet)
+    busy = [dataclasses.replace(r, samples_cpu=[0.5 if i == 1 else 1.0]) for i, r in enumerate(report.results)]
+    md = bench.format_markdown(dataclasses.replace(report, results=busy))
+    assert "shared machine: tg4 at 1 t got 50 %" in md
