@@ -92,6 +92,32 @@ def test_columns_kernel_is_the_gemv_per_column(path, n):
 
 
 @pytest.mark.parametrize("path", [p for p in SIMD_PATHS if p in MODES])
+def test_scattered_columns_kernel_is_the_gemv_per_column(path):
+    """The crew's product of 4 columns that live in separate arrays (a server pass's tokens routed
+    to one expert): each output the one-column gemv's, a repeated column (the crew pads a last 2
+    or 3 with repeats) gives the same outputs twice, ranges that cut groups write only their rows."""
+    rows, k = 40, 768
+    w = weights(T.Q4_K, rows, k, seed=41)
+    x8 = w.copy()
+    k4_x8.repack_rows(x8, 0, rows)
+    cols = k4_x8.columns_kernel(MODES[path])
+    xps = [K.prepare(Q4_K, _x(k, 9 + j)) for j in range(3)]
+    ref = [emulate_q4_K(w, xp[0][None], xp[1][None], 0)[0] for xp in xps]
+    pick = (0, 1, 2, 2)
+    for r0, r1 in [(0, rows), (3, 37), (8, 40), (0, 16), (13, 14)]:
+        outs = [np.full(rows, np.nan, f32) for _ in pick]
+        cols(x8, tuple(xps[j][0].view(np.uint8) for j in pick), tuple(xps[j][1] for j in pick),
+             tuple(xps[j][2] for j in pick), tuple(outs), r0, r1, True)
+        for out, j in zip(outs, pick):
+            np.testing.assert_array_equal(out[r0:r1], ref[j][r0:r1], err_msg=f"rows {r0}..{r1}")
+            assert np.isnan(out[:r0]).all() and np.isnan(out[r1:]).all()
+    out = np.full(rows, np.nan, f32)   # one column: the first of each tuple
+    x = xps[1]
+    cols(x8, (x[0].view(np.uint8),) * 4, (x[1],) * 4, (x[2],) * 4, (out,) * 4, 0, rows, False)
+    np.testing.assert_array_equal(out, ref[1])
+
+
+@pytest.mark.parametrize("path", [p for p in SIMD_PATHS if p in MODES])
 @pytest.mark.parametrize("n", [1, 3, 4, 5, 8, 11])
 def test_dense_prompt_kernel_is_the_gemm_order(path, n):
     """A dense weight's prompt product over the x8 layout (llama.cpp's repacked mul_mat): the

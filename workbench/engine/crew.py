@@ -476,8 +476,9 @@ def same_matrix_heads(tasks, t, span):
 
 
 # ----------------------------------------------------------------------------- the loop
-def _build(mv: dict):
-    """serve / work / lead compiled over one kernel path's matvec functions."""
+def _build(mv: dict, x8_columns):
+    """serve / work / lead compiled over one kernel path's matvec functions (and its Q4_K_x8 product
+    of 4 scattered columns, `kernels.x8_columns_kernel`)."""
     F32, F16, BF16 = kernels.F32, kernels.F16, kernels.BF16
     Q8_0, Q4_0, Q5_0, Q4_1, Q5_1 = kernels.Q8_0, kernels.Q4_0, kernels.Q5_0, kernels.Q4_1, kernels.Q5_1
     Q4_K, Q5_K, Q6_K = kernels.Q4_K, kernels.Q5_K, kernels.Q6_K
@@ -562,6 +563,12 @@ def _build(mv: dict):
             elif typ == IQ4_NL_P:
                 mv_iq4_nl_p(w, xp, out, lo, hi)
 
+    @numba.njit(inline="always")
+    def x8_operands(tasks, t):
+        """Task t's Q8_K input (quants as bytes, scales, sums) and its output, as arrays."""
+        return (array_at(tasks[t, T_X0], tasks[t, T_N0], u8), array_at(tasks[t, T_X1], tasks[t, T_N1], f32),
+                array_at(tasks[t, T_X2], tasks[t, T_N2], i32), array_at(tasks[t, T_OUTADDR], tasks[t, T_ROWS], f32))
+
     @numba.njit(**_NB)
     def run_chunk(tasks, t, span, lo, hi):
         """Rows lo..hi of tasks t..t+span-1: one F16 call for the query heads of a kv head (each
@@ -580,10 +587,27 @@ def _build(mv: dict):
             return
         # one weight piece over several inputs (`rows_job`): in tiles of rows that stay in L1
         step = max(ROWS_TILE_BYTES // max(tasks[t, T_ROWLEN], 1) // 16 * 16, 16)
+        # a Q4_K_x8 weight: 4 inputs a weight load (`kernels.x8_columns_kernel`; a last 3 padded
+        # with a repeat, the same bits twice) where that is faster than the gemv per input: from 3
+        # inputs on rows of 2+ super-blocks, from 8 on rows of one (its tile's fixed steps weigh
+        # more there). benchmarks/x8_columns_probe.py, one core, from memory (AMD EPYC family 25
+        # model 17): 512 x 2048 in 16-row tiles, 3 / 4 / 8 inputs, gemvs 77 / 96 / 170 us, quads
+        # 62 / 63 / 106; 256 x 256 in 112-row tiles, 4 / 8 inputs, gemvs 6.5 / 11.7, quads 7.0 / 10.9
+        x8 = tasks[t, T_TYPE] == Q4_K_X8 and (span >= 8 or (span >= 3 and tasks[t, T_ROWLEN] >= 288))
         for a in range(lo, hi, step):
             b = min(a + step, hi)
-            for u in range(t, t + span):
-                run_task(tasks, u, a, b)
+            u = t
+            if x8:
+                w = numba.carray(_voidptr(tasks[t, T_W] + tasks[t, T_WSHIFT]), (tasks[t, T_ROWS], tasks[t, T_ROWLEN]),
+                                 u8)
+                while u + 3 <= t + span:
+                    p0, p1 = x8_operands(tasks, u), x8_operands(tasks, u + 1)
+                    p2, p3 = x8_operands(tasks, u + 2), x8_operands(tasks, min(u + 3, t + span - 1))
+                    x8_columns(w, (p0[0], p1[0], p2[0], p3[0]), (p0[1], p1[1], p2[1], p3[1]),
+                               (p0[2], p1[2], p2[2], p3[2]), (p0[3], p1[3], p2[3], p3[3]), a, b, True)
+                    u += 4
+            for v in range(u, t + span):
+                run_task(tasks, v, a, b)
 
     # The job loop below calls run_chunk -- and so the kernels -- through its address (ctl[CHUNK_FN]):
     # numba re-optimizes and re-emits a callee's code in every caller, so calling it by name
@@ -851,7 +875,7 @@ def _compiled() -> tuple:
     key = (kernels.kernel_path(), kernels.active_types())
     fns = _BUILT.get(key)
     if fns is None:
-        fns = _BUILT[key] = _build(kernels.matvec_kernels())
+        fns = _BUILT[key] = _build(kernels.matvec_kernels(), kernels.x8_columns_kernel())
     return fns
 
 

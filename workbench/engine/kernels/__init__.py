@@ -296,6 +296,29 @@ def mul_mat_id_kernel(ggml_type: int) -> Callable | None:
     return x86.id_tables(_path).get(ggml_type)
 
 
+def x8_columns_kernel() -> Callable:
+    """The active path's Q4_K_x8 product of 4 scattered columns (`x86.k4_x8.columns_kernel`: a crew
+    span of one expert's tokens, each output the type's matvec to the bit), or a stub that raises
+    where no Q4_K_x8 weight can exist (the portable path, a model without Q4_K_x8 tensors), so the
+    crew links it only when it is used."""
+    if _path == "portable" or (_active is not None and Q4_K_X8 not in _active):
+        return _absent_columns
+    fn = _COLUMNS.get(_path)
+    if fn is None:
+        from .x86 import MODES
+        from .x86.k4_x8 import columns_kernel
+        fn = _COLUMNS[_path] = columns_kernel(MODES[_path])
+    return fn
+
+
+_COLUMNS: dict = {}
+
+
+@numba.njit(**jitcache.JIT)
+def _absent_columns(w, xs, ds, bs, outs, r0, r1, four):
+    raise RuntimeError("numawb: no Q4_K_x8 kernel was prepared (kernels.precompile)")
+
+
 @numba.njit(**jitcache.JIT)
 def _absent_matvec(w, xp, out, r0, r1):
     raise RuntimeError("numawb: no kernel was prepared for this tensor type (kernels.precompile)")

@@ -234,11 +234,14 @@ def gemv_x8(mode: int):
 
 
 def _tile(mode: int, gemm: bool, wide: bool):
-    """``tile(wf, xf, xd, bs, out, c, g, r0, r1, rb, nb, k, four)``: out[c..c+3] (c only when not
-    ``four``) for the rows of 8-row group g (ymm lanes), or of groups g and g + 1 side by side
-    (``wide``: 16 rows in zmm lanes, AVX-512 VNNI), that lie in [r0, r1). Every lane runs the
-    8-row steps of its own row, so both widths give the same bits: a zmm vpdpbusd is the two
-    groups' ymm ones, the integer sums stay exact, the float steps are lane-wise."""
+    """``tile(wf, xs, ds, bs, outs, g, r0, r1, rb, nb, four)``: the rows of 8-row group g (ymm lanes),
+    or of groups g and g + 1 side by side (``wide``: 16 rows in zmm lanes, AVX-512 VNNI), that lie in
+    [r0, r1), for 4 columns (one when not ``four``: the first of each tuple). Column j's Q8_K
+    activations are xs[j] (its quants as bytes), ds[j] (a scale a super-block), bs[j] (its 16 sums a
+    super-block), its outputs outs[j]: each a 1-D array of its own, so the columns can be any rows of
+    any arrays (a server pass's tokens routed to one expert). Every lane runs the 8-row steps of its
+    own row, so both widths give the same bits: a zmm vpdpbusd is the two groups' ymm ones, the
+    integer sums stay exact, the float steps are lane-wise."""
     scale_min = _scale_min()
     lanes = 16 if wide else 8
     izero, fzero = (i_zero16, f_zero16) if wide else (i_zero, f_zero)
@@ -279,19 +282,24 @@ def _tile(mode: int, gemm: bool, wide: bool):
             return dot_us(mode, e, lo, bcast_b4(xf, xo)), dot_us(mode, o, hi, bcast_b4(xf, xo + 32))
 
     @numba.njit(inline="always")
-    def sums(s, m, e, o, sce, sco, mne, mno, bs, bo):
+    def sums(s, m, e, o, sce, sco, mne, mno, xb, bo):
+        """The pair's scaled sums and mins; xb's sums of 16 activations, two to a sub-block
+        (the pair's at bo .. bo + 3)."""
         return (i_add(s, i_add(i_mul(e, sce), i_mul(o, sco))),
-                i_add(m, i_add(i_muls(mne, bs[bo]), i_muls(mno, bs[bo + 1]))))
+                i_add(m, i_add(i_muls(mne, xb[bo] + xb[bo + 1]), i_muls(mno, xb[bo + 2] + xb[bo + 3]))))
 
     @numba.njit(inline="always")
-    def put(out, c, g, r0, r1, acc, accm):
+    def put(out, g, r0, r1, acc, accm):
         r = f_sub(acc, accm)
         for q in range(lanes):
             if r0 <= 8 * g + q < r1:
-                out[c, 8 * g + q] = f_lane(r, q)
+                out[8 * g + q] = f_lane(r, q)
 
     @numba.njit(inline="always")
-    def tile(wf, xf, xd, bs, out, c, g, r0, r1, rb, nb, k, four):
+    def tile(wf, xs, ds, bs, outs, g, r0, r1, rb, nb, four):
+        x0, x1, x2, x3 = xs
+        xd0, xd1, xd2, xd3 = ds
+        b0, b1, b2, b3 = bs
         a0 = fzero(); a1 = fzero(); a2 = fzero(); a3 = fzero()
         m0 = fzero(); m1 = fzero(); m2 = fzero(); m3 = fzero()
         base = 8 * g * rb
@@ -305,48 +313,76 @@ def _tile(mode: int, gemm: bool, wide: bool):
             for p in range(4):
                 e0 = izero(); e1 = izero(); e2 = izero(); e3 = izero()
                 d0 = izero(); d1 = izero(); d2 = izero(); d3 = izero()
-                xo = c * k + b * 256 + 64 * p
+                xo = b * 256 + 64 * p
                 for ch in range(8):
                     raw = ld(wf, o + 128 + p * 256 + ch * 32, o8)
                     lo = b_and(raw, 15)
                     hi = b_shr(raw, 4)
-                    e0, d0 = sub(e0, d0, lo, hi, xf, xo + 4 * ch)
+                    e0, d0 = sub(e0, d0, lo, hi, x0, xo + 4 * ch)
                     if four:
-                        e1, d1 = sub(e1, d1, lo, hi, xf, xo + k + 4 * ch)
-                        e2, d2 = sub(e2, d2, lo, hi, xf, xo + 2 * k + 4 * ch)
-                        e3, d3 = sub(e3, d3, lo, hi, xf, xo + 3 * k + 4 * ch)
+                        e1, d1 = sub(e1, d1, lo, hi, x1, xo + 4 * ch)
+                        e2, d2 = sub(e2, d2, lo, hi, x2, xo + 4 * ch)
+                        e3, d3 = sub(e3, d3, lo, hi, x3, xo + 4 * ch)
                 sce, mne = scale_min(u0, u1, u2, 2 * p)
                 sco, mno = scale_min(u0, u1, u2, 2 * p + 1)
-                bo = (c * nb + b) * 8 + 2 * p
+                bo = b * 16 + 4 * p
                 if gemm and four:   # the gemm's FMAs on this pair's sums
-                    S0, M0 = sums(izero(), izero(), e0, d0, sce, sco, mne, mno, bs, bo)
-                    S1, M1 = sums(izero(), izero(), e1, d1, sce, sco, mne, mno, bs, bo + nb * 8)
-                    S2, M2 = sums(izero(), izero(), e2, d2, sce, sco, mne, mno, bs, bo + nb * 16)
-                    S3, M3 = sums(izero(), izero(), e3, d3, sce, sco, mne, mno, bs, bo + nb * 24)
-                    a0 = fmadd_v(a0, S0, f_scale(d, xd[c, b])); m0 = fmadd_v(m0, M0, f_scale(dm, xd[c, b]))
-                    a1 = fmadd_v(a1, S1, f_scale(d, xd[c + 1, b])); m1 = fmadd_v(m1, M1, f_scale(dm, xd[c + 1, b]))
-                    a2 = fmadd_v(a2, S2, f_scale(d, xd[c + 2, b])); m2 = fmadd_v(m2, M2, f_scale(dm, xd[c + 2, b]))
-                    a3 = fmadd_v(a3, S3, f_scale(d, xd[c + 3, b])); m3 = fmadd_v(m3, M3, f_scale(dm, xd[c + 3, b]))
+                    S0, M0 = sums(izero(), izero(), e0, d0, sce, sco, mne, mno, b0, bo)
+                    S1, M1 = sums(izero(), izero(), e1, d1, sce, sco, mne, mno, b1, bo)
+                    S2, M2 = sums(izero(), izero(), e2, d2, sce, sco, mne, mno, b2, bo)
+                    S3, M3 = sums(izero(), izero(), e3, d3, sce, sco, mne, mno, b3, bo)
+                    a0 = fmadd_v(a0, S0, f_scale(d, xd0[b])); m0 = fmadd_v(m0, M0, f_scale(dm, xd0[b]))
+                    a1 = fmadd_v(a1, S1, f_scale(d, xd1[b])); m1 = fmadd_v(m1, M1, f_scale(dm, xd1[b]))
+                    a2 = fmadd_v(a2, S2, f_scale(d, xd2[b])); m2 = fmadd_v(m2, M2, f_scale(dm, xd2[b]))
+                    a3 = fmadd_v(a3, S3, f_scale(d, xd3[b])); m3 = fmadd_v(m3, M3, f_scale(dm, xd3[b]))
                     continue
-                S0, M0 = sums(S0, M0, e0, d0, sce, sco, mne, mno, bs, bo)
+                S0, M0 = sums(S0, M0, e0, d0, sce, sco, mne, mno, b0, bo)
                 if four:
-                    S1, M1 = sums(S1, M1, e1, d1, sce, sco, mne, mno, bs, bo + nb * 8)
-                    S2, M2 = sums(S2, M2, e2, d2, sce, sco, mne, mno, bs, bo + nb * 16)
-                    S3, M3 = sums(S3, M3, e3, d3, sce, sco, mne, mno, bs, bo + nb * 24)
+                    S1, M1 = sums(S1, M1, e1, d1, sce, sco, mne, mno, b1, bo)
+                    S2, M2 = sums(S2, M2, e2, d2, sce, sco, mne, mno, b2, bo)
+                    S3, M3 = sums(S3, M3, e3, d3, sce, sco, mne, mno, b3, bo)
             if gemm and four:
                 continue
-            a0 = fmadd_v(a0, S0, f_scale(d, xd[c, b])); m0 = fmadd_v(m0, M0, f_scale(dm, xd[c, b]))
+            a0 = fmadd_v(a0, S0, f_scale(d, xd0[b])); m0 = fmadd_v(m0, M0, f_scale(dm, xd0[b]))
             if four:
-                a1 = fmadd_v(a1, S1, f_scale(d, xd[c + 1, b])); m1 = fmadd_v(m1, M1, f_scale(dm, xd[c + 1, b]))
-                a2 = fmadd_v(a2, S2, f_scale(d, xd[c + 2, b])); m2 = fmadd_v(m2, M2, f_scale(dm, xd[c + 2, b]))
-                a3 = fmadd_v(a3, S3, f_scale(d, xd[c + 3, b])); m3 = fmadd_v(m3, M3, f_scale(dm, xd[c + 3, b]))
-        put(out, c, g, r0, r1, a0, m0)
+                a1 = fmadd_v(a1, S1, f_scale(d, xd1[b])); m1 = fmadd_v(m1, M1, f_scale(dm, xd1[b]))
+                a2 = fmadd_v(a2, S2, f_scale(d, xd2[b])); m2 = fmadd_v(m2, M2, f_scale(dm, xd2[b]))
+                a3 = fmadd_v(a3, S3, f_scale(d, xd3[b])); m3 = fmadd_v(m3, M3, f_scale(dm, xd3[b]))
+        o0, o1, o2, o3 = outs
+        put(o0, g, r0, r1, a0, m0)
         if four:
-            put(out, c + 1, g, r0, r1, a1, m1)
-            put(out, c + 2, g, r0, r1, a2, m2)
-            put(out, c + 3, g, r0, r1, a3, m3)
+            put(o1, g, r0, r1, a1, m1)
+            put(o2, g, r0, r1, a2, m2)
+            put(o3, g, r0, r1, a3, m3)
 
     return tile
+
+
+def _columns(mode: int, gemm: bool):
+    """``run(w, xs, ds, bs, outs, r0, r1, four)``: rows [r0, r1) of a matrix in the x8 layout for the
+    columns of the 4-tuples (`_tile`'s operands; one when not ``four``), the 16-row tiles where they
+    fit on AVX-512 VNNI, a last odd group and single columns in 8-row ones."""
+    tile8 = _tile(mode, gemm, False)
+    wide = mode == VNNI
+    tile_w = _tile(mode, gemm, True) if wide else tile8
+    step = 2 if wide else 1
+
+    @numba.njit(inline="always")
+    def run(w, xs, ds, bs, outs, r0, r1, four):
+        rb = w.shape[1]
+        nb = rb // 144
+        wf = w.reshape(-1)
+        g1 = (r1 + 7) // 8
+        g = r0 // 8
+        if four:
+            while g + step <= g1:
+                tile_w(wf, xs, ds, bs, outs, g, r0, r1, rb, nb, True)
+                g += step
+        while g < g1:
+            tile8(wf, xs, ds, bs, outs, g, r0, r1, rb, nb, four)
+            g += 1
+
+    return run
 
 
 def gemv_x8_cols(mode: int, gemm: bool = False):
@@ -364,34 +400,40 @@ def gemv_x8_cols(mode: int, gemm: bool = False):
     207), one core, K = 2048 (`kernels_bench.py --types Q4_K_x8 --n 512 / --n 64`): 177 / 176 ->
     277 / 281 GFLOP/s; a synthetic dense Q4_K model's pp512 there 0.97x / 1.00x -> 1.32x / 1.29x
     llama.cpp's (1 / 2 threads)."""
-    tile8 = _tile(mode, gemm, False)
-    wide = mode == VNNI
-    tile_w = _tile(mode, gemm, True) if wide else tile8
-    step = 2 if wide else 1
+    run = _columns(mode, gemm)
 
     @numba.njit(**_NB)
     def fn(w, xp, out, r0, r1):
         xq, xd, xb = xp
-        n = xq.shape[0]
-        nb = xd.shape[1]
-        k = xq.shape[1]
-        rb = w.shape[1]
-        wf = w.reshape(-1)
+        n, k = xq.shape
         xf = xq.reshape(-1).view(np.uint8)
-        bs = _pair_sums(xb, nb).reshape(-1)
-        g1 = (r1 + 7) // 8
         c = 0
         while c < n:
-            four = c + 4 <= n
-            g = r0 // 8
-            if four:
-                while g + step <= g1:
-                    tile_w(wf, xf, xd, bs, out, c, g, r0, r1, rb, nb, k, True)
-                    g += step
-            while g < g1:
-                tile8(wf, xf, xd, bs, out, c, g, r0, r1, rb, nb, k, four)
-                g += 1
-            c += 4 if four else 1
+            if c + 4 <= n:
+                run(w, (xf[c * k:c * k + k], xf[c * k + k:c * k + 2 * k], xf[c * k + 2 * k:c * k + 3 * k],
+                        xf[c * k + 3 * k:c * k + 4 * k]), (xd[c], xd[c + 1], xd[c + 2], xd[c + 3]),
+                    (xb[c], xb[c + 1], xb[c + 2], xb[c + 3]), (out[c], out[c + 1], out[c + 2], out[c + 3]),
+                    r0, r1, True)
+                c += 4
+            else:
+                x = xf[c * k:c * k + k]
+                run(w, (x, x, x, x), (xd[c], xd[c], xd[c], xd[c]), (xb[c], xb[c], xb[c], xb[c]),
+                    (out[c], out[c], out[c], out[c]), r0, r1, False)
+                c += 1
+
+    return fn
+
+
+def columns_kernel(mode: int):
+    """``fn(w, xs, ds, bs, outs, r0, r1, four)`` compiled: `_columns`' gemv order (as mul_mat_id) for
+    compiled callers whose columns are scattered (the crew's spans of one expert's tokens), so the
+    expert's weight is unpacked once for 4 of them instead of once a token (where that pays: the
+    crew's `run_chunk`)."""
+    run = _columns(mode, False)
+
+    @numba.njit(**_NB)
+    def fn(w, xs, ds, bs, outs, r0, r1, four):
+        run(w, xs, ds, bs, outs, r0, r1, four)
 
     return fn
 
