@@ -419,3 +419,15 @@ def test_the_crew_stays_launched_between_tokens_and_yields_to_the_pool(eng, monk
     assert not crew.active and not rt._lingering  # the watchdog released it
     for a, b in zip(want, got):
         np.testing.assert_array_equal(a, b)
+
+
+def test_top_k_ids_rank_by_logit_then_id():
+    """The compiled top-k (one pass, a k-entry heap) keeps the k largest logits best first, and
+    equal logits by the lower id, on ties at the cut too."""
+    from workbench.engine.sampling import top_k_ids
+    rng = np.random.default_rng(3)
+    for n, k in ((10, 3), (1000, 40), (50, 50), (7, 1), (300, 17)):
+        for trial in range(6):
+            lg = (rng.integers(-3, 3, n) if trial % 2 else rng.standard_normal(n)).astype(np.float32)
+            want = np.lexsort((np.arange(n), -lg))[:k]
+            np.testing.assert_array_equal(top_k_ids(lg, k), want)

