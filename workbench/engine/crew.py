@@ -594,12 +594,11 @@ def _build(mv: dict, x8_columns):
         # model 17): 512 x 2048 in 16-row tiles, 3 / 4 / 8 inputs, gemvs 77 / 96 / 170 us, quads
         # 62 / 63 / 106; 256 x 256 in 112-row tiles, 4 / 8 inputs, gemvs 6.5 / 11.7, quads 7.0 / 10.9
         x8 = tasks[t, T_TYPE] == Q4_K_X8 and (span >= 8 or (span >= 3 and tasks[t, T_ROWLEN] >= 288))
+        w = numba.carray(_voidptr(tasks[t, T_W] + tasks[t, T_WSHIFT]), (tasks[t, T_ROWS], tasks[t, T_ROWLEN]), u8)
         for a in range(lo, hi, step):
             b = min(a + step, hi)
             u = t
             if x8:
-                w = numba.carray(_voidptr(tasks[t, T_W] + tasks[t, T_WSHIFT]), (tasks[t, T_ROWS], tasks[t, T_ROWLEN]),
-                                 u8)
                 while u + 3 <= t + span:
                     p0, p1 = x8_operands(tasks, u), x8_operands(tasks, u + 1)
                     p2, p3 = x8_operands(tasks, u + 2), x8_operands(tasks, min(u + 3, t + span - 1))
