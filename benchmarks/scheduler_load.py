@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from attention_kernel_bench import cpu  # noqa: E402
 from workbench.engine.engine import Engine, Placement  # noqa: E402
-from workbench.engine.events import DoneEvent, TokenEvent  # noqa: E402
+from workbench.engine.events import DoneEvent  # noqa: E402
 from workbench.engine.sampling import SamplingParams  # noqa: E402
 from workbench.engine.scheduler import LocalModel, Request, Scheduler  # noqa: E402
 
@@ -42,7 +42,7 @@ class TimedModel(LocalModel):
     def prefill(self, seq, piece, picker, first, last):
         t0 = time.perf_counter()
         out = super().prefill(seq, piece, picker, first, last)
-        self.log.append(("prompt", t0, time.perf_counter() - t0, (len(piece),)))
+        self.log.append(("prompt", t0, time.perf_counter() - t0, (len(piece), id(seq))))
         return out
 
     def decode(self, seqs, tokens, pickers):
@@ -55,22 +55,26 @@ class TimedModel(LocalModel):
 def level(sched: Scheduler, model: TimedModel, clients: int, n: int, vocab: int, round_: int) -> dict:
     rng = np.random.default_rng(round_)
     finished = threading.Semaphore(0)
-    times: list[list[float]] = [[] for _ in range(clients)]
 
-    def on_event(i):
-        def cb(ev):   # (on the scheduler's thread)
-            if isinstance(ev, TokenEvent):
-                times[i].append(time.perf_counter())
-            elif isinstance(ev, DoneEvent) or hasattr(ev, "message"):
-                finished.release()
-        return cb
+    def on_event(ev):   # (on the scheduler's thread)
+        if isinstance(ev, DoneEvent) or hasattr(ev, "message"):
+            finished.release()
     model.log.clear()
+    reqs = []
     for i in range(clients):
         prompt = [int(t) for t in rng.integers(10, min(vocab, 30000), 8)]
-        sched.submit(Request(prompt, SamplingParams(temperature=1.0, seed=i), n_predict=n, stop_ids=set(),
-                             on_event=on_event(i)))
+        reqs.append(sched.submit(Request(prompt, SamplingParams(temperature=1.0, seed=i), n_predict=n,
+                                         stop_ids=set(), on_event=on_event)))
     for _ in range(clients):
         finished.acquire()
+    # each request's token times: its prompt's last piece, then every pass its slot's row was in
+    # (from the passes' log, not from text events: a synthetic file's tokens may print nothing)
+    times: list[list[float]] = []
+    for r in reqs:
+        sid = id(sched.slots[r.slot].session)
+        ends = [t0 + dt for k, t0, dt, rows in model.log if k == "decode" and sid in rows]
+        first = [t0 + dt for k, t0, dt, rows in model.log if k == "prompt" and rows[1] == sid]
+        times.append(sorted(first[-1:] + ends)[:len(r.out)])
     first = min(t[0] for t in times if t)
     last = max(t[-1] for t in times if t)
     tokens = sum(len(t) - 1 for t in times)

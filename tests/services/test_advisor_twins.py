@@ -210,3 +210,22 @@ def test_attention_twin_streams_a_token_of_the_targets_bytes():
     assert engine_cal.twin_block_bytes(300e6, 4 * 300e6, 7) == float(64 << 20)
     # a small model: no more than it streams itself
     assert engine_cal.twin_block_bytes(1e5, 6e5, 4) == pytest.approx(1.5e5)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "qwen3moe"])
+def test_attention_twin_with_a_wide_ffn_loads(arch, tmp_path):
+    """The attention twin's dense blocks get a wide FFN to stream a token of the target's bytes:
+    its header names that FFN, so the engine loads it (it was written with the small twins' FFN in
+    the header and every dense architecture refused it: `numawb advise` on SmolLM2 stopped there)."""
+    from workbench.engine import Engine
+    from workbench.engine.engine import Placement
+    shape = TwinShape(arch=arch, n_head=4, n_head_kv=2, head_dim=16, width=64,
+                      **({"n_expert": 8, "n_expert_used": 2} if arch == "qwen3moe" else {}))
+    p = str(tmp_path / f"{arch}.gguf")
+    write_twin(p, shape, 2, 0, full_attention=True, ffn=256, n_ctx=512)
+    eng = Engine.load(p, placement=Placement(threads=1))
+    try:
+        assert eng.cfg.n_ff == 256
+        assert np.isfinite(eng.new_session(64).eval([2, 3, 4])).all()
+    finally:
+        eng.close()

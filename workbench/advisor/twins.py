@@ -154,7 +154,7 @@ def write_twin(path: str, shape: TwinShape, n_dense: int, n_moe: int, *, used: i
     u32("context_length", n_ctx)
     u32("embedding_length", d)
     u32("block_count", n_layer)
-    u32("feed_forward_length", FFN)
+    u32("feed_forward_length", ffn)
     u32("attention.head_count", shape.n_head)
     w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
     w.add_float32(f"{a}.rope.freq_base", 10000.0)
