@@ -68,30 +68,52 @@ def kernels(mode: int) -> dict:
         o = base + b * 24
         return q5_1_lanes(w, o, xq, b * 32), f16_lead(w, o) * xd[b], f16_lead(w, o + 2) * xa[b]
 
-    def make_matvec(blk):
-        # one f32x8 accumulator in block order, then hsum (+ the min terms summed in block order):
-        # exactly ggml's x86 vec_dot_q*_q8_* (acc = fmadd(d, q, acc); hsum_float_8(acc) + summs),
-        # which llama.cpp runs for one-token products; several accumulators would be faster but
-        # round differently from llama.cpp
+    def make_matvec(blk, bsz):
+        # per row one f32x8 accumulator in block order, then hsum (+ the min terms summed in block
+        # order): exactly ggml's x86 vec_dot_q*_q8_* (acc = fmadd(d, q, acc); hsum_float_8(acc) +
+        # summs), which llama.cpp runs for these types' products (no repacked or tinyBLAS form);
+        # several accumulators a row would round differently. Two rows a step, each its own chain
+        # (one row's chain bound the kernel at its latency: Q4_1 at k = 576 ran 16 GB/s a core in
+        # cache and from memory alike, AMD EPYC Zen 4), the two streams of make_offset_matvec.
         @numba.njit(**_NB)
         def matvec(w, xp, out, r0, r1):
             xq, xd, xa = xp
             nb = xd.shape[0]
             rb = w.shape[1]
-            mid = stream_halves(r0, r1, 1, rb)   # two streams: a row of each half in turn
-            for j in range(r1 - r0):
-                i = stream_row(j, r0, mid, 1)
+            pfd = prefetch_distance(nb * 32)
+            mid = stream_halves(r0, r1, 2, rb)
+            prime_streams(w, r0, mid, rb, pfd)
+            for j in range((r1 - r0) // 2):
+                i = stream_row(j, r0, mid, 2)
+                base = i * rb
+                a0 = f_zero()
+                a1 = f_zero()
+                e0 = f32(0.0)
+                e1 = f32(0.0)
+                for b in range(nb):
+                    prefetch(w, base + b * (2 * bsz) + pfd)
+                    l0, s0, m0 = blk(w, base, b, xq, xd, xa)
+                    l1, s1, m1 = blk(w, base + rb, b, xq, xd, xa)
+                    a0 = fmadd_i(a0, l0, s0)
+                    a1 = fmadd_i(a1, l1, s1)
+                    e0 += m0
+                    e1 += m1
+                out[i] = hsum_f(a0) + e0
+                out[i + 1] = hsum_f(a1) + e1
+            if (r1 - r0) % 2:
+                i = r1 - 1
                 base = i * rb
                 a0 = f_zero()
                 e0 = f32(0.0)
                 for b in range(nb):
-                    l, s, e = blk(w, base, b, xq, xd, xa)
-                    a0 = fmadd_i(a0, l, s); e0 += e
+                    l0, s0, m0 = blk(w, base, b, xq, xd, xa)
+                    a0 = fmadd_i(a0, l0, s0)
+                    e0 += m0
                 out[i] = hsum_f(a0) + e0
         return matvec
 
-    q4_1_matvec = make_matvec(q4_1_blk)
-    q5_1_matvec = make_matvec(q5_1_blk)
+    q4_1_matvec = make_matvec(q4_1_blk, 20)
+    q5_1_matvec = make_matvec(q5_1_blk, 24)
 
     # Q4_0/Q5_0 matvec: ONE f32 chain per row in block order -- llama.cpp's order
     # (ggml_vec_dot_q5_0_q8_0: acc = fma(f32(lanes), d_w * d_x, acc), hsum_float_8), so results are
