@@ -64,10 +64,9 @@ def test_engine_constants_are_measured_once(tmp_path, monkeypatch):
     k = prof.engine["kernels"]["1"]["Q8_0@512"]  # per thread count, then type and row length
     assert k["decode_bytes_per_s"] > 0 and k["prompt_flops_per_s"] > 0
     assert engine_cal.ensure_engine(prof, {8: 512}, "llama", [1]) is False  # nothing left to measure
-    prof.engine["speed_revision"] = 1   # measured before the kernels last got faster: measured again
+    prof.engine["kernels_revision"] = "older"   # measured on other kernels' sources: measured again
     assert engine_cal.ensure_engine(prof, {8: 512}, "llama", [1]) is True
-    from workbench.engine.kernels import SPEED_REVISION
-    assert prof.engine["speed_revision"] == SPEED_REVISION
+    assert prof.engine["kernels_revision"] == engine_cal.kernels_revision()
 
 
 def test_advise_json_on_this_machine(cache):

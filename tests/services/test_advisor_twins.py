@@ -97,7 +97,7 @@ def test_structure_costs_are_cached_per_engine_revision(r1_header, tmp_path, mon
     prof = MemoryProfile(key="t", date="", cpu_model="", source="probed", nodes=[0], cpu_nodes=[0],
                          bandwidth={0: {0: 1e10}}, latency_ns={}, scaling={0: [(1, 1e10)]})
     from workbench.engine import kernels as K
-    prof.engine.update(kernel_path=K.kernel_path(), speed_revision=K.SPEED_REVISION,
+    prof.engine.update(kernel_path=K.kernel_path(), kernels_revision=engine_cal.kernels_revision(),
                        overhead={"deepseek2": {"1": [0.0, 0.0]}})
     shape = TwinShape.from_header(read_header(r1_header))
     assert engine_cal.ensure_engine(prof, {}, "deepseek2", [1], shape=shape, n_dense=3, kv_bpp_block=1152)

@@ -36,7 +36,7 @@ from . import compile_helper as _helper
 __all__ = [
     "SUPPORTED_TYPES", "is_supported", "prepare", "matvec", "matmat", "dequantize_rows",
     "row_bytes", "preparer", "matvec_kernels", "kernel_path", "set_kernel_path", "available_paths",
-    "precompile", "active_types", "mul_mat_id_kernel", "packed_type", "plain_type", "prepare_key", "SPEED_REVISION",
+    "precompile", "active_types", "mul_mat_id_kernel", "packed_type", "plain_type", "prepare_key",
 ]
 
 from .type_ids import (  # noqa: F401  (the one definition of the type ids, re-exported)
@@ -44,10 +44,6 @@ from .type_ids import (  # noqa: F401  (the one definition of the type ids, re-e
     Q3_K, Q4_0, Q4_0_PLAIN, Q4_0_X8, Q4_1, Q4_K, Q4_K_PLAIN, Q4_K_X8, Q5_0, Q5_0_X2, Q5_1, Q5_K, Q6_K, Q8_0,
     Q8_0_X2, SUPPORTED_TYPES, TYPE_IDS, TYPE_NAMES,
 )
-
-#: bumped when the kernels' speed changes: what the advisor measured of them before
-#: (`advisor.engine_cal`, cached per machine) is measured again (each revision: benchmarks/HISTORY.md)
-SPEED_REVISION = 10
 
 #: ggml type id -> (elements per block, bytes per block)
 BLOCK_SIZES: dict[int, tuple[int, int]] = {
