@@ -43,7 +43,7 @@ from .screens.dashboard import AdviceView, Controls, Dashboard, LoadPanel
 from .screens.dialogs import ErrorScreen, HelpScreen, OpenModelScreen, SamplingScreen
 from .screens.main import MainScreen
 from .screens.themes import Palette, load_themes
-from .messages import (AdviceProgress, AdviceReady, LoadFailed, Loaded, LoadProgress, PreparingDecode, ReplayEvent,
+from .messages import (AdviceAtDepth, AdviceProgress, AdviceReady, LoadFailed, Loaded, LoadProgress, PreparingDecode, ReplayEvent,
                        ReplyDone, ReplyFailed, SnapshotReady, Switched, SwitchRefused, from_worker)
 
 if TYPE_CHECKING:
@@ -572,9 +572,12 @@ class WorkbenchApp(App[int]):
                 elif isinstance(ev, DoneEvent):
                     self.telemetry.rates.done(ev.stats)
                     where = placement_text(eng)
+                    # the mean cache position its tokens were decoded at (the cache holds the
+                    # conversation up to the last token fed)
+                    depth = max(0, chat.session.kv.n - (ev.stats.decode_tokens + 1) // 2)
                     self.record("reply.done", text=ev.text, n_tokens=len(ev.tokens), placement=where,
-                                **ev.stats.as_dict())
-                    self.post_message(ReplyDone(ev.stats, where))
+                                depth=depth, **ev.stats.as_dict())
+                    self.post_message(ReplyDone(ev.stats, where, depth))
         except Exception as e:  # noqa: BLE001 - shown in the chat; the model stays usable
             self.telemetry.rates.failed()
             msg = f"{type(e).__name__}: {e}"
@@ -600,6 +603,7 @@ class WorkbenchApp(App[int]):
             self._reply.set_stats(stats_line(msg.stats, msg.placement))
         self.generating = False
         self.chat_pane.set_status("stopped; partial reply kept" if msg.stats.stop_reason == "cancelled" else "")
+        self._advice_follows_depth(msg.depth)
 
     @from_worker
     async def on_reply_failed(self, msg: ReplyFailed) -> None:
@@ -878,7 +882,45 @@ class WorkbenchApp(App[int]):
             return
         self.advice_current = cur
         self._show_advice(dataclasses.replace(self.advice_view, current=mode_label(*current),
-                                              current_tps=cur.predicted_decode_tps, current_fits=cur.fits))
+                                              current_tps=cur.predicted_decode_tps, current_fits=cur.fits,
+                                              current_depth=0))
+
+    def _advice_follows_depth(self, depth: int) -> None:
+        """After a reply: the mode in force predicted at the depth that reply decoded at, so the
+        panel sets the measured rate against a prediction for the same cache (a chat's later
+        turns decode past the earlier ones: SmolLM2's second README reply at depth ~450 reads 16 %
+        more bytes a token than at depth 0). Only the cost model runs (no measurement)."""
+        eng, adv = self.engine, self.advice
+        if eng is None or adv is None or self.advice_current is None:
+            return
+        if depth == self.advice_view.current_depth or depth >= adv.n_ctx:
+            return
+        p = eng.placement
+        self._advice_at_depth(eng.path, adv, (p.weights, p.kv, eng.pool.n_threads, p.policy), depth)
+
+    @work(thread=True, exclusive=True, group="advice-depth", exit_on_error=False)
+    def _advice_at_depth(self, path: str, adv: Any, current: tuple[str, str, int, str], depth: int) -> None:
+        from .advisor.advise import advise
+        w, kv, threads, _ = current
+        try:
+            again = advise(path, adv.topology, adv.n_ctx, depth=depth, threads=[threads], weights=[w], kvs=[kv],
+                           profile=adv.profile, measure=False, checks=False)
+            cur = current_candidate(again, *current)
+        except Exception:  # noqa: BLE001 - the depth-0 prediction stays shown
+            return
+        if cur is not None:
+            self.record("advice.depth", depth=depth, predicted_decode_tps=cur.predicted_decode_tps)
+            self.post_message(AdviceAtDepth(current, cur.predicted_decode_tps, depth))
+
+    @from_worker
+    def on_advice_at_depth(self, msg: AdviceAtDepth) -> None:
+        eng = self.engine
+        if eng is None or self.advice_current is None:
+            return
+        p = eng.placement
+        if msg.current != (p.weights, p.kv, eng.pool.n_threads, p.policy):  # switched since
+            return
+        self._show_advice(dataclasses.replace(self.advice_view, current_tps=msg.tps, current_depth=msg.depth))
 
     @from_worker
     def on_advice_progress(self, msg: AdviceProgress) -> None:

@@ -119,9 +119,19 @@ class AdviceReady(WorkerMessage):
 
 
 class ReplyDone(WorkerMessage):
-    def __init__(self, stats: Any, placement: str) -> None:
+    """A reply finished; ``depth``: the mean KV-cache position its tokens were decoded at."""
+
+    def __init__(self, stats: Any, placement: str, depth: int = 0) -> None:
         super().__init__()
-        self.stats, self.placement = stats, placement
+        self.stats, self.placement, self.depth = stats, placement, depth
+
+
+class AdviceAtDepth(WorkerMessage):
+    """The mode in force (``current``) predicted again at the depth the last reply decoded at."""
+
+    def __init__(self, current: tuple, tps: float, depth: int) -> None:
+        super().__init__()
+        self.current, self.tps, self.depth = current, tps, depth
 
 
 class ReplyFailed(WorkerMessage):
@@ -130,5 +140,5 @@ class ReplyFailed(WorkerMessage):
         self.error = error
 
 
-__all__ = ["AdviceProgress", "AdviceReady", "LoadFailed", "LoadProgress", "Loaded", "PreparingDecode", "ReplayEvent",
+__all__ = ["AdviceAtDepth", "AdviceProgress", "AdviceReady", "LoadFailed", "LoadProgress", "Loaded", "PreparingDecode", "ReplayEvent",
            "ReplyDone", "ReplyFailed", "SnapshotReady", "SwitchRefused", "Switched", "WorkerMessage", "from_worker"]

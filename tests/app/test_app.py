@@ -941,8 +941,10 @@ async def test_advice_panel_predicts_current_and_best_mode_and_a_what_if(tiny, t
         app.sample_now()
         measured = app.telemetry.rates.rates().current_decode
         await until(pilot, lambda: app.dashboard.snapshot.rates.current_decode == measured)
+        await until(pilot, lambda: app.advice_view.current_depth > 0)  # predicted at the reply's depth
+        v = app.advice_view
         text = app.dashboard.query_one("#advice-text").render().plain
-        assert f"predicted {cur.predicted_decode_tps:,.1f} t/s · measured {measured:,.1f} t/s" in text
+        assert f"predicted {v.current_tps:,.1f} t/s at depth {v.current_depth:,} · measured {measured:,.1f} t/s" in text
         assert "best mode: weights" in text
         # the fixture machine has automatic NUMA balancing on: a warning with its fix
         assert [w for w in v.warnings if w[0] == "warn" and "NUMA balancing is on" in w[1]]
@@ -971,6 +973,33 @@ async def test_advice_panel_predicts_current_and_best_mode_and_a_what_if(tiny, t
         await until(pilot, lambda: not app.advising, 60)
         assert app.advice_view.status.startswith("✗ what-if bad.gguf:") and "\n" not in app.advice_view.status
         assert app.advice_view.best == v.best
+
+
+@aio
+async def test_advice_follows_the_depth_of_the_last_reply(tiny):
+    """After a reply the mode in force is predicted again at the cache depth that reply decoded at,
+    so the panel sets the measured rate against a prediction for the same cache."""
+    from workbench.advisor.advise import advise
+    from workbench.app import current_candidate
+    app = make_app(tiny, simulate="epyc-2socket", auto_advice=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(app, pilot)
+        await until(pilot, lambda: app.advice is not None and not app.advising, 120)
+        at0 = app.advice_view.current_tps
+        assert app.advice_view.current_depth == 0 and at0
+        await chat_once(app, pilot, "the cat sat on the mat and then the dog")
+        await until(pilot, lambda: app.advice_view.current_depth > 0, 60)
+        d, n = app.advice_view.current_depth, app.chat.session.kv.n
+        assert n - 8 <= d < n  # the mean position of this reply's (at most 8) tokens
+        p, eng = app.engine.placement, app.engine
+        current = (p.weights, p.kv, eng.pool.n_threads, p.policy)
+        again = current_candidate(advise(eng.path, app.advice.topology, app.advice.n_ctx, depth=d,
+                                         threads=[current[2]], weights=[p.weights], kvs=[p.kv],
+                                         profile=app.advice.profile, measure=False, checks=False), *current)
+        assert app.advice_view.current_tps == pytest.approx(again.predicted_decode_tps)
+        assert app.advice_view.current_tps < at0  # a token reads the cache too
+        await pilot.pause(0.1)
+        assert f"at depth {d:,}" in app.dashboard.query_one("#advice-text").render().plain
 
 
 @aio
@@ -1137,6 +1166,7 @@ async def test_worker_messages_dispatched_while_the_app_exits_end_quietly_and_ke
         app_mod.SnapshotReady: lambda: app_mod.SnapshotReady(Snapshot(seq=1, t=0.0, source="live", simulated=False)),
         app_mod.AdviceProgress: lambda: app_mod.AdviceProgress("probing"),
         app_mod.AdviceReady: lambda: app_mod.AdviceReady(None, "", "failed"),
+        app_mod.AdviceAtDepth: lambda: app_mod.AdviceAtDepth(("none", "first-touch", 2, "distribute"), 10.0, 5),
         app_mod.ReplyFailed: lambda: app_mod.ReplyFailed("boom"),
         app_mod.ReplyDone: lambda: app_mod.ReplyDone(Stats(decode_tokens=2, decode_seconds=0.1, stop_reason="length"), "p"),
     }

@@ -290,6 +290,7 @@ class AdviceView:
     machine: str = ""                      # "this machine (probe 2026-12-01)" / "SIMULATED epyc-2socket"
     current: str = ""                      # the mode in force, e.g. "mirror / first-touch / 32 threads"
     current_tps: float | None = None       # its predicted decode rate
+    current_depth: int = 0                 # ... at this KV-cache depth (the last reply's mean position)
     current_fits: bool = True
     best: str = ""
     best_tps: float | None = None
@@ -306,6 +307,8 @@ def advice_view(a: AdviceView, measured: float | None) -> RenderableType:
     if a.current:
         out.append(f"\nthis mode ({a.current}): ", style="bold")
         out.append(f"predicted {fmt_rate(a.current_tps)}")
+        if a.current_depth:
+            out.append(f" at depth {a.current_depth:,}", style="dim")
         out.append(" · measured ")
         out.append(fmt_rate(measured), style="bold" if measured else "dim")
         if measured and a.current_tps:
