@@ -245,6 +245,32 @@ async def test_streaming_reply_is_plain_then_markdown_once_it_ends(tiny):
 
 
 @aio
+async def test_streamed_text_is_shown_less_often_when_no_cpu_is_spare(tiny, monkeypatch):
+    """Each streamed update's UI work is taken from a decoding thread when the engine's threads use
+    every CPU: the streaming timer then shows the text at STREAM_HZ_BUSY, else at every tick."""
+    from workbench import app as app_mod
+    app = make_app(tiny)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(app, pilot)
+        shown = []
+        monkeypatch.setattr(app, "_flush_stream", lambda: _note(shown))
+        n = app.engine.pool.n_threads
+        for cpus, expect in ((set(range(n)), 1), (set(range(n + 1)), 3)):
+            monkeypatch.setattr(os, "sched_getaffinity", lambda pid, c=cpus: c)
+            shown.clear()
+            app._flushed = 0.0
+            for _ in range(3):  # three ticks well within 1 / STREAM_HZ_BUSY
+                await app._tick_stream()
+                app._flushed = time.monotonic() if shown else 0.0
+            assert len(shown) == expect, (cpus, shown)
+        assert app_mod.STREAM_HZ_BUSY < app_mod.STREAM_HZ
+
+
+async def _note(shown: list) -> None:
+    shown.append(time.monotonic())
+
+
+@aio
 async def test_finished_reply_renders_as_a_restored_one():
     """A streamed reply's Markdown, once finished, is the same on screen as a reply given its whole
     text (restored from the history), Markdown syntax included."""
