@@ -15,7 +15,11 @@ For each candidate (threads on a node set x weights mode x KV mode):
   per-token overhead. The kernel time, with the engine's constants measured on this machine, is per
   GGML type the in-cache product time (the compute ceiling) plus the share of the memory time the
   kernel does not hide, calibrated so that on local memory it is exactly the measured streamed rate
-  (``kernel_time``); remote bytes then cost more by that share of their extra wait.
+  (``kernel_time``); remote bytes then cost more by that share of their extra wait. Each product's
+  start on a matrix in no cache (``cold``: measured per type and shape) is added to the slower of
+  memory and kernels: the first lines' latency is time the memory does not stream (R1's narrow experts
+  at 2 threads on a host whose second core adds 5 % bandwidth: +21 % hidden under the memory time,
+  +8 % added to it).
   Fixtures have no engine constants: their compute time is FLOPs over the stated FLOP/s per core;
 * **prompt time per token** = FLOPs per token over the measured kernel throughput of the threads.
 """
@@ -372,11 +376,10 @@ def _decode_time(B: Mapping[int, Mapping[int, float]], by_type: Mapping[int, Map
             t_cmp = kernel_time(by_type[i], row, n_i, stream, cache,
                                 {j: prof.bw(i, j, n_i) for j in row}, prof.bw(i, i, n_i))
             t_p = sum(n * cold.get(ty, 0.0) for ty, n in prods.items())
-            t_cmp += t_p
         elif eng.flops_per_core:
             share = sum(by_type[i].values()) / sum_bytes
             t_cmp = cost.matmul_flops_per_token() * share / (n_i * eng.flops_per_core)
-        node_t = max(t_mem, t_cmp)
+        node_t = max(t_mem, t_cmp) + t_p
         if node_t > t_w:
             t_w, t_prod, t_mem_w = node_t, t_p, t_mem
             why = f"memory reads of node {i}" if t_mem >= t_cmp else (
