@@ -58,6 +58,10 @@ STREAM_HZ = 10
 #: then taken from a decoding thread (SmolLM2-135M, 2 threads on 2 CPUs, 400-token replies in
 #: alternating recordings: 10 Hz 139-171 / 109-136 t/s, 5 Hz 177-184 / 137-145)
 STREAM_HZ_BUSY = 4
+#: ... and the dashboard's telemetry samples at most this often (s) while such a reply streams: a
+#: snapshot is 10-15 ms of sampling and 35-50 ms of the UI thread, a tenth of a 0.4 s reply (the
+#: README's session, SmolLM2 at 2 threads on 2 CPUs; telemetry paused: 181-205 -> 220-224 t/s)
+BUSY_REFRESH = 3.0
 COMPLETION_NOTE = "completion mode: this model has no chat template; it continues your text"
 
 
@@ -558,6 +562,7 @@ class WorkbenchApp(App[int]):
         self.generating = True
         pane.set_status("generating… (Esc stops)")
         self.telemetry.rates.start()
+        self._telemetry_while_streaming(True)
         self.record("chat.user", text=text)
         self._generate(self.chat, text, self.sampling_params(), self.settings.sampling.n_predict, self._cancel)
         return True
@@ -589,13 +594,28 @@ class WorkbenchApp(App[int]):
             self.record("reply.error", error=msg)
             self.post_message(ReplyFailed(msg))
 
+    def _no_spare_cpu(self) -> bool:
+        """Whether the engine's threads take every CPU this process may use (the UI's work is then
+        taken from a decoding thread)."""
+        eng = self.engine
+        return eng is not None and eng.pool.n_threads >= len(os.sched_getaffinity(0))
+
     async def _tick_stream(self) -> None:
         """The streaming timer: flush at STREAM_HZ, or STREAM_HZ_BUSY when no CPU is spare."""
-        eng = self.engine
-        if eng is not None and eng.pool.n_threads >= len(os.sched_getaffinity(0)):
-            if time.monotonic() - self._flushed < 1 / STREAM_HZ_BUSY:
-                return
+        if self._no_spare_cpu() and time.monotonic() - self._flushed < 1 / STREAM_HZ_BUSY:
+            return
         await self._flush_stream()
+
+    def _telemetry_while_streaming(self, streaming: bool) -> None:
+        """Sample at most every BUSY_REFRESH s while a reply streams on a machine with no spare CPU;
+        at the reply's end the settings' interval again, with a sample at once (its final rates)."""
+        if not self.live:
+            return
+        if streaming:
+            if self._no_spare_cpu():  # no wake-up: the sample in progress keeps its time
+                self.source.interval = max(self.source.interval, BUSY_REFRESH)
+        elif self.source.interval != Sampler.clamp(self.settings.refresh):
+            self.source.set_interval(self.settings.refresh)
 
     async def _flush_stream(self) -> None:
         self._flushed = time.monotonic()
@@ -616,6 +636,7 @@ class WorkbenchApp(App[int]):
             await self._reply.finish()
             self._reply.set_stats(stats_line(msg.stats, msg.placement))
         self.generating = False
+        self._telemetry_while_streaming(False)
         self.chat_pane.set_status("stopped; partial reply kept" if msg.stats.stop_reason == "cancelled" else "")
         self._advice_follows_depth(msg.depth)
 
@@ -627,6 +648,7 @@ class WorkbenchApp(App[int]):
             await self._reply.finish()
             self._reply.set_stats(f"✗ {msg.error} (partial reply kept)", error=True)
         self.generating = False
+        self._telemetry_while_streaming(False)
         self.last_error = msg.error
         self.chat_pane.set_status("the reply failed; the model is still loaded")
         self.notify(msg.error, title="generation failed", severity="error", timeout=10)

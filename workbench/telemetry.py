@@ -689,14 +689,19 @@ class Ticker:
     def _run(self) -> None:
         self._prepare()
         while not self._stop.is_set():
+            last = time.monotonic()
             if not self._paused.is_set():
                 try:
                     if self.tick() is False:
                         return
                 except Exception:  # noqa: BLE001 - one bad tick must not end the source
                     pass
-            self._wake.wait(self.interval)
+            woke = self._wake.wait(self.interval)
             self._wake.clear()
+            # an interval made longer while waiting (set without a wake-up): wait out the rest of it
+            while not woke and not self._stop.is_set() and (left := self.interval - (time.monotonic() - last)) > 1e-3:
+                woke = self._wake.wait(left)
+                self._wake.clear()
 
 
 class Sampler(Ticker):

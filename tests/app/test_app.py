@@ -266,6 +266,52 @@ async def test_streamed_text_is_shown_less_often_when_no_cpu_is_spare(tiny, monk
         assert app_mod.STREAM_HZ_BUSY < app_mod.STREAM_HZ
 
 
+@aio
+async def test_telemetry_samples_less_often_while_a_reply_streams_on_busy_cpus(tiny, monkeypatch):
+    """A snapshot is UI work taken from a decoding thread when no CPU is spare: while a reply streams
+    the sampler waits BUSY_REFRESH between samples, and at its end goes back to the settings' rate."""
+    from workbench import app as app_mod
+    app = make_app(tiny)
+    app.settings.sampling.n_predict = 12
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(app, pilot)
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(app.engine.pool.n_threads)))
+        normal = app.source.interval
+        seen, go = hold_after(app, 3)
+        await app.send_message("the cat")
+        await until(pilot, seen.is_set)
+        assert app.source.interval == max(normal, app_mod.BUSY_REFRESH)
+        go.set()
+        await until(pilot, lambda: not app.generating)
+        assert app.source.interval == normal
+        # with a CPU to spare, the rate stays
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(app.engine.pool.n_threads + 1)))
+        await chat_once(app, pilot)
+        assert app.source.interval == normal
+
+
+def test_ticker_waits_out_an_interval_made_longer_while_it_waits():
+    from workbench.telemetry import Ticker
+
+    class Count(Ticker):
+        def __init__(self):
+            super().__init__(0.25)
+            self.times = []
+
+        def tick(self):
+            self.times.append(time.monotonic())
+    t = Count()
+    t.start()
+    try:
+        time.sleep(0.1)
+        t.interval = 1.0  # no wake-up: the wait in progress is stretched to the new interval
+        time.sleep(1.5)
+    finally:
+        t.stop()
+    gaps = [b - a for a, b in zip(t.times, t.times[1:])]
+    assert gaps and all(g >= 0.95 for g in gaps), gaps
+
+
 async def _note(shown: list) -> None:
     shown.append(time.monotonic())
 
