@@ -43,8 +43,8 @@ from .screens.dashboard import AdviceView, Controls, Dashboard, LoadPanel
 from .screens.dialogs import ErrorScreen, HelpScreen, OpenModelScreen, SamplingScreen
 from .screens.main import MainScreen
 from .screens.themes import Palette, load_themes
-from .messages import (AdviceAtDepth, AdviceProgress, AdviceReady, LoadFailed, Loaded, LoadProgress, PreparingDecode, ReplayEvent,
-                       ReplyDone, ReplyFailed, SnapshotReady, Switched, SwitchRefused, from_worker)
+from .messages import (AdviceAtDepth, AdviceProgress, AdviceReady, LoadFailed, Loaded, LoadProgress, PreparingDecode,
+                       ReplayEvent, ReplyDone, ReplyFailed, SnapshotReady, Switched, SwitchRefused, from_worker)
 
 if TYPE_CHECKING:
     from .server.http import AppServer
@@ -56,11 +56,12 @@ Recorder = Callable[[str, dict], None]
 STREAM_HZ = 10
 #: ... and while the engine's threads take every CPU this process may use: each update's UI work is
 #: then taken from a decoding thread (SmolLM2-135M, 2 threads on 2 CPUs, 400-token replies in
-#: alternating recordings: 10 Hz 139-171 / 109-136 t/s, 5 Hz 177-184 / 137-145)
+#: alternating recordings: 10 Hz 139-171 / 109-136 t/s, 5 Hz 177-184 / 137-145, 4 Hz 165-173 / 123-142)
 STREAM_HZ_BUSY = 4
 #: ... and the dashboard's telemetry samples at most this often (s) while such a reply streams: a
 #: snapshot is 10-15 ms of sampling and 35-50 ms of the UI thread, a tenth of a 0.4 s reply (the
-#: README's session, SmolLM2 at 2 threads on 2 CPUs; telemetry paused: 181-205 -> 220-224 t/s)
+#: README's session, SmolLM2 at 2 threads on 2 CPUs, three alternating recordings each: sampling every
+#: second 203 / 177 t/s mean, every 3 s 226 / 215)
 BUSY_REFRESH = 3.0
 COMPLETION_NOTE = "completion mode: this model has no chat template; it continues your text"
 
@@ -924,8 +925,8 @@ class WorkbenchApp(App[int]):
     def _advice_follows_depth(self, depth: int) -> None:
         """After a reply: the mode in force predicted at the depth that reply decoded at, so the
         panel sets the measured rate against a prediction for the same cache (a chat's later
-        turns decode past the earlier ones: SmolLM2's second README reply at depth ~450 reads 16 %
-        more bytes a token than at depth 0). Only the cost model runs (no measurement)."""
+        turns decode past the earlier ones: the README session's second reply, at depth 176, is
+        predicted 281.4 t/s against 290.6 at depth 0). Only the cost model runs (no measurement)."""
         eng, adv = self.engine, self.advice
         if eng is None or adv is None or self.advice_current is None:
             return
