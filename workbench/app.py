@@ -583,9 +583,9 @@ class WorkbenchApp(App[int]):
                 elif isinstance(ev, DoneEvent):
                     self.telemetry.rates.done(ev.stats)
                     where = placement_text(eng)
-                    # the mean cache position its tokens were decoded at (the cache holds the
-                    # conversation up to the last token fed)
-                    depth = max(0, chat.session.kv.n - (ev.stats.decode_tokens + 1) // 2)
+                    # the mean cache position its tokens were decoded at (the session holds the
+                    # conversation up to the last token fed; a Ray pipeline's session too)
+                    depth = max(0, len(chat.session.tokens) - (ev.stats.decode_tokens + 1) // 2)
                     self.record("reply.done", text=ev.text, n_tokens=len(ev.tokens), placement=where,
                                 depth=depth, **ev.stats.as_dict())
                     self.post_message(ReplyDone(ev.stats, where, depth))
