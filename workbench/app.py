@@ -933,16 +933,13 @@ class WorkbenchApp(App[int]):
         if depth == self.advice_view.current_depth or depth >= adv.n_ctx:
             return
         p = eng.placement
-        self._advice_at_depth(eng.path, adv, (p.weights, p.kv, eng.pool.n_threads, p.policy), depth)
+        self._advice_at_depth(adv, (p.weights, p.kv, eng.pool.n_threads, p.policy), depth)
 
     @work(thread=True, exclusive=True, group="advice-depth", exit_on_error=False)
-    def _advice_at_depth(self, path: str, adv: Any, current: tuple[str, str, int, str], depth: int) -> None:
-        from .advisor.advise import advise
+    def _advice_at_depth(self, adv: Any, current: tuple[str, str, int, str], depth: int) -> None:
         w, kv, threads, _ = current
         try:
-            again = advise(path, adv.topology, adv.n_ctx, depth=depth, threads=[threads], weights=[w], kvs=[kv],
-                           profile=adv.profile, measure=False, checks=False)
-            cur = current_candidate(again, *current)
+            cur = current_candidate(adv.at_depth(depth, threads=[threads], weights=[w], kvs=[kv]), *current)
         except Exception:  # noqa: BLE001 - the depth-0 prediction stays shown
             return
         if cur is not None:

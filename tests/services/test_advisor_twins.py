@@ -253,3 +253,18 @@ def test_attention_twin_with_a_wide_ffn_loads(arch, tmp_path):
         assert np.isfinite(eng.new_session(64).eval([2, 3, 4])).all()
     finally:
         eng.close()
+
+
+def test_advice_at_another_depth_is_the_advice_made_there(r1_header):
+    """`Advice.at_depth` predicts again from what the advice holds (no header read, no checks): the
+    same candidates `advise` makes at that depth."""
+    a = advise(r1_header, "epyc-2socket", 9000, measure=False)
+    b = a.at_depth(8192)
+    want = advise(r1_header, "epyc-2socket", 9000, depth=8192, measure=False)
+    assert b.depth == 8192 and b.reason == want.reason and b.recommended == want.recommended
+    assert [c.to_json() for c in b.candidates] == [c.to_json() for c in want.candidates]
+    assert b.best.predicted_decode_tps < a.best.predicted_decode_tps  # a token reads the cache too
+    one = a.at_depth(8192, threads=[b.best.threads], weights=[b.best.weights], kvs=[b.best.kv])
+    assert one.find(b.best.weights, b.best.kv, b.best.threads).predicted_decode_tps == b.best.predicted_decode_tps
+    with pytest.raises(ValueError, match="depth 9000"):
+        a.at_depth(9000)
