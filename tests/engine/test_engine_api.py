@@ -426,8 +426,52 @@ def test_top_k_ids_rank_by_logit_then_id():
     equal logits by the lower id, on ties at the cut too."""
     from workbench.engine.sampling import top_k_ids
     rng = np.random.default_rng(3)
-    for n, k in ((10, 3), (1000, 40), (50, 50), (7, 1), (300, 17)):
+    # small vocabularies (one heap pass) and large ones (the blocks' floor first; a short last block)
+    for n, k in ((10, 3), (1000, 40), (50, 50), (7, 1), (300, 17), (49152, 40), (20000 + 37, 1),
+                 (262144 + 5, 40), (6000, 200)):
         for trial in range(6):
             lg = (rng.integers(-3, 3, n) if trial % 2 else rng.standard_normal(n)).astype(np.float32)
+            if trial == 4:   # one high logit late, the rest flat: ties at the floor everywhere
+                lg = np.zeros(n, np.float32)
+                lg[n - 2] = 1.0
             want = np.lexsort((np.arange(n), -lg))[:k]
             np.testing.assert_array_equal(top_k_ids(lg, k), want)
+
+
+def test_compiled_sampler_draws_what_the_numpy_steps_drew():
+    """The chain after the penalties (top-k, top-p, min-p, temperature, the draw) runs compiled
+    in one call; with the same seed it picks the token that the same steps written with NumPy
+    calls pick (its pairwise sum, `Generator.choice`'s cumulative draw), on vocabularies small and
+    large, ties included."""
+    from workbench.engine.sampling import Sampler, SamplingParams, pairwise_sum, top_k_ids
+
+    def numpy_steps(p, rng, logits):
+        idx = top_k_ids(logits, p.top_k) if 0 < p.top_k < len(logits) else np.argsort(-logits, kind="stable")
+        vals = logits[idx].astype(np.float64)
+        if p.top_p < 1.0:
+            probs = np.exp(vals - vals[0])
+            probs /= probs.sum()
+            cut = int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1
+            idx, vals = idx[:cut], vals[:cut]
+        if p.min_p > 0:
+            keep = vals >= vals[0] + np.log(p.min_p)
+            idx, vals = idx[keep], vals[keep]
+        vals = vals / p.temperature
+        probs = np.exp(vals - vals[0])
+        probs /= probs.sum()
+        return int(idx[rng.choice(len(idx), p=probs)])
+
+    rng0 = np.random.default_rng(11)
+    for case in range(300):
+        n = int(rng0.choice([50, 300, 49152]))
+        logits = (rng0.standard_normal(n) * float(rng0.choice([0.5, 2.0, 5.0]))).astype(np.float32)
+        if case % 5 == 0:
+            logits = np.round(logits, 1)
+        p = SamplingParams(temperature=float(rng0.choice([0.2, 0.8, 1.5])), top_k=int(rng0.choice([0, 5, 40, 1000])),
+                           top_p=float(rng0.choice([1.0, 0.95, 0.5])), min_p=float(rng0.choice([0.0, 0.05, 0.2])),
+                           seed=case)
+        s, ref = Sampler(p), np.random.default_rng(case)
+        assert [s.sample(logits, []) for _ in range(3)] == [numpy_steps(p, ref, logits) for _ in range(3)]
+    for m in (1, 7, 8, 9, 100, 128, 129, 1000, 49152):   # NumPy's own sum, to the bit
+        x = np.random.default_rng(m).random(m)
+        assert pairwise_sum(x, 0, m) == x.sum()
