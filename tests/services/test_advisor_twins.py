@@ -236,6 +236,27 @@ def test_attention_twin_streams_a_token_of_the_targets_bytes():
     assert engine_cal.twin_block_bytes(1e5, 6e5, 4) == pytest.approx(1.5e5)
 
 
+def test_attention_times_never_fall_with_depth():
+    """A depth's attention figure is a difference of two timings; one spoiled by other work came out
+    0 at depth 1024 for 2 threads on SmolLM2's shape (4096: 181 us a block). Such a point is put on
+    the line through the next deeper one; good points are kept as measured."""
+    mend = engine_cal.monotone_in_depth
+    good = {1024: 60e-6, 4096: 320e-6, 16384: 1300e-6}
+    assert mend(good) == good
+    out = mend({1024: 0.0, 4096: 320e-6, 16384: 1300e-6})
+    assert out[1024] == pytest.approx(80e-6) and out[4096] == 320e-6
+    # a middle point below the shallower one: on the line to the deepest
+    out = mend({1024: 100e-6, 4096: 90e-6, 16384: 1600e-6})
+    assert out[4096] == pytest.approx(400e-6)
+    # the deepest point spoiled: the shallower one's time per position
+    out = mend({1024: 100e-6, 4096: 400e-6, 16384: -5e-6})
+    assert out[16384] == pytest.approx(1600e-6)
+    assert mend({1024: 0.0, 4096: -1e-6, 16384: 0.0}) == {1024: 0.0, 4096: 0.0, 16384: 0.0}
+    noisy = mend({1024: 5e-6, 4096: 1e-6, 16384: 3e-6})
+    seq = [noisy[d] for d in sorted(noisy)]
+    assert all(a <= b for a, b in zip(seq, seq[1:])) and seq[0] == 5e-6
+
+
 @pytest.mark.parametrize("arch", ["llama", "gemma3", "qwen3moe"])
 def test_attention_twin_with_a_wide_ffn_loads(arch, tmp_path):
     """The attention twin's dense blocks get a wide FFN to stream a token of the target's bytes:

@@ -296,8 +296,11 @@ def ensure_engine(profile: MemoryProfile, types: dict[int, int], arch: str, thre
             if progress:
                 progress(f"measuring products on cold matrices ({name}, {n} thread{'s' if n > 1 else ''}) ...")
             rates = kern.get(str(n), {}).get(kernel_key(ty, k)) or measure_kernel(ty, n, k)
-            table[name] = min(measure_cold(ty, n, k, rows, rates["stream_bytes_per_s"], rates["decode_bytes_per_s"])
-                              for _ in range(2))
+            # the median of three: a start is a difference of two timings, and the least of two
+            # once gave 2 threads no start at all on SmolLM2's Q4_1 (1 thread: 1.4 us a product)
+            table[name] = statistics.median(
+                measure_cold(ty, n, k, rows, rates["stream_bytes_per_s"], rates["decode_bytes_per_s"])
+                for _ in range(3))
             changed = True
     for ty, (k, cols) in sorted((expert_cols or {}).items()):
         if ty not in K.SUPPORTED_TYPES or cols >= 64:
@@ -375,6 +378,7 @@ def measure_cold(ggml_type: int, threads: int, k: int, rows: int, stream_bytes_p
 
 FFN_MIN = 64
 TWIN_MOE = (2, 6)      # MoE blocks of the two routing twins (one leading dense block when the target has any)
+STRUCTURE_ROUNDS = 3   # rounds of the fixed-cost twins (median of each figure)
 PROMPT_TOKENS = 512    # the prompt twins' batch (bench's pp512)
 ATTN_DEPTHS = (1024, 4096, 16384)   # depths the attention twin is timed at (and at ATTN_BASE)
 ATTN_BASE = 64
@@ -469,27 +473,63 @@ def twin_block_bytes(weight_bytes_block: float, weight_bytes_token: float, block
     return min(max(float(weight_bytes_block), token / blocks), float(64 << 20))
 
 
+ATTN_ROUNDS = 5   # rounds of the attention twin's timings: base and every depth each round
+
+
 def _attention_times(path: str, threads: int, blocks: int) -> dict[str, float]:
     """The attention twin (``blocks`` dense blocks): seconds a block spends attending at each of
     ATTN_DEPTHS, over its time at ATTN_BASE: ``decode_attention_s@D`` for a decoded token,
-    ``prompt_attention_s@D`` for each row of a prompt evaluated after D positions."""
+    ``prompt_attention_s@D`` for each row of a prompt evaluated after D positions.
+
+    Each round times the base and every depth back to back, and a depth's figure is the median
+    of its rounds' differences: a burst of other work on a shared machine spoils one round's
+    pair, not the figure (one base timed once, against depths timed after it, once gave 2
+    threads 0 at depth 1024 on SmolLM2's shape while the real model spent ~80 us a block
+    there). `monotone_in_depth` then mends a point that still came out at or below a
+    shallower one."""
     from ..engine import Engine
     from ..engine.engine import Placement
     deepest = max(ATTN_DEPTHS)
     eng = Engine.load(path, placement=Placement(threads=threads))
+    dec: dict[int, list[float]] = {d: [] for d in ATTN_DEPTHS}
+    pp: dict[int, list[float]] = {d: [] for d in ATTN_DEPTHS}
     try:
         s = eng.new_session(deepest + ATTN_PROMPT_ROWS + 8)
         _fill(s, deepest, np.random.default_rng(4))
         s.eval([280])  # the token program's first call
-        dec0 = _decode_at(s, ATTN_BASE, 6, 2)
-        pp0 = _prompt_at(s, ATTN_BASE, ATTN_PROMPT_ROWS, 2)
-        out: dict[str, float] = {"attention_blocks": float(blocks)}
-        for d in ATTN_DEPTHS:
-            out[f"decode_attention_s@{d}"] = max(0.0, _decode_at(s, d, 6, 2) - dec0) / blocks
-            out[f"prompt_attention_s@{d}"] = max(0.0, _prompt_at(s, d, ATTN_PROMPT_ROWS, 2) - pp0) / (
-                blocks * ATTN_PROMPT_ROWS)
+        for _ in range(ATTN_ROUNDS):
+            dec0 = _decode_at(s, ATTN_BASE, 12, 1)
+            pp0 = _prompt_at(s, ATTN_BASE, ATTN_PROMPT_ROWS, 2)
+            for d in ATTN_DEPTHS:
+                dec[d].append((_decode_at(s, d, 12, 1) - dec0) / blocks)
+                pp[d].append((_prompt_at(s, d, ATTN_PROMPT_ROWS, 2) - pp0) / (blocks * ATTN_PROMPT_ROWS))
     finally:
         eng.close()
+    out: dict[str, float] = {"attention_blocks": float(blocks)}
+    for key, table in (("decode_attention_s@", dec), ("prompt_attention_s@", pp)):
+        mended = monotone_in_depth({d: statistics.median(v) for d, v in table.items()})
+        out.update({f"{key}{d}": t for d, t in mended.items()})
+    return out
+
+
+def monotone_in_depth(times: dict[int, float]) -> dict[int, float]:
+    """Attention's seconds at each depth, mended where a measurement cannot be right: attending
+    over more positions never costs less. A point at or below the one before it (or at or below
+    0) is put on the line from the origin through the next deeper point that is above it; with
+    none deeper, it keeps the one before's time per position. All non-positive: all 0."""
+    depths = sorted(times)
+    out = dict(times)
+    for i, d in enumerate(depths):
+        prev = out[depths[i - 1]] if i else 0.0
+        if out[d] > prev and out[d] > 0.0:
+            continue
+        deeper = [e for e in depths[i + 1:] if times[e] > max(prev, 0.0)]
+        if deeper:
+            out[d] = max(prev, times[deeper[0]] * d / deeper[0])
+        elif i and prev > 0.0:
+            out[d] = prev * d / depths[i - 1]
+        else:
+            out[d] = max(prev, 0.0)
     return out
 
 
@@ -507,39 +547,49 @@ def measure_structure(shape, threads: int, n_dense_target: int, kv_bytes_per_pos
     with tempfile.TemporaryDirectory(prefix="numawb-twin-") as d:
         def twin(n_dense: int, n_moe: int, used: int | None = None, **kw) -> str:
             p = os.path.join(d, f"t{n_dense}-{n_moe}-{used}-{len(kw)}.gguf")
-            write_twin(p, shape, n_dense, n_moe, used=used, **kw)
+            if not os.path.exists(p):   # written once, timed every round
+                write_twin(p, shape, n_dense, n_moe, used=used, **kw)
             return p
         plural = "s" if threads > 1 else ""
-        if shape.n_expert:
-            lead = 1 if n_dense_target else 0
-            m0, m1 = TWIN_MOE
-            say(f"measuring the engine on twins of {shape.key} ({threads} thread{plural}): routing ...")
-            a = _twin_times(twin(lead, m0), threads)
-            b = _twin_times(twin(lead, m1), threads)
-            moe = [max(0.0, (y - x) / (m1 - m0)) for x, y in zip(a, b)]
-            dense = [0.0, 0.0]
-            if lead:
-                say(f"measuring the engine on twins of {shape.key} ({threads} thread{plural}): dense blocks ...")
-                c = _twin_times(twin(lead + 2, m0), threads)
-                dense = [max(0.0, (y - x) / 2) for x, y in zip(a, c)]
-            expert = [0.0, 0.0]
-            used = shape.n_expert_used
-            if used > 1:
-                say(f"measuring the engine on twins of {shape.key} ({threads} thread{plural}): experts ...")
-                half = max(1, used // 2)
-                e = _twin_times(twin(lead, m1, used=half), threads)
-                expert = [max(0.0, (y - x) / (m1 * (used - half))) for x, y in zip(e, b)]
-            base = [max(0.0, t - lead * dn - m0 * mo) for t, dn, mo in zip(a, dense, moe)]
-        else:
-            say(f"measuring the engine on twins of {shape.key} ({threads} thread{plural}): blocks ...")
-            a = _twin_times(twin(2, 0), threads)
-            b = _twin_times(twin(8, 0), threads)
-            dense = [max(0.0, (y - x) / 6) for x, y in zip(a, b)]
-            moe, expert = [0.0, 0.0], [0.0, 0.0]
-            base = [max(0.0, t - 2 * dn) for t, dn in zip(a, dense)]
-        for i, pre in enumerate(("", "prompt_")):
-            out.update({pre + "base": base[i], pre + "dense_block": dense[i], pre + "moe_block": moe[i],
-                        pre + "expert": expert[i]})
+
+        def one_round(r: int) -> dict[str, float]:
+            what = f"measuring the engine on twins of {shape.key} ({threads} thread{plural}), round {r + 1}/{STRUCTURE_ROUNDS}"
+            if shape.n_expert:
+                lead = 1 if n_dense_target else 0
+                m0, m1 = TWIN_MOE
+                say(f"{what}: routing ...")
+                a = _twin_times(twin(lead, m0), threads)
+                b = _twin_times(twin(lead, m1), threads)
+                moe = [max(0.0, (y - x) / (m1 - m0)) for x, y in zip(a, b)]
+                dense = [0.0, 0.0]
+                if lead:
+                    say(f"{what}: dense blocks ...")
+                    c = _twin_times(twin(lead + 2, m0), threads)
+                    dense = [max(0.0, (y - x) / 2) for x, y in zip(a, c)]
+                expert = [0.0, 0.0]
+                used = shape.n_expert_used
+                if used > 1:
+                    say(f"{what}: experts ...")
+                    half = max(1, used // 2)
+                    e = _twin_times(twin(lead, m1, used=half), threads)
+                    expert = [max(0.0, (y - x) / (m1 * (used - half))) for x, y in zip(e, b)]
+                base = [max(0.0, t - lead * dn - m0 * mo) for t, dn, mo in zip(a, dense, moe)]
+            else:
+                say(f"{what}: blocks ...")
+                a = _twin_times(twin(2, 0), threads)
+                b = _twin_times(twin(8, 0), threads)
+                dense = [max(0.0, (y - x) / 6) for x, y in zip(a, b)]
+                moe, expert = [0.0, 0.0], [0.0, 0.0]
+                base = [max(0.0, t - 2 * dn) for t, dn in zip(a, dense)]
+            return {pre + key: v[i] for i, pre in enumerate(("", "prompt_"))
+                    for key, v in (("base", base), ("dense_block", dense), ("moe_block", moe), ("expert", expert))}
+
+        # whole rounds, each twin's figure the median of its rounds': the fixed costs are
+        # differences of two twins' times, and one twin timed during a burst of other work
+        # once doubled 2 threads' cost a dense block (32.7 us against 16.5-17.3 in four
+        # runs minutes later, SmolLM2's shape, Zen 4)
+        rounds = [one_round(r) for r in range(STRUCTURE_ROUNDS)]
+        out.update({k: statistics.median(x[k] for x in rounds) for k in rounds[0]})
         say(f"measuring the engine's attention on a twin of {shape.key} ({threads} thread{plural}) ...")
         blocks = attention_blocks(kv_bytes_per_position_block, max(ATTN_DEPTHS))
         # between two visits of a block's cache the target streams a whole token's weights (and the
