@@ -34,7 +34,8 @@ def signatures(uses: str = "") -> list:
         (attention.probabilities, (t, i64, i64, m, m)),
         (attention.probabilities, (types.Array(f32, 3, "A"), i64, i64, m, m)),
         (ops.add_rms_norm, (m, m, v, b, v, f64, m)),
-        (sampling.top_k_ids, (v, i64)),   # a sampled first token (top-k)
+        (sampling.candidates, (v, i64, f64, f64, f64)),   # a sampled first token: the chain
+        (sampling.draw, (_c(f64, 1), f64)),               # and the draw
     ]
     if "gelu" in want:
         sigs += [(ops.gelu_mul, (m, m, m, v)),
