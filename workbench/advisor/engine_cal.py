@@ -367,8 +367,8 @@ def measure_cold(ggml_type: int, threads: int, k: int, rows: int, stream_bytes_p
             out, m0 = outs[i], orders[i][0]
             for _ in orders[i]:
                 K.matvec(ptype, m0, xp, out, 0, rows)
-        t_cold = _bench(lambda: pool.run(cold), min_time=0.2, reps=3)
-        t_hot = _bench(lambda: pool.run(hot), min_time=0.2, reps=3)
+        t_cold = _bench(lambda: pool.run(cold), min_time=0.1, reps=3)
+        t_hot = _bench(lambda: pool.run(hot), min_time=0.1, reps=3)
     nbytes = rows * row_bytes
     extra = nbytes * (1.0 / max(stream_bytes_per_s, 1.0) - 1.0 / max(cache_bytes_per_s, 1.0))
     return max(0.0, (t_cold - t_hot) / n_mat - max(0.0, extra))
@@ -473,7 +473,7 @@ def twin_block_bytes(weight_bytes_block: float, weight_bytes_token: float, block
     return min(max(float(weight_bytes_block), token / blocks), float(64 << 20))
 
 
-ATTN_ROUNDS = 5   # rounds of the attention twin's timings: base and every depth each round
+ATTN_ROUNDS = 3   # rounds of the attention twin's timings: base and every depth each round
 
 
 def _attention_times(path: str, threads: int, blocks: int) -> dict[str, float]:
@@ -481,11 +481,11 @@ def _attention_times(path: str, threads: int, blocks: int) -> dict[str, float]:
     ATTN_DEPTHS, over its time at ATTN_BASE: ``decode_attention_s@D`` for a decoded token,
     ``prompt_attention_s@D`` for each row of a prompt evaluated after D positions.
 
-    Each round times the base and every depth back to back, and a depth's figure is the median
-    of its rounds' differences: a burst of other work on a shared machine spoils one round's
-    pair, not the figure (one base timed once, against depths timed after it, once gave 2
-    threads 0 at depth 1024 on SmolLM2's shape while the real model spent ~80 us a block
-    there). `monotone_in_depth` then mends a point that still came out at or below a
+    Each round times the base and every depth back to back (8 decoded tokens and one prompt a
+    point), and a depth's figure is the median of its rounds' differences: a burst of other work
+    on a shared machine spoils one round's pair, not the figure (one base timed once, against
+    depths timed after it, once gave 2 threads 0 at depth 1024 on SmolLM2's shape while the real
+    model spent ~80 us a block there). `monotone_in_depth` then mends a point that still came out at or below a
     shallower one."""
     from ..engine import Engine
     from ..engine.engine import Placement
@@ -498,11 +498,11 @@ def _attention_times(path: str, threads: int, blocks: int) -> dict[str, float]:
         _fill(s, deepest, np.random.default_rng(4))
         s.eval([280])  # the token program's first call
         for _ in range(ATTN_ROUNDS):
-            dec0 = _decode_at(s, ATTN_BASE, 12, 1)
-            pp0 = _prompt_at(s, ATTN_BASE, ATTN_PROMPT_ROWS, 2)
+            dec0 = _decode_at(s, ATTN_BASE, 8, 1)
+            pp0 = _prompt_at(s, ATTN_BASE, ATTN_PROMPT_ROWS, 1)
             for d in ATTN_DEPTHS:
-                dec[d].append((_decode_at(s, d, 12, 1) - dec0) / blocks)
-                pp[d].append((_prompt_at(s, d, ATTN_PROMPT_ROWS, 2) - pp0) / (blocks * ATTN_PROMPT_ROWS))
+                dec[d].append((_decode_at(s, d, 8, 1) - dec0) / blocks)
+                pp[d].append((_prompt_at(s, d, ATTN_PROMPT_ROWS, 1) - pp0) / (blocks * ATTN_PROMPT_ROWS))
     finally:
         eng.close()
     out: dict[str, float] = {"attention_blocks": float(blocks)}
