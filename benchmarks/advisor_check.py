@@ -3,7 +3,7 @@ seeds' published runs beside their figures.
 
     python benchmarks/advisor_check.py [--threads 1,2] [-r 3] [--skip-large] [--seeds-only]
     python benchmarks/advisor_check.py --shapes [--depths 0,4096,16384] [--threads 1,2] [-r 2]
-                                       [--bench-json r1=FILE,v3-attn=FILE]
+                                       [--rounds 3] [--bench-json r1=FILE,v3-attn=FILE]
 
 ``--shapes``: the seeds' shapes (`make_moe_model.py --shape r1` and `--shape v3-attn`, written when
 missing) at every depth and thread count: advise's predicted tg32 and pp512 (with the per-token
@@ -224,25 +224,44 @@ def shape_file(shape: str) -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
-def bench_results(path: str, threads: list[int], depths: list[int], reps: int, saved: str | None) -> dict:
-    """(test, threads, depth) -> (mean t/s, sd, CPU share or None, load average) from a saved
-    ``bench --json`` or a bench run now over every thread count (each depth filled once), with the
-    share of CPU time each test's threads got (the machine may be shared)."""
+def bench_results(path: str, threads: list[int], depths: list[int], reps: int, saved: str | None,
+                  rounds: int = 1) -> dict:
+    """(test, threads, depth) -> (t/s, its spread as text, CPU share or None, load average) from a
+    saved ``bench --json`` or bench runs now over every thread count (each depth filled once a
+    run), with the share of CPU time each test's threads got (the machine may be shared).
+
+    ``rounds`` > 1: that many whole runs one after another, each cell the median of the runs'
+    means and its spread their range: on a shared 2-CPU host one run's 2-thread decode of the R1
+    shape came out at 81 or at 124 t/s minutes apart (the same build), so one run's mean is one
+    draw of the host's state, not the engine's rate."""
     import json
+    import statistics
     if saved:
         with open(saved) as f:
             rows = json.load(f)["results"]
         return {(("pp" if r["n_prompt"] else "tg"), r["threads"], r["n_depth"]):
-                (r["avg_ts"], r["stdev_ts"], r.get("cpu_share"), "?") for r in rows}
+                (r["avg_ts"], f"± {r['stdev_ts']:.1f}", r.get("cpu_share"), "?") for r in rows}
     la = loadavg().split(" / ")[0]
-    rep = bench.run_bench(path, threads, (512,), (32,), tuple(depths), reps, ("none",), ("first-touch",),
-                          measure_startup=False, progress=bench.Progress(True))
-    return {(("pp" if r.n_prompt else "tg"), r.threads, r.n_depth): (r.avg_ts, r.stdev_ts, r.cpu_share, la)
-            for r in rep.results}
+    runs: dict = {}
+    for i in range(max(rounds, 1)):
+        rep = bench.run_bench(path, threads, (512,), (32,), tuple(depths), reps, ("none",), ("first-touch",),
+                              measure_startup=False, progress=bench.Progress(True))
+        for r in rep.results:
+            runs.setdefault((("pp" if r.n_prompt else "tg"), r.threads, r.n_depth), []).append(r)
+    out = {}
+    for key, rs in runs.items():
+        if len(rs) == 1:
+            out[key] = (rs[0].avg_ts, f"± {rs[0].stdev_ts:.1f}", rs[0].cpu_share, la)
+            continue
+        means = [r.avg_ts for r in rs]
+        shares = [r.cpu_share for r in rs if r.cpu_share is not None]
+        out[key] = (statistics.median(means), f"({min(means):.1f}-{max(means):.1f}, {len(rs)} runs)",
+                    statistics.median(shares) if shares else None, la)
+    return out
 
 
 def shapes_grid(threads: list[int], depths: list[int], reps: int, saved: dict[str, str],
-                shapes: tuple[str, ...] = SHAPES) -> list[str]:
+                shapes: tuple[str, ...] = SHAPES, rounds: int = 1) -> list[str]:
     """Predicted against measured tg32 and pp512 for the seeds' shapes, every depth and thread count.
     Each shape's engine costs are measured (advise) just before its bench runs."""
     out = ["| shape | depth | threads | predicted tg32 | measured tg32 | error | predicted pp512 | measured pp512 | "
@@ -254,7 +273,7 @@ def shapes_grid(threads: list[int], depths: list[int], reps: int, saved: dict[st
         path = shape_file(shape)
         advs = {depth: advise(path, None, depth + 1024, depth=depth, threads=threads, weights=["none"],
                               kvs=["first-touch"], progress=bench.Progress(True)) for depth in depths}
-        meas = bench_results(path, threads, depths, reps, saved.get(shape))
+        meas = bench_results(path, threads, depths, reps, saved.get(shape), rounds)
         for depth in depths:
             for t in threads:
                 c = advs[depth].find("none", "first-touch", threads=t)
@@ -264,7 +283,7 @@ def shapes_grid(threads: list[int], depths: list[int], reps: int, saved: dict[st
                 for pred, m in ((c.predicted_decode_tps, tg), (c.predicted_prompt_tps, pp)):
                     if m:
                         errs.append(pred / m[0] - 1)
-                    cells += [f"{pred:.1f}", f"{m[0]:.1f} ± {m[1]:.1f}" if m else "-", err(pred, m[0]) if m else "-"]
+                    cells += [f"{pred:.1f}", f"{m[0]:.1f} {m[1]}" if m else "-", err(pred, m[0]) if m else "-"]
                 m = tg or pp
                 share = (f"{m[2] * 100:.0f} %" if m and m[2] is not None else "-") + f", {m[3] if m else '?'}"
                 ms = lambda v: f"{v * 1e3:.1f}"  # noqa: E731
@@ -314,6 +333,8 @@ def main() -> None:
     ap.add_argument("--depths", default="0,4096,16384")
     ap.add_argument("--bench-json", default="", help="shape=FILE,...: saved numawb bench --json per shape")
     ap.add_argument("--shape-list", default=",".join(SHAPES), help="which shapes (r1, v3-attn)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="--shapes: whole bench runs per shape, each cell their median (see bench_results)")
     args = ap.parse_args()
     if args.shapes:
         threads = [int(t) for t in args.threads.split(",")]
@@ -327,7 +348,7 @@ def main() -> None:
               + f"; load average before: {loadavg()}\n")
         saved = dict(kv.split("=", 1) for kv in args.bench_json.split(",") if kv)
         print("\n".join(shapes_grid(threads, [int(d) for d in args.depths.split(",")], args.repetitions, saved,
-                                     tuple(args.shape_list.split(",")))), flush=True)
+                                     tuple(args.shape_list.split(",")), args.rounds)), flush=True)
         print()
         args.seeds_only = True
     if not args.seeds_only:
