@@ -436,6 +436,12 @@ def test_top_k_ids_rank_by_logit_then_id():
                 lg[n - 2] = 1.0
             want = np.lexsort((np.arange(n), -lg))[:k]
             np.testing.assert_array_equal(top_k_ids(lg, k), want)
+    # a broken model's NaN logits: k distinct ids in range, no crash (the compiled code does not
+    # check bounds)
+    lg = rng.standard_normal(49152).astype(np.float32)
+    lg[::7] = np.nan
+    ids = top_k_ids(lg, 40)
+    assert len(set(ids.tolist())) == 40 and ids.min() >= 0 and ids.max() < 49152
 
 
 def test_compiled_sampler_draws_what_the_numpy_steps_drew():

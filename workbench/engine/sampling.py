@@ -139,6 +139,8 @@ def top_k_ids(logits: np.ndarray, k: int) -> np.ndarray:
                 if logits[i] >= t:
                     ids[m] = i
                     m += 1
+    if m < k:   # only where the logits hold NaNs (the maxima's flags assume none): the plain pass
+        return _heap_top_k(logits, k)
     neg = np.empty(m, np.float32)
     for j in range(m):
         neg[j] = -logits[ids[j]]
