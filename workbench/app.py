@@ -14,6 +14,7 @@ The messages its workers post are in ``workbench.messages``.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import threading
@@ -861,8 +862,16 @@ class WorkbenchApp(App[int]):
 
         def progress(text: str) -> None:
             self.post_message(AdviceProgress(text))
+        measure = probe and not topology
+        # the engine's constants are measured (once per model and engine revision, up to ~45 s)
+        # with the engine's lock held: a reply then waits for them instead of running beside the
+        # twins' own workers, which slowed both (a first reply at 159.5 t/s where the next ones
+        # made 205-243, and the constants it left predicted 2 threads about 20 % low)
+        eng = self.engine
+        held = eng.lock if (measure and eng is not None) else contextlib.nullcontext()
         try:
-            adv = advise(path, topology, ctx, measure=probe and not topology, progress=progress)
+            with held:
+                adv = advise(path, topology, ctx, measure=measure, progress=progress)
         except Exception as e:  # noqa: BLE001 - a bad file or machine is one line in the panel
             msg = str(e).splitlines()[0] if str(e) else type(e).__name__
             self.record("advice.error", path=path, error=msg)

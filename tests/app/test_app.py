@@ -1075,6 +1075,47 @@ async def test_advice_follows_the_depth_of_the_last_reply(tiny):
 
 
 @aio
+async def test_engine_constants_are_measured_with_the_engine_to_themselves(tiny, monkeypatch):
+    """On this machine the advice worker may measure the engine's constants (twins with workers of
+    their own, up to ~45 s): it holds the engine's lock meanwhile, so a reply never runs beside the
+    measurement (both were slowed, and the constants came out low). A prediction from the cache
+    alone (no measuring) takes no lock."""
+    import importlib
+    advise_mod = importlib.import_module("workbench.advisor.advise")   # (the package exports the function)
+    real = advise_mod.advise
+    seen: list[tuple[bool, bool]] = []
+    app = make_app(tiny)
+
+    def lock_held_elsewhere() -> bool:
+        got: list[bool] = []
+
+        def probe() -> None:
+            ok = app.engine.lock.acquire(blocking=False)
+            got.append(ok)
+            if ok:
+                app.engine.lock.release()
+        t = threading.Thread(target=probe)
+        t.start()
+        t.join()
+        return not got[0]
+
+    def fake(path, topology, ctx, **kw):
+        seen.append((bool(kw.get("measure")), lock_held_elsewhere()))
+        return real(path, "epyc-2socket", ctx, **dict(kw, measure=False))
+    monkeypatch.setattr(advise_mod, "advise", fake)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(app, pilot)
+        assert app.request_advice(probe=True)
+        await until(pilot, lambda: app.advice is not None and not app.advising, 120)
+        assert seen[0] == (True, True) and not any(m for m, _ in seen[1:])   # then the cost model alone
+        seen.clear()
+        app.simulate = "epyc-2socket"   # a simulated machine: nothing is measured, no lock
+        assert app.request_advice(probe=True)
+        await until(pilot, lambda: seen and not app.advising, 120)
+        assert seen[0] == (False, False)
+
+
+@aio
 async def test_advice_without_a_cached_probe_waits_for_f9(tiny, tmp_path, monkeypatch):
     """On this machine, with no probe cached, the app does not probe on its own: it says F9 does."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
