@@ -289,3 +289,31 @@ def test_advice_at_another_depth_is_the_advice_made_there(r1_header):
     assert one.find(b.best.weights, b.best.kv, b.best.threads).predicted_decode_tps == b.best.predicted_decode_tps
     with pytest.raises(ValueError, match="depth 9000"):
         a.at_depth(9000)
+
+
+def test_two_writers_keep_each_others_engine_constants(tmp_path, monkeypatch):
+    """The app and `numawb advise` may measure two models at once and each save its whole profile:
+    the engine constants the other saved meanwhile (same revisions) are kept; another revision's
+    are not."""
+    from workbench.advisor.probe import cached_profile, fixture_profile, save_profile
+    from workbench.numa.topology import fixture_path, load_topology
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    topo = load_topology(fixture_path("epyc-2socket"))
+    base = fixture_profile(topo)
+    base.engine = {"kernel_path": "avx2", "kernels_revision": "k1", "engine_revision": "e1",
+                   "structure": {"shape-a": {"1": {"base": 1e-5}}}}
+    save_profile(base, topo)
+    a, b = cached_profile(topo), cached_profile(topo)   # two processes read the same file
+    a.engine["structure"]["shape-b"] = {"2": {"base": 2e-5}}
+    b.engine["structure"]["shape-a"]["2"] = {"base": 3e-5}
+    b.engine.setdefault("cold", {})["1"] = {"Q4_K@256x256": 1e-6}
+    save_profile(a, topo)
+    save_profile(b, topo)   # without the merge: shape-b lost
+    eng = cached_profile(topo).engine
+    assert set(eng["structure"]) == {"shape-a", "shape-b"} and set(eng["structure"]["shape-a"]) == {"1", "2"}
+    assert eng["cold"]["1"] == {"Q4_K@256x256": 1e-6}
+    c = cached_profile(topo)   # a writer of another engine revision replaces them
+    c.engine = {"kernel_path": "avx2", "kernels_revision": "k1", "engine_revision": "e2", "structure": {}}
+    save_profile(c, topo)
+    assert cached_profile(topo).engine["structure"] == {}
+    assert not list(tmp_path.rglob("*.tmp"))

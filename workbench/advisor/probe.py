@@ -16,6 +16,7 @@ import hashlib
 import json
 import math
 import os
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -138,11 +139,40 @@ def cache_path(topology: Topology) -> Path:
     return cache_dir() / f"probe-{machine_key(topology)}.json"
 
 
+# the engine constants' parts that depend on the revisions `engine_cal.ensure_engine` checks
+ENGINE_REVISIONS = ("kernel_path", "kernels_revision", "engine_revision")
+
+
+def _fill_missing(mine: dict, theirs: dict) -> None:
+    """Copy into ``mine`` every key of ``theirs`` it lacks, at any depth (``mine`` wins on both)."""
+    for k, v in theirs.items():
+        if k not in mine:
+            mine[k] = v
+        elif isinstance(mine[k], dict) and isinstance(v, dict):
+            _fill_missing(mine[k], v)
+
+
 def save_profile(profile: MemoryProfile, topology: Topology) -> Path:
+    """Write the profile to the machine's cache file. Engine constants another process saved there
+    meanwhile for the same revisions are kept (the app and `numawb advise` measuring two models at
+    once each wrote its whole profile, and the last writer dropped the other's); each writer has a
+    temporary file of its own."""
     p = cache_path(topology)
     p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(".tmp")
-    tmp.write_text(json.dumps(profile.to_json(), indent=1))
+    data = profile.to_json()
+    try:
+        disk = json.loads(p.read_text())
+    except (OSError, ValueError):
+        disk = None
+    mine, theirs = data.get("engine") or {}, (disk or {}).get("engine") or {}
+    if (isinstance(disk, dict) and isinstance(theirs, dict) and disk.get("key") == data.get("key")
+            and disk.get("version") == data.get("version")
+            and all(mine.get(k) == theirs.get(k) for k in ENGINE_REVISIONS)):
+        _fill_missing(mine, theirs)
+        profile.engine = mine
+        data["engine"] = mine
+    tmp = p.with_name(f"{p.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
     tmp.replace(p)
     return p
 
