@@ -485,8 +485,8 @@ def _attention_times(path: str, threads: int, blocks: int) -> dict[str, float]:
     point), and a depth's figure is the median of its rounds' differences: a burst of other work
     on a shared machine spoils one round's pair, not the figure (one base timed once, against
     depths timed after it, once gave 2 threads 0 at depth 1024 on SmolLM2's shape while the real
-    model spent ~80 us a block there). `monotone_in_depth` then mends a point that still came out at or below a
-    shallower one."""
+    model spent ~80 us a block there). `monotone_in_depth` then mends a point that still came out
+    at or below a shallower one."""
     from ..engine import Engine
     from ..engine.engine import Placement
     deepest = max(ATTN_DEPTHS)
