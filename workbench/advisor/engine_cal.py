@@ -553,7 +553,8 @@ def measure_structure(shape, threads: int, n_dense_target: int, kv_bytes_per_pos
         plural = "s" if threads > 1 else ""
 
         def one_round(r: int) -> dict[str, float]:
-            what = f"measuring the engine on twins of {shape.key} ({threads} thread{plural}), round {r + 1}/{STRUCTURE_ROUNDS}"
+            what = (f"measuring the engine on twins of {shape.key} ({threads} thread{plural}), "
+                    f"round {r + 1}/{STRUCTURE_ROUNDS}")
             if shape.n_expert:
                 lead = 1 if n_dense_target else 0
                 m0, m1 = TWIN_MOE
