@@ -863,7 +863,8 @@ class WorkbenchApp(App[int]):
         def progress(text: str) -> None:
             self.post_message(AdviceProgress(text))
         measure = probe and not topology
-        # the engine's constants are measured (once per model and engine revision, up to ~45 s)
+        # the engine's constants are measured (once per model and engine revision: 30 s for Gemma
+        # 3 270M, 47 s for the R1 shape, both thread counts, on the Zen 4 host)
         # with the engine's lock held: a reply then waits for them instead of running beside the
         # twins' own workers, which slowed both (a first reply at 159.5 t/s where the next ones
         # made 205-243, and the constants it left predicted 2 threads about 20 % low)
