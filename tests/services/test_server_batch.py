@@ -371,3 +371,68 @@ def test_active_snapshot_from_another_thread(eng):
         assert sch.active() == []
     finally:
         sch.close()
+
+
+class _Recorded:
+    """The scheduler's model (a real `LocalModel` over the engine), with each call recorded; the
+    first prompt waits at `hold` until the test lets it go (requests arriving meanwhile queue)."""
+
+    def __init__(self, eng):
+        from workbench.engine.scheduler import LocalModel
+        self._m = LocalModel(eng)
+        self.calls: list[tuple] = []
+        self.hold = threading.Event()
+
+    def __getattr__(self, name):
+        return getattr(self._m, name)
+
+    def prefill(self, seq, piece, picker, first, last):
+        if not self.calls:
+            self.hold.wait(60)
+        self.calls.append(("prefill", len(piece)))
+        return self._m.prefill(seq, piece, picker, first, last)
+
+    def decode(self, seqs, tokens, pickers):
+        self.calls.append(("decode", len(seqs)))
+        return self._m.decode(seqs, tokens, pickers)
+
+
+def test_prompts_that_wait_together_start_decoding_together(eng):
+    """Requests that queue while a prompt is processed have their prompts processed in one
+    iteration, then decode in one pass (not one joining per pass); a prompt whose piece would take
+    the iteration past PREFILL_BATCH tokens waits for the next. Tokens as generate's."""
+    from workbench.engine.scheduler import PREFILL_BATCH
+    model = _Recorded(eng)
+    sch = Scheduler(model, n_parallel=4, n_ctx=512)
+    try:
+        jobs = [_req(p, 5, stop_ids=set()) for p in PROMPTS[:4]]
+        sch.submit(jobs[0][0])
+        _until(lambda: jobs[0][0].state == "prompt")
+        for r, _ in jobs[1:]:
+            sch.submit(r)
+        model.hold.set()
+        for _, c in jobs:
+            assert c.done.wait(120)
+        first = model.calls.index(("decode", 4))
+        assert model.calls[:2] == [("prefill", len(PROMPTS[0])), ("decode", 1)]
+        assert sorted(model.calls[2:first]) == sorted(("prefill", len(p)) for p in PROMPTS[1:4])
+        for p, (r, c) in zip(PROMPTS, jobs):
+            s = eng.new_session(128)
+            ref = list(s.generate(p, SamplingParams(temperature=0), 5, stop_ids=set()))[-1]
+            s.close()
+            assert c.last.tokens == ref.tokens
+        # two prompts of more than half a piece: one per iteration, a decode pass between them
+        model.calls.clear()
+        model.hold.set()
+        big = PREFILL_BATCH // 2 + 10
+        longs = [_req([2] + [(7 * i + j) % 250 + 10 for j in range(big)], 2, stop_ids=set()) for i in range(3)]
+        sch.submit(longs[0][0])
+        _until(lambda: model.calls)
+        for r, _ in longs[1:]:
+            sch.submit(r)
+        for _, c in longs:
+            assert c.done.wait(120)
+        prefills = [i for i, c in enumerate(model.calls) if c[0] == "prefill"]
+        assert len(prefills) == 3 and all(b - a > 1 for a, b in zip(prefills, prefills[1:]))
+    finally:
+        sch.close()

@@ -2,8 +2,9 @@
 
 `Scheduler` runs up to `n_parallel` slots (one sequence each), a bounded queue, requests that
 join and leave between passes, prompts processed in the same 512-token pieces as
-`Session.prefill`, and cancellation at the next pass; each request's token loop (sampling, stop
-ids and strings, budget, context) is a `engine.generation.Generation`, as in `Session.generate`.
+`Session.prefill` (the waiting prompts' next pieces, up to 512 tokens in all, between passes),
+and cancellation at the next pass; each request's token loop (sampling, stop ids and strings,
+budget, context) is a `engine.generation.Generation`, as in `Session.generate`.
 The passes themselves are a model's: `LocalModel` over an `Engine` here (its decode passes are
 `engine.batch.decode_batch`: every row the numbers of its sequence alone), or anything with its
 methods (a pipeline over Ray hosts, workbench.cluster, whose hosts run `stage_batch`). It knows
@@ -158,8 +159,9 @@ class _Slot:
 class Scheduler:
     """Continuous batching over `n_parallel` slots; `submit` from any thread.
 
-    One thread runs the loop: take queued requests into free slots, process one piece of one
-    prompt, then one batched pass for every slot that is decoding; requests leave between passes.
+    One thread runs the loop: take queued requests into free slots, process the next piece of
+    each waiting prompt (up to `PREFILL_BATCH` tokens in all), then one batched pass for every
+    slot that is decoding; requests leave between passes.
     A request that continues a slot's previous request (its prompt starts with that whole
     prompt and goes on, as the next turn of a chat does) reuses the slot's cache, as `Chat`
     does; any other prompt is processed in full, so its numbers are those of
@@ -354,21 +356,32 @@ class Scheduler:
         for s in self.slots:
             if s.request is not None and s.request.cancel.is_set():
                 self._finish(s, reason="cancelled")
-        # one piece of one prompt (round robin), so decoding sequences wait at most one piece
+        # the next piece of each waiting prompt (round robin) up to PREFILL_BATCH tokens in all, so
+        # a decoding sequence waits about one piece at most; prompts that arrived together start
+        # decoding in the same pass (their first tokens go out once all are in) instead of joining
+        # the passes one at a time, each with a pass of the others in between
         prompts = [s for s in self.slots if s.request is not None and s.request.state == "prompt"]
         if prompts:
-            slot = prompts[self._rr % len(prompts)]
-            self._rr += 1
-            req = slot.request
-            t0 = time.perf_counter()
-            piece = req.prompt[req._fed:req._fed + PREFILL_BATCH]
-            last = req._fed + len(piece) >= len(req.prompt)
-            tok = model.prefill(slot.session, piece, req._gen.picker, req._fed == req.reused, last)
-            req._fed += len(piece)
-            dt = time.perf_counter() - t0
-            req.stats.prompt_seconds += dt
-            self.busy_seconds += dt
-            if last:
+            k = self._rr % len(prompts)
+            budget, firsts = PREFILL_BATCH, []
+            for i, slot in enumerate(prompts[k:] + prompts[:k]):
+                req = slot.request
+                piece = req.prompt[req._fed:req._fed + PREFILL_BATCH]
+                if i and len(piece) > budget:
+                    break
+                budget -= len(piece)
+                self._rr += 1
+                t0 = time.perf_counter()
+                last = req._fed + len(piece) >= len(req.prompt)
+                tok = model.prefill(slot.session, piece, req._gen.picker, req._fed == req.reused, last)
+                req._fed += len(piece)
+                dt = time.perf_counter() - t0
+                req.stats.prompt_seconds += dt
+                self.busy_seconds += dt
+                if last:
+                    firsts.append((slot, tok))
+            for slot, tok in firsts:
+                req = slot.request
                 self.prompt_tokens_total += req.stats.prompt_tokens
                 req.state = "decode"
                 req._gen.begin_decode()
