@@ -349,6 +349,35 @@ def test_a_waiting_worker_is_told_the_rows_it_will_take_next(pool):
     assert _hinted_rows(two_nodes, shared, 1) == (0, 0)
 
 
+def test_a_worker_asks_for_the_start_of_its_next_scattered_run():
+    """`crew.next_run_bytes`: before a pinned run, the first RUN_AHEAD bytes of the worker's next
+    run (its next own chunk; a worker alone: the next chunk), from the task's T_LO, cut at T_HI;
+    nothing when that run continues this one's rows (one stream) or there is none."""
+    from workbench.engine.crew import RUN_AHEAD, T_HI, T_LO, next_run_bytes
+
+    rng = np.random.default_rng(3)
+    w = _matrix(K.Q8_0, 512, 256, rng)     # 272-byte rows: 512 rows are more than RUN_AHEAD bytes
+    w2 = _matrix(K.Q8_0, 512, 256, rng)
+    rb, a2 = w.shape[1], w2.ctypes.data
+    # two experts' matrices, each split between workers 0 and 1 (a routed token's job)
+    job = Job([(K.Q8_0, w, 0, 0, 0), (K.Q8_0, w2, 0, 1, 0)],
+              [(0, 0, 8, 0), (0, 8, 16, 1), (1, 0, 8, 0), (1, 8, 512, 1), (1, 0, 4, 0)], [])
+
+    def nxt(me, last, anyone=False):
+        return next_run_bytes(job.tasks, job.chunks, job.n_owned, me, last, anyone)
+
+    assert nxt(0, 0) == (a2 & ~63, a2 + 8 * rb)                      # worker 0: w2's rows 0..8
+    assert nxt(1, 1) == (a2 + 8 * rb & ~63, (a2 + 8 * rb & ~63) + RUN_AHEAD)  # a long run: its start
+    assert nxt(0, 2) == (a2 & ~63, a2 + 4 * rb)                      # another run of the same task
+    assert nxt(1, 3) == (0, 0) and nxt(0, 4) == (0, 0)               # the last ones: none after
+    assert nxt(0, 1, anyone=True) == (a2 & ~63, a2 + 8 * rb)          # alone: the next chunk whoever's,
+    assert nxt(0, 0, anyone=True) == (0, 0)                          # which here continues this run
+    cont = Job([(K.Q8_0, w, 0, 0, 0)], [(0, 0, 8, 0), (0, 8, 16, 0)], [])
+    assert next_run_bytes(cont.tasks, cont.chunks, cont.n_owned, 0, 0, False) == (0, 0)   # one stream
+    job.tasks[1, T_LO], job.tasks[1, T_HI] = 2, 5                    # an attention window: rows 2..5
+    assert nxt(0, 0) == (a2 + 2 * rb & ~63, a2 + 5 * rb)
+
+
 @pytest.mark.parametrize("rows,row_bytes,n", [([1024, 256, 256], [440, 440, 680], 2), ([2048, 2048], [440, 440], 2),
                                                ([640], [576], 2), ([262144], [680], 2), ([640], [576], 3),
                                                ([24, 8], [34, 34], 4)])
