@@ -240,10 +240,11 @@ def _rows_of(tasks_at, chunks_at, n_chunks, n_owned, me):
 
 
 # A worker's pinned runs are often short and scattered (a decoded token's routed experts: at R1's
-# widths 128 rows x 256 of Q4_K, 18 KiB, each somewhere else in the file): each started cold, at a
-# third of a stream's speed. Before running one, the worker asks for the first RUN_AHEAD bytes of
-# its next run into the outer caches when that run does not simply continue this one (the
-# hardware prefetcher follows that). Measured on cold 128-row chunks (`prefetch_l2_at`).
+# widths 128 rows x 256 of Q4_K, 18 KiB, each somewhere else in the file): each started cold, at
+# about a third of its speed from the caches (`benchmarks/cold_runs_probe.py`). Before running
+# one, the worker asks for the first RUN_AHEAD bytes of its next run into the outer caches
+# (`prefetch_l2_at`) when that run does not simply continue this one (the hardware prefetcher
+# follows that). 8 KiB is what the engine was measured with (benchmarks/HISTORY.md).
 RUN_AHEAD = 8192
 
 

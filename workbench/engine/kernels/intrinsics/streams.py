@@ -104,9 +104,10 @@ def prefetch_distance(k: int) -> int:
     return PREFETCH_LEGACY if k <= PREFETCH_MAX_K else 0
 
 
-def _prefetch_t0(builder, p, write: bool = False, locality: int = 3) -> None:
+def _prefetch(builder, p, write: bool = False, locality: int = 3) -> None:
     """prefetcht0 of the line holding i8* p (llvm.prefetch: read, keep in all levels, data);
-    write: prefetchw (the line arrives owned, ready for a store); locality 1: prefetcht2."""
+    write: prefetchw (the line arrives owned, ready for a store); locality 1: prefetcht2 (the
+    outer caches)."""
     fn = declare(builder, "llvm.prefetch.p0i8", ir.VoidType(), [ir.IntType(8).as_pointer(), ll.i32, ll.i32, ll.i32])
     builder.call(fn, [p, ir.Constant(ll.i32, int(write)), ir.Constant(ll.i32, locality), ir.Constant(ll.i32, 1)])
 
@@ -120,7 +121,7 @@ def prefetch(typingctx, a, off):
 
     def cg(context, builder, sig, args):
         ary = context.make_array(sig.args[0])(context, builder, args[0])
-        _prefetch_t0(builder, builder.bitcast(builder.gep(ary.data, [args[1]]), ir.IntType(8).as_pointer()))
+        _prefetch(builder, builder.bitcast(builder.gep(ary.data, [args[1]]), ir.IntType(8).as_pointer()))
         return context.get_dummy_value()
 
     return sig, cg
@@ -131,7 +132,7 @@ def prefetch_at(typingctx, addr):
     """`prefetch` at a raw byte address (the crew's job tables hold addresses, not arrays); never
     faults, even where nothing is mapped."""
     def cg(context, builder, sig, args):
-        _prefetch_t0(builder, builder.inttoptr(args[0], ir.IntType(8).as_pointer()))
+        _prefetch(builder, builder.inttoptr(args[0], ir.IntType(8).as_pointer()))
         return context.get_dummy_value()
 
     return types.void(addr), cg
@@ -139,12 +140,11 @@ def prefetch_at(typingctx, addr):
 
 @intrinsic
 def prefetch_l2_at(typingctx, addr):
-    """`prefetch_at` into the outer caches only (prefetcht2): a whole stretch asked for ahead of
-    its use. Cold 128-row x 256 Q4_K_x8 chunks taken one after another in a random order, each
-    with the next one's first 8 KiB asked for first, Zen 4, 1 thread: 2.35 -> 1.91 us a chunk
-    this way, 2.19 with prefetcht0 (whose requests hold the core's L1 miss slots)."""
+    """`prefetch_at` into the outer caches only (prefetcht2): a stretch asked for well ahead of
+    its use (`crew.RUN_AHEAD`; `benchmarks/cold_runs_probe.py`: prefetcht2 of a run's first 4 KiB
+    did better than prefetcht0 of the same bytes on the Zen 4 host)."""
     def cg(context, builder, sig, args):
-        _prefetch_t0(builder, builder.inttoptr(args[0], ir.IntType(8).as_pointer()), locality=1)
+        _prefetch(builder, builder.inttoptr(args[0], ir.IntType(8).as_pointer()), locality=1)
         return context.get_dummy_value()
 
     return types.void(addr), cg
@@ -155,7 +155,7 @@ def prefetch_write_at(typingctx, addr):
     """Hint: bring the line at a raw byte address into the caches for writing (prefetchw: it
     arrives owned, so a store there does not wait for it); never faults."""
     def cg(context, builder, sig, args):
-        _prefetch_t0(builder, builder.inttoptr(args[0], ir.IntType(8).as_pointer()), write=True)
+        _prefetch(builder, builder.inttoptr(args[0], ir.IntType(8).as_pointer()), write=True)
         return context.get_dummy_value()
 
     return types.void(addr), cg
