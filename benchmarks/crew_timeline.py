@@ -1,6 +1,7 @@
 """Where a decoded token's time goes between the crew's threads (a benchmark, not a test).
 
     python3 benchmarks/crew_timeline.py [-m MODEL] [-t 2] [-n 32] [--jobs] [--random] [--depth 4096]
+                                        [--batch 8]
 
 Decodes ``-n`` tokens with the crew traced (`Crew.trace`: for every job the caller's post, the end
 of its own part and the acknowledgements, and every worker's start and end, in ns) and prints per
@@ -9,6 +10,17 @@ acknowledgements, and the *serial gaps* between one job's acknowledgements and t
 only the calling thread runs (Python between compiled calls, gating, activations, input
 quantization) while the workers spin. ``--jobs`` adds one line per job of a token, in order
 (median over the tokens): its task count, the gap before it, the caller's and the workers' parts.
+``--batch N``: the same for a server's decode pass of N sequences (`engine.batch.decode_batch`,
+each sequence fed a prompt of ``--depth`` (default 32) random ids first, every pass random ids):
+"per token" is then per pass.
+
+AMD EPYC Zen 4 VM (cpuinfo family 25 model 17), 2 threads, the R1 shape (`make_moe_model.py
+--shape r1`), 2026-12-07 19:42 UTC, ``--batch 8 -n 8 --jobs``: 608 jobs a pass, 26.6 ms, serial
+gaps 8.6 ms (one token alone, 17:58: 1.76 of 7.13 ms); a routed block's gaps 3.5 / 12.3 / 17.8 /
+13.8 / 9.0 / 1.9 / 5.2 / 26.9 / 25.9 / 15.8 us against 1-6 us each for one token (a process 17:58
+that ran 35.3 ms a pass: 14.0 ms of gaps) -- the caller's per-row steps (routing, the activation
+and its quantization, the task tables, each row's softmax) grow with the rows while the workers
+wait.
 
 AMD EPYC, 2 threads, the synthetic qwen3moe of `make_moe_model.py`, 2026-12-01 23:20 UTC
 (before the trace went into the crew; same figures): 57 jobs a token, 5.38 ms a token, caller
@@ -45,6 +57,8 @@ def main() -> None:
     ap.add_argument("--jobs", action="store_true", help="one line per job of a token")
     ap.add_argument("--depth", type=int, default=0,
                     help="tokens already in the cache before the traced ones (a prompt of random ids)")
+    ap.add_argument("--batch", type=int, default=0, metavar="N",
+                    help="trace decode passes of N sequences (engine.batch.decode_batch) instead of one")
     ap.add_argument("--random", action="store_true",
                     help="random token ids (as llama-bench and `numawb bench`: routing differs token to token)")
     a = ap.parse_args()
@@ -57,20 +71,25 @@ def main() -> None:
         s.eval(eng.tokenizer.encode("The capital of France is")[:16])
     for i in range(4):
         s.eval([100 + i])
+    rng = np.random.default_rng(0)
+    if a.batch:
+        step = _batch_steps(eng, a.batch, a.depth or 32, a.n + 8, rng)
+    else:
+        ids = rng.integers(4, eng.cfg.n_vocab, a.n) if a.random else 200 + np.arange(a.n)
+        step = (lambda i: s.eval([int(ids[i])]))
     crew = eng.rt.crew
     crew.trace()
     bounds, walls = [0], []
-    rng = np.random.default_rng(0)
-    ids = rng.integers(4, eng.cfg.n_vocab, a.n) if a.random else 200 + np.arange(a.n)
     for i in range(a.n):
         t = time.perf_counter_ns()
-        s.eval([int(ids[i])])
+        step(i)
         walls.append(time.perf_counter_ns() - t)
         bounds.append(int(crew.ctl[TRACE_LEAD_N]) // 4)
     lead, work = crew.stop_trace().records
     if len(lead) < bounds[-1]:
         sys.exit("the trace log filled up: lower -n")
-    print(f"{os.path.basename(path)}, {a.threads} threads, {a.n} tokens, kernels {kernels.kernel_path()}; "
+    what = f"{a.n} passes of {a.batch} sequences" if a.batch else f"{a.n} tokens"
+    print(f"{os.path.basename(path)}, {a.threads} threads, {what}, kernels {kernels.kernel_path()}; "
           f"load average {os.getloadavg()[0]:.2f}")
     per_tok = []
     rows = []
@@ -111,6 +130,23 @@ def main() -> None:
             print(f"{j:3d}  {nt:5.0f}  {g / 1e3:15.1f}  {o / 1e3:11.1f}  {w / 1e3:12.1f}  {lt / 1e3:30.1f}  "
                   f"{af / 1e3:29.1f}")
     eng.close()
+
+
+def _batch_steps(eng, n: int, depth: int, passes: int, rng):
+    """A step function decoding one pass of n sequences (random ids each pass), after three
+    untraced passes; the sequences hold a `depth`-token prompt of random ids first."""
+    from workbench.engine.batch import decode_batch
+    vocab = eng.cfg.n_vocab
+    seqs = [eng.new_session(depth + passes + 8) for _ in range(n)]
+    for q in seqs:
+        q.prefill([int(t) for t in rng.integers(4, vocab, depth)])
+
+    def step(_i: int) -> None:
+        with eng.lock:
+            decode_batch(eng, seqs, [int(t) for t in rng.integers(4, vocab, n)])
+    for i in range(3):
+        step(i)
+    return step
 
 
 if __name__ == "__main__":
