@@ -324,3 +324,53 @@ def test_one_owner_probabilities_in_one_pass_equal_the_four_steps(n_kv, rows, n_
     assert got.shape == want.shape and got.flags.c_contiguous
     assert got.ctypes.data % 64 == 0
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_a_long_softmax_on_the_crew_keeps_the_callers_bits(tmp_path):
+    """From `attention.PROBS_JOB_MIN` scores on, a decoded token's softmax over a one-owner cache
+    goes to the crew (each query row whole on one worker): 16 query heads over one kv head past
+    2048 positions. The logits at 2 threads equal those at 1 thread (the caller's path) to the bit,
+    and each layer of such a token posts one job more than below the threshold."""
+    from workbench.engine.attention import PROBS_JOB_MIN
+    from workbench.engine.crew import TRACE_LEAD_N
+    path = tmp_path / "heads.gguf"
+    write_tiny_model(path, TinySpec(arch="llama", qtype=T.Q8_0, n_embd=256, n_head=16, n_head_kv=1, head_dim=64,
+                                    n_layer=2, n_ctx=2304, seed=5))
+    depth = PROBS_JOB_MIN // 16 + 40
+    prompt = [int(t) for t in np.random.default_rng(3).integers(4, 200, depth)]
+    logits, jobs = {}, {}
+    for threads in (1, 2):
+        eng = Engine.load(str(path), placement=Placement(threads=threads))
+        try:
+            s = eng.new_session(depth + 64)
+            out = [s.eval(prompt[:64]).copy()]
+            counts = []
+            for i in range(2):   # below the threshold
+                out.append(s.eval([9 + i]).copy())
+            out.append(s.eval(prompt[64:]).copy())
+            crew = None
+            for i in range(4):   # past it
+                if i == 2:
+                    crew = eng.rt.crew
+                    crew.trace()
+                    n0 = 0
+                out.append(s.eval([int(np.argmax(out[-1]))]).copy())
+                if crew is not None:
+                    counts.append(int(crew.ctl[TRACE_LEAD_N]) // 4 - n0)
+                    n0 = int(crew.ctl[TRACE_LEAD_N]) // 4
+            crew.stop_trace()
+            s2 = eng.new_session(128)   # a short cache: jobs a token below the threshold
+            s2.eval(prompt[:64])
+            s2.eval([9])
+            crew = eng.rt.crew
+            crew.trace()
+            s2.eval([10])
+            below = int(crew.ctl[TRACE_LEAD_N]) // 4
+            crew.stop_trace()
+            logits[threads], jobs[threads] = out, (counts, below)
+        finally:
+            eng.close()
+    _all_equal(logits[1], logits[2])
+    past, below = jobs[2]
+    assert past == [below + 2, below + 2]      # one softmax job a layer, 2 layers
+    assert jobs[1][0] == [jobs[1][1]] * 2      # one thread: the caller's softmax, no job

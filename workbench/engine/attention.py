@@ -23,7 +23,9 @@ import numpy as np
 from typing import Callable
 
 from . import handoff, kernels
-from .crew import CrewError, Job
+from .crew import (C_HI, C_SPAN, C_TASK, CHUNK_ARGS, CHUNK_FIELDS, CHUNK_FN, T_FN, T_FULLROWS, T_N0, T_NCOL,
+                   T_OSTRIDE, T_OUTADDR, T_OUTROW, T_ROWLEN, T_X0, T_XLEN, T_XOFF, T_XROW, TASK_FIELDS, CrewError,
+                   Job, address, array_at, compiled_address)
 # the cache owns its slot layout; slot_position and store_f16 are used by the compiled kernels here
 from .kv_cache import BLOCK, KVCache, filled_slots, owner_slots, slot_position, store_f16  # noqa: F401
 from .ops import ggml_expf, softmax_group_sum
@@ -179,6 +181,27 @@ def _scale_probs(e: np.ndarray, n: int, il: np.float32) -> None:
 
 
 @nb.njit(**_JIT)
+def _owner_row_probs(v: np.ndarray, row: np.ndarray, e: np.ndarray, n_slots: int, n16: int, pos0: int, window: int,
+                     sc: np.float32) -> None:
+    """One query row of `one_owner_probs`: its raw dots v (>= n_slots) -> e (f16-rounded
+    probabilities, 0 past n_slots and where masked); row: n_slots scratch (may be v itself)."""
+    lo = min(max(pos0 - window + 1, 0), n_slots) if window > 0 else 0
+    hi = max(min(pos0 + 1, n_slots), lo)
+    m = _scale_max(v, row, lo, hi, sc)
+    for j in range(lo):
+        e[j] = 0.0
+    for j in range(hi, e.shape[0]):
+        e[j] = 0.0
+    s = 0.0
+    if m > -np.inf:
+        _exps(row[lo:hi], hi - lo, m, e[lo:hi])
+        for j0 in range(0, n16, SOFTMAX_LANES):
+            s += np.float64(softmax_group_sum(e, j0))
+    il = np.float32(1.0 / s) if s > 0 else np.float32(0.0)
+    _scale_probs(e, hi, il)
+
+
+@nb.njit(**_JIT)
 def one_owner_probs(scores: np.ndarray, n_slots: int, width: int, pos0: int, window: int,
                     scale: float) -> np.ndarray:
     """A decoded token's f16 probabilities over a one-owner cache: scores [n_kv, rows, >=n_slots]
@@ -192,34 +215,76 @@ def one_owner_probs(scores: np.ndarray, n_slots: int, width: int, pos0: int, win
     (16 heads) those four took ~210 us a layer on the caller alone while the workers waited."""
     n_kv, rows, _ = scores.shape
     sc = np.float32(scale)
-    lanes = SOFTMAX_LANES
-    n16 = -(-n_slots // lanes) * lanes
+    n16 = -(-n_slots // SOFTMAX_LANES) * SOFTMAX_LANES
     out = empty_aligned(n_kv * rows, max(width, n16))
     row = np.empty(n_slots, dtype=np.float32)   # one row's scaled scores, contiguous
     for h in range(n_kv):
         for r in range(rows):
-            e = out[h * rows + r]
-            lo = min(max(pos0 - window + 1, 0), n_slots) if window > 0 else 0
-            hi = max(min(pos0 + 1, n_slots), lo)
-            m = _scale_max(scores[h, r], row, lo, hi, sc)
-            for j in range(lo):
-                e[j] = 0.0
-            for j in range(hi, e.shape[0]):
-                e[j] = 0.0
-            s = 0.0
-            if m > -np.inf:
-                _exps(row[lo:hi], hi - lo, m, e[lo:hi])
-                for j0 in range(0, n16, lanes):
-                    s += np.float64(softmax_group_sum(e, j0))
-            il = np.float32(1.0 / s) if s > 0 else np.float32(0.0)
-            _scale_probs(e, hi, il)
+            _owner_row_probs(scores[h, r], row, out[h * rows + r], n_slots, n16, pos0, window, sc)
+    return _width(out, width)
+
+
+@nb.njit(**_JIT)
+def _width(out: np.ndarray, width: int) -> np.ndarray:
+    """out's first `width` columns on 64-byte lines (out itself when that is all of it)."""
     if out.shape[1] == width:
         return out
-    probs = empty_aligned(n_kv * rows, width)   # a cache whose capacity is no multiple of the lanes
-    for i in range(n_kv * rows):
+    probs = empty_aligned(out.shape[0], width)   # a cache whose capacity is no multiple of the lanes
+    for i in range(out.shape[0]):
         for j in range(width):
             probs[i, j] = out[i, j]
     return probs
+
+
+# A decoded token's softmax over a one-owner cache runs between its scores job and its values job,
+# on the caller alone while the workers wait: on the R1 shape (8 query rows over one latent row a
+# position) at depth 8192, ~300 us a block of a 2-thread token's ~1 ms (`crew_timeline --depth
+# 8192 --jobs`), 61 blocks. From PROBS_JOB_MIN scores on, the rows go to the crew as a job of their
+# own (`probs_chunk`: each row whole on one worker, `_owner_row_probs` as the caller computes it,
+# so the same bits; ggml's soft_max shares its rows out between threads the same way).
+PROBS_JOB_MIN = 32768
+
+
+@nb.njit(**_JIT)
+def probs_chunk(tasks, t, span, lo, hi):
+    """The crew's chunk function for a softmax job (`owner_probs_job`): task u is query row u, its
+    dots at T_X0 (T_N0 of them, from the caller's base), its probabilities to T_OUTADDR (T_ROWLEN
+    floats), the position T_NCOL, the window T_OSTRIDE, the f32 scale at address T_FULLROWS."""
+    for u in range(t, t + span):
+        n_slots = tasks[u, T_N0]
+        v = array_at(tasks[u, T_X0], n_slots, np.float32)
+        e = array_at(tasks[u, T_OUTADDR], tasks[u, T_ROWLEN], np.float32)
+        sc = array_at(tasks[u, T_FULLROWS], 1, np.float32)[0]
+        n16 = -(-n_slots // SOFTMAX_LANES) * SOFTMAX_LANES
+        _owner_row_probs(v, v, e, n_slots, n16, tasks[u, T_NCOL], tasks[u, T_OSTRIDE], sc)
+
+
+def probs_chunk_address() -> int:
+    """`probs_chunk`'s compiled address (this process's: kept in the keys job's first task, never
+    in compiled code, which the disk cache would carry to another process)."""
+    return compiled_address(probs_chunk, CHUNK_ARGS)
+
+
+@nb.njit(**_JIT)
+def owner_probs_job(n_rows: int, base: int, n_slots: int, width: int, pos0: int, window: int, scale_at: int):
+    """The task and chunk tables of a softmax job over n_rows query rows (`probs_chunk`): row u
+    reads input row u from element `base` on (n_slots of them), writes output row u (`width`
+    floats); one shared chunk a row."""
+    tasks = np.zeros((n_rows, TASK_FIELDS), dtype=np.int64)
+    chunks = np.zeros((n_rows, CHUNK_FIELDS), dtype=np.int64)
+    for u in range(n_rows):
+        tasks[u, T_ROWLEN] = width
+        tasks[u, T_XROW] = u
+        tasks[u, T_OUTROW] = u
+        tasks[u, T_XOFF] = base
+        tasks[u, T_XLEN] = n_slots
+        tasks[u, T_NCOL] = pos0
+        tasks[u, T_OSTRIDE] = window
+        tasks[u, T_FULLROWS] = scale_at
+        chunks[u, C_TASK] = u
+        chunks[u, C_HI] = 1
+        chunks[u, C_SPAN] = 1
+    return tasks, chunks
 
 
 _DECODERS: dict = {}
@@ -250,7 +315,21 @@ def one_token_attention(lead):
         kt, kch, kown = keys_job
         ok = lead(ctl, n_workers, kt, kch, kown, (xq,), (xq,), (scores.reshape(n_kv * rows, ns),), lo, ns, 0)
         kp = min(-(-ns // 64) * 64, cap)
-        xp = one_owner_probs(scores[:, :, base:], ns - base, kp - base, pos0 - base, window, scale)
+        pfn = kt[0, T_FN]   # `probs_chunk`'s address, when the job tables carry it
+        if pfn != 0 and n_workers > 1 and n_kv * rows * (ns - base) >= PROBS_JOB_MIN:
+            n_slots = ns - base
+            n16 = -(-n_slots // SOFTMAX_LANES) * SOFTMAX_LANES
+            xw = empty_aligned(n_kv * rows, max(kp - base, n16))
+            sc = np.full(1, scale, dtype=np.float32)
+            pt, pc = owner_probs_job(n_kv * rows, base, n_slots, xw.shape[1], pos0 - base, window, address(sc))
+            keep = ctl[CHUNK_FN]
+            ctl[CHUNK_FN] = pfn
+            s2 = scores.reshape(n_kv * rows, ns)
+            ok = lead(ctl, n_workers, pt, pc, 0, (s2,), (s2,), (xw,), 0, 1, -1) and ok
+            ctl[CHUNK_FN] = keep
+            xp = _width(xw, kp - base)
+        else:
+            xp = one_owner_probs(scores[:, :, base:], ns - base, kp - base, pos0 - base, window, scale)
         out = np.zeros((n_kv * rows, hdv), dtype=np.float32)
         vt, vch, vown = values_job
         ok = lead(ctl, n_workers, vt, vch, vown, (xp,), (xp,), (out,), 0, 1 << 62, 2 * base) and ok
@@ -686,6 +765,8 @@ class AttentionPaths:
                    *chunks(CREW_KEYS, kv.cap))
         values = Job([(F16, kv.v_bytes[il][o][h], 0, 0, 0, o * per + h * rows + r, o * per + h * rows + r)
                       for o, h, r in idx], *chunks(CREW_DIMS, hdv))
+        if kv.n_workers == 1 and self.n_workers > 1:   # a long softmax may go to the crew (PROBS_JOB_MIN)
+            keys.tasks[0, T_FN] = probs_chunk_address()
         return keys, values
 
     def _attention_pass(self, kv: KVCache, rows: int, spread: bool, fn: Callable[[int, int, int], None],
