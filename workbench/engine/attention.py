@@ -238,8 +238,8 @@ def _width(out: np.ndarray, width: int) -> np.ndarray:
 
 # A decoded token's softmax over a one-owner cache runs between its scores job and its values job,
 # on the caller alone while the workers wait: on the R1 shape (8 query rows over one latent row a
-# position) at depth 8192, ~300 us a block of a 2-thread token's ~1 ms (`crew_timeline --depth
-# 8192 --jobs`), 61 blocks. From PROBS_JOB_MIN scores on, the rows go to the crew as a job of their
+# position) at depth 8192 and 2 threads, 280-300 us a block between a 350-372 us scores job and a
+# 168-172 us values job (`crew_timeline --depth 8192 --jobs`, AMD EPYC Zen 4), 61 blocks. From PROBS_JOB_MIN scores on, the rows go to the crew as a job of their
 # own (`probs_chunk`: each row whole on one worker, `_owner_row_probs` as the caller computes it,
 # so the same bits; ggml's soft_max shares its rows out between threads the same way).
 PROBS_JOB_MIN = 32768
