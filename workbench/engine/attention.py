@@ -239,9 +239,10 @@ def _width(out: np.ndarray, width: int) -> np.ndarray:
 # A decoded token's softmax over a one-owner cache runs between its scores job and its values job,
 # on the caller alone while the workers wait: on the R1 shape (8 query rows over one latent row a
 # position) at depth 8192 and 2 threads, 280-300 us a block between a 350-372 us scores job and a
-# 168-172 us values job (`crew_timeline --depth 8192 --jobs`, AMD EPYC Zen 4), 61 blocks. From PROBS_JOB_MIN scores on, the rows go to the crew as a job of their
-# own (`probs_chunk`: each row whole on one worker, `_owner_row_probs` as the caller computes it,
-# so the same bits; ggml's soft_max shares its rows out between threads the same way).
+# 168-172 us values job (`crew_timeline --depth 8192 --jobs`, AMD EPYC Zen 4), 61 blocks. From
+# PROBS_JOB_MIN scores on, the rows go to the crew as a job of their own (`probs_chunk`: each row
+# whole on one worker, `_owner_row_probs` as the caller computes it, so the same bits; ggml's
+# soft_max shares its rows out between threads the same way).
 PROBS_JOB_MIN = 32768
 
 
@@ -259,10 +260,15 @@ def probs_chunk(tasks, t, span, lo, hi):
         _owner_row_probs(v, v, e, n_slots, n16, tasks[u, T_NCOL], tasks[u, T_OSTRIDE], sc)
 
 
+_PROBS_FN: list[int] = []
+
+
 def probs_chunk_address() -> int:
     """`probs_chunk`'s compiled address (this process's: kept in the keys job's first task, never
     in compiled code, which the disk cache would carry to another process)."""
-    return compiled_address(probs_chunk, CHUNK_ARGS)
+    if not _PROBS_FN:
+        _PROBS_FN.append(compiled_address(probs_chunk, CHUNK_ARGS))
+    return _PROBS_FN[0]
 
 
 @nb.njit(**_JIT)

@@ -18,7 +18,7 @@ def signatures(uses: str = "") -> list:
     """(dispatcher, argument types) pairs, in the order a first prompt calls them (the engine may
     reach one before the helper does: then both compile it). `uses` ("gelu" or "silu", plus
     ",experts"; empty: every one) leaves out the other activation and a dense model's router."""
-    from . import attention, gating, kv_cache, ops, sampling
+    from . import attention, crew, gating, kv_cache, ops, sampling
     f32, f64, i64, b = types.float32, types.float64, types.int64, types.boolean
     v, m, t = _c(f32, 1), _c(f32, 2), _c(f32, 3)
     a2 = types.Array(f32, 2, "A")
@@ -34,6 +34,7 @@ def signatures(uses: str = "") -> list:
         (attention.probabilities, (t, i64, i64, m, m)),
         (attention.probabilities, (types.Array(f32, 3, "A"), i64, i64, m, m)),
         (ops.add_rms_norm, (m, m, v, b, v, f64, m)),
+        (attention.probs_chunk, crew.CHUNK_ARGS),         # a long decoded softmax's crew job
         (sampling.candidates, (v, i64, f64, f64, f64)),   # a sampled first token: the chain
         (sampling.draw, (_c(f64, 1), f64)),               # and the draw
     ]
