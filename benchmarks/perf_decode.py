@@ -36,7 +36,10 @@ def write_perf_map() -> int:
     """/tmp/perf-<pid>.map for every compiled function of the process; returns how many."""
     syms: dict[int, str] = {}
     for obj in gc.get_objects():
-        if not isinstance(obj, Dispatcher):
+        try:
+            if not isinstance(obj, Dispatcher):
+                continue
+        except ReferenceError:   # a weak proxy whose object is gone
             continue
         for cres in obj.overloads.values():
             name = cres.fndesc.mangled_name

@@ -22,6 +22,7 @@ from workbench.engine.engine import Placement
 QKV = ("blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight")
 GATE_UP = ("blk.1.ffn_gate.weight", "blk.1.ffn_up.weight")
 N_EMBD = TinySpec().n_embd
+GROUP = TinySpec().n_head // TinySpec().n_head_kv   # query rows a token per kv head
 
 
 @pytest.fixture(scope="module", params=[T.Q4_0, T.Q4_K, T.Q5_0, T.Q6_K])
@@ -83,19 +84,53 @@ def test_few_tokens_split_the_rows(engines, monkeypatch):
         np.testing.assert_array_equal(a, b)
 
 
+def _spy_piece_rows(monkeypatch) -> list[int]:
+    """Query rows of every one-pass prompt piece's softmax from now on."""
+    from workbench.engine import attention
+    calls: list[int] = []
+    real = attention.prompt_rows_probs
+
+    def probs(scores, out, n_slots, rows, *args):
+        calls.append(rows)
+        return real(scores, out, n_slots, rows, *args)
+    monkeypatch.setattr(attention, "prompt_rows_probs", probs)
+    return calls
+
+
+def test_a_prompt_at_depth_in_one_pass_keeps_the_two_pass_bits(engines, monkeypatch):
+    """A prompt over a one-owner cache runs each piece's scores, softmax and values in one pass
+    (attention.ONE_PASS_PROMPT: the whole prompt's scores went to memory and back); the logits
+    are those of the two passes (every row's softmax and values from all its scores), at 1 and 2
+    threads, in pieces and whole, across the sliding window and at depth."""
+    from workbench.engine import attention
+    first = [2 + (i * 11) % 250 for i in range(150)]
+    then = [3 + (i * 17) % 250 for i in range(230)]
+
+    def run(eng):
+        s = eng.new_session(512)
+        return s.eval(first), s.eval(then)
+    for eng in engines:
+        for piece_bytes in (1, 1 << 40):
+            monkeypatch.setattr(attention, "SOLO_PIECE_BYTES", piece_bytes)
+            calls = _spy_piece_rows(monkeypatch)
+            got = run(eng)
+            assert sum(calls) == (len(first) + len(then)) * GROUP * 2   # every query row of both layers
+            monkeypatch.setattr(attention, "ONE_PASS_PROMPT", False)
+            calls.clear()
+            want = run(eng)
+            assert not calls
+            monkeypatch.setattr(attention, "ONE_PASS_PROMPT", True)
+            for a, b in zip(got, want):
+                np.testing.assert_array_equal(a, b)
+
+
 def test_one_worker_attends_in_pieces_with_the_same_bits(engines, monkeypatch):
     """One worker takes a long prompt's attention in pieces of rows (attention.SOLO_PIECE_BYTES:
     the whole prompt's scores ran from memory); the logits are those of one piece."""
     from workbench.engine import attention
     one, _ = engines
     prompt = [2 + (i * 13) % 250 for i in range(200)]
-    calls: list[tuple[int, int]] = []
-    real = attention.softmax_stats
-
-    def stats(scores, *args):
-        calls.append(scores.shape[1])
-        return real(scores, *args)
-    monkeypatch.setattr(attention, "softmax_stats", stats)
+    calls = _spy_piece_rows(monkeypatch)
     monkeypatch.setattr(attention, "SOLO_PIECE_BYTES", 1)   # CAUSAL_ROWS rows a piece
     pieces = one.new_session(512).eval(prompt)
     assert calls and max(calls) == attention.CAUSAL_ROWS

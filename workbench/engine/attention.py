@@ -16,6 +16,7 @@ Two passes make the result independent of the number of workers:
 from __future__ import annotations
 
 import math
+import threading
 
 import numba as nb
 import numpy as np
@@ -234,6 +235,22 @@ def _width(out: np.ndarray, width: int) -> np.ndarray:
         for j in range(width):
             probs[i, j] = out[i, j]
     return probs
+
+
+@nb.njit(**_JIT)
+def prompt_rows_probs(scores: np.ndarray, probs: np.ndarray, n_slots: int, rows: int, pos0: int, row0: int,
+                      group: int, window: int, scale: float) -> None:
+    """A prompt piece's f16 probabilities over a one-owner cache: scores [n_kv, >= rows, >= n_slots]
+    (raw dots of query rows row0.., row r holding token (row0 + r) // group at pos0 + that) ->
+    probs [n_kv, >= rows, >= n16] (0 past n_slots and where masked). Each row by `_owner_row_probs`,
+    the numbers of `softmax_stats`, `merge_stats`, `probabilities` and `round_to_f16` to the bit
+    (one owner), in one pass over the row; the scores are overwritten."""
+    sc = np.float32(scale)
+    n16 = -(-n_slots // SOFTMAX_LANES) * SOFTMAX_LANES
+    for h in range(scores.shape[0]):
+        for r in range(rows):
+            v = scores[h, r]
+            _owner_row_probs(v, v, probs[h, r, :n16], n_slots, n16, pos0 + (row0 + r) // group, window, sc)
 
 
 # A decoded token's softmax over a one-owner cache runs between its scores job and its values job,
@@ -550,6 +567,10 @@ CAUSAL_ROWS = 64  # prompt: query rows per attention piece (each piece stops at 
 # prompt on one worker: rows a piece, CAUSAL_ROWS multiples whose scores take at most this many bytes
 # (Gemma 3 270M, one kv head, 512 tokens: 512 rows a piece; Qwen3-MoE's 4 kv heads: 128)
 SOLO_PIECE_BYTES = 1 << 20
+# a prompt over a one-owner cache: each piece of rows in one pass (scores, softmax, values) in its
+# thread's own buffers (`AttentionPaths.attention`); False: the whole prompt's scores first, then
+# the values (the path of several owners; the same bits)
+ONE_PASS_PROMPT = True
 CREW_KEYS = 128  # key positions per chunk of a one-token attention's scores
 CREW_DIMS = 32   # value dimensions per chunk of its weighted sum
 
@@ -608,7 +629,9 @@ class AttentionPaths:
         # queries grouped by their kv head: [n_kv, n * group, hd]
         qg = np.ascontiguousarray(q.reshape(n, n_kv, group, hd).transpose(1, 0, 2, 3)).reshape(n_kv, rows, hd)
         xq = kernels.prepare(F16, qg.reshape(n_kv * rows, hd))[0].reshape(n_kv, rows, hd)
-        scores = [np.empty((n_kv, rows, max(ns, 1)), dtype=np.float32) for ns in n_slots]
+        # a prompt over one owner: each piece of rows runs its scores, softmax and values in turn in
+        # buffers of its own (`piece` below); several owners need every owner's scores before any values
+        scores = [np.empty((n_kv, rows, max(ns, 1)), dtype=np.float32) for ns in n_slots] if (no > 1 or n == 1 or not ONE_PASS_PROMPT) else []
         mxs = np.full((no, n_kv, rows), -np.inf, dtype=np.float32)
         sms = np.zeros((no, n_kv, rows), dtype=np.float64)
         kb, vb = kv.k_bytes[il], kv.v_bytes[il]
@@ -636,33 +659,41 @@ class AttentionPaths:
                 return 0
             return min(filled_slots(max(pos0 + r0 // group - window + 1, 0), o, no), n_slots[o]) // align * align
 
-        def scores_rows(o: int, r0: int, r1: int) -> None:
+        def scores_rows(o: int, r0: int, r1: int, buf: np.ndarray | None = None, off: int = 0,
+                        stats: bool = True) -> None:
+            """Owner o's scores of rows [r0, r1) into buf [n_kv, >= r1 - off, ns], row r at r - off
+            (default: scores[o]), and (stats) their softmax statistics."""
             ns = n_slots[o]
             if not ns or r1 <= r0:
                 return
+            buf = scores[o] if buf is None else buf
             # one token: no dots for keys that slid out of the window (softmax_stats masks them)
             lo = window_start(o)
             for h in range(n_kv):
-                keys, sc = kb[o][h], scores[o][h]
+                keys, sc = kb[o][h], buf[h]
                 if decode:
                     for r in range(r0, r1 if lo < ns else r0):
-                        kernels.matvec(F16, keys, (xq[h, r],), sc[r], lo, ns)
+                        kernels.matvec(F16, keys, (xq[h, r],), sc[r - off], lo, ns)
                 else:  # the prompt, in pieces of rows: no dots for keys in a piece's future, nor for
                     # keys that slid out of its first row's window (softmax_stats masks both)
                     for a in range(r0, r1, CAUSAL_ROWS):
                         b = min(a + CAUSAL_ROWS, r1)
-                        kernels.matmat(F16, keys, (xq[h, a:b],), sc[a:b], slid(o, a), visible(o, b))
-            softmax_stats(scores[o][:, r0:r1, base:], o, no, ns - base, pos0 - base, group, window, scale,
-                          mxs[o][:, r0:r1], sms[o][:, r0:r1], r0)
+                        kernels.matmat(F16, keys, (xq[h, a:b],), sc[a - off:b - off], slid(o, a), visible(o, b))
+            if stats:
+                softmax_stats(buf[:, r0 - off:r1 - off, base:], o, no, ns - base, pos0 - base, group, window, scale,
+                              mxs[o][:, r0:r1], sms[o][:, r0:r1], r0)
 
         big_m = np.empty((n_kv, rows), dtype=np.float32)
         inv_l = np.empty((n_kv, rows), dtype=np.float32)
         outs = np.zeros((no, n_kv, rows, hdv), dtype=np.float32)
 
-        def values_rows(o: int, r0: int, r1: int) -> None:
+        def values_rows(o: int, r0: int, r1: int, buf: np.ndarray | None = None, off: int = 0) -> None:
+            """Owner o's weighted values of rows [r0, r1) from their scores (held as `scores_rows`
+            wrote them) and the merged statistics."""
             ns = n_slots[o]
             if not ns or r1 <= r0:
                 return
+            buf = scores[o] if buf is None else buf
             # llama.cpp sums over its whole (256-padded) cache row, masked positions with
             # probability 0: pad with zeros to whole 16-lane (64 for one token) steps
             step = 64 if decode else 16
@@ -670,7 +701,7 @@ class AttentionPaths:
             # the prompt: the piece's probabilities from the first slot of its first row's window
             # (on a 64-slot boundary, like `base` for one token); xp starts at slot base + first
             first = slid(o, r0, 64)
-            probs = probabilities(scores[o][:, r0:r1, base + first:], ns - base - first, kp - base - first,
+            probs = probabilities(buf[:, r0 - off:r1 - off, base + first:], ns - base - first, kp - base - first,
                                   big_m[:, r0:r1], inv_l[:, r0:r1])
             xp = kernels.prepare(F16, probs.reshape(n_kv * (r1 - r0), kp - base - first))[0].reshape(
                 n_kv, r1 - r0, kp - base - first)
@@ -708,9 +739,46 @@ class AttentionPaths:
         spread = handoff.attention_seconds(n_kv * rows, sum(n_slots), hd, hdv) >= handoff.HANDOFF_SECONDS
         # one worker: pieces whose scores (f32, every kv head) fit in SOLO_PIECE_BYTES
         solo = max(CAUSAL_ROWS, SOLO_PIECE_BYTES // (4 * n_kv * max(max(n_slots), 1)) // CAUSAL_ROWS * CAUSAL_ROWS)
-        self._attention_pass(kv, rows, spread, scores_rows, solo)
-        merge_stats(mxs, sms, big_m, inv_l)
-        self._attention_pass(kv, rows, spread, values_rows, solo)
+        if no == 1 and not decode and ONE_PASS_PROMPT:
+            n16 = -(-n_slots[0] // SOFTMAX_LANES) * SOFTMAX_LANES
+            scratch: dict[int, tuple] = {}   # each thread's buffers, kept for its pieces
+
+            def piece(o: int, r0: int, r1: int) -> None:
+                """One owner, the prompt: a piece's scores, probabilities and values one after
+                another in buffers of the piece's size, kept by the thread. The whole prompt's
+                scores at once (R1's widths, 512 tokens at depth 16384: 277 MB a block) went to
+                memory and came back, and each piece's fresh probability arrays were paged in:
+                with 64-row pieces that way the attention took 1.2x its time at 32 rows (AMD
+                EPYC Zen 4, 1 thread). Every row's arithmetic is its own: the same bits."""
+                ns = n_slots[o]
+                if not ns or r1 <= r0:
+                    return
+                bufs = scratch.get(threading.get_ident())
+                if bufs is None or bufs[0].shape[1] < r1 - r0:
+                    bufs = scratch[threading.get_ident()] = (
+                        np.empty((n_kv, r1 - r0, ns), dtype=np.float32),
+                        empty_aligned(n_kv * (r1 - r0), n16).reshape(n_kv, r1 - r0, n16),
+                        empty_aligned(1, min(CAUSAL_ROWS, r1 - r0) * n16).reshape(-1))
+                buf, probs, xs = bufs
+                scores_rows(o, r0, r1, buf, r0, stats=False)
+                prompt_rows_probs(buf, probs, ns, r1 - r0, pos0, r0, group, window, scale)
+                for h in range(n_kv):
+                    out = outs[o][h]
+                    for a in range(r0, r1, CAUSAL_ROWS):
+                        b = min(a + CAUSAL_ROWS, r1)
+                        width = min(-(-visible(o, b) // 16) * 16, kv.cap, n16)
+                        s0 = slid(o, a, 64)
+                        # whole 64-byte lines for the tiles' loads: the rows copied to one buffer
+                        x = xs[:(b - a) * max(width - s0, 0)].reshape(b - a, max(width - s0, 0))
+                        x[:] = probs[h, a - r0:b - r0, s0:width]
+                        vals = vb[o][h] if not s0 else np.lib.stride_tricks.as_strided(
+                            vb[o][h].reshape(-1)[s0 * 2:], vb[o][h].shape, vb[o][h].strides)
+                        kernels.matmat(F16, vals, (x,), out[a:b], 0, hdv)
+            self._attention_pass(kv, rows, spread, piece, solo)
+        else:
+            self._attention_pass(kv, rows, spread, scores_rows, solo)
+            merge_stats(mxs, sms, big_m, inv_l)
+            self._attention_pass(kv, rows, spread, values_rows, solo)
         out = outs[0] if no == 1 else outs.sum(axis=0)
         return np.ascontiguousarray(out.reshape(n_kv, n, group, hdv).transpose(1, 0, 2, 3)).reshape(n, n_head, hdv)
 
