@@ -631,7 +631,8 @@ class AttentionPaths:
         xq = kernels.prepare(F16, qg.reshape(n_kv * rows, hd))[0].reshape(n_kv, rows, hd)
         # a prompt over one owner: each piece of rows runs its scores, softmax and values in turn in
         # buffers of its own (`piece` below); several owners need every owner's scores before any values
-        scores = [np.empty((n_kv, rows, max(ns, 1)), dtype=np.float32) for ns in n_slots] if (no > 1 or n == 1 or not ONE_PASS_PROMPT) else []
+        two_pass = no > 1 or n == 1 or not ONE_PASS_PROMPT
+        scores = [np.empty((n_kv, rows, max(ns, 1)), dtype=np.float32) for ns in n_slots] if two_pass else []
         mxs = np.full((no, n_kv, rows), -np.inf, dtype=np.float32)
         sms = np.zeros((no, n_kv, rows), dtype=np.float64)
         kb, vb = kv.k_bytes[il], kv.v_bytes[il]
@@ -687,13 +688,10 @@ class AttentionPaths:
         inv_l = np.empty((n_kv, rows), dtype=np.float32)
         outs = np.zeros((no, n_kv, rows, hdv), dtype=np.float32)
 
-        def values_rows(o: int, r0: int, r1: int, buf: np.ndarray | None = None, off: int = 0) -> None:
-            """Owner o's weighted values of rows [r0, r1) from their scores (held as `scores_rows`
-            wrote them) and the merged statistics."""
+        def values_rows(o: int, r0: int, r1: int) -> None:
             ns = n_slots[o]
             if not ns or r1 <= r0:
                 return
-            buf = scores[o] if buf is None else buf
             # llama.cpp sums over its whole (256-padded) cache row, masked positions with
             # probability 0: pad with zeros to whole 16-lane (64 for one token) steps
             step = 64 if decode else 16
@@ -701,7 +699,7 @@ class AttentionPaths:
             # the prompt: the piece's probabilities from the first slot of its first row's window
             # (on a 64-slot boundary, like `base` for one token); xp starts at slot base + first
             first = slid(o, r0, 64)
-            probs = probabilities(buf[:, r0 - off:r1 - off, base + first:], ns - base - first, kp - base - first,
+            probs = probabilities(scores[o][:, r0:r1, base + first:], ns - base - first, kp - base - first,
                                   big_m[:, r0:r1], inv_l[:, r0:r1])
             xp = kernels.prepare(F16, probs.reshape(n_kv * (r1 - r0), kp - base - first))[0].reshape(
                 n_kv, r1 - r0, kp - base - first)
@@ -739,7 +737,7 @@ class AttentionPaths:
         spread = handoff.attention_seconds(n_kv * rows, sum(n_slots), hd, hdv) >= handoff.HANDOFF_SECONDS
         # one worker: pieces whose scores (f32, every kv head) fit in SOLO_PIECE_BYTES
         solo = max(CAUSAL_ROWS, SOLO_PIECE_BYTES // (4 * n_kv * max(max(n_slots), 1)) // CAUSAL_ROWS * CAUSAL_ROWS)
-        if no == 1 and not decode and ONE_PASS_PROMPT:
+        if not two_pass:
             n16 = -(-n_slots[0] // SOFTMAX_LANES) * SOFTMAX_LANES
             scratch: dict[int, tuple] = {}   # each thread's buffers, kept for its pieces
 
