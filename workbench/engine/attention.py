@@ -11,6 +11,9 @@ Two passes make the result independent of the number of workers:
 1. each worker: scores over its slots, then its max and sum of exps per query;
 2. global max M and sum L are merged; each worker multiplies
    f16(exp(s - M) / L) by its values; the partial outputs are summed.
+A prompt over a one-owner cache (one node) needs no merge: each piece of query
+rows runs its scores, softmax and values in one pass (`ONE_PASS_PROMPT`), with
+each row's numbers those of the two passes.
 """
 
 from __future__ import annotations
