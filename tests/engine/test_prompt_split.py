@@ -109,10 +109,11 @@ def test_a_prompt_at_depth_in_one_pass_keeps_the_two_pass_bits(engines, monkeypa
     def run(eng):
         s = eng.new_session(512)
         return s.eval(first), s.eval(then)
+    calls = _spy_piece_rows(monkeypatch)
     for eng in engines:
         for piece_bytes in (1, 1 << 40):
             monkeypatch.setattr(attention, "SOLO_PIECE_BYTES", piece_bytes)
-            calls = _spy_piece_rows(monkeypatch)
+            calls.clear()
             got = run(eng)
             assert sum(calls) == (len(first) + len(then)) * GROUP * 2   # every query row of both layers
             monkeypatch.setattr(attention, "ONE_PASS_PROMPT", False)

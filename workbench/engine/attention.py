@@ -586,6 +586,14 @@ def token_window(pos0: int, window: int) -> tuple[int, int]:
     return start, (start // 64 * 64 if SKIP_SLID_VALUES else 0)
 
 
+def values_from(values: np.ndarray, slot: int) -> np.ndarray:
+    """V^T rows [dim, slots] (f16 as uint16) seen from `slot` on: the same row stride, the start
+    moved by `slot` slots (each row is then read for its first slots only, never past the buffer)."""
+    if not slot:
+        return values
+    return np.lib.stride_tricks.as_strided(values.reshape(-1)[slot * 2:], values.shape, values.strides)
+
+
 class AttentionPaths:
     """Attention as the Runtime runs it: the general path (scores, softmax and values spread over
     the workers in Python hand-offs, by key owner and query rows) and the compiled paths (one
@@ -712,12 +720,7 @@ class AttentionPaths:
             # (xp starts at slot `base`; the values are read from slot `lo`)
             lo = window_start(o, 64) if SKIP_SLID_VALUES else 0
             for h in range(n_kv):
-                values, out = vb[o][h], outs[o][h]
-                if lo:
-                    # rows of V^T seen from slot lo on: same row stride, start moved by lo slots
-                    # (each row is read for kp - lo slots only, never past the buffer's end)
-                    values = np.lib.stride_tricks.as_strided(values.reshape(-1)[lo * 2:], values.shape,
-                                                             values.strides)
+                values, out = values_from(vb[o][h], lo), outs[o][h]   # (rows read for kp - lo slots only)
                 if decode:
                     for r in range(r1 - r0):
                         kernels.matvec(F16, values, (xp[h, r, lo - base:],), out[r0 + r], 0, hdv)
@@ -733,9 +736,7 @@ class AttentionPaths:
                         s0 = max(slid(o, a, 64), first)
                         x = empty_aligned(b - a, max(width - s0, 0))   # whole 64-byte lines for the tiles' loads
                         x[:] = xp[h, a - r0:b - r0, s0 - first:width - first]
-                        vals = values if not s0 else np.lib.stride_tricks.as_strided(
-                            values.reshape(-1)[s0 * 2:], values.shape, values.strides)
-                        kernels.matmat(F16, vals, (x,), out[a:b], 0, hdv)
+                        kernels.matmat(F16, values_from(values, s0), (x,), out[a:b], 0, hdv)
 
         spread = handoff.attention_seconds(n_kv * rows, sum(n_slots), hd, hdv) >= handoff.HANDOFF_SECONDS
         # one worker: pieces whose scores (f32, every kv head) fit in SOLO_PIECE_BYTES
@@ -772,9 +773,7 @@ class AttentionPaths:
                         # whole 64-byte lines for the tiles' loads: the rows copied to one buffer
                         x = xs[:(b - a) * max(width - s0, 0)].reshape(b - a, max(width - s0, 0))
                         x[:] = probs[h, a - r0:b - r0, s0:width]
-                        vals = vb[o][h] if not s0 else np.lib.stride_tricks.as_strided(
-                            vb[o][h].reshape(-1)[s0 * 2:], vb[o][h].shape, vb[o][h].strides)
-                        kernels.matmat(F16, vals, (x,), out[a:b], 0, hdv)
+                        kernels.matmat(F16, values_from(vb[o][h], s0), (x,), out[a:b], 0, hdv)
             self._attention_pass(kv, rows, spread, piece, solo)
         else:
             self._attention_pass(kv, rows, spread, scores_rows, solo)

@@ -29,7 +29,8 @@ def signatures(uses: str = "") -> list:
         (ops.rms_norm_heads, (t, v, f64)),
         (ops.apply_rope, (t, t, b)),
         (kv_cache.store_f16, (_c(types.uint16, 3), _c(types.uint16, 3), t, t, i64)),
-        (attention.softmax_stats, (t, i64, i64, i64, i64, i64, i64, f64, m, _c(f64, 2), i64)),
+        (attention.prompt_rows_probs, (t, t, i64, i64, i64, i64, i64, i64, f64)),   # one owner's prompt
+        (attention.softmax_stats, (t, i64, i64, i64, i64, i64, i64, f64, m, _c(f64, 2), i64)),   # several owners'
         (attention.merge_stats, (t, _c(f64, 3), m, m)),
         (attention.probabilities, (t, i64, i64, m, m)),
         (attention.probabilities, (types.Array(f32, 3, "A"), i64, i64, m, m)),
